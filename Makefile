@@ -1,0 +1,80 @@
+# moegate — build, test, serve, bench.
+#   make            install runtime deps and build the extension in place (editable)
+#   make test       C tests + the pytest suite (installs test deps: torch CPU, transformers, SDKs)
+#   make serve      build and serve (the demo checkpoint unless MODEL=DIR); HOST=, PORT= honoured
+#   make bench      benchmarks (ratios measured side by side in one run)
+#   make sanitize   ASan+UBSan build; the C tests and the C-facing Python tests under it
+
+PYTHON ?= python3
+PIP ?= $(PYTHON) -m pip
+HOST ?= 127.0.0.1
+PORT ?= 8000
+ARCH := $(shell uname -m)
+
+C_SRCS := $(shell find c -name '*.c' | sort)
+C_HDRS := $(shell find c -name '*.h' | sort)
+C_TESTS := $(wildcard tests/c/test_*.c)
+CFLAGS_BASE := -std=c11 -O2 -g -Wall -Wextra -Wno-unused-parameter -Ic
+ifeq ($(ARCH),x86_64)
+ISA_avx2 := -mavx2 -mfma -mf16c
+endif
+
+.PHONY: all install deps test-deps build test test-c test-py serve bench sanitize clean
+
+all: install
+
+deps:
+	$(PIP) install -q --disable-pip-version-check -e . --no-build-isolation
+
+install: deps build
+
+test-deps:
+	$(PIP) install -q --disable-pip-version-check -e '.[test]' --no-build-isolation
+
+build: python/gateway/.core-built
+
+python/gateway/.core-built: $(C_SRCS) $(C_HDRS) $(wildcard c/bindings/*.cpp) setup.py
+	$(PYTHON) setup.py -q build_ext --inplace
+	@touch $@
+
+# ---- C tests: each tests/c/test_X.c links every C source except the Python binding ----------
+OBJDIR ?= build/c
+TESTDIR ?= build/tests
+
+$(OBJDIR)/%.o: c/%.c $(C_HDRS)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_BASE) $(SAN) $(if $(findstring _avx2.c,$<),$(ISA_avx2)) -c $< -o $@
+
+C_OBJS = $(patsubst c/%.c,$(OBJDIR)/%.o,$(C_SRCS))
+
+$(TESTDIR)/%: tests/c/%.c $(C_OBJS)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_BASE) $(SAN) $< $(C_OBJS) -lm -lpthread -o $@
+
+test-c: $(patsubst tests/c/%.c,$(TESTDIR)/%,$(C_TESTS))
+	@set -e; for t in $^; do echo "== $$t"; $$t; done
+
+test-py: test-deps build
+	$(PYTHON) -m pytest -q tests
+
+test: test-c test-py
+
+serve: install
+	$(PYTHON) -m gateway --host $(HOST) --port $(PORT) $(if $(MODEL),--model $(MODEL))
+
+bench: install test-deps
+	$(PYTHON) tools/bench.py
+
+# ---- sanitizers: separate object dir so a normal build is never mixed with an instrumented one
+SAN_FLAGS := -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
+sanitize:
+	$(MAKE) test-c SAN="$(SAN_FLAGS)" OBJDIR=build/san/c TESTDIR=build/san/tests
+	rm -f python/gateway/.core-built
+	MOEGATE_SANITIZE=1 $(PYTHON) setup.py -q build_ext --inplace --force --build-temp build/san-ext
+	ASAN_OPTIONS=detect_leaks=0 LD_PRELOAD="$$($(CC) -print-file-name=libasan.so) $$($(CC) -print-file-name=libubsan.so)" \
+		$(PYTHON) -m pytest -q -p no:cacheprovider tests -m "not slow" -k "engine or kernel or loader or oracle"
+	rm -f python/gateway/.core-built
+	$(PYTHON) setup.py -q build_ext --inplace --force
+
+clean:
+	rm -rf build python/gateway/_core*.so python/gateway/.core-built

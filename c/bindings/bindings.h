@@ -1,0 +1,8 @@
+// Registration hooks of the gateway._core module: one function per binding file.
+#pragma once
+#include <pybind11/pybind11.h>
+
+namespace moegate {
+void register_model(pybind11::module_ &m);    // model_binding.cpp: the Engine's native half
+void register_kernels(pybind11::module_ &m);  // kernels_binding.cpp: kernel entry points for tests and benches
+}  // namespace moegate

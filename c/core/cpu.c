@@ -1,0 +1,55 @@
+/* Runtime CPU feature detection: the only place that decides which kernel table runs. */
+#include <string.h>
+#include "core/cpu.h"
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+
+static unsigned long long read_xcr0(void) {
+    unsigned int lo, hi;
+    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+    return ((unsigned long long)hi << 32) | lo;
+}
+
+mg_cpu_features mg_cpu_detect(void) {
+    mg_cpu_features f = {0};
+    unsigned int a, b, c, d;
+    if (!__get_cpuid(1, &a, &b, &c, &d)) return f;
+    int osxsave = (c >> 27) & 1, avx = (c >> 28) & 1;
+    f.fma = (c >> 12) & 1;
+    f.f16c = (c >> 29) & 1;
+    /* The OS must save YMM state (XCR0 bits 1 and 2) for AVX registers to be usable. */
+    int ymm_ok = osxsave && avx && ((read_xcr0() & 6) == 6);
+    if (!ymm_ok) { f.fma = f.f16c = 0; return f; }
+    if (__get_cpuid_count(7, 0, &a, &b, &c, &d)) {
+        f.avx2 = (b >> 5) & 1;
+        f.avx512f = ((b >> 16) & 1) && ((read_xcr0() & 0xe6) == 0xe6);
+    }
+    return f;
+}
+#elif defined(__aarch64__)
+mg_cpu_features mg_cpu_detect(void) {
+    mg_cpu_features f = {0};
+    f.neon = 1; /* Advanced SIMD is mandatory on AArch64 */
+    return f;
+}
+#else
+mg_cpu_features mg_cpu_detect(void) {
+    mg_cpu_features f = {0};
+    return f;
+}
+#endif
+
+const mg_kernels *mg_kernels_named(const char *name) {
+    mg_cpu_features f = mg_cpu_detect();
+    if (!name || !strcmp(name, "scalar")) return mg_kernels_scalar();
+    if (!strcmp(name, "avx2")) return (f.avx2 && f.fma && f.f16c) ? mg_kernels_avx2() : NULL;
+    if (!strcmp(name, "neon")) return f.neon ? mg_kernels_neon() : NULL;
+    return NULL;
+}
+
+const mg_kernels *mg_kernels_best(void) {
+    const mg_kernels *k = mg_kernels_named("avx2");
+    if (!k) k = mg_kernels_named("neon");
+    return k ? k : mg_kernels_scalar();
+}

@@ -1,0 +1,19 @@
+/* Runtime CPU feature detection and kernel-table selection. */
+#ifndef MG_CPU_H
+#define MG_CPU_H
+
+#include "kernels.h"
+
+typedef struct mg_cpu_features {
+    int avx2, fma, f16c, avx512f, neon;
+} mg_cpu_features;
+
+mg_cpu_features mg_cpu_detect(void);
+
+/* The fastest table this CPU can run. */
+const mg_kernels *mg_kernels_best(void);
+
+/* A table by name ("scalar", "avx2", "neon"); NULL if unknown or this CPU cannot run it. */
+const mg_kernels *mg_kernels_named(const char *name);
+
+#endif

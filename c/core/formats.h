@@ -1,0 +1,93 @@
+/* Weight number formats as they appear in checkpoints, and their scalar decoders.
+ * The scalar decoders are the ground truth every SIMD kernel is tested against. */
+#ifndef MG_FORMATS_H
+#define MG_FORMATS_H
+
+#include <stdint.h>
+#include <string.h>
+#include <math.h>
+
+typedef enum mg_format {
+    MG_F32 = 0,
+    MG_BF16 = 1,
+    MG_F16 = 2,
+    MG_FP8_E4M3 = 3, /* "fn" variant: no inf, S.1111.111 is NaN, max 448 */
+    MG_FP4_E2M1 = 4, /* two codes per byte, low nibble = even column */
+    MG_FORMAT_COUNT
+} mg_format;
+
+/* How a quantised matrix is scaled.  Values are multiplied by the scale (never divided),
+ * even for tensors named weight_scale_inv, as transformers' fine-grained FP8 does. */
+typedef enum mg_scale_kind {
+    MG_SCALE_NONE = 0,
+    MG_SCALE_F32_BLOCK128 = 1,  /* fp32 [ceil(rows/128), ceil(cols/128)] (GLM/Qwen FP8) */
+    MG_SCALE_E8M0_BLOCK128 = 2, /* ue8m0 bytes [ceil(rows/128), ceil(cols/128)] (DeepSeek-V4 FP8) */
+    MG_SCALE_E8M0_G32 = 3,      /* ue8m0 bytes [rows, cols/32] (MXFP4 experts) */
+    MG_SCALE_KIND_COUNT
+} mg_scale_kind;
+
+const char *mg_format_name(mg_format f);
+
+static inline float mg_bf16_to_f32(uint16_t h) {
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+/* Round-to-nearest-even, as torch does when casting fp32 to bf16. */
+static inline uint16_t mg_f32_to_bf16(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+
+static inline float mg_f16_to_f32(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
+    uint32_t exp = (h >> 10) & 0x1fu, man = h & 0x3ffu, u;
+    if (exp == 0) {
+        if (man == 0) {
+            u = sign;
+        } else { /* subnormal: renormalise */
+            int e = -1;
+            do { e++; man <<= 1; } while (!(man & 0x400u));
+            u = sign | ((uint32_t)(127 - 15 - e) << 23) | ((man & 0x3ffu) << 13);
+        }
+    } else if (exp == 31) {
+        u = sign | 0x7f800000u | (man << 13);
+    } else {
+        u = sign | ((exp + 127 - 15) << 23) | (man << 13);
+    }
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+static inline float mg_fp8_e4m3_to_f32(uint8_t b) {
+    int sign = b >> 7, exp = (b >> 3) & 0xf, man = b & 0x7;
+    float v;
+    if (exp == 0xf && man == 0x7) return NAN;
+    if (exp == 0) v = ldexpf((float)man / 8.0f, -6);
+    else v = ldexpf(1.0f + (float)man / 8.0f, exp - 7);
+    return sign ? -v : v;
+}
+
+/* ue8m0: an unsigned exponent byte; 255 is NaN. */
+static inline float mg_e8m0_to_f32(uint8_t b) {
+    if (b == 255) return NAN;
+    if (b == 0) return ldexpf(1.0f, -127);
+    uint32_t u = (uint32_t)b << 23;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+static inline float mg_fp4_e2m1_to_f32(uint8_t code) {
+    static const float mag[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
+    float v = mag[code & 7];
+    return (code & 8) ? -v : v;
+}
+
+#endif

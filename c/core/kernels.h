@@ -1,0 +1,35 @@
+/* The dispatch table: every hot kernel, once per instruction set.  The scalar table is the
+ * reference twin of every SIMD entry; tests compare them on odd sizes. */
+#ifndef MG_KERNELS_H
+#define MG_KERNELS_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include "matrix.h"
+
+/* Y[t, r] = sum_c W[r, c] * X[t, c]  for tokens t in [0, n_tok) and rows r in [r0, r1).
+ * X rows are x_stride floats apart, Y rows y_stride floats apart.  n_tok == 1 is decode
+ * (matrix x vector); n_tok > 1 is prefill, where each weight row is decoded once and
+ * used for all tokens.  Accumulation is fp32; quantised weights are dequantised exactly. */
+typedef void (*mg_linear_fn)(const mg_matrix *w, const float *x, int64_t x_stride, int64_t n_tok,
+                             float *y, int64_t y_stride, int64_t r0, int64_t r1);
+
+typedef struct mg_kernels {
+    const char *name; /* "scalar", "avx2", "neon" */
+    mg_linear_fn linear[MG_FORMAT_COUNT];
+    float (*dot)(const float *a, const float *b, int64_t n);
+    void (*axpy)(float *y, float a, const float *x, int64_t n); /* y += a * x */
+    void (*scale)(float *y, float a, int64_t n);                /* y *= a */
+    /* out = x / sqrt(mean(x^2) + eps) * w   (w == NULL: unweighted); out may alias x */
+    void (*rmsnorm)(float *out, const float *x, const float *w, int64_t n, float eps);
+    /* out = silu(gate) * up; limit > 0 first clamps gate to <= limit and up to [-limit, limit] */
+    void (*swiglu)(float *out, const float *gate, const float *up, int64_t n, float limit);
+    /* Sum of all bytes read as floats: touches every cache line; the bandwidth yardstick. */
+    float (*read_sum)(const float *p, int64_t n);
+} mg_kernels;
+
+const mg_kernels *mg_kernels_scalar(void);
+const mg_kernels *mg_kernels_avx2(void); /* NULL when not built for x86-64 */
+const mg_kernels *mg_kernels_neon(void); /* NULL when not built for arm64 */
+
+#endif

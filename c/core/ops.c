@@ -1,0 +1,57 @@
+/* Small scalar ops (see ops.h).  RoPE angles follow transformers' fp32 arithmetic so that
+ * logits match the oracle bit for bit as far as possible. */
+#include <math.h>
+#include "core/ops.h"
+
+void mg_rope_inv_freq(float *inv_freq, int rot_dim, double theta) {
+    for (int j = 0; j < rot_dim / 2; j++) {
+        /* transformers: 1.0 / (base ** (arange(0, dim, 2).float() / dim)), all in fp32 */
+        float expo = (float)(2 * j) / (float)rot_dim;
+        inv_freq[j] = 1.0f / powf((float)theta, expo);
+    }
+}
+
+void mg_rope_cos_sin(float *cos_out, float *sin_out, const float *inv_freq, int half, int64_t pos) {
+    for (int j = 0; j < half; j++) {
+        float angle = (float)pos * inv_freq[j];
+        cos_out[j] = cosf(angle);
+        sin_out[j] = sinf(angle);
+    }
+}
+
+void mg_rope_apply(float *x, int n_heads, int head_stride, int rot_off, int half,
+                   const float *cos_v, const float *sin_v, int interleaved, int inverse) {
+    for (int h = 0; h < n_heads; h++) {
+        float *v = x + (int64_t)h * head_stride + rot_off;
+        for (int j = 0; j < half; j++) {
+            int i0 = interleaved ? 2 * j : j, i1 = interleaved ? 2 * j + 1 : j + half;
+            float c = cos_v[j], s = inverse ? -sin_v[j] : sin_v[j];
+            float a = v[i0], b = v[i1];
+            v[i0] = a * c - b * s;
+            v[i1] = b * c + a * s;
+        }
+    }
+}
+
+void mg_softmax(float *x, int64_t n) {
+    if (n <= 0) return;
+    float mx = x[0];
+    for (int64_t i = 1; i < n; i++) mx = x[i] > mx ? x[i] : mx;
+    double sum = 0.0;
+    for (int64_t i = 0; i < n; i++) { x[i] = expf(x[i] - mx); sum += x[i]; }
+    float inv = (float)(1.0 / sum);
+    for (int64_t i = 0; i < n; i++) x[i] *= inv;
+}
+
+float mg_sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
+
+void mg_topk(const float *x, int n, int k, int *idx) {
+    /* k is small (<= 16 experts typically): insertion into a sorted list of k. */
+    int m = 0;
+    for (int i = 0; i < n; i++) {
+        if (m == k && !(x[i] > x[idx[m - 1]])) continue;
+        int p = m < k ? m++ : k - 1;
+        while (p > 0 && x[i] > x[idx[p - 1]]) { idx[p] = idx[p - 1]; p--; }
+        idx[p] = i;
+    }
+}

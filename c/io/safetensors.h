@@ -1,0 +1,55 @@
+/* A checkpoint folder of safetensors shards, memory-mapped read-only.
+ *
+ * mg_checkpoint_open() reads model.safetensors.index.json when present (and checks that every
+ * tensor it lists exists in the shard it names), otherwise every *.safetensors file in the
+ * folder.  Headers are validated strictly: dtype known, shape product matching the byte
+ * range, ranges inside the file and not overlapping the header.  Any defect is an error
+ * naming the file and the tensor. */
+#ifndef MG_SAFETENSORS_H
+#define MG_SAFETENSORS_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include "core/status.h"
+
+typedef enum mg_dtype {
+    MG_DT_F32, MG_DT_F16, MG_DT_BF16, MG_DT_F64,
+    MG_DT_F8_E4M3, MG_DT_F8_E5M2, MG_DT_F8_E8M0,
+    MG_DT_I8, MG_DT_U8, MG_DT_I16, MG_DT_I32, MG_DT_I64, MG_DT_BOOL,
+    MG_DT_COUNT
+} mg_dtype;
+
+const char *mg_dtype_name(mg_dtype dt);  /* as spelled in safetensors headers */
+size_t mg_dtype_size(mg_dtype dt);
+
+#define MG_MAX_DIMS 8
+
+typedef struct mg_tensor {
+    const char *name;
+    mg_dtype dtype;
+    int ndim;
+    int64_t shape[MG_MAX_DIMS];
+    const void *data;      /* inside the shard's mapping */
+    size_t nbytes;
+    int shard;             /* index into the checkpoint's shard list */
+    uint64_t file_offset;  /* absolute byte offset of data in the shard file */
+} mg_tensor;
+
+typedef struct mg_checkpoint mg_checkpoint;
+
+mg_checkpoint *mg_checkpoint_open(const char *dir, mg_error *err);
+void mg_checkpoint_close(mg_checkpoint *ck);
+
+const mg_tensor *mg_checkpoint_find(const mg_checkpoint *ck, const char *name); /* NULL if absent */
+size_t mg_checkpoint_count(const mg_checkpoint *ck);
+const mg_tensor *mg_checkpoint_at(const mg_checkpoint *ck, size_t i);
+int mg_checkpoint_shards(const mg_checkpoint *ck);
+const char *mg_checkpoint_shard_path(const mg_checkpoint *ck, int shard);
+uint64_t mg_checkpoint_total_bytes(const mg_checkpoint *ck);
+
+/* Like find, but a missing tensor or a shape other than the expected one is an error that
+ * names the tensor, its shard and both shapes.  expected[i] < 0 matches any size. */
+const mg_tensor *mg_checkpoint_expect(const mg_checkpoint *ck, const char *name, int ndim,
+                                      const int64_t *expected, mg_error *err);
+
+#endif

@@ -1,0 +1,132 @@
+/* Scalar reference kernels: the twin every SIMD kernel is tested against, and the fallback on
+ * CPUs without a SIMD table.  Written for clarity, not speed. */
+#include <math.h>
+#include "core/kernels.h"
+
+/* Dequantise one row of w into out[cols] (exact: every format here is exact in fp32). */
+static void dequant_row(const mg_matrix *w, int64_t r, float *out) {
+    const int64_t cols = w->cols;
+    const uint8_t *row = (const uint8_t *)w->data + (size_t)r * mg_matrix_row_bytes(w);
+    switch (w->format) {
+    case MG_F32:
+        for (int64_t c = 0; c < cols; c++) out[c] = ((const float *)row)[c];
+        break;
+    case MG_BF16:
+        for (int64_t c = 0; c < cols; c++) out[c] = mg_bf16_to_f32(((const uint16_t *)row)[c]);
+        break;
+    case MG_F16:
+        for (int64_t c = 0; c < cols; c++) out[c] = mg_f16_to_f32(((const uint16_t *)row)[c]);
+        break;
+    case MG_FP8_E4M3:
+        for (int64_t c = 0; c < cols; c++) out[c] = mg_fp8_e4m3_to_f32(row[c]);
+        break;
+    case MG_FP4_E2M1:
+        for (int64_t c = 0; c < cols; c += 2) {
+            out[c] = mg_fp4_e2m1_to_f32(row[c / 2] & 0xf);
+            if (c + 1 < cols) out[c + 1] = mg_fp4_e2m1_to_f32(row[c / 2] >> 4);
+        }
+        break;
+    default:
+        break;
+    }
+    switch (w->scale_kind) {
+    case MG_SCALE_F32_BLOCK128: {
+        const float *s = (const float *)w->scale + (r / 128) * w->scale_cols;
+        for (int64_t c = 0; c < cols; c++) out[c] *= s[c / 128];
+        break;
+    }
+    case MG_SCALE_E8M0_BLOCK128: {
+        const uint8_t *s = (const uint8_t *)w->scale + (r / 128) * w->scale_cols;
+        for (int64_t c = 0; c < cols; c++) out[c] *= mg_e8m0_to_f32(s[c / 128]);
+        break;
+    }
+    case MG_SCALE_E8M0_G32: {
+        const uint8_t *s = (const uint8_t *)w->scale + r * w->scale_cols;
+        for (int64_t c = 0; c < cols; c++) out[c] *= mg_e8m0_to_f32(s[c / 32]);
+        break;
+    }
+    default:
+        break;
+    }
+}
+
+static void linear_scalar(const mg_matrix *w, const float *x, int64_t x_stride, int64_t n_tok,
+                          float *y, int64_t y_stride, int64_t r0, int64_t r1) {
+    float row[4096];
+    for (int64_t r = r0; r < r1; r++) {
+        /* Rows wider than the stack buffer are handled in column chunks of whole 128 blocks. */
+        float acc_tok[64];
+        for (int64_t t0 = 0; t0 < n_tok; t0 += 64) {
+            int64_t nt = n_tok - t0 < 64 ? n_tok - t0 : 64;
+            for (int64_t t = 0; t < nt; t++) acc_tok[t] = 0.0f;
+            if (w->cols <= 4096) {
+                dequant_row(w, r, row);
+                for (int64_t t = 0; t < nt; t++) {
+                    const float *xt = x + (t0 + t) * x_stride;
+                    float acc = 0.0f;
+                    for (int64_t c = 0; c < w->cols; c++) acc += row[c] * xt[c];
+                    acc_tok[t] = acc;
+                }
+            } else {
+                for (int64_t t = 0; t < nt; t++) {
+                    const float *xt = x + (t0 + t) * x_stride;
+                    float acc = 0.0f;
+                    for (int64_t c = 0; c < w->cols; c++) acc += mg_matrix_get(w, r, c) * xt[c];
+                    acc_tok[t] = acc;
+                }
+            }
+            for (int64_t t = 0; t < nt; t++) y[(t0 + t) * y_stride + r] = acc_tok[t];
+        }
+    }
+}
+
+static float dot_scalar(const float *a, const float *b, int64_t n) {
+    float acc = 0.0f;
+    for (int64_t i = 0; i < n; i++) acc += a[i] * b[i];
+    return acc;
+}
+
+static void axpy_scalar(float *y, float a, const float *x, int64_t n) {
+    for (int64_t i = 0; i < n; i++) y[i] += a * x[i];
+}
+
+static void scale_scalar(float *y, float a, int64_t n) {
+    for (int64_t i = 0; i < n; i++) y[i] *= a;
+}
+
+static void rmsnorm_scalar(float *out, const float *x, const float *w, int64_t n, float eps) {
+    double ss = 0.0;
+    for (int64_t i = 0; i < n; i++) ss += (double)x[i] * x[i];
+    float inv = 1.0f / sqrtf((float)(ss / (double)n) + eps);
+    for (int64_t i = 0; i < n; i++) out[i] = x[i] * inv * (w ? w[i] : 1.0f);
+}
+
+static void swiglu_scalar(float *out, const float *gate, const float *up, int64_t n, float limit) {
+    for (int64_t i = 0; i < n; i++) {
+        float g = gate[i], u = up[i];
+        if (limit > 0.0f) {
+            g = g > limit ? limit : g;
+            u = u > limit ? limit : (u < -limit ? -limit : u);
+        }
+        out[i] = g / (1.0f + expf(-g)) * u;
+    }
+}
+
+static float read_sum_scalar(const float *p, int64_t n) {
+    float acc = 0.0f;
+    for (int64_t i = 0; i < n; i++) acc += p[i];
+    return acc;
+}
+
+static const mg_kernels SCALAR = {
+    .name = "scalar",
+    .linear = {linear_scalar, linear_scalar, linear_scalar, linear_scalar, linear_scalar},
+    .dot = dot_scalar,
+    .axpy = axpy_scalar,
+    .scale = scale_scalar,
+    .rmsnorm = rmsnorm_scalar,
+    .swiglu = swiglu_scalar,
+    .read_sum = read_sum_scalar,
+};
+
+const mg_kernels *mg_kernels_scalar(void) { return &SCALAR; }

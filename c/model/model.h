@@ -1,0 +1,40 @@
+/* One loaded model with one sequence slot (its KV state).  Architectures plug in through
+ * mg_arch (arch.h); this is the interface the Python binding uses. */
+#ifndef MG_MODEL_H
+#define MG_MODEL_H
+
+#include <stdint.h>
+#include "core/status.h"
+
+typedef struct mg_model mg_model;
+
+typedef struct mg_model_options {
+    int n_threads;          /* <= 0: all cores */
+    const char *kernels;    /* NULL: best for this CPU; else "scalar", "avx2", "neon" */
+    int64_t max_ctx;        /* tokens the slot may hold; <= 0: the model's own limit */
+    double ram_gb;          /* <= 0: no budget */
+} mg_model_options;
+
+/* dir: checkpoint folder; config_json: the normalised config (gateway/model_config.py),
+ * which names the architecture in "arch". */
+mg_model *mg_model_open(const char *dir, const char *config_json, const mg_model_options *opt,
+                        mg_error *err);
+void mg_model_close(mg_model *m);
+
+/* Appends tokens to the slot.  logits receives [n, vocab] floats, or [1, vocab] for the last
+ * token when last_only (the head is then computed for that token alone). */
+int mg_model_eval(mg_model *m, const int32_t *tokens, int64_t n, int last_only, float *logits,
+                  mg_error *err);
+
+int64_t mg_model_n_past(const mg_model *m);
+int64_t mg_model_vocab(const mg_model *m);
+int64_t mg_model_max_ctx(const mg_model *m);
+const char *mg_model_arch(const mg_model *m);
+const char *mg_model_kernels(const mg_model *m);
+int mg_model_threads(const mg_model *m);
+
+/* Keeps the first n tokens: evaluating after this gives the same logits as a fresh run. */
+int mg_model_truncate(mg_model *m, int64_t n, mg_error *err);
+void mg_model_reset(mg_model *m);
+
+#endif

@@ -1,0 +1,70 @@
+"""Build the gateway._core extension from c/.
+
+Every C source is compiled for the baseline of the target (x86-64 or arm64). Files named
+*_avx2.c hold the AVX2/FMA/F16C kernels; only they get those instruction-set flags, and the
+runtime dispatcher (c/core/cpu.c) picks them only on a CPU that has the features. This keeps
+one shipped binary that runs on any x86-64.
+"""
+from __future__ import annotations
+
+import os
+import platform
+from pathlib import Path
+
+from pybind11.setup_helpers import Pybind11Extension
+from setuptools import setup
+from setuptools.command.build_ext import build_ext
+
+ROOT = Path(__file__).resolve().parent
+C_DIR = ROOT / "c"
+
+ISA_FLAGS = {
+    "_avx2.c": ["-mavx2", "-mfma", "-mf16c"],
+}
+COMMON_C_FLAGS = ["-std=c11", "-O3", "-fno-math-errno", "-Wall", "-Wextra", "-Wno-unused-parameter"]
+
+
+def _is_x86() -> bool:
+    return platform.machine().lower() in ("x86_64", "amd64", "i686", "x86")
+
+
+def _sanitize_flags() -> list[str]:
+    return ["-fsanitize=address,undefined", "-fno-omit-frame-pointer", "-g"] if os.environ.get("MOEGATE_SANITIZE") else []
+
+
+def c_sources() -> list[str]:
+    return sorted(str(p.relative_to(ROOT)) for p in C_DIR.rglob("*.c"))
+
+
+class BuildCore(build_ext):
+    """Compiles the C files itself so that ISA-specific files get their own flags."""
+
+    def build_extension(self, ext):
+        c_files = [s for s in ext.sources if s.endswith(".c")]
+        ext.sources = [s for s in ext.sources if not s.endswith(".c")]
+        objects = []
+        san = _sanitize_flags()
+        for src in c_files:
+            flags = list(COMMON_C_FLAGS) + san
+            for suffix, isa in ISA_FLAGS.items():
+                if src.endswith(suffix) and _is_x86():
+                    flags += isa
+            objects += self.compiler.compile(
+                [src], output_dir=self.build_temp, include_dirs=ext.include_dirs,
+                extra_postargs=flags, depends=ext.depends,
+            )
+        ext.extra_objects = list(ext.extra_objects or []) + objects
+        super().build_extension(ext)
+
+
+ext = Pybind11Extension(
+    "gateway._core",
+    sources=sorted(str(p.relative_to(ROOT)) for p in (C_DIR / "bindings").glob("*.cpp")) + c_sources(),
+    include_dirs=[str(C_DIR)],
+    depends=sorted(str(p.relative_to(ROOT)) for p in C_DIR.rglob("*.h")),
+    cxx_std=17,
+    extra_compile_args=["-O3"] + _sanitize_flags(),
+    extra_link_args=["-lpthread"] + (["-fsanitize=address,undefined"] if os.environ.get("MOEGATE_SANITIZE") else []),
+)
+
+setup(ext_modules=[ext], cmdclass={"build_ext": BuildCore})
