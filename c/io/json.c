@@ -6,7 +6,9 @@
  * close.  Objects with many keys get an open-addressing hash index, so mg_json_get() stays
  * O(1) on headers with ~100k keys.  Duplicate keys are rejected: they make a document
  * ambiguous (different readers keep different copies). */
+#if !defined(_POSIX_C_SOURCE) && !defined(_GNU_SOURCE)
 #define _POSIX_C_SOURCE 200809L
+#endif
 #include "io/json.h"
 
 #include <errno.h>
@@ -202,6 +204,17 @@ static int parse_string(parser *ps, const char **out, size_t *out_len) {
     size_t n = 0;
     for (;;) {
         if (ps->p >= ps->end) return fail_at(ps, start, "unterminated string");
+        /* Fast path: a run of printable ASCII without quotes or escapes. */
+        const unsigned char *run = ps->p;
+        while (run < ps->end && *run >= 0x20 && *run < 0x80 && *run != '"' && *run != '\\') run++;
+        if (run > ps->p) {
+            size_t k = (size_t)(run - ps->p);
+            if (buf_reserve(ps, n + k + 8)) return -1;
+            memcpy(ps->buf + n, ps->p, k);
+            n += k;
+            ps->p = run;
+            continue;
+        }
         unsigned c = *ps->p;
         if (buf_reserve(ps, n + 8)) return -1;
         if (c == '"') {
@@ -307,6 +320,11 @@ static int parse_number(parser *ps, mg_json *v) {
             v->u.num.ivalue = neg ? (acc == (uint64_t)INT64_MAX + 1 ? INT64_MIN : -(int64_t)acc)
                                   : (int64_t)acc;
         }
+    }
+    if (v->u.num.is_int) { /* int64 -> double rounds to nearest, as strtod would */
+        v->u.num.value = (double)v->u.num.ivalue;
+        ps->p = q;
+        return 0;
     }
     /* strtod honours the C locale's decimal point; translate '.' if the host changed it. */
     char small[64], *tmp = len < sizeof small ? small : malloc(len + 1);

@@ -52,4 +52,16 @@ uint64_t mg_checkpoint_total_bytes(const mg_checkpoint *ck);
 const mg_tensor *mg_checkpoint_expect(const mg_checkpoint *ck, const char *name, int ndim,
                                       const int64_t *expected, mg_error *err);
 
+/* Added by the loader, for the expert store's direct reads (pread/O_DIRECT at
+ * mg_tensor.file_offset): the shard's open read-only descriptor (owned by the checkpoint,
+ * valid until close) and its file size; and the folder the checkpoint was opened from. */
+int mg_checkpoint_shard_fd(const mg_checkpoint *ck, int shard);
+uint64_t mg_checkpoint_shard_size(const mg_checkpoint *ck, int shard);
+const char *mg_checkpoint_dir(const mg_checkpoint *ck);
+
+/* Added by the loader: tensor t (of this checkpoint; F32, BF16 or F16) as fp32 values.  F32
+ * data is returned in place when aligned; otherwise a converted copy is made once and owned
+ * by the checkpoint (freed at close).  Not thread-safe: call while loading. */
+const float *mg_checkpoint_tensor_f32(const mg_checkpoint *ck, const mg_tensor *t, mg_error *err);
+
 #endif

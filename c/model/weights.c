@@ -1,0 +1,228 @@
+/* Binds checkpoint tensors to mg_matrix descriptors (pointing into the mapped shards) and
+ * converts small vectors to fp32.  Every error names the tensor and the shard file. */
+#include "model/weights.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const char *shard_of(const mg_checkpoint *ck, const mg_tensor *t) {
+    const char *p = mg_checkpoint_shard_path(ck, t->shard);
+    return p ? p : "?";
+}
+
+static void shape_str(char *buf, size_t cap, const mg_tensor *t) {
+    size_t n = (size_t)snprintf(buf, cap, "[");
+    for (int i = 0; i < t->ndim && n < cap; i++)
+        n += (size_t)snprintf(buf + n, cap - n, i ? ", %lld" : "%lld", (long long)t->shape[i]);
+    if (n < cap) snprintf(buf + n, cap - n, "]");
+}
+
+static int not_found(const mg_checkpoint *ck, const char *name, mg_error *err) {
+    return mg_fail(err, "%s: tensor '%s' not found in the checkpoint", mg_checkpoint_dir(ck), name);
+}
+
+/* True when t is [rows, cols], or [a, b, ..., cols] with a*b*... == rows (same row-major bytes). */
+static int is_matrix_shape(const mg_tensor *t, int64_t rows, int64_t cols) {
+    if (t->ndim < 2 || t->shape[t->ndim - 1] != cols) return 0;
+    int64_t lead = 1;
+    for (int i = 0; i < t->ndim - 1; i++) {
+        if (t->shape[i] && lead > rows / t->shape[i] + 1) return 0; /* avoid overflow */
+        lead *= t->shape[i];
+    }
+    return lead == rows;
+}
+
+static int wrong_shape(const mg_checkpoint *ck, const mg_tensor *t, int64_t rows, int64_t cols,
+                       const char *note, mg_error *err) {
+    char got[160];
+    shape_str(got, sizeof got, t);
+    return mg_fail(err, "%s: tensor '%s': %s shape %s, expected [%lld, %lld]%s", shard_of(ck, t),
+                   t->name, mg_dtype_name(t->dtype), got, (long long)rows, (long long)cols, note);
+}
+
+/* Finds and checks a scale tensor: dtype and exact 2-D shape.  With allow_half, a BF16 or
+ * F16 scale is accepted in place of F32 (some Qwen FP8 releases store weight_scale_inv so);
+ * *f32 then receives fp32 values (converted once, owned by the checkpoint). */
+static const mg_tensor *bind_scale(const mg_checkpoint *ck, const mg_tensor *w, const char *sname,
+                                   mg_dtype dt, int allow_half, int64_t srows, int64_t scols,
+                                   const void **data, mg_error *err) {
+    const mg_tensor *s = mg_checkpoint_find(ck, sname);
+    if (!s) {
+        mg_fail(err, "%s: tensor '%s': %s weight needs scale tensor '%s', which is missing",
+                shard_of(ck, w), w->name, mg_dtype_name(w->dtype), sname);
+        return NULL;
+    }
+    int dtype_ok = s->dtype == dt || (allow_half && (s->dtype == MG_DT_BF16 || s->dtype == MG_DT_F16));
+    if (!dtype_ok || s->ndim != 2 || s->shape[0] != srows || s->shape[1] != scols) {
+        char got[160];
+        shape_str(got, sizeof got, s);
+        mg_fail(err, "%s: tensor '%s': scale of '%s' is %s %s, expected %s%s [%lld, %lld]",
+                shard_of(ck, s), s->name, w->name, mg_dtype_name(s->dtype), got, mg_dtype_name(dt),
+                allow_half ? " (or BF16/F16)" : "", (long long)srows, (long long)scols);
+        return NULL;
+    }
+    if (allow_half) {
+        *data = mg_checkpoint_tensor_f32(ck, s, err);
+        if (!*data) return NULL;
+    } else {
+        *data = s->data;
+    }
+    return s;
+}
+
+/* "<x>.weight" -> "<x>" + suffix; other names get the suffix appended. */
+static char *sibling(const char *name, const char *strip, const char *suffix) {
+    size_t n = strlen(name), k = strlen(strip);
+    if (k && n > k && !strcmp(name + n - k, strip)) n -= k;
+    size_t sl = strlen(suffix);
+    char *s = malloc(n + sl + 1);
+    if (!s) return NULL;
+    memcpy(s, name, n);
+    memcpy(s + n, suffix, sl + 1);
+    return s;
+}
+
+int mg_bind_matrix(const mg_checkpoint *ck, const char *name, int64_t rows, int64_t cols,
+                   mg_matrix *out, mg_error *err) {
+    const mg_tensor *t = mg_checkpoint_find(ck, name);
+    if (!t) return not_found(ck, name, err);
+    if (rows <= 0 || cols <= 0)
+        return mg_fail(err, "%s: tensor '%s': requested matrix shape [%lld, %lld] is empty",
+                       shard_of(ck, t), name, (long long)rows, (long long)cols);
+    memset(out, 0, sizeof *out);
+    out->rows = rows;
+    out->cols = cols;
+    out->data = t->data;
+    out->scale_kind = MG_SCALE_NONE;
+    switch (t->dtype) {
+    case MG_DT_F32:
+    case MG_DT_BF16:
+    case MG_DT_F16:
+        if (!is_matrix_shape(t, rows, cols)) return wrong_shape(ck, t, rows, cols, "", err);
+        out->format = t->dtype == MG_DT_F32 ? MG_F32 : t->dtype == MG_DT_BF16 ? MG_BF16 : MG_F16;
+        return 0;
+    case MG_DT_F8_E4M3: {
+        if (!is_matrix_shape(t, rows, cols)) return wrong_shape(ck, t, rows, cols, "", err);
+        out->format = MG_FP8_E4M3;
+        int64_t br = (rows + 127) / 128, bc = (cols + 127) / 128;
+        char *hf = sibling(name, "", "_scale_inv");      /* <x>.weight_scale_inv */
+        char *ds = sibling(name, ".weight", ".scale");   /* <x>.scale */
+        char *ct = sibling(name, "", "_scale");          /* <x>.weight_scale (per channel) */
+        int rc = 0;
+        if (!hf || !ds || !ct) {
+            rc = mg_fail(err, "%s: out of memory", name);
+        } else {
+            const mg_tensor *shf = mg_checkpoint_find(ck, hf), *sds = mg_checkpoint_find(ck, ds);
+            const mg_tensor *s = NULL;
+            const void *sdata = NULL;
+            if (shf && sds) {
+                rc = mg_fail(err, "%s: tensor '%s': both '%s' and '%s' exist; which scale applies "
+                             "is ambiguous", shard_of(ck, t), name, hf, ds);
+            } else if (shf) {
+                s = bind_scale(ck, t, hf, MG_DT_F32, 1, br, bc, &sdata, err);
+                out->scale_kind = MG_SCALE_F32_BLOCK128;
+            } else if (sds) {
+                s = bind_scale(ck, t, ds, MG_DT_F8_E8M0, 0, br, bc, &sdata, err);
+                out->scale_kind = MG_SCALE_E8M0_BLOCK128;
+            } else if (mg_checkpoint_find(ck, ct)) {
+                rc = mg_fail(err, "%s: tensor '%s': per-channel FP8 scales ('%s', compressed-tensors "
+                             "format) are not supported; expected 128x128 block scales",
+                             shard_of(ck, t), name, ct);
+            } else {
+                rc = mg_fail(err, "%s: tensor '%s': F8_E4M3 weight without a scale tensor "
+                             "('%s' or '%s')", shard_of(ck, t), name, hf, ds);
+            }
+            if (!rc && !s) rc = -1;
+            if (!rc) {
+                out->scale = sdata;
+                out->scale_cols = bc;
+            }
+        }
+        free(hf);
+        free(ds);
+        free(ct);
+        return rc;
+    }
+    case MG_DT_I8:
+    case MG_DT_U8: {
+        /* Packed FP4 (e2m1): two codes per byte, one ue8m0 scale per 32 columns. */
+        if (cols % 32)
+            return mg_fail(err, "%s: tensor '%s': packed FP4 needs a column count that is a "
+                           "multiple of 32, got %lld", shard_of(ck, t), name, (long long)cols);
+        if (!is_matrix_shape(t, rows, cols / 2))
+            return wrong_shape(ck, t, rows, cols / 2, " (packed FP4: two values per byte)", err);
+        out->format = MG_FP4_E2M1;
+        out->scale_kind = MG_SCALE_E8M0_G32;
+        out->scale_cols = cols / 32;
+        char *ds = sibling(name, ".weight", ".scale");
+        if (!ds) return mg_fail(err, "%s: out of memory", name);
+        const void *sdata = NULL;
+        const mg_tensor *s = bind_scale(ck, t, ds, MG_DT_F8_E8M0, 0, rows, cols / 32, &sdata, err);
+        free(ds);
+        if (!s) return -1;
+        out->scale = sdata;
+        return 0;
+    }
+    default:
+        return mg_fail(err, "%s: tensor '%s': dtype %s cannot be used as a weight matrix",
+                       shard_of(ck, t), name, mg_dtype_name(t->dtype));
+    }
+}
+
+static float *to_f32(const mg_checkpoint *ck, const mg_tensor *t, int64_t n, mg_error *err) {
+    if (t->dtype != MG_DT_F32 && t->dtype != MG_DT_BF16 && t->dtype != MG_DT_F16) {
+        mg_fail(err, "%s: tensor '%s': dtype %s, expected F32, BF16 or F16", shard_of(ck, t),
+                t->name, mg_dtype_name(t->dtype));
+        return NULL;
+    }
+    float *out = malloc((size_t)(n ? n : 1) * sizeof(float));
+    if (!out) {
+        mg_fail(err, "%s: tensor '%s': out of memory", shard_of(ck, t), t->name);
+        return NULL;
+    }
+    const uint8_t *p = t->data;
+    for (int64_t i = 0; i < n; i++) {
+        if (t->dtype == MG_DT_F32) {
+            memcpy(&out[i], p + 4 * i, 4);
+        } else {
+            uint16_t h;
+            memcpy(&h, p + 2 * i, 2);
+            out[i] = t->dtype == MG_DT_BF16 ? mg_bf16_to_f32(h) : mg_f16_to_f32(h);
+        }
+    }
+    return out;
+}
+
+float *mg_bind_vector(const mg_checkpoint *ck, const char *name, int64_t n, mg_error *err) {
+    const mg_tensor *t = mg_checkpoint_find(ck, name);
+    if (!t) {
+        not_found(ck, name, err);
+        return NULL;
+    }
+    if (t->ndim != 1 || t->shape[0] != n) {
+        char got[160];
+        shape_str(got, sizeof got, t);
+        mg_fail(err, "%s: tensor '%s': shape %s, expected [%lld]", shard_of(ck, t), name, got,
+                (long long)n);
+        return NULL;
+    }
+    return to_f32(ck, t, n, err);
+}
+
+float *mg_bind_array(const mg_checkpoint *ck, const char *name, int64_t n, mg_error *err) {
+    const mg_tensor *t = mg_checkpoint_find(ck, name);
+    if (!t) {
+        not_found(ck, name, err);
+        return NULL;
+    }
+    size_t esz = mg_dtype_size(t->dtype);
+    if (n < 0 || !esz || t->nbytes / esz != (size_t)n) {
+        char got[160];
+        shape_str(got, sizeof got, t);
+        mg_fail(err, "%s: tensor '%s': shape %s holds %zu values, expected %lld", shard_of(ck, t),
+                name, got, esz ? t->nbytes / esz : (size_t)0, (long long)n);
+        return NULL;
+    }
+    return to_f32(ck, t, n, err);
+}

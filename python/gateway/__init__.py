@@ -1,0 +1,1 @@
+"""moegate: a CPU-first inference gateway for giant Mixture-of-Experts checkpoints."""

@@ -1,0 +1,53 @@
+"""Command line: `python -m gateway --model DIR [--ram GB] [--threads N] [--host H] [--port P] ...`."""
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m gateway",
+                                description="Serve a Mixture-of-Experts checkpoint on CPU behind OpenAI- and "
+                                            "Anthropic-compatible APIs.")
+    p.add_argument("--model", help="checkpoint folder (config.json, safetensors, tokenizer.json); "
+                                   "without it a tiny random-weight demo checkpoint is served")
+    p.add_argument("--ram", type=float, default=None, metavar="GB", help="memory budget for the whole process")
+    p.add_argument("--threads", type=int, default=None, help="compute threads (default: all cores)")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--ctx", type=int, default=None, help="context length of the slot, in tokens")
+    p.add_argument("--api-key", default=None, help="require this key (Bearer or x-api-key); /health stays public")
+    p.add_argument("--model-id", default=None, help="model name reported by /v1/models (default: folder name)")
+    p.add_argument("--max-queue", type=int, default=16, help="requests that may wait for the slot before 429")
+    p.add_argument("--max-tokens", type=int, default=4096, help="default max_tokens when a request sets none")
+    p.add_argument("--cors", default="", help="comma-separated allowed origins ('*' for any); off by default")
+    p.add_argument("--reasoning-field", choices=["reasoning_content", "both"], default="reasoning_content",
+                   help="'both' also mirrors reasoning as `reasoning` for vLLM/OpenRouter-style clients")
+    p.add_argument("--kernels", default=None, help=argparse.SUPPRESS)
+    p.add_argument("-v", "--verbose", action="store_true")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from .server.serve import ServeOptions, serve
+    try:
+        serve(ServeOptions(
+            model=args.model, ram_gb=args.ram, threads=args.threads, host=args.host, port=args.port,
+            ctx=args.ctx, api_key=args.api_key, model_id=args.model_id, max_queue=args.max_queue,
+            default_max_tokens=args.max_tokens,
+            cors=tuple(o.strip() for o in args.cors.split(",") if o.strip()),
+            reasoning_mirror=args.reasoning_field == "both", kernels=args.kernels))
+    except KeyboardInterrupt:
+        return 0
+    except (OSError, ValueError, RuntimeError) as exc:
+        print(f"moegate: error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,206 @@
+"""The generation loop over the engine's single sequence slot.
+
+One `Slot` wraps the engine and remembers which tokens its KV state holds.  A request reuses the
+longest common prefix (a second chat turn pays only for its new tokens), prefills the rest in
+chunks (checking for cancellation and reporting progress between chunks), then decodes token by
+token with the lm head computed for the last position only.  Runs in a worker thread; everything
+it reports goes through the `emit` callback.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .sampling import Sampler, SampledToken, SamplingParams
+from .tokenizer import IncrementalDecoder, Tokenizer
+
+PREFILL_CHUNK = 256
+
+
+class Cancelled(Exception):
+    """The client went away; the slot keeps whatever prefix was already evaluated."""
+
+
+@dataclass
+class GenerationRequest:
+    prompt_ids: list[int]
+    max_tokens: int
+    sampling: SamplingParams
+    stop_token_ids: frozenset[int] = frozenset()
+    stop_strings: tuple[str, ...] = ()
+    # Optional token mask hook for constrained decoding: called with the ids generated so far,
+    # returns a bool mask over the vocabulary (or None for no constraint).
+    token_mask: Callable[[list[int]], np.ndarray | None] | None = None
+
+
+@dataclass
+class GenerationResult:
+    finish_reason: str = "stop"  # stop | length | cancelled
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    completion_tokens: int = 0
+    stop_string: str | None = None
+    prefill_seconds: float = 0.0
+    decode_seconds: float = 0.0
+    token_ids: list[int] = field(default_factory=list)
+
+
+@dataclass
+class TextEvent:
+    text: str
+    token: SampledToken | None = None
+
+
+@dataclass
+class ProgressEvent:
+    done: int
+    total: int
+
+
+class StopStringFilter:
+    """Holds back text that could still become a stop string, so none is ever leaked."""
+
+    def __init__(self, stops: Sequence[str]) -> None:
+        self._stops = [s for s in stops if s]
+        self._buf = ""
+        self.matched: str | None = None
+
+    def push(self, text: str) -> tuple[str, bool]:
+        """Returns (text safe to release, stopped)."""
+        if not self._stops:
+            return text, False
+        self._buf += text
+        hits = [(self._buf.find(s), s) for s in self._stops if s in self._buf]
+        if hits:
+            pos, stop = min(hits)
+            out, self._buf, self.matched = self._buf[:pos], "", stop
+            return out, True
+        hold = 0
+        for s in self._stops:
+            for k in range(min(len(s) - 1, len(self._buf)), hold, -1):
+                if self._buf.endswith(s[:k]):
+                    hold = k
+                    break
+        cut = len(self._buf) - hold
+        out, self._buf = self._buf[:cut], self._buf[cut:]
+        return out, False
+
+    def flush(self) -> str:
+        out, self._buf = self._buf, ""
+        return out
+
+
+class Slot:
+    """The engine plus the token ids its KV state holds."""
+
+    def __init__(self, engine, tokenizer: Tokenizer, max_ctx: int) -> None:
+        self.engine = engine
+        self.tokenizer = tokenizer
+        self.max_ctx = max_ctx
+        self.tokens: list[int] = []
+        self.lock = threading.Lock()
+        self.prefix_hits = 0
+        self.cached_tokens_total = 0
+
+    def _common_prefix(self, ids: Sequence[int]) -> int:
+        n = min(len(self.tokens), len(ids))
+        i = 0
+        while i < n and self.tokens[i] == ids[i]:
+            i += 1
+        return i
+
+    def _eval(self, ids: list[int]) -> np.ndarray:
+        try:
+            logits = self.engine.eval(ids, last_only=True)
+        except Exception:
+            # The engine's state after a failed eval is unknown: forget the cached prefix.
+            self.tokens = []
+            self.engine.reset()
+            raise
+        self.tokens.extend(ids)
+        return logits[-1]
+
+    def prefill(self, prompt: list[int], cancel: threading.Event,
+                progress: Callable[[int, int], None] | None = None) -> tuple[np.ndarray, int]:
+        """Brings the slot to exactly `prompt`; returns (logits of the last token, cached tokens)."""
+        common = self._common_prefix(prompt)
+        if common == len(prompt):
+            common -= 1  # the last token must be evaluated again to get its logits
+        cached = max(common, 0)
+        self.engine.truncate(cached)
+        del self.tokens[cached:]
+        if cached:
+            self.prefix_hits += 1
+            self.cached_tokens_total += cached
+        pos = cached
+        logits = None
+        while pos < len(prompt):
+            if cancel.is_set():
+                raise Cancelled()
+            chunk = prompt[pos:pos + PREFILL_CHUNK]
+            logits = self._eval(chunk)
+            pos += len(chunk)
+            if progress:
+                progress(pos - cached, len(prompt) - cached)
+        assert logits is not None
+        return logits, cached
+
+    def generate(self, req: GenerationRequest, cancel: threading.Event,
+                 emit: Callable[[object], None]) -> GenerationResult:
+        """Runs one request to completion (or cancellation), emitting TextEvents."""
+        res = GenerationResult(prompt_tokens=len(req.prompt_ids))
+        if not req.prompt_ids:
+            raise ValueError("the prompt is empty")
+        if len(req.prompt_ids) >= self.max_ctx:
+            raise ValueError(f"the prompt has {len(req.prompt_ids)} tokens; the context holds {self.max_ctx}")
+        with self.lock:
+            t0 = time.perf_counter()
+            try:
+                logits, res.cached_tokens = self.prefill(
+                    req.prompt_ids, cancel, lambda d, t: emit(ProgressEvent(d, t)))
+            except Cancelled:
+                res.finish_reason = "cancelled"
+                return res
+            res.prefill_seconds = time.perf_counter() - t0
+            sampler = Sampler(req.sampling)
+            decoder = IncrementalDecoder(self.tokenizer)
+            stops = StopStringFilter(req.stop_strings)
+            t1 = time.perf_counter()
+            generated: list[int] = []
+            while True:
+                if cancel.is_set():
+                    res.finish_reason = "cancelled"
+                    break
+                if len(generated) >= req.max_tokens or len(self.tokens) >= self.max_ctx:
+                    res.finish_reason = "length"
+                    break
+                mask = req.token_mask(generated) if req.token_mask else None
+                tok = sampler.sample(logits, mask)
+                generated.append(tok.token_id)
+                res.completion_tokens += 1
+                if tok.token_id in req.stop_token_ids:
+                    res.finish_reason = "stop"
+                    break
+                text, stopped = stops.push(decoder.push(tok.token_id))
+                emit(TextEvent(text, tok))
+                if stopped:
+                    res.finish_reason = "stop"
+                    res.stop_string = stops.matched
+                    break
+                logits = self._eval([tok.token_id])
+            if res.stop_string is None:
+                # Release what was held back: an unfinished character, text that never became a stop string.
+                tail, stopped = stops.push(decoder.flush())
+                if stopped:
+                    res.finish_reason, res.stop_string = "stop", stops.matched
+                else:
+                    tail += stops.flush()
+                if tail:
+                    emit(TextEvent(tail))
+            res.decode_seconds = time.perf_counter() - t1
+            res.token_ids = generated
+            return res

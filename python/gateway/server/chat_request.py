@@ -1,0 +1,349 @@
+"""Request bodies of both APIs, validated and normalised into one ChatSpec.
+
+Anthropic Messages requests are translated into the OpenAI form (messages, tools, tool_choice)
+here, so everything after this point speaks one dialect.  Every field is type-checked: a bad
+value is a 400 naming the field, never a 500 from deep inside.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..sampling import SamplingParams
+from .errors import ApiError, bad_request
+
+MAX_MESSAGES = 4096
+MAX_STOP_STRINGS = 16
+MAX_TOOLS = 256
+
+
+@dataclass
+class ChatSpec:
+    messages: list[dict]
+    tools: list[dict] = field(default_factory=list)
+    tool_choice: str = "auto"            # auto | none | required | function
+    forced_name: str | None = None       # set when tool_choice names a function
+    parallel_tool_calls: bool = True
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    max_tokens: int | None = None
+    stop: list[str] = field(default_factory=list)
+    stream: bool = False
+    include_usage: bool = False
+    thinking: bool | None = None
+    reasoning_effort: str | None = None
+    response_format: dict | None = None
+    model: str = ""
+
+    @property
+    def active_tools(self) -> list[dict]:
+        """Tools the model sees: none when tool_choice is "none"."""
+        return [] if self.tool_choice == "none" else self.tools
+
+    @property
+    def forces_call(self) -> bool:
+        return self.tool_choice in ("required", "function") and bool(self.tools)
+
+
+def _expect(value: Any, kind: type | tuple[type, ...], param: str) -> Any:
+    if not isinstance(value, kind) or (kind in (int, float, (int, float)) and isinstance(value, bool)):
+        names = kind.__name__ if isinstance(kind, type) else " or ".join(k.__name__ for k in kind)
+        raise bad_request(f"'{param}' must be of type {names}", param)
+    return value
+
+
+def _number(body: dict, key: str, default: float) -> float:
+    value = body.get(key)
+    if value is None:
+        return default
+    return float(_expect(value, (int, float), key))
+
+
+def _int(body: dict, key: str, default: int | None) -> int | None:
+    value = body.get(key)
+    if value is None:
+        return default
+    return _expect(value, int, key)
+
+
+def _stop_list(value: Any, param: str) -> list[str]:
+    if value is None:
+        return []
+    if isinstance(value, str):
+        value = [value]
+    _expect(value, list, param)
+    if len(value) > MAX_STOP_STRINGS:
+        raise bad_request(f"'{param}' may hold at most {MAX_STOP_STRINGS} strings", param)
+    for s in value:
+        _expect(s, str, param)
+    return [s for s in value if s]
+
+
+def _check_tools(tools: list[dict]) -> list[dict]:
+    if len(tools) > MAX_TOOLS:
+        raise bad_request(f"at most {MAX_TOOLS} tools are allowed", "tools")
+    names = set()
+    for i, tool in enumerate(tools):
+        if not isinstance(tool, dict) or tool.get("type", "function") != "function":
+            raise bad_request(f"tools[{i}]: only tools of type 'function' are supported", "tools")
+        fn = tool.get("function")
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not fn["name"]:
+            raise bad_request(f"tools[{i}].function.name is required", "tools")
+        params = fn.get("parameters", {})
+        if params is not None and not isinstance(params, dict):
+            raise bad_request(f"tools[{i}].function.parameters must be a JSON Schema object", "tools")
+        names.add(fn["name"])
+    return tools
+
+
+def _apply_tool_choice(spec: ChatSpec, choice: Any) -> None:
+    names = {t["function"]["name"] for t in spec.tools}
+    if choice is None:
+        spec.tool_choice = "auto"
+    elif isinstance(choice, str):
+        if choice not in ("auto", "none", "required"):
+            raise bad_request("'tool_choice' must be 'auto', 'none', 'required' or a named function", "tool_choice")
+        spec.tool_choice = choice
+    elif isinstance(choice, dict):
+        fn = choice.get("function")
+        name = fn.get("name") if isinstance(fn, dict) else None
+        if choice.get("type") != "function" or not isinstance(name, str):
+            raise bad_request("'tool_choice' object must be {\"type\": \"function\", \"function\": {\"name\": ...}}",
+                              "tool_choice")
+        spec.tool_choice, spec.forced_name = "function", name
+    else:
+        raise bad_request("'tool_choice' must be a string or an object", "tool_choice")
+    if spec.tool_choice in ("required", "function") and not spec.tools:
+        raise bad_request(f"tool_choice '{spec.tool_choice}' needs a non-empty 'tools' list", "tool_choice")
+    if spec.forced_name is not None and spec.forced_name not in names:
+        raise bad_request(f"tool_choice names function '{spec.forced_name}', which is not in 'tools'",
+                          "tool_choice")
+
+
+def _check_messages(messages: Any) -> list[dict]:
+    _expect(messages, list, "messages")
+    if not messages:
+        raise bad_request("'messages' must not be empty", "messages")
+    if len(messages) > MAX_MESSAGES:
+        raise bad_request(f"'messages' may hold at most {MAX_MESSAGES} entries", "messages")
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict):
+            raise bad_request(f"messages[{i}] must be an object", "messages")
+        role = m.get("role")
+        if role not in ("system", "developer", "user", "assistant", "tool"):
+            raise bad_request(f"messages[{i}].role must be one of system, developer, user, assistant, tool",
+                              "messages")
+        content = m.get("content")
+        if content is not None and not isinstance(content, (str, list)):
+            raise bad_request(f"messages[{i}].content must be a string, a list of parts or null", "messages")
+        if isinstance(content, list):
+            for part in content:
+                if not isinstance(part, dict) or part.get("type") not in ("text", "input_text"):
+                    raise bad_request(f"messages[{i}].content: only text parts are supported", "messages")
+        if role == "tool" and not isinstance(m.get("tool_call_id", ""), str):
+            raise bad_request(f"messages[{i}].tool_call_id must be a string", "messages")
+        calls = m.get("tool_calls")
+        if calls is not None:
+            _expect(calls, list, "messages")
+            for call in calls:
+                fn = call.get("function") if isinstance(call, dict) else None
+                if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+                    raise bad_request(f"messages[{i}].tool_calls entries need function.name", "messages")
+                args = fn.get("arguments", "{}")
+                if isinstance(args, str):
+                    try:
+                        json.loads(args or "{}")
+                    except json.JSONDecodeError:
+                        raise bad_request(f"messages[{i}].tool_calls: arguments must be a JSON string",
+                                          "messages") from None
+    return messages
+
+
+def _sampling(body: dict, *, default_temperature: float = 1.0) -> SamplingParams:
+    top_logprobs = _int(body, "top_logprobs", 0) or 0
+    params = SamplingParams(
+        temperature=_number(body, "temperature", default_temperature),
+        top_p=_number(body, "top_p", 1.0),
+        top_k=_int(body, "top_k", 0) or 0,
+        min_p=_number(body, "min_p", 0.0),
+        presence_penalty=_number(body, "presence_penalty", 0.0),
+        frequency_penalty=_number(body, "frequency_penalty", 0.0),
+        seed=_int(body, "seed", None),
+        logprobs=bool(body.get("logprobs")) or top_logprobs > 0,
+        top_logprobs=top_logprobs,
+    )
+    try:
+        params.validate()
+    except ValueError as exc:
+        raise bad_request(str(exc), str(exc).split(":")[0]) from None
+    return params
+
+
+def parse_openai_chat(body: Any) -> ChatSpec:
+    _expect(body, dict, "body")
+    spec = ChatSpec(messages=_check_messages(body.get("messages")), model=str(body.get("model") or ""))
+    spec.tools = _check_tools(_expect(body.get("tools") or [], list, "tools"))
+    _apply_tool_choice(spec, body.get("tool_choice"))
+    spec.parallel_tool_calls = bool(body.get("parallel_tool_calls", True))
+    spec.sampling = _sampling(body)
+    max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
+    if max_tokens is not None:
+        _expect(max_tokens, int, "max_tokens")
+        if max_tokens < 1:
+            raise bad_request("'max_tokens' must be at least 1", "max_tokens")
+    spec.max_tokens = max_tokens
+    spec.stop = _stop_list(body.get("stop"), "stop")
+    spec.stream = bool(body.get("stream", False))
+    opts = body.get("stream_options") or {}
+    spec.include_usage = bool(_expect(opts, dict, "stream_options").get("include_usage", False))
+    n = _int(body, "n", 1)
+    if n != 1:
+        raise bad_request("only n=1 is supported (one sequence slot)", "n")
+    effort = body.get("reasoning_effort")
+    if effort is not None:
+        spec.reasoning_effort = _expect(effort, str, "reasoning_effort")
+    spec.thinking = _thinking_switch(body)
+    fmt = body.get("response_format")
+    if fmt is not None:
+        _expect(fmt, dict, "response_format")
+        if fmt.get("type") not in ("text", "json_object", "json_schema"):
+            raise bad_request("'response_format.type' must be text, json_object or json_schema", "response_format")
+        spec.response_format = None if fmt.get("type") == "text" else fmt
+    return spec
+
+
+def _thinking_switch(body: dict) -> bool | None:
+    """OpenAI-side switches used by local servers: chat_template_kwargs.enable_thinking / thinking."""
+    kwargs = body.get("chat_template_kwargs")
+    if isinstance(kwargs, dict):
+        for key in ("enable_thinking", "thinking"):
+            if isinstance(kwargs.get(key), bool):
+                return kwargs[key]
+    return None
+
+
+# ---- Anthropic Messages -> OpenAI form ---------------------------------------------------------
+
+def _text_of_blocks(content: Any, where: str) -> str:
+    if isinstance(content, str):
+        return content
+    if content is None:
+        return ""
+    _expect(content, list, where)
+    parts = []
+    for block in content:
+        if not isinstance(block, dict) or block.get("type") != "text":
+            raise bad_request(f"{where}: only text blocks are supported here", where)
+        parts.append(_expect(block.get("text", ""), str, where))
+    return "".join(parts)
+
+
+def anthropic_messages_to_openai(body: dict) -> list[dict]:
+    out: list[dict] = []
+    system = body.get("system")
+    if system:
+        out.append({"role": "system", "content": _text_of_blocks(system, "system")})
+    messages = _expect(body.get("messages"), list, "messages")
+    if not messages:
+        raise bad_request("'messages' must not be empty", "messages")
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict) or m.get("role") not in ("user", "assistant"):
+            raise bad_request(f"messages[{i}].role must be 'user' or 'assistant'", "messages")
+        content = m.get("content")
+        if isinstance(content, str):
+            out.append({"role": m["role"], "content": content})
+            continue
+        _expect(content, list, f"messages[{i}].content")
+        if m["role"] == "user":
+            text: list[str] = []
+            for block in content:
+                kind = block.get("type") if isinstance(block, dict) else None
+                if kind == "text":
+                    text.append(_expect(block.get("text", ""), str, "messages"))
+                elif kind == "tool_result":
+                    result = block.get("content", "")
+                    body_text = _text_of_blocks(result, f"messages[{i}].content.tool_result")
+                    if block.get("is_error"):
+                        body_text = f"Error: {body_text}"
+                    out.append({"role": "tool", "tool_call_id": str(block.get("tool_use_id", "")),
+                                "content": body_text})
+                else:
+                    raise bad_request(f"messages[{i}]: content block type '{kind}' is not supported", "messages")
+            if text:
+                out.append({"role": "user", "content": "".join(text)})
+        else:
+            msg: dict = {"role": "assistant", "content": None}
+            texts, reasoning, calls = [], [], []
+            for block in content:
+                kind = block.get("type") if isinstance(block, dict) else None
+                if kind == "text":
+                    texts.append(_expect(block.get("text", ""), str, "messages"))
+                elif kind == "thinking":
+                    reasoning.append(_expect(block.get("thinking", ""), str, "messages"))
+                elif kind == "redacted_thinking":
+                    continue
+                elif kind == "tool_use":
+                    name = _expect(block.get("name"), str, "messages")
+                    calls.append({"id": str(block.get("id", "")), "type": "function",
+                                  "function": {"name": name,
+                                               "arguments": json.dumps(block.get("input") or {},
+                                                                       ensure_ascii=False)}})
+                else:
+                    raise bad_request(f"messages[{i}]: content block type '{kind}' is not supported", "messages")
+            if texts:
+                msg["content"] = "".join(texts)
+            if reasoning:
+                msg["reasoning_content"] = "".join(reasoning)
+            if calls:
+                msg["tool_calls"] = calls
+            out.append(msg)
+    return out
+
+
+def parse_anthropic(body: Any) -> ChatSpec:
+    _expect(body, dict, "body")
+    spec = ChatSpec(messages=anthropic_messages_to_openai(body), model=str(body.get("model") or ""))
+    tools = []
+    for i, tool in enumerate(_expect(body.get("tools") or [], list, "tools")):
+        if not isinstance(tool, dict) or not isinstance(tool.get("name"), str):
+            raise bad_request(f"tools[{i}].name is required", "tools")
+        tools.append({"type": "function", "function": {
+            "name": tool["name"], "description": tool.get("description", ""),
+            "parameters": tool.get("input_schema") or {"type": "object", "properties": {}}}})
+    spec.tools = _check_tools(tools)
+    choice = body.get("tool_choice")
+    if choice is not None:
+        _expect(choice, dict, "tool_choice")
+        kind = choice.get("type")
+        mapped: Any = {"auto": "auto", "any": "required", "none": "none"}.get(kind)
+        if kind == "tool":
+            mapped = {"type": "function", "function": {"name": choice.get("name")}}
+        if mapped is None:
+            raise bad_request("'tool_choice.type' must be auto, any, tool or none", "tool_choice")
+        _apply_tool_choice(spec, mapped)
+        spec.parallel_tool_calls = not bool(choice.get("disable_parallel_tool_use", False))
+    max_tokens = body.get("max_tokens")
+    _expect(max_tokens, int, "max_tokens")
+    if max_tokens < 1:
+        raise bad_request("'max_tokens' must be at least 1", "max_tokens")
+    spec.max_tokens = max_tokens
+    spec.sampling = _sampling({k: body.get(k) for k in ("temperature", "top_p", "top_k")})
+    spec.stop = _stop_list(body.get("stop_sequences"), "stop_sequences")
+    spec.stream = bool(body.get("stream", False))
+    thinking = body.get("thinking")
+    if isinstance(thinking, dict):
+        spec.thinking = thinking.get("type") in ("enabled", "adaptive")
+    config = body.get("output_config")
+    if isinstance(config, dict):
+        if isinstance(config.get("effort"), str):
+            spec.reasoning_effort = config["effort"]
+        if isinstance(config.get("format"), dict):
+            spec.response_format = config["format"]
+    return spec
+
+
+def parse_json_body(raw: bytes) -> Any:
+    try:
+        return json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ApiError(400, f"the request body is not valid JSON: {exc}") from None

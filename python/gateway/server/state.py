@@ -1,0 +1,63 @@
+"""Everything a running server holds, built once at startup and shared by the handlers."""
+from __future__ import annotations
+
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+
+from ..generate import GenerationResult, Slot
+from ..scheduler import Scheduler
+from ..tokenizer import Tokenizer
+
+
+@dataclass
+class Metrics:
+    started: float = field(default_factory=time.time)
+    requests: Counter = field(default_factory=Counter)  # (endpoint, status) -> count
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    completion_tokens: int = 0
+    prefill_seconds: float = 0.0
+    decode_seconds: float = 0.0
+    last_decode_tps: float = 0.0
+    last_prefill_tps: float = 0.0
+    rejected: int = 0
+    cancelled: int = 0
+    reasoning_calls_delivered: int = 0
+    reasoning_calls_kept_as_text: int = 0
+
+    def record(self, r: GenerationResult) -> None:
+        self.prompt_tokens += r.prompt_tokens
+        self.cached_tokens += r.cached_tokens
+        self.completion_tokens += r.completion_tokens
+        self.prefill_seconds += r.prefill_seconds
+        self.decode_seconds += r.decode_seconds
+        if r.finish_reason == "cancelled":
+            self.cancelled += 1
+        new_prompt = r.prompt_tokens - r.cached_tokens
+        if r.prefill_seconds > 0 and new_prompt > 0:
+            self.last_prefill_tps = new_prompt / r.prefill_seconds
+        if r.decode_seconds > 0 and r.completion_tokens > 1:
+            self.last_decode_tps = (r.completion_tokens - 1) / r.decode_seconds
+
+
+@dataclass
+class ServerState:
+    engine: object
+    tokenizer: Tokenizer
+    slot: Slot
+    scheduler: Scheduler
+    chat: object  # gateway.chat.ChatSetup: the checkpoint's format, template and stop strings
+    model_id: str
+    model_path: str
+    max_ctx: int
+    stop_token_ids: frozenset[int]
+    default_max_tokens: int = 4096
+    api_key: str | None = None
+    cors_origins: tuple[str, ...] = ()
+    reasoning_field_mirror: bool = False  # also send `reasoning` next to `reasoning_content`
+    keepalive_seconds: float = 10.0
+    retry_after_seconds: int = 5
+    demo: bool = False
+    metrics: Metrics = field(default_factory=Metrics)
+    ready: bool = True
