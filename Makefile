@@ -19,7 +19,7 @@ ifeq ($(ARCH),x86_64)
 ISA_avx2 := -mavx2 -mfma -mf16c
 endif
 
-.PHONY: all install deps test-deps build test test-c test-py serve bench sanitize clean
+.PHONY: all install deps test-deps build test test-c test-py serve bench sanitize neon-check tsan clean
 
 all: install
 
@@ -75,6 +75,16 @@ sanitize:
 		$(PYTHON) -m pytest -q -p no:cacheprovider tests -m "not slow" -k "engine or kernel or loader or oracle"
 	rm -f python/gateway/.core-built
 	$(PYTHON) setup.py -q build_ext --inplace --force
+
+# NEON kernels and every C test, cross-built for arm64 and run under qemu-user
+neon-check:
+	tools/neon_check.sh
+
+# the thread pool under ThreadSanitizer
+tsan:
+	@mkdir -p build/tsan
+	$(CC) -std=c11 -O1 -g -fsanitize=thread -Ic tests/c/test_threadpool.c c/core/threadpool.c -lpthread -o build/tsan/test_threadpool
+	build/tsan/test_threadpool
 
 clean:
 	rm -rf build python/gateway/_core*.so python/gateway/.core-built

@@ -1,8 +1,421 @@
-/* NEON kernels (arm64). */
+/* NEON kernels (arm64): the same table as kernels_scalar.c, which is their reference twin.
+ *
+ * Weight decoding works on groups of 16 columns (four float32x4 vectors).  16 divides both
+ * scale block sizes (32 and 128), so one scale multiplies a whole group; only the last,
+ * partial group of a row goes through the scalar decoders of formats.h.
+ *   bf16  shift left by 16.
+ *   f16   vcvt (exact).
+ *   fp8   e4m3 bits are moved into an f16 (sign to bit 15, exponent+mantissa to bits 7..13),
+ *         converted exactly, and multiplied by 2^8 (the bias difference 15 - 7), which is folded
+ *         into the scale.  f16 subnormals cover e4m3 subnormals exactly.  A group holding the NaN
+ *         code (S.1111.111) is decoded by the scalar twin instead.
+ *   fp4   e2m1 values (0, 0.5 ... 6) are f16 numbers whose low byte is zero: a 16-entry byte
+ *         table (vqtbl1q_u8) gives the high byte, a zip with zeros makes the f16 bits.
+ * Quantised values are multiplied by their scale before the FMA, as the scalar twin does. */
 #include "core/kernels.h"
 
-#if defined(__aarch64__)
-const mg_kernels *mg_kernels_neon(void) { return NULL; }
+#if defined(__aarch64__) && defined(__ARM_NEON)
+#include <arm_neon.h>
+#include <math.h>
+#include <string.h>
+
+#define ALWAYS_INLINE static inline __attribute__((always_inline))
+
+/* Prefill dequantises ROW_TILE rows of CHUNK columns at a time (32 KB, about L1) and runs every
+ * token through them, so each token's activations are read once per ROW_TILE rows.  CHUNK is a
+ * multiple of 128 so that chunks start on scale-block boundaries. */
+enum { GROUP = 16, ROW_TILE = 4, CHUNK = 2048 };
+
+/* ---- element and scale helpers (scalar, for tails and NaN groups) ---------------------------- */
+
+ALWAYS_INLINE float value_at(mg_format fmt, const uint8_t *row, int64_t c) {
+    uint16_t h;
+    float f;
+    switch (fmt) {
+    case MG_F32: memcpy(&f, row + 4 * c, 4); return f;
+    case MG_BF16: memcpy(&h, row + 2 * c, 2); return mg_bf16_to_f32(h);
+    case MG_F16: memcpy(&h, row + 2 * c, 2); return mg_f16_to_f32(h);
+    case MG_FP8_E4M3: return mg_fp8_e4m3_to_f32(row[c]);
+    case MG_FP4_E2M1: return mg_fp4_e2m1_to_f32((c & 1) ? row[c / 2] >> 4 : row[c / 2] & 0xf);
+    default: return 0.0f;
+    }
+}
+
+/* Columns that share one scale: the whole row when unscaled. */
+static int64_t scale_block_len(const mg_matrix *w) {
+    switch (w->scale_kind) {
+    case MG_SCALE_F32_BLOCK128:
+    case MG_SCALE_E8M0_BLOCK128: return 128;
+    case MG_SCALE_E8M0_G32: return 32;
+    default: return w->cols > 0 ? w->cols : 1;
+    }
+}
+
+/* The scale of block containing column c in row r. */
+static float scale_of(const mg_matrix *w, int64_t r, int64_t c) {
+    switch (w->scale_kind) {
+    case MG_SCALE_F32_BLOCK128: {
+        float f;
+        memcpy(&f, (const uint8_t *)w->scale + 4 * ((r / 128) * w->scale_cols + c / 128), 4);
+        return f;
+    }
+    case MG_SCALE_E8M0_BLOCK128:
+        return mg_e8m0_to_f32(((const uint8_t *)w->scale)[(r / 128) * w->scale_cols + c / 128]);
+    case MG_SCALE_E8M0_G32: return mg_e8m0_to_f32(((const uint8_t *)w->scale)[r * w->scale_cols + c / 32]);
+    default: return 1.0f;
+    }
+}
+
+/* ---- group decoders: 16 columns starting at c (a multiple of 16) into v[0..3] --------------- */
+
+ALWAYS_INLINE void f16x8_to_f32(uint16x8_t h, float32x4_t *lo, float32x4_t *hi) {
+    *lo = vcvt_f32_f16(vreinterpret_f16_u16(vget_low_u16(h)));
+    *hi = vcvt_high_f32_f16(vreinterpretq_f16_u16(h));
+}
+
+/* e4m3 byte -> f16 bits of (value / 2^8). */
+ALWAYS_INLINE uint16x8_t fp8_to_f16_bits(uint8x8_t b) {
+    uint16x8_t wide = vmovl_u8(b);
+    uint16x8_t mag = vshlq_n_u16(vandq_u16(wide, vdupq_n_u16(0x7f)), 7);
+    uint16x8_t sign = vshlq_n_u16(vandq_u16(wide, vdupq_n_u16(0x80)), 8);
+    return vorrq_u16(mag, sign);
+}
+
+/* Returns 0 when the group cannot be decoded by the vector path (fp8 NaN code present). */
+ALWAYS_INLINE int decode16(mg_format fmt, const uint8_t *row, int64_t c, float32x4_t v[4]) {
+    switch (fmt) {
+    case MG_F32: { /* byte loads: weights inside a mapped shard need not be 4-byte aligned */
+        const uint8_t *p = row + 4 * c;
+        v[0] = vreinterpretq_f32_u8(vld1q_u8(p));
+        v[1] = vreinterpretq_f32_u8(vld1q_u8(p + 16));
+        v[2] = vreinterpretq_f32_u8(vld1q_u8(p + 32));
+        v[3] = vreinterpretq_f32_u8(vld1q_u8(p + 48));
+        return 1;
+    }
+    case MG_BF16: {
+        const uint8_t *p = row + 2 * c;
+        uint16x8_t a = vreinterpretq_u16_u8(vld1q_u8(p)), b = vreinterpretq_u16_u8(vld1q_u8(p + 16));
+        v[0] = vreinterpretq_f32_u32(vshll_n_u16(vget_low_u16(a), 16));
+        v[1] = vreinterpretq_f32_u32(vshll_high_n_u16(a, 16));
+        v[2] = vreinterpretq_f32_u32(vshll_n_u16(vget_low_u16(b), 16));
+        v[3] = vreinterpretq_f32_u32(vshll_high_n_u16(b, 16));
+        return 1;
+    }
+    case MG_F16: {
+        const uint8_t *p = row + 2 * c;
+        f16x8_to_f32(vreinterpretq_u16_u8(vld1q_u8(p)), &v[0], &v[1]);
+        f16x8_to_f32(vreinterpretq_u16_u8(vld1q_u8(p + 16)), &v[2], &v[3]);
+        return 1;
+    }
+    case MG_FP8_E4M3: {
+        uint8x16_t b = vld1q_u8(row + c);
+        /* NaN is 0x7f / 0xff: (b & 0x7f) == 0x7f */
+        if (vmaxvq_u8(vceqq_u8(vandq_u8(b, vdupq_n_u8(0x7f)), vdupq_n_u8(0x7f)))) return 0;
+        f16x8_to_f32(fp8_to_f16_bits(vget_low_u8(b)), &v[0], &v[1]);
+        f16x8_to_f32(fp8_to_f16_bits(vget_high_u8(b)), &v[2], &v[3]);
+        return 1;
+    }
+    case MG_FP4_E2M1: {
+        /* High bytes of the f16 encodings of 0, 0.5, 1, 1.5, 2, 3, 4, 6 and their negatives. */
+        static const uint8_t f16_hi[16] = {0x00, 0x38, 0x3c, 0x3e, 0x40, 0x42, 0x44, 0x46,
+                                           0x80, 0xb8, 0xbc, 0xbe, 0xc0, 0xc2, 0xc4, 0xc6};
+        uint8x8_t packed = vld1_u8(row + c / 2);
+        uint8x8_t lo = vand_u8(packed, vdup_n_u8(0xf)), hi = vshr_n_u8(packed, 4);
+        /* column order: low nibble of byte j is column 2j, high nibble column 2j + 1 */
+        uint8x16_t codes = vcombine_u8(vzip1_u8(lo, hi), vzip2_u8(lo, hi));
+        uint8x16_t top = vqtbl1q_u8(vld1q_u8(f16_hi), codes);
+        uint8x16_t zero = vdupq_n_u8(0);
+        f16x8_to_f32(vreinterpretq_u16_u8(vzip1q_u8(zero, top)), &v[0], &v[1]);
+        f16x8_to_f32(vreinterpretq_u16_u8(vzip2q_u8(zero, top)), &v[2], &v[3]);
+        return 1;
+    }
+    default: return 0;
+    }
+}
+
+/* What the vector decoders' output must be multiplied by, besides the scale. */
+ALWAYS_INLINE float format_factor(mg_format fmt) { return fmt == MG_FP8_E4M3 ? 256.0f : 1.0f; }
+
+ALWAYS_INLINE float hsum4(float32x4_t a, float32x4_t b, float32x4_t c, float32x4_t d) {
+    return vaddvq_f32(vaddq_f32(vaddq_f32(a, b), vaddq_f32(c, d)));
+}
+
+/* ---- linear ---------------------------------------------------------------------------------- */
+
+/* Decode: y = row r of W . x, decoding and multiplying in one pass. */
+ALWAYS_INLINE float row_dot(mg_format fmt, const mg_matrix *w, int64_t r, const float *x) {
+    const int64_t cols = w->cols, block = scale_block_len(w);
+    const uint8_t *row = (const uint8_t *)w->data + (size_t)r * mg_matrix_row_bytes(w);
+    const int scaled = w->scale_kind != MG_SCALE_NONE;
+    float32x4_t acc0 = vdupq_n_f32(0.0f), acc1 = acc0, acc2 = acc0, acc3 = acc0;
+    float tail = 0.0f;
+    for (int64_t b0 = 0; b0 < cols; b0 += block) {
+        const int64_t b1 = b0 + block < cols ? b0 + block : cols;
+        const float s = scaled ? scale_of(w, r, b0) : 1.0f;
+        const float32x4_t sv = vdupq_n_f32(s * format_factor(fmt));
+        int64_t c = b0;
+        for (; c + GROUP <= b1; c += GROUP) {
+            float32x4_t v[4];
+            if (!decode16(fmt, row, c, v)) {
+                for (int64_t k = c; k < c + GROUP; k++) tail += value_at(fmt, row, k) * s * x[k];
+                continue;
+            }
+            if (scaled || fmt == MG_FP8_E4M3) {
+                v[0] = vmulq_f32(v[0], sv);
+                v[1] = vmulq_f32(v[1], sv);
+                v[2] = vmulq_f32(v[2], sv);
+                v[3] = vmulq_f32(v[3], sv);
+            }
+            acc0 = vfmaq_f32(acc0, v[0], vld1q_f32(x + c));
+            acc1 = vfmaq_f32(acc1, v[1], vld1q_f32(x + c + 4));
+            acc2 = vfmaq_f32(acc2, v[2], vld1q_f32(x + c + 8));
+            acc3 = vfmaq_f32(acc3, v[3], vld1q_f32(x + c + 12));
+        }
+        for (; c < b1; c++) tail += value_at(fmt, row, c) * s * x[c];
+    }
+    return hsum4(acc0, acc1, acc2, acc3) + tail;
+}
+
+/* Prefill: dequantise columns [c0, c1) of row r (c0 a multiple of the scale block) into out. */
+ALWAYS_INLINE void row_dequant(mg_format fmt, const mg_matrix *w, int64_t r, int64_t c0, int64_t c1,
+                               float *out) {
+    const int64_t block = scale_block_len(w);
+    const uint8_t *row = (const uint8_t *)w->data + (size_t)r * mg_matrix_row_bytes(w);
+    const int scaled = w->scale_kind != MG_SCALE_NONE;
+    for (int64_t b0 = c0; b0 < c1; b0 += block) {
+        const int64_t b1 = b0 + block < c1 ? b0 + block : c1;
+        const float s = scaled ? scale_of(w, r, b0) : 1.0f;
+        const float32x4_t sv = vdupq_n_f32(s * format_factor(fmt));
+        int64_t c = b0;
+        for (; c + GROUP <= b1; c += GROUP) {
+            float32x4_t v[4];
+            float *o = out + (c - c0);
+            if (!decode16(fmt, row, c, v)) {
+                for (int64_t k = c; k < c + GROUP; k++) out[k - c0] = value_at(fmt, row, k) * s;
+                continue;
+            }
+            if (scaled || fmt == MG_FP8_E4M3) {
+                v[0] = vmulq_f32(v[0], sv);
+                v[1] = vmulq_f32(v[1], sv);
+                v[2] = vmulq_f32(v[2], sv);
+                v[3] = vmulq_f32(v[3], sv);
+            }
+            vst1q_f32(o, v[0]);
+            vst1q_f32(o + 4, v[1]);
+            vst1q_f32(o + 8, v[2]);
+            vst1q_f32(o + 12, v[3]);
+        }
+        for (; c < b1; c++) out[c - c0] = value_at(fmt, row, c) * s;
+    }
+}
+
+static float dot_neon(const float *a, const float *b, int64_t n);
+
+/* d[i] = dot(rows + i * CHUNK, x, n) for the ROW_TILE rows of a prefill tile: x is loaded once. */
+static void dot_tile(const float *rows, const float *x, int64_t n, float d[ROW_TILE]) {
+    const float *w0 = rows, *w1 = rows + CHUNK, *w2 = rows + 2 * CHUNK, *w3 = rows + 3 * CHUNK;
+    float32x4_t a0 = vdupq_n_f32(0.0f), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const float32x4_t xa = vld1q_f32(x + i), xb = vld1q_f32(x + i + 4);
+        a0 = vfmaq_f32(a0, vld1q_f32(w0 + i), xa);
+        a1 = vfmaq_f32(a1, vld1q_f32(w1 + i), xa);
+        a2 = vfmaq_f32(a2, vld1q_f32(w2 + i), xa);
+        a3 = vfmaq_f32(a3, vld1q_f32(w3 + i), xa);
+        b0 = vfmaq_f32(b0, vld1q_f32(w0 + i + 4), xb);
+        b1 = vfmaq_f32(b1, vld1q_f32(w1 + i + 4), xb);
+        b2 = vfmaq_f32(b2, vld1q_f32(w2 + i + 4), xb);
+        b3 = vfmaq_f32(b3, vld1q_f32(w3 + i + 4), xb);
+    }
+    d[0] = vaddvq_f32(vaddq_f32(a0, b0));
+    d[1] = vaddvq_f32(vaddq_f32(a1, b1));
+    d[2] = vaddvq_f32(vaddq_f32(a2, b2));
+    d[3] = vaddvq_f32(vaddq_f32(a3, b3));
+    for (; i < n; i++) {
+        d[0] += w0[i] * x[i];
+        d[1] += w1[i] * x[i];
+        d[2] += w2[i] * x[i];
+        d[3] += w3[i] * x[i];
+    }
+}
+
+ALWAYS_INLINE void linear_impl(mg_format fmt, const mg_matrix *w, const float *x, int64_t x_stride,
+                               int64_t n_tok, float *y, int64_t y_stride, int64_t r0, int64_t r1) {
+    if (n_tok == 1) {
+        for (int64_t r = r0; r < r1; r++) y[r] = row_dot(fmt, w, r, x);
+        return;
+    }
+    /* Each row chunk is decoded once and used for every token. */
+    float buf[ROW_TILE * CHUNK];
+    for (int64_t r = r0; r < r1; r += ROW_TILE) {
+        const int64_t nr = r1 - r < ROW_TILE ? r1 - r : ROW_TILE;
+        for (int64_t t = 0; t < n_tok; t++)
+            for (int64_t i = 0; i < nr; i++) y[t * y_stride + r + i] = 0.0f;
+        for (int64_t c0 = 0; c0 < w->cols; c0 += CHUNK) {
+            const int64_t len = w->cols - c0 < CHUNK ? w->cols - c0 : CHUNK;
+            for (int64_t i = 0; i < nr; i++) row_dequant(fmt, w, r + i, c0, c0 + len, buf + i * CHUNK);
+            for (int64_t t = 0; t < n_tok; t++) {
+                const float *xt = x + t * x_stride + c0;
+                float *yt = y + t * y_stride + r;
+                float d[ROW_TILE];
+                if (nr == ROW_TILE) {
+                    dot_tile(buf, xt, len, d);
+                } else {
+                    for (int64_t i = 0; i < nr; i++) d[i] = dot_neon(buf + i * CHUNK, xt, len);
+                }
+                for (int64_t i = 0; i < nr; i++) yt[i] += d[i];
+            }
+        }
+    }
+}
+
+#define LINEAR_FOR(name, fmt)                                                                      \
+    static void name(const mg_matrix *w, const float *x, int64_t xs, int64_t n_tok, float *y,     \
+                     int64_t ys, int64_t r0, int64_t r1) {                                         \
+        linear_impl(fmt, w, x, xs, n_tok, y, ys, r0, r1);                                          \
+    }
+LINEAR_FOR(linear_f32, MG_F32)
+LINEAR_FOR(linear_bf16, MG_BF16)
+LINEAR_FOR(linear_f16, MG_F16)
+LINEAR_FOR(linear_fp8, MG_FP8_E4M3)
+LINEAR_FOR(linear_fp4, MG_FP4_E2M1)
+#undef LINEAR_FOR
+
+/* ---- vector ops ------------------------------------------------------------------------------ */
+
+static float dot_neon(const float *a, const float *b, int64_t n) {
+    float32x4_t a0 = vdupq_n_f32(0.0f), a1 = a0, a2 = a0, a3 = a0;
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        a0 = vfmaq_f32(a0, vld1q_f32(a + i), vld1q_f32(b + i));
+        a1 = vfmaq_f32(a1, vld1q_f32(a + i + 4), vld1q_f32(b + i + 4));
+        a2 = vfmaq_f32(a2, vld1q_f32(a + i + 8), vld1q_f32(b + i + 8));
+        a3 = vfmaq_f32(a3, vld1q_f32(a + i + 12), vld1q_f32(b + i + 12));
+    }
+    for (; i + 4 <= n; i += 4) a0 = vfmaq_f32(a0, vld1q_f32(a + i), vld1q_f32(b + i));
+    float tail = 0.0f;
+    for (; i < n; i++) tail += a[i] * b[i];
+    return hsum4(a0, a1, a2, a3) + tail;
+}
+
+static void axpy_neon(float *y, float a, const float *x, int64_t n) {
+    const float32x4_t av = vdupq_n_f32(a);
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        vst1q_f32(y + i, vfmaq_f32(vld1q_f32(y + i), av, vld1q_f32(x + i)));
+        vst1q_f32(y + i + 4, vfmaq_f32(vld1q_f32(y + i + 4), av, vld1q_f32(x + i + 4)));
+    }
+    for (; i + 4 <= n; i += 4) vst1q_f32(y + i, vfmaq_f32(vld1q_f32(y + i), av, vld1q_f32(x + i)));
+    for (; i < n; i++) y[i] += a * x[i];
+}
+
+static void scale_neon(float *y, float a, int64_t n) {
+    const float32x4_t av = vdupq_n_f32(a);
+    int64_t i = 0;
+    for (; i + 4 <= n; i += 4) vst1q_f32(y + i, vmulq_f32(vld1q_f32(y + i), av));
+    for (; i < n; i++) y[i] *= a;
+}
+
+/* Sum of squares in double, as the scalar twin does, so long rows do not lose precision. */
+static void rmsnorm_neon(float *out, const float *x, const float *w, int64_t n, float eps) {
+    float64x2_t s0 = vdupq_n_f64(0.0), s1 = s0;
+    int64_t i = 0;
+    for (; i + 4 <= n; i += 4) {
+        float32x4_t v = vld1q_f32(x + i);
+        float64x2_t lo = vcvt_f64_f32(vget_low_f32(v)), hi = vcvt_high_f64_f32(v);
+        s0 = vfmaq_f64(s0, lo, lo);
+        s1 = vfmaq_f64(s1, hi, hi);
+    }
+    double ss = vaddvq_f64(vaddq_f64(s0, s1));
+    for (; i < n; i++) ss += (double)x[i] * x[i];
+    const float inv = 1.0f / sqrtf((float)(ss / (double)n) + eps);
+    const float32x4_t iv = vdupq_n_f32(inv);
+    i = 0;
+    if (w) {
+        for (; i + 4 <= n; i += 4)
+            vst1q_f32(out + i, vmulq_f32(vmulq_f32(vld1q_f32(x + i), iv), vld1q_f32(w + i)));
+        for (; i < n; i++) out[i] = x[i] * inv * w[i];
+    } else {
+        for (; i + 4 <= n; i += 4) vst1q_f32(out + i, vmulq_f32(vld1q_f32(x + i), iv));
+        for (; i < n; i++) out[i] = x[i] * inv;
+    }
+}
+
+/* e^x to about 1 ulp: x = n ln2 + r with |r| <= ln2/2 (ln2 split in two for exact reduction),
+ * a degree-6 polynomial for e^r, and 2^n applied as two factors so that results that overflow
+ * become inf and results that underflow pass through the subnormals to 0, as expf does. */
+ALWAYS_INLINE float32x4_t exp_neon(float32x4_t x) {
+    x = vmaxq_f32(vminq_f32(x, vdupq_n_f32(100.0f)), vdupq_n_f32(-110.0f));
+    const float32x4_t n = vrndnq_f32(vmulq_f32(x, vdupq_n_f32(1.44269504088896341f)));
+    float32x4_t r = vfmsq_f32(x, n, vdupq_n_f32(0.693359375f));
+    r = vfmsq_f32(r, n, vdupq_n_f32(-2.12194440e-4f));
+    float32x4_t p = vdupq_n_f32(1.9875691500e-4f);
+    p = vfmaq_f32(vdupq_n_f32(1.3981999507e-3f), p, r);
+    p = vfmaq_f32(vdupq_n_f32(8.3334519073e-3f), p, r);
+    p = vfmaq_f32(vdupq_n_f32(4.1665795894e-2f), p, r);
+    p = vfmaq_f32(vdupq_n_f32(1.6666665459e-1f), p, r);
+    p = vfmaq_f32(vdupq_n_f32(5.0000001201e-1f), p, r);
+    p = vfmaq_f32(vaddq_f32(r, vdupq_n_f32(1.0f)), p, vmulq_f32(r, r));
+    const int32x4_t ni = vcvtq_s32_f32(n);
+    const int32x4_t n1 = vshrq_n_s32(ni, 1), n2 = vsubq_s32(ni, n1);
+    const float32x4_t f1 = vreinterpretq_f32_s32(vshlq_n_s32(vaddq_s32(n1, vdupq_n_s32(127)), 23));
+    const float32x4_t f2 = vreinterpretq_f32_s32(vshlq_n_s32(vaddq_s32(n2, vdupq_n_s32(127)), 23));
+    return vmulq_f32(vmulq_f32(p, f1), f2);
+}
+
+static void swiglu_neon(float *out, const float *gate, const float *up, int64_t n, float limit) {
+    const float32x4_t one = vdupq_n_f32(1.0f), lim = vdupq_n_f32(limit), nlim = vdupq_n_f32(-limit);
+    int64_t i = 0;
+    for (; i + 4 <= n; i += 4) {
+        float32x4_t g = vld1q_f32(gate + i), u = vld1q_f32(up + i);
+        if (limit > 0.0f) {
+            g = vminq_f32(g, lim);
+            u = vmaxq_f32(vminq_f32(u, lim), nlim);
+        }
+        const float32x4_t silu = vdivq_f32(g, vaddq_f32(one, exp_neon(vnegq_f32(g))));
+        vst1q_f32(out + i, vmulq_f32(silu, u));
+    }
+    for (; i < n; i++) {
+        float g = gate[i], u = up[i];
+        if (limit > 0.0f) {
+            g = g > limit ? limit : g;
+            u = u > limit ? limit : (u < -limit ? -limit : u);
+        }
+        out[i] = g / (1.0f + expf(-g)) * u;
+    }
+}
+
+static float read_sum_neon(const float *p, int64_t n) {
+    float32x4_t a0 = vdupq_n_f32(0.0f), a1 = a0, a2 = a0, a3 = a0;
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        a0 = vaddq_f32(a0, vld1q_f32(p + i));
+        a1 = vaddq_f32(a1, vld1q_f32(p + i + 4));
+        a2 = vaddq_f32(a2, vld1q_f32(p + i + 8));
+        a3 = vaddq_f32(a3, vld1q_f32(p + i + 12));
+    }
+    float tail = 0.0f;
+    for (; i < n; i++) tail += p[i];
+    return hsum4(a0, a1, a2, a3) + tail;
+}
+
+static const mg_kernels NEON = {
+    .name = "neon",
+    .linear = {[MG_F32] = linear_f32,
+               [MG_BF16] = linear_bf16,
+               [MG_F16] = linear_f16,
+               [MG_FP8_E4M3] = linear_fp8,
+               [MG_FP4_E2M1] = linear_fp4},
+    .dot = dot_neon,
+    .axpy = axpy_neon,
+    .scale = scale_neon,
+    .rmsnorm = rmsnorm_neon,
+    .swiglu = swiglu_neon,
+    .read_sum = read_sum_neon,
+};
+
+const mg_kernels *mg_kernels_neon(void) { return &NEON; }
+
 #else
 const mg_kernels *mg_kernels_neon(void) { return NULL; }
 #endif
