@@ -1,0 +1,1 @@
+"""Dialect descriptions: markers, a block parser for the argument syntax, an opener builder."""

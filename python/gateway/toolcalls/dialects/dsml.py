@@ -1,0 +1,94 @@
+"""DeepSeek-V4 DSML calls (dsml.md §6): one `<｜DSML｜tool_calls>` block holding invokes.
+
+    <｜DSML｜tool_calls>
+    <｜DSML｜invoke name="N">
+    <｜DSML｜parameter name="K" string="true|false">V</｜DSML｜parameter>
+    </｜DSML｜invoke>
+    </｜DSML｜tool_calls>
+
+The bars are U+FF5C.  Any whitespace between tags is accepted (including none).  Every parameter
+needs `string="true"` or `string="false"`, names are unique within an invoke, and the block needs
+at least one invoke.  `string="true"` values are the raw text; `string="false"` values follow the
+schema (contract §4, DSML).
+"""
+
+from __future__ import annotations
+
+from ..blocks import BlockError, BlockParser, Wait, valid_name
+from ..schema_coerce import coerce, is_verbatim
+
+BAR = "\uff5c"
+MARKER = f"<{BAR}DSML{BAR}tool_calls>"
+CLOSE = f"</{BAR}DSML{BAR}tool_calls>"
+INVOKE = f"<{BAR}DSML{BAR}invoke"
+INVOKE_CLOSE = f"</{BAR}DSML{BAR}invoke>"
+PARAM = f"<{BAR}DSML{BAR}parameter"
+PARAM_CLOSE = f"</{BAR}DSML{BAR}parameter>"
+
+
+class DsmlBlock(BlockParser):
+    marker = MARKER
+
+    def _attributes(self) -> Wait:
+        """`( name="value")* >` after a tag name; returns the attributes as a dict."""
+        attrs: dict[str, str] = {}
+        while True:
+            before = self.pos
+            yield from self.ws()
+            if (yield from self.lit(">")):
+                return attrs
+            if self.pos == before:
+                raise BlockError("attributes must be separated by whitespace")
+            attr = (yield from self.until("=", forbid=" \t\r\n<>\"'")).strip()
+            yield from self.expect('"')
+            value = yield from self.until('"', forbid="\n<>")
+            if not attr or attr in attrs:
+                raise BlockError("bad attribute")
+            attrs[attr] = value
+
+    def _parse(self) -> Wait:
+        self.pos += len(MARKER)
+        invokes = 0
+        while True:
+            yield from self.ws()
+            self.mark = self.pos
+            if invokes and (yield from self.lit(CLOSE)):
+                return
+            yield from self.expect(INVOKE)
+            attrs = yield from self._attributes()
+            name = attrs.get("name", "").strip()
+            if set(attrs) != {"name"} or not valid_name(name):
+                raise BlockError("bad invoke header")
+            self.call_begin(name)
+            seen: set[str] = set()
+            while True:
+                yield from self.ws()
+                self.mark = self.pos
+                if (yield from self.lit(INVOKE_CLOSE)):
+                    self.call_end()
+                    break
+                yield from self.expect(PARAM)
+                attrs = yield from self._attributes()
+                key, flag = attrs.get("name", ""), attrs.get("string")
+                if set(attrs) != {"name", "string"} or flag not in ("true", "false"):
+                    raise BlockError("bad parameter header")
+                if not key or key in seen:
+                    raise BlockError("empty or duplicate parameter")
+                seen.add(key)
+                types = self.catalog.types(name, key)
+                if flag == "true" or is_verbatim(types):
+                    self.string_begin(key)
+                    yield from self.stream_until(PARAM_CLOSE)
+                    self.string_end()
+                else:
+                    raw = yield from self.until(PARAM_CLOSE)
+                    self.arg_value(key, coerce(raw, types))
+            invokes += 1
+
+
+def opener(name: str | None = None) -> str:
+    """Prefill as the reference encoder lays it out, optionally opening an invoke of `name`."""
+    text = f"\n\n{MARKER}\n"
+    if name:
+        text += f'{INVOKE} name="{name}">\n'
+    return text

@@ -1,0 +1,418 @@
+"""Dialect-specific contract cases for gateway.toolcalls: malformed blocks, schema coercion,
+the DSML worked examples, forced calls (start_in_call), the streaming commit policy."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from gateway.toolcalls import DIALECTS, coerce, make_parser, opener, schema_types
+
+from test_toolcalls_stream import BAR, EOS, TOOLS, calls_of, run, run_all_ways
+
+D = f"{BAR}DSML{BAR}"
+
+
+def dsml_param(key: str, value: str, string: str = "true") -> str:
+    return f'<{D}parameter name="{key}" string="{string}">{value}</{D}parameter>'
+
+
+def dsml_block(*invokes: tuple[str, list[str]]) -> str:
+    body = "\n".join(f'<{D}invoke name="{n}">\n' + "\n".join(ps) + f"\n</{D}invoke>"
+                     for n, ps in invokes)
+    return f"\n\n<{D}tool_calls>\n{body}\n</{D}tool_calls>"
+
+
+def glm(name: str, *pairs: tuple[str, str]) -> str:
+    return f"<tool_call>{name}\n" + "".join(
+        f"<arg_key>{k}</arg_key>\n<arg_value>{v}</arg_value>\n" for k, v in pairs) + "</tool_call>"
+
+
+def qx(name: str, *pairs: tuple[str, str]) -> str:
+    return f"<tool_call>\n<function={name}>\n" + "".join(
+        f"<parameter={k}>\n{v}\n</parameter>\n" for k, v in pairs) + "</function>\n</tool_call>"
+
+
+DOC_CALL = "<tool_call>\n<function=f>\n<parameter=x>\n1\n</parameter>\n</function>\n</tool_call>"
+
+# (id, dialect, text, kwargs, expected content, expected calls)
+CASES = [
+    # ------------------------------------------------------------------ glm
+    ("glm-zero-arg-inline", "glm", "<tool_call>get_time</tool_call>", {}, None, [("get_time", {})]),
+    ("glm-spaces-layout", "glm",
+     "<tool_call>get_weather <arg_key>city</arg_key> <arg_value>Paris</arg_value> </tool_call>", {},
+     None, [("get_weather", {"city": "Paris"})]),
+    ("glm-ling-indented-key", "glm",
+     "<tool_call>get_weather\n    <arg_key>city</arg_key>\n<arg_value>Paris</arg_value>\n</tool_call>",
+     {}, None, [("get_weather", {"city": "Paris"})]),
+    ("glm-edge-spaces-verbatim", "glm", glm("get_weather", ("city", "  Paris \n")), {}, None,
+     [("get_weather", {"city": "  Paris \n"})]),
+    ("glm-json-text-in-string", "glm", glm("get_weather", ("city", '{"a": 1}')), {}, None,
+     [("get_weather", {"city": '{"a": 1}'})]),
+    ("glm-missing-arg-value-open", "glm",
+     "<tool_call>get_weather\n<arg_key>days</arg_key>\n3</arg_value>\n</tool_call>", {},
+     "<tool_call>get_weather\n<arg_key>days</arg_key>\n3</arg_value>\n</tool_call>", []),
+    ("glm-key-without-value", "glm",
+     "<tool_call>calc<arg_key>n</arg_key><arg_key>x</arg_key><arg_value>1</arg_value></tool_call>", {},
+     "<tool_call>calc<arg_key>n</arg_key><arg_key>x</arg_key><arg_value>1</arg_value></tool_call>", []),
+    ("glm-name-with-space", "glm", "<tool_call>get weather\n<arg_key>days</arg_key><arg_value>3</arg_value></tool_call>",
+     {}, "<tool_call>get weather\n<arg_key>days</arg_key><arg_value>3</arg_value></tool_call>", []),
+    ("glm-prose-after-opener", "glm", "Use the <tool_call> tag, then a name.", {},
+     "Use the <tool_call> tag, then a name.", []),
+    ("glm-truncated-before-commit", "glm", "Ok <tool_call>get_weather\n<arg_key>days</arg_key>\n<arg_value>3",
+     {"finish": "length"}, "Ok <tool_call>get_weather\n<arg_key>days</arg_key>\n<arg_value>3", []),
+    ("glm-truncated-name", "glm", "Ok <tool_call>get_wea", {"finish": "length"}, "Ok <tool_call>get_wea", []),
+    ("glm-malformed-and-good", "glm",
+     "<tool_call>bad name</tool_call>\n" + glm("get_weather", ("days", "2")), {},
+     "<tool_call>bad name</tool_call>", [("get_weather", {"days": 2})]),
+    ("glm-undeclared-tool-json", "glm", glm("launch", ("n", "5"), ("s", "hi"), ("o", '{"a": [1]}')), {},
+     None, [("launch", {"n": 5, "s": "hi", "o": {"a": [1]}})]),
+    ("glm-entities-literal", "glm", glm("get_weather", ("city", "a &amp; <b> &lt;")), {}, None,
+     [("get_weather", {"city": "a &amp; <b> &lt;"})]),
+    # ------------------------------------------------------------------ qwen_xml
+    ("qx-newlines-dropped-once", "qwen_xml",
+     "<tool_call>\n<function=get_weather>\n<parameter=city>\n\nParis\n\n</parameter>\n</function>\n</tool_call>",
+     {}, None, [("get_weather", {"city": "\nParis\n"})]),
+    ("qx-no-newlines", "qwen_xml",
+     "<tool_call><function=get_weather><parameter=city>Paris</parameter></function></tool_call>", {},
+     None, [("get_weather", {"city": "Paris"})]),
+    ("qx-literal-close-in-value", "qwen_xml", qx("write_file", ("content", "a</parameter>b\n</parameter> x")),
+     {}, None, [("write_file", {"content": "a</parameter>b\n</parameter> x"})]),
+    ("qx-documented-call-in-value", "qwen_xml",
+     qx("write_file", ("path", "doc.md"), ("content", "Example:\n" + DOC_CALL + "\nend")), {}, None,
+     [("write_file", {"path": "doc.md", "content": "Example:\n" + DOC_CALL + "\nend"})]),
+    ("qx-prose-after-opener", "qwen_xml", "The <tool_call> tag wraps calls.", {},
+     "The <tool_call> tag wraps calls.", []),
+    ("qx-bare-function", "qwen_xml", "<function=get_time>\n</function>", {},
+     "<function=get_time>\n</function>", []),
+    ("qx-function-without-close-call", "qwen_xml",
+     "<tool_call>\n<function=get_time>\n</function>\nbye", {},
+     "<tool_call>\n<function=get_time>\n</function>\nbye", []),
+    ("qx-implicit-parameter-close", "qwen_xml",
+     "<tool_call>\n<function=calc>\n<parameter=n>\n3\n<parameter=x>\n1\n</parameter>\n</function>\n</tool_call>",
+     {}, "<tool_call>\n<function=calc>\n<parameter=n>\n3\n<parameter=x>\n1\n</parameter>\n</function>\n</tool_call>",
+     []),
+    ("qx-template-echo-name", "qwen_xml", "<tool_call>\n<function={{ tc.name }}>\n</function>\n</tool_call>", {},
+     "<tool_call>\n<function={{ tc.name }}>\n</function>\n</tool_call>", []),
+    ("qx-value-never-ends", "qwen_xml", "<tool_call>\n<function=calc>\n<parameter=n>\n3\n", {"finish": "length"},
+     "<tool_call>\n<function=calc>\n<parameter=n>\n3", []),
+    ("qx-undeclared-param-json", "qwen_xml", qx("get_weather", ("extra", "[1, 2]"), ("other", "plain")), {},
+     None, [("get_weather", {"extra": [1, 2], "other": "plain"})]),
+    ("qx-boolean-yes-stays", "qwen_xml", qx("calc", ("flag", "yes")), {}, None, [("calc", {"flag": "yes"})]),
+    # ------------------------------------------------------------------ hermes
+    ("h-no-arguments", "hermes", '<tool_call>\n{"name": "get_time"}\n</tool_call>', {}, None,
+     [("get_time", {})]),
+    ("h-parameters-alias", "hermes", '<tool_call>{"name": "get_weather", "parameters": {"days": 2}}</tool_call>',
+     {}, None, [("get_weather", {"days": 2})]),
+    ("h-stringified-arguments", "hermes",
+     '<tool_call>{"name": "get_weather", "arguments": "{\\"city\\": \\"Rome\\"}"}</tool_call>', {}, None,
+     [("get_weather", {"city": "Rome"})]),
+    ("h-arguments-not-object", "hermes", '<tool_call>{"name": "calc", "arguments": [1]}</tool_call>', {},
+     '<tool_call>{"name": "calc", "arguments": [1]}</tool_call>', []),
+    ("h-close-tag-inside-string", "hermes",
+     '<tool_call>{"name": "write_file", "arguments": {"content": "x </tool_call> y"}}</tool_call>', {}, None,
+     [("write_file", {"content": "x </tool_call> y"})]),
+    ("h-name-after-arguments", "hermes", '<tool_call>{"arguments": {"city": "Oslo"}, "name": "get_weather"}</tool_call>',
+     {}, None, [("get_weather", {"city": "Oslo"})]),
+    ("h-no-coercion", "hermes", '<tool_call>{"name": "get_weather", "arguments": {"days": "3"}}</tool_call>', {},
+     None, [("get_weather", {"days": "3"})]),
+    ("h-bad-json-next-to-good", "hermes",
+     '<tool_call>{"name": "calc", "arguments": {"n": 1,}}</tool_call>\n<tool_call>{"name": "get_time", "arguments": {}}</tool_call>',
+     {}, '<tool_call>{"name": "calc", "arguments": {"n": 1,}}</tool_call>', [("get_time", {})]),
+    ("h-extra-key-after-arguments", "hermes", '<tool_call>{"name": "calc", "arguments": {"n": 1}, "id": 7}</tool_call>',
+     {}, None, [("calc", {"n": 1})]),
+    ("h-escapes-and-nesting", "hermes",
+     '<tool_call>{"name": "notify", "arguments": {"opts": {"a": [1, "x\\"y\\\\n\\u00e9", {"b": null}], "c": -1.5e3}}}</tool_call>',
+     {}, None, [("notify", {"opts": {"a": [1, 'x"y\\n\u00e9', {"b": None}], "c": -1500.0}})]),
+    ("h-prose-after-opener", "hermes", "Wrap it in <tool_call> tags.", {}, "Wrap it in <tool_call> tags.", []),
+    ("h-truncated-before-commit", "hermes", '<tool_call>{"name": "calc", "arguments": {"n": 1',
+     {"finish": "length"}, '<tool_call>{"name": "calc", "arguments": {"n": 1', []),
+    ("h-complete-json-no-close-numbers", "hermes", '<tool_call>{"name": "calc", "arguments": {"n": 1}}',
+     {}, '<tool_call>{"name": "calc", "arguments": {"n": 1}}', []),
+    # ------------------------------------------------------------------ dsml
+    ("dsml-missing-string-attr", "dsml", dsml_block(("calc", [f'<{D}parameter name="n">1</{D}parameter>'])), {},
+     dsml_block(("calc", [f'<{D}parameter name="n">1</{D}parameter>'])).strip(), []),
+    ("dsml-invalid-string-attr", "dsml", dsml_block(("calc", [dsml_param("n", "1", "yes")])), {},
+     dsml_block(("calc", [dsml_param("n", "1", "yes")])).strip(), []),
+    ("dsml-duplicate-param", "dsml", dsml_block(("calc", [dsml_param("n", "1", "false")] * 2)), {},
+     dsml_block(("calc", [dsml_param("n", "1", "false")] * 2)).strip(), []),
+    ("dsml-no-invoke", "dsml", f"<{D}tool_calls>\n</{D}tool_calls>", {}, f"<{D}tool_calls>\n</{D}tool_calls>", []),
+    ("dsml-ascii-bars", "dsml", dsml_block(("get_time", [])).replace(BAR, "|"), {},
+     dsml_block(("get_time", [])).replace(BAR, "|").strip(), []),
+    ("dsml-v32-wrapper-is-text", "dsml", dsml_block(("get_time", [])).replace("tool_calls", "function_calls"), {},
+     dsml_block(("get_time", [])).replace("tool_calls", "function_calls").strip(), []),
+    ("dsml-no-whitespace", "dsml",
+     f'<{D}tool_calls><{D}invoke name="get_weather">{dsml_param("city", "Oslo")}</{D}invoke></{D}tool_calls>', {},
+     None, [("get_weather", {"city": "Oslo"})]),
+    ("dsml-false-on-string-param", "dsml", dsml_block(("get_weather", [dsml_param("city", "4471", "false")])), {},
+     None, [("get_weather", {"city": "4471"})]),
+    ("dsml-false-undeclared-param", "dsml", dsml_block(("get_weather", [dsml_param("zip", "4471", "false")])), {},
+     None, [("get_weather", {"zip": 4471})]),
+    ("dsml-true-on-integer-param", "dsml", dsml_block(("get_weather", [dsml_param("days", "3", "true")])), {},
+     None, [("get_weather", {"days": "3"})]),
+    ("dsml-false-invalid-json", "dsml", dsml_block(("get_weather", [dsml_param("zip", "{oops", "false")])), {},
+     None, [("get_weather", {"zip": "{oops"})]),
+    ("dsml-false-integer-not-a-number", "dsml", dsml_block(("get_weather", [dsml_param("days", "abc", "false")])),
+     {}, None, [("get_weather", {"days": "abc"})]),
+    ("dsml-zero-params", "dsml", dsml_block(("get_time", [])), {}, None, [("get_time", {})]),
+    ("dsml-two-blocks", "dsml", "A" + dsml_block(("get_time", [])) + "\nB" + dsml_block(("get_time", [])), {},
+     "A\n\nB", [("get_time", {}), ("get_time", {})]),
+    ("dsml-truncated-before-commit", "dsml", "Hi" + dsml_block(("calc", [dsml_param("n", "1", "false")]))[:-20],
+     {"finish": "length"}, ("Hi" + dsml_block(("calc", [dsml_param("n", "1", "false")]))[:-20]), []),
+]
+
+
+@pytest.mark.parametrize("case_id,dialect,text,kwargs,content,calls", CASES, ids=[c[0] for c in CASES])
+def test_dialect_case(case_id: str, dialect: str, text: str, kwargs: dict, content, calls) -> None:
+    r = run_all_ways(case_id, dialect, text, **kwargs)
+    assert r.message["content"] == content
+    assert calls_of(r.message) == calls
+
+
+# ---------------------------------------------------------------------- schema coercion (§4)
+COERCE = [  # (param, raw, expected) on the `calc` / `get_weather` tools
+    ("calc", "x", "2.5", 2.5), ("calc", "x", " 7 ", 7), ("calc", "x", "1e3", 1000.0),
+    ("calc", "x", "abc", "abc"), ("calc", "n", " 42 ", 42), ("calc", "n", "-3", -3),
+    ("calc", "n", "4.2", "4.2"), ("calc", "flag", "TRUE", True), ("calc", "flag", "false", False),
+    ("calc", "flag", "yes", "yes"), ("calc", "meta", '{"k": [1]}', {"k": [1]}),
+    ("calc", "meta", "[1]", "[1]"), ("calc", "tags", '["a", 2]', ["a", 2]), ("calc", "tags", "a,b", "a,b"),
+    ("calc", "maybe", "null", None), ("calc", "maybe", "nil", "nil"), ("calc", "maybe", "42", "42"),
+    ("calc", "either", "7", 7), ("calc", "either", "null", None), ("calc", "either", "x", "x"),
+    ("get_weather", "city", "007", "007"), ("get_weather", "city", "true", "true"),
+    ("get_weather", "city", "null", "null"), ("get_weather", "city", " {\"a\":1} ", ' {"a":1} '),
+    ("get_weather", "undeclared", " 5 ", 5), ("get_weather", "undeclared", "text", "text"),
+    ("get_weather", "undeclared", "&amp;", "&amp;"),
+]
+
+
+@pytest.mark.parametrize("dialect", ["glm", "qwen_xml", "dsml"])
+@pytest.mark.parametrize("tool,param,raw,expected", COERCE, ids=[f"{c[0]}.{c[1]}={c[2]!r}" for c in COERCE])
+def test_schema_coercion(dialect: str, tool: str, param: str, raw: str, expected) -> None:
+    if dialect == "glm":
+        text = glm(tool, (param, raw))
+    elif dialect == "qwen_xml":
+        text = qx(tool, (param, raw))
+    else:
+        text = dsml_block((tool, [dsml_param(param, raw, "false")]))
+    msg = run(dialect, [text]).message
+    assert calls_of(msg) == [(tool, {param: expected})]
+
+
+def test_coerce_unit() -> None:
+    assert schema_types({"type": ["string", "null"]}) == {"string", "null"}
+    assert schema_types({"anyOf": [{"type": "integer"}, {"type": "null"}]}) == {"integer", "null"}
+    assert schema_types({"type": "int64"}) == {"integer"}
+    assert schema_types({"description": "untyped"}) is None
+    assert coerce("NaN", frozenset({"number"})) == "NaN"
+    assert coerce("Infinity", None) == "Infinity"
+
+
+# ---------------------------------------------------------------------- DSML worked examples (dsml.md §9)
+EXAMPLE3 = ("User wants a 3-day forecast for Paris.</think>\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"get_weather\">\n"
+            "<｜DSML｜parameter name=\"city\" string=\"true\">Paris</｜DSML｜parameter>\n<｜DSML｜parameter name=\"days\" "
+            "string=\"false\">3</｜DSML｜parameter>\n</｜DSML｜invoke>\n</｜DSML｜tool_calls>" + EOS)
+EXAMPLE4 = ("\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"set_alarm\">\n<｜DSML｜parameter name=\"times\" "
+            "string=\"false\">[\"07:00\", \"07:30\"]</｜DSML｜parameter>\n<｜DSML｜parameter name=\"repeat\" "
+            "string=\"false\">true</｜DSML｜parameter>\n<｜DSML｜parameter name=\"label\" string=\"true\">Wake up \"now\""
+            "\nplease</｜DSML｜parameter>\n</｜DSML｜invoke>\n<｜DSML｜invoke name=\"notify\">\n<｜DSML｜parameter "
+            "name=\"opts\" string=\"false\">{\"sound\": null, \"level\": 2.5}</｜DSML｜parameter>\n</｜DSML｜invoke>\n"
+            "</｜DSML｜tool_calls>" + EOS)
+
+
+def _strip_eos(text: str) -> str:
+    # The server stops on the EOS token and never feeds its text to the parser.
+    return text.removesuffix(EOS)
+
+
+def test_dsml_example3_thinking_round_trip() -> None:
+    r = run_all_ways("ex3", "dsml", _strip_eos(EXAMPLE3), in_reasoning=True)
+    assert r.message["reasoning_content"] == "User wants a 3-day forecast for Paris."
+    assert r.message["content"] is None
+    [call] = r.message["tool_calls"]
+    assert call["function"] == {"name": "get_weather", "arguments": '{"city": "Paris", "days": 3}'}
+
+
+def test_dsml_example4_parallel_json_values() -> None:
+    r = run_all_ways("ex4", "dsml", _strip_eos(EXAMPLE4))
+    assert r.message["content"] is None
+    assert [c["function"] for c in r.message["tool_calls"]] == [
+        {"name": "set_alarm",
+         "arguments": '{"times": ["07:00", "07:30"], "repeat": true, "label": "Wake up \\"now\\"\\nplease"}'},
+        {"name": "notify", "arguments": '{"opts": {"sound": null, "level": 2.5}}'}]
+
+
+# ---------------------------------------------------------------------- forced calls (seed 001)
+START_IN_CALL = [
+    ("glm", opener("glm", "get_weather"), "\n<arg_key>city</arg_key>\n<arg_value>Paris</arg_value>\n</tool_call>"),
+    ("glm", opener("glm"), "get_time</tool_call>"),
+    ("qwen_xml", opener("qwen_xml", "get_weather"), "<parameter=city>\nParis\n</parameter>\n</function>\n</tool_call>"),
+    ("qwen_xml", opener("qwen_xml"), "<function=get_time>\n</function>\n</tool_call>"),
+    ("hermes", opener("hermes", "get_weather"), '{"city": "Paris"}}\n</tool_call>'),
+    ("hermes", opener("hermes"), '{"name": "get_time", "arguments": {}}\n</tool_call>'),
+    ("dsml", opener("dsml", "get_weather"), f"{dsml_param('city', 'Paris')}\n</{D}invoke>\n</{D}tool_calls>"),
+    ("dsml", opener("dsml"), f'<{D}invoke name="get_time">\n\n</{D}invoke>\n</{D}tool_calls>'),
+]
+
+
+@pytest.mark.parametrize("dialect,prefill,output", START_IN_CALL,
+                         ids=[f"{d}-{'named' if i % 2 == 0 else 'required'}" for i, (d, _, _) in enumerate(START_IN_CALL)])
+@pytest.mark.parametrize("in_reasoning", [False, True])
+def test_start_in_call(dialect: str, prefill: str, output: str, in_reasoning: bool) -> None:
+    r = run_all_ways(f"sic-{dialect}-{prefill}", dialect, output + "\n\nAll set.",
+                     start_in_call=prefill, in_reasoning=in_reasoning)
+    expected = ("get_weather", {"city": "Paris"}) if "get_weather" in prefill else ("get_time", {})
+    assert calls_of(r.message) == [expected]
+    assert r.message["content"] == "All set."
+    assert "reasoning_content" not in r.message
+
+
+def test_opener_shapes() -> None:
+    assert opener("dsml", "get_weather") == f'\n\n<{D}tool_calls>\n<{D}invoke name="get_weather">\n'
+    assert opener("glm", "get_weather") == "<tool_call>get_weather"
+    assert opener("glm") == "<tool_call>"
+    assert opener("qwen_xml", "f") == "<tool_call>\n<function=f>\n"
+    assert opener("hermes", "f") == '<tool_call>\n{"name": "f", "arguments": '
+    assert set(DIALECTS) == {"dsml", "glm", "qwen_xml", "hermes"}
+    with pytest.raises(ValueError):
+        make_parser("nope", TOOLS)
+
+
+def test_start_in_call_refusal_hides_prefill() -> None:
+    r = run_all_ways("sic-refuse", "glm", "I cannot call a tool for that.", start_in_call="<tool_call>")
+    assert r.message["content"] == "I cannot call a tool for that."
+    assert "tool_calls" not in r.message
+
+
+# ---------------------------------------------------------------------- streaming policy
+@pytest.mark.parametrize("dialect,head,tail", [
+    ("glm", "<tool_call>write_file\n<arg_key>content</arg_key>\n<arg_value>", "</arg_value>\n</tool_call>"),
+    ("qwen_xml", "<tool_call>\n<function=write_file>\n<parameter=content>\n", "\n</parameter>\n</function>\n</tool_call>"),
+    ("hermes", '<tool_call>\n{"name": "write_file", "arguments": {"content": "', '"}}\n</tool_call>'),
+    ("dsml", f'<{D}tool_calls>\n<{D}invoke name="write_file">\n<{D}parameter name="content" string="true">',
+     f"</{D}parameter>\n</{D}invoke>\n</{D}tool_calls>"),
+])
+def test_string_arguments_stream_before_the_call_closes(dialect: str, head: str, tail: str) -> None:
+    parser = make_parser(dialect, TOOLS)
+    body = "line one\nline two \"q\" " * 20
+    typed = json.dumps(body)[1:-1] if dialect == "hermes" else body  # hermes values are JSON text
+    first = parser.feed("Writing.\n" + head)
+    header = [d for d in first if "tool_calls" in d]
+    assert header and header[0]["tool_calls"][0]["function"]["name"] == "write_file"
+    assert header[0]["tool_calls"][0]["id"].startswith("call_")
+    pieces = []
+    for i in range(0, len(typed), 10):
+        out = parser.feed(typed[i:i + 10])
+        frags = [d["tool_calls"][0]["function"]["arguments"] for d in out if "tool_calls" in d]
+        assert frags, "each new piece of the value streams out at once"
+        assert all("name" not in d["tool_calls"][0]["function"] and "id" not in d["tool_calls"][0]
+                   for d in out if "tool_calls" in d)
+        pieces += frags
+    parser.feed(tail)
+    parser.finish("stop")
+    args = parser.message()["tool_calls"][0]["function"]["arguments"]
+    assert json.loads(args) == {"content": body}
+    assert "".join(pieces) in args
+
+
+@pytest.mark.parametrize("dialect,text,expected_args,content", [
+    ("glm", "Hi <tool_call>write_file\n<arg_key>content</arg_key>\n<arg_value>partial tex",
+     {"content": "partial tex"}, "Hi"),
+    ("qwen_xml", "<tool_call>\n<function=write_file>\n<parameter=content>\npartial\n", {"content": "partial"}, None),
+    ("hermes", '<tool_call>{"name": "write_file", "arguments": {"path": "a", "content": "par\\',
+     {"path": "a", "content": "par"}, None),
+    ("dsml", f'<{D}tool_calls><{D}invoke name="write_file"><{D}parameter name="content" string="true">par</{D}para',
+     {"content": "par"}, None),
+])
+def test_truncated_after_commit_is_a_closed_call(dialect: str, text: str, expected_args: dict, content) -> None:
+    """Policy (core.py docstring): once a string value streams, a cut-off call is closed and kept."""
+    r = run_all_ways(f"trunc-{dialect}", dialect, text, finish="length")
+    assert calls_of(r.message) == [("write_file", expected_args)]
+    assert r.message["content"] == content
+
+
+@pytest.mark.parametrize("dialect,text,expected_args,content", [
+    ("glm", "<tool_call>write_file<arg_key>path</arg_key><arg_value>a.txt</arg_value>oops</tool_call> ok",
+     {"path": "a.txt"}, "oops</tool_call> ok"),
+    ("qwen_xml", "<tool_call><function=write_file><parameter=path>a.txt</parameter></function> oops",
+     {"path": "a.txt"}, "</function> oops"),
+    ("dsml", f'<{D}tool_calls><{D}invoke name="write_file">{dsml_param("path", "a.txt")}{dsml_param("path", "b")}'
+             f"</{D}invoke></{D}tool_calls>", {"path": "a.txt"},
+     f'{dsml_param("path", "b")}</{D}invoke></{D}tool_calls>'),
+    ("hermes", '<tool_call>{"name": "write_file", "arguments": {"path": "a.txt"} junk</tool_call>',
+     {"path": "a.txt"}, "junk</tool_call>"),
+])
+def test_malformed_after_commit_keeps_call_and_shows_rest(dialect: str, text: str, expected_args: dict,
+                                                          content: str) -> None:
+    r = run_all_ways(f"mal-{dialect}", dialect, text)
+    assert calls_of(r.message) == [("write_file", expected_args)]
+    assert r.message["content"] == content
+
+
+@pytest.mark.parametrize("dialect", sorted(DIALECTS))
+def test_partial_marker_is_held_back(dialect: str) -> None:
+    marker = DIALECTS[dialect].marker
+    parser = make_parser(dialect, TOOLS)
+    out = parser.feed("Hello " + marker[:-1])
+    assert out == [{"content": "Hello"}]
+    out = parser.feed("x")  # not a marker after all: the held text comes out
+    assert out == [{"content": " " + marker[:-1] + "x"}]
+    assert parser.finish("stop") == []
+
+
+def test_partial_think_close_is_held_back() -> None:
+    parser = make_parser("glm", TOOLS, in_reasoning=True)
+    assert parser.feed("abc</thi") == [{"reasoning_content": "abc"}]
+    assert parser.feed("nk>answer") == [{"content": "answer"}]
+
+
+def test_reasoning_call_is_never_streamed_before_finish() -> None:
+    parser = make_parser("glm", TOOLS)
+    out = parser.feed("<think>Check.\n<tool_call>get_weather\n<arg_key>city</arg_key>"
+                      "<arg_value>Paris</arg_value></tool_call>\n")
+    assert all("tool_calls" not in d for d in out)
+    final = parser.finish("stop")
+    assert [d for d in final if "tool_calls" in d][0]["tool_calls"][0]["function"]["name"] == "get_weather"
+    assert parser.counters["reasoning_calls_delivered"] == 1
+
+
+def test_ids_are_unique_deterministic_and_salted() -> None:
+    text = glm("get_time") + glm("get_time")
+    a = run("glm", [text]).message["tool_calls"]
+    b = run("glm", list(text)).message["tool_calls"]
+    c = run("glm", [text], id_salt="req-2").message["tool_calls"]
+    assert [x["id"] for x in a] == [x["id"] for x in b]
+    assert a[0]["id"] != a[1]["id"]
+    assert {x["id"] for x in a}.isdisjoint(x["id"] for x in c)
+
+
+def test_feed_after_finish_and_double_finish() -> None:
+    parser = make_parser("hermes", TOOLS)
+    assert parser.feed("hi <tool") == [{"content": "hi"}]
+    assert parser.finish("stop") == [{"content": " <tool"}]
+    assert parser.finish("stop") == []
+    with pytest.raises(RuntimeError):
+        parser.feed("more")
+
+
+def test_dialect_none_only_splits_reasoning() -> None:
+    r = run(None, ["<think>r</think>", glm("get_time")])  # type: ignore[arg-type]
+    assert r.message == {"role": "assistant", "content": glm("get_time"), "reasoning_content": "r"}
+
+
+@pytest.mark.parametrize("dialect", sorted(DIALECTS))
+def test_long_argument_streams_in_linear_time(dialect: str) -> None:
+    body = ("x = 1 < 2 and 'q' \"dq\" \\ \n" * 800)[:20000]
+    if dialect == "glm":
+        text = glm("write_file", ("content", body))
+    elif dialect == "qwen_xml":
+        text = qx("write_file", ("content", body))
+    elif dialect == "dsml":
+        text = dsml_block(("write_file", [dsml_param("content", body)]))
+    else:
+        text = "<tool_call>" + json.dumps({"name": "write_file", "arguments": {"content": body}}) + "</tool_call>"
+    began = time.perf_counter()
+    r = run(dialect, [text[i:i + 3] for i in range(0, len(text), 3)])
+    assert time.perf_counter() - began < 5.0
+    assert calls_of(r.message) == [("write_file", {"content": body})]
