@@ -42,6 +42,8 @@ class BuildCore(build_ext):
     def build_extension(self, ext):
         c_files = [s for s in ext.sources if s.endswith(".c")]
         ext.sources = [s for s in ext.sources if not s.endswith(".c")]
+        # The C files are compiled here, so setuptools' staleness check must still see them.
+        ext.depends = list(ext.depends) + c_files
         objects = []
         san = _sanitize_flags()
         for src in c_files:

@@ -1,10 +1,644 @@
 /* AVX2 + FMA + F16C kernels (x86-64).  Compiled with -mavx2 -mfma -mf16c; only selected at
- * run time on CPUs that have all three (c/core/cpu.c). */
+ * run time on CPUs that have all three (c/core/cpu.c).
+ *
+ * Decode (n_tok == 1) streams each weight row once: a block of raw codes is widened to fp32
+ * "raw" values (a power-of-two multiple of the true value, see RAW_FACTOR), dotted with x, and
+ * the block's partial sum is multiplied by its scale.  Prefill (n_tok > 1) dequantises a tile of
+ * rows x columns exactly into an L1-resident fp32 buffer and runs a 4-row x 3-token register
+ * blocked micro-kernel over it, so the decoding cost is paid once per tile, not per token.
+ *
+ * Raw decodings (all exact, no denormals):
+ *   bf16: 16-bit left shift into fp32 bits.
+ *   f16:  vcvtph2ps.
+ *   fp8 e4m3: sign-extend the byte to 16 bits, shift left 7 and mask 0xBF80: an f16 whose value
+ *         is v * 2^-8 (subnormals included), then vcvtph2ps.  NaN codes are not supported.
+ *   fp4 e2m1: vpshufb on a 16-entry table of the values' f16 high bytes (the low bytes are
+ *         zero), then vcvtph2ps: exact values.
+ */
+#include <math.h>
+#include <string.h>
 #include "core/kernels.h"
 
 #if defined(__x86_64__) && defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
-/* Filled in by the SIMD kernels work; until then the scalar twin serves. */
-const mg_kernels *mg_kernels_avx2(void) { return NULL; }
+#include <immintrin.h>
+
+#define INLINE static inline __attribute__((always_inline))
+
+/* ---- small helpers ---------------------------------------------------------------------- */
+
+INLINE float hsum8(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+/* Mask selecting the first n (0..8) lanes, for maskload/maskstore. */
+INLINE __m256i lane_mask(int64_t n) {
+    const __m256i idx = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    return _mm256_cmpgt_epi32(_mm256_set1_epi32((int)n), idx);
+}
+
+INLINE float e8m0_to_f32(uint8_t b) {
+    if (b == 255) return NAN;
+    uint32_t u = b ? (uint32_t)b << 23 : 0x00400000u; /* 2^-127 is a denormal */
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+/* Values decoded per step, and the power of two the raw decoding must be multiplied by. */
+INLINE int64_t fmt_step(mg_format f) {
+    return f == MG_FP4_E2M1 ? 32 : (f == MG_FP8_E4M3 ? 16 : 8);
+}
+INLINE float raw_factor(mg_format f) {
+    return f == MG_FP8_E4M3 ? 256.0f : 1.0f;
+}
+/* Byte offset of column c in a row (c even for fp4). */
+INLINE size_t col_bytes(mg_format f, int64_t c) {
+    switch (f) {
+    case MG_F32: return (size_t)c * 4;
+    case MG_BF16:
+    case MG_F16: return (size_t)c * 2;
+    case MG_FP8_E4M3: return (size_t)c;
+    default: return (size_t)c / 2;
+    }
+}
+
+/* Columns sharing one scale (NONE: an arbitrary block, which keeps several accumulators busy). */
+INLINE int64_t block_cols(mg_scale_kind k) { return k == MG_SCALE_E8M0_G32 ? 32 : (k == MG_SCALE_NONE ? 256 : 128); }
+
+INLINE float scale_at(const mg_matrix *w, int64_t r, int64_t c) {
+    switch (w->scale_kind) {
+    case MG_SCALE_F32_BLOCK128: { /* memcpy: scales inside a mapped shard may be unaligned */
+        float s;
+        memcpy(&s, (const uint8_t *)w->scale + ((size_t)(r / 128) * (size_t)w->scale_cols + (size_t)(c / 128)) * 4, 4);
+        return s;
+    }
+    case MG_SCALE_E8M0_BLOCK128: return e8m0_to_f32(((const uint8_t *)w->scale)[(r / 128) * w->scale_cols + c / 128]);
+    case MG_SCALE_E8M0_G32: return e8m0_to_f32(((const uint8_t *)w->scale)[r * w->scale_cols + c / 32]);
+    default: return 1.0f;
+    }
+}
+
+/* ---- raw decoders: one step of fmt_step(f) values starting at p ------------------------- */
+
+INLINE __m256 dec_bf16x8(const uint8_t *p) {
+    __m256i u = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(u, 16));
+}
+
+INLINE __m256 dec_f16x8(const uint8_t *p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)); }
+
+INLINE void dec_fp8x16(const uint8_t *p, __m256 *lo, __m256 *hi) {
+    __m256i h = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)p));
+    h = _mm256_and_si256(_mm256_slli_epi16(h, 7), _mm256_set1_epi16((short)0xBF80));
+    *lo = _mm256_cvtph_ps(_mm256_castsi256_si128(h));
+    *hi = _mm256_cvtph_ps(_mm256_extracti128_si256(h, 1));
+}
+
+/* f16 high bytes of the 16 e2m1 values (their low bytes are all zero): a vpshufb table. */
+INLINE __m128i fp4_f16_lut(void) {
+    return _mm_setr_epi8(0x00, 0x38, 0x3c, 0x3e, 0x40, 0x42, 0x44, 0x46,
+                         (char)0x80, (char)0xb8, (char)0xbc, (char)0xbe, (char)0xc0, (char)0xc2, (char)0xc4, (char)0xc6);
+}
+
+/* 32 codes (16 bytes) to exact values in column order. */
+INLINE void dec_fp4x32(const uint8_t *p, __m256 v[4]) {
+    const __m128i lut = fp4_f16_lut(), m4 = _mm_set1_epi8(0x0f), zero = _mm_setzero_si128();
+    __m128i b = _mm_loadu_si128((const __m128i *)p);
+    __m128i lo = _mm_shuffle_epi8(lut, _mm_and_si128(b, m4));
+    __m128i hi = _mm_shuffle_epi8(lut, _mm_and_si128(_mm_srli_epi16(b, 4), m4));
+    __m128i i0 = _mm_unpacklo_epi8(lo, hi); /* high bytes of values 0..15 in column order */
+    __m128i i1 = _mm_unpackhi_epi8(lo, hi); /* values 16..31 */
+    v[0] = _mm256_cvtph_ps(_mm_unpacklo_epi8(zero, i0));
+    v[1] = _mm256_cvtph_ps(_mm_unpackhi_epi8(zero, i0));
+    v[2] = _mm256_cvtph_ps(_mm_unpacklo_epi8(zero, i1));
+    v[3] = _mm256_cvtph_ps(_mm_unpackhi_epi8(zero, i1));
+}
+
+/* Decode one step at p into n_vec = fmt_step/8 vectors. */
+INLINE void dec_step(mg_format f, const uint8_t *p, __m256 v[4]) {
+    switch (f) {
+    case MG_F32: v[0] = _mm256_loadu_ps((const float *)p); break;
+    case MG_BF16: v[0] = dec_bf16x8(p); break;
+    case MG_F16: v[0] = dec_f16x8(p); break;
+    case MG_FP8_E4M3: dec_fp8x16(p, &v[0], &v[1]); break;
+    default: dec_fp4x32(p, v); break;
+    }
+}
+
+/* Tail step: the last n (< step) values of a block, from zero-padded copies. */
+INLINE void dec_step_tail(mg_format f, const uint8_t *p, int64_t n, __m256 v[4]) {
+    uint8_t buf[128] __attribute__((aligned(32)));
+    memset(buf, 0, sizeof buf);
+    memcpy(buf, p, col_bytes(f, n + (f == MG_FP4_E2M1 ? (n & 1) : 0)));
+    if (f == MG_FP4_E2M1 && (n & 1)) buf[n / 2] &= 0x0f;
+    dec_step(f, buf, v);
+}
+
+/* Loads n (<= 8) floats, zeros beyond. */
+INLINE __m256 load_partial(const float *x, int64_t n) {
+    return n >= 8 ? _mm256_loadu_ps(x) : _mm256_maskload_ps(x, lane_mask(n));
+}
+
+/* ---- decode (n_tok == 1) ---------------------------------------------------------------- */
+
+/* Sum over columns [c, c + n) of raw(w) * x, as a vector of partial sums. */
+INLINE __m256 block_dot(mg_format f, const uint8_t *row, int64_t c, int64_t n, const float *x) {
+    const int64_t step = fmt_step(f), nv = step / 8;
+    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+    __m256 a2 = _mm256_setzero_ps(), a3 = _mm256_setzero_ps();
+    const int64_t end = c + n;
+    __m256 v[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+    if (nv == 1) {
+        for (; c + 32 <= end; c += 32) {
+            dec_step(f, row + col_bytes(f, c), v);
+            a0 = _mm256_fmadd_ps(v[0], _mm256_loadu_ps(x + c), a0);
+            dec_step(f, row + col_bytes(f, c + 8), v);
+            a1 = _mm256_fmadd_ps(v[0], _mm256_loadu_ps(x + c + 8), a1);
+            dec_step(f, row + col_bytes(f, c + 16), v);
+            a2 = _mm256_fmadd_ps(v[0], _mm256_loadu_ps(x + c + 16), a2);
+            dec_step(f, row + col_bytes(f, c + 24), v);
+            a3 = _mm256_fmadd_ps(v[0], _mm256_loadu_ps(x + c + 24), a3);
+        }
+    }
+    for (; c + step <= end; c += step) {
+        dec_step(f, row + col_bytes(f, c), v);
+        a0 = _mm256_fmadd_ps(v[0], _mm256_loadu_ps(x + c), a0);
+        if (nv > 1) a1 = _mm256_fmadd_ps(v[1], _mm256_loadu_ps(x + c + 8), a1);
+        if (nv > 2) {
+            a2 = _mm256_fmadd_ps(v[2], _mm256_loadu_ps(x + c + 16), a2);
+            a3 = _mm256_fmadd_ps(v[3], _mm256_loadu_ps(x + c + 24), a3);
+        }
+    }
+    if (c < end) {
+        const int64_t rem = end - c;
+        dec_step_tail(f, row + col_bytes(f, c), rem, v);
+        for (int64_t j = 0; j < nv && j * 8 < rem; j++) {
+            __m256 xv = load_partial(x + c + j * 8, rem - j * 8);
+            a0 = _mm256_fmadd_ps(v[j], xv, a0);
+        }
+    }
+    return _mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3));
+}
+
+/* acc += part * scale * factor, keeping the product exact-ish even when scale*factor overflows. */
+INLINE __m256 apply_scale(__m256 acc, __m256 part, float s, float factor) {
+    float sf = s * factor;
+    if (__builtin_expect(isfinite(sf) || !isfinite(s), 1))
+        return _mm256_fmadd_ps(part, _mm256_set1_ps(sf), acc);
+    return _mm256_fmadd_ps(_mm256_mul_ps(part, _mm256_set1_ps(factor)), _mm256_set1_ps(s), acc);
+}
+
+/* Decode reads x in a permuted order (xp) that matches what the cheapest widening of each format
+ * produces, so no shuffles are needed per weight:
+ *   bf16, fp8 (per 32 columns): [even columns | odd columns]  (16-bit lanes split by shift / mask)
+ *   fp4 (per 64 columns, two groups of 32 in the two 128-bit lanes): see FP4_OFFSETS. */
+enum { XP_COLS = 8192 };
+
+/* Software prefetch distance for streamed weights.  The hardware streamer does not cross 4 KiB
+ * pages, and a weight row is often exactly one or two pages, so without this each row starts
+ * with a burst of demand misses. */
+#ifndef MG_PREFETCH_BYTES
+#define MG_PREFETCH_BYTES 2048
+#endif
+#define PREFETCH(p) _mm_prefetch((const char *)(p) + MG_PREFETCH_BYTES, _MM_HINT_T0)
+
+/* fp4 vector v, element i < 4 (first group) reads column FP4_OFFSETS[v] + 4i, element 4 + i the
+ * same column of the second group (+32). */
+static const int FP4_OFFSETS[8] = {0, 2, 16, 18, 1, 3, 17, 19};
+
+INLINE int64_t xp_span(mg_format f) { return f == MG_FP4_E2M1 ? 64 : 32; }
+
+INLINE void permute_x(mg_format f, const float *x, int64_t kc, float *xp) {
+    const int64_t span = xp_span(f);
+    for (int64_t g = 0; g + span <= kc; g += span) {
+        const float *xs = x + g;
+        float *o = xp + g;
+        if (f == MG_FP4_E2M1) {
+            for (int v = 0; v < 8; v++)
+                for (int i = 0; i < 4; i++) {
+                    o[8 * v + i] = xs[FP4_OFFSETS[v] + 4 * i];
+                    o[8 * v + 4 + i] = xs[32 + FP4_OFFSETS[v] + 4 * i];
+                }
+        } else {
+            for (int i = 0; i < 16; i++) o[i] = xs[2 * i], o[16 + i] = xs[2 * i + 1];
+        }
+    }
+}
+
+/* One 32-column step against permuted x: two partial-sum vectors. */
+INLINE void step32_fp8(const uint8_t *p, const float *xp, __m256 *a0, __m256 *a1) {
+    const __m256i m = _mm256_set1_epi16((short)0xBF80);
+    PREFETCH(p);
+    __m256i w = _mm256_loadu_si256((const __m256i *)p);
+    /* Each 16-bit lane holds an odd column's byte (high) and an even column's (low); shifting the
+     * byte to the top and arithmetic-shifting by one gives the f16 layout of v * 2^-8. */
+    __m256i odd = _mm256_and_si256(_mm256_srai_epi16(w, 1), m);
+    __m256i even = _mm256_and_si256(_mm256_srai_epi16(_mm256_slli_epi16(w, 8), 1), m);
+    *a0 = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm256_castsi256_si128(even)), _mm256_load_ps(xp), *a0);
+    *a1 = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm256_extracti128_si256(even, 1)), _mm256_load_ps(xp + 8), *a1);
+    *a0 = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm256_castsi256_si128(odd)), _mm256_load_ps(xp + 16), *a0);
+    *a1 = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm256_extracti128_si256(odd, 1)), _mm256_load_ps(xp + 24), *a1);
+}
+
+INLINE void step32_bf16(const uint8_t *p, const float *xp, __m256 *a0, __m256 *a1) {
+    const __m256i hi = _mm256_set1_epi32((int)0xFFFF0000u);
+    PREFETCH(p);
+    __m256i w0 = _mm256_loadu_si256((const __m256i *)p), w1 = _mm256_loadu_si256((const __m256i *)(p + 32));
+    *a0 = _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_slli_epi32(w0, 16)), _mm256_load_ps(xp), *a0);
+    *a1 = _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_slli_epi32(w1, 16)), _mm256_load_ps(xp + 8), *a1);
+    *a0 = _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_and_si256(w0, hi)), _mm256_load_ps(xp + 16), *a0);
+    *a1 = _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_and_si256(w1, hi)), _mm256_load_ps(xp + 24), *a1);
+}
+
+/* 64 fp4 columns (two groups of 32, one per 128-bit lane) against permuted x.  Each code becomes
+ * the bf16 encoding of its exact value from two vpshufb tables (high and low byte; e2m1 values
+ * are all normal or zero in bf16), bytes are paired into 16-bit lanes, and a 16-bit shift or
+ * mask turns each pair of lanes into fp32: no conversion instructions at all.  Element i < 4 of
+ * each product belongs to the first group, 4 + i to the second. */
+INLINE void step64_fp4(const uint8_t *p, const float *xp, __m256 *a0, __m256 *a1) {
+    const __m256i hi_tab = _mm256_setr_epi8(0x00, 0x3f, 0x3f, 0x3f, 0x40, 0x40, 0x40, 0x40, (char)0x80, (char)0xbf,
+                                            (char)0xbf, (char)0xbf, (char)0xc0, (char)0xc0, (char)0xc0, (char)0xc0,
+                                            0x00, 0x3f, 0x3f, 0x3f, 0x40, 0x40, 0x40, 0x40, (char)0x80, (char)0xbf,
+                                            (char)0xbf, (char)0xbf, (char)0xc0, (char)0xc0, (char)0xc0, (char)0xc0);
+    const __m256i lo_tab = _mm256_setr_epi8(0x00, 0x00, (char)0x80, (char)0xc0, 0x00, 0x40, (char)0x80, (char)0xc0,
+                                            0x00, 0x00, (char)0x80, (char)0xc0, 0x00, 0x40, (char)0x80, (char)0xc0,
+                                            0x00, 0x00, (char)0x80, (char)0xc0, 0x00, 0x40, (char)0x80, (char)0xc0,
+                                            0x00, 0x00, (char)0x80, (char)0xc0, 0x00, 0x40, (char)0x80, (char)0xc0);
+    const __m256i m4 = _mm256_set1_epi8(0x0f), top = _mm256_set1_epi32((int)0xFFFF0000u);
+    PREFETCH(p);
+    __m256i b = _mm256_loadu_si256((const __m256i *)p);
+    __m256i lo = _mm256_and_si256(b, m4), hi = _mm256_and_si256(_mm256_srli_epi16(b, 4), m4);
+    __m256i ll = _mm256_shuffle_epi8(lo_tab, lo), lh = _mm256_shuffle_epi8(hi_tab, lo);
+    __m256i hl = _mm256_shuffle_epi8(lo_tab, hi), hh = _mm256_shuffle_epi8(hi_tab, hi);
+    __m256i e0 = _mm256_unpacklo_epi8(ll, lh), e1 = _mm256_unpackhi_epi8(ll, lh); /* even columns */
+    __m256i o0 = _mm256_unpacklo_epi8(hl, hh), o1 = _mm256_unpackhi_epi8(hl, hh); /* odd columns */
+#define FP4_FMA(acc, words, k)                                                                              \
+    *acc = _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_slli_epi32(words, 16)), _mm256_load_ps(xp + 16 * k), *acc); \
+    *acc = _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_and_si256(words, top)), _mm256_load_ps(xp + 16 * k + 8), *acc);
+    FP4_FMA(a0, e0, 0)
+    FP4_FMA(a1, e1, 1)
+    FP4_FMA(a0, o0, 2)
+    FP4_FMA(a1, o1, 3)
+#undef FP4_FMA
+}
+
+INLINE void step32(mg_format f, const uint8_t *row, int64_t c, const float *xp, __m256 *a0, __m256 *a1) {
+    if (f == MG_FP8_E4M3) step32_fp8(row + c, xp, a0, a1);
+    else step32_bf16(row + (size_t)c * 2, xp, a0, a1);
+}
+
+/* Scale of every block of row r in [c0, c0 + kc), times the raw factor; 1 if some product
+ * overflowed (then the caller multiplies in two steps). */
+INLINE int row_scales(const mg_matrix *w, mg_format f, int64_t r, int64_t c0, int64_t kc, int64_t bc, float *sf) {
+    const int64_t nb = (kc + bc - 1) / bc;
+    const float factor = raw_factor(f);
+    int64_t i = 0;
+    if (w->scale_kind == MG_SCALE_E8M0_G32 && factor == 1.0f) {
+        const uint8_t *s = (const uint8_t *)w->scale + r * w->scale_cols + c0 / 32;
+        const __m256i lowest = _mm256_set1_epi32(0x00400000), nan_code = _mm256_set1_epi32(255);
+        for (; i + 8 <= nb; i += 8) {
+            __m256i b = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(s + i)));
+            __m256i u = _mm256_max_epi32(_mm256_slli_epi32(b, 23), lowest); /* byte 0 is 2^-127 */
+            __m256 v = _mm256_or_ps(_mm256_castsi256_ps(u), _mm256_castsi256_ps(_mm256_cmpeq_epi32(b, nan_code)));
+            _mm256_storeu_ps(sf + i, v);
+        }
+    }
+    int overflow = 0;
+    for (; i < nb; i++) {
+        const float s = scale_at(w, r, c0 + i * bc);
+        sf[i] = s * factor;
+        overflow |= !isfinite(sf[i]) && isfinite(s);
+    }
+    return overflow;
+}
+
+/* Row r over columns [c0, c0 + kc) (c0 a multiple of XP_COLS), xp holding x permuted. */
+INLINE float row_dot_chunk(const mg_matrix *w, mg_format f, int64_t r, int64_t c0, int64_t kc, const float *xp,
+                           const float *x) {
+    const uint8_t *row = (const uint8_t *)w->data + (size_t)r * mg_matrix_row_bytes(w);
+    const int64_t bc = block_cols(w->scale_kind);
+    float sf[XP_COLS / 32];
+    const int split = row_scales(w, f, r, c0, kc, bc, sf);
+    const float factor = raw_factor(f);
+    const int permuted = f == MG_FP8_E4M3 || f == MG_BF16 || f == MG_FP4_E2M1;
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    int64_t bi = 0;
+    if (f == MG_FP4_E2M1 && w->scale_kind == MG_SCALE_E8M0_G32) {
+        /* Two groups per step: their scales go to the two 128-bit lanes. */
+        int64_t c = c0;
+        for (; c + 64 <= c0 + kc; c += 64, bi += 2) {
+            __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+            step64_fp4(row + c / 2, xp + (c - c0), &a0, &a1);
+            const __m256 s2 = _mm256_set_m128(_mm_broadcast_ss(sf + bi + 1), _mm_broadcast_ss(sf + bi));
+            if (bi & 2) acc1 = _mm256_fmadd_ps(_mm256_add_ps(a0, a1), s2, acc1);
+            else acc0 = _mm256_fmadd_ps(_mm256_add_ps(a0, a1), s2, acc0);
+        }
+        for (; c < c0 + kc; c += 32, bi++) {
+            const int64_t n = c0 + kc - c < 32 ? c0 + kc - c : 32;
+            acc0 = _mm256_fmadd_ps(block_dot(f, row, c, n, x), _mm256_broadcast_ss(sf + bi), acc0);
+        }
+        return hsum8(_mm256_add_ps(acc0, acc1));
+    }
+    for (int64_t b = c0; b < c0 + kc; b += bc, bi++) {
+        const int64_t e = b + bc < c0 + kc ? b + bc : c0 + kc;
+        __m256 part;
+        int64_t c = b;
+        if (f == MG_FP4_E2M1) {
+            __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+            for (; c + 64 <= e; c += 64) step64_fp4(row + c / 2, xp + (c - c0), &a0, &a1);
+            part = _mm256_add_ps(a0, a1);
+        } else if (permuted) {
+            __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+            for (; c + 32 <= e; c += 32) step32(f, row, c, xp + (c - c0), &a0, &a1);
+            part = _mm256_add_ps(a0, a1);
+        } else {
+            part = _mm256_setzero_ps();
+        }
+        if (c < e) part = _mm256_add_ps(part, block_dot(f, row, c, e - c, x));
+        if (__builtin_expect(split, 0)) {
+            acc0 = apply_scale(acc0, part, scale_at(w, r, b), factor);
+        } else if (bi & 1) {
+            acc1 = _mm256_fmadd_ps(part, _mm256_broadcast_ss(sf + bi), acc1);
+        } else {
+            acc0 = _mm256_fmadd_ps(part, _mm256_broadcast_ss(sf + bi), acc0);
+        }
+    }
+    return hsum8(_mm256_add_ps(acc0, acc1));
+}
+
+INLINE void linear_decode(const mg_matrix *w, mg_format f, const float *x, float *y, int64_t r0, int64_t r1) {
+    float xp[XP_COLS] __attribute__((aligned(32)));
+    for (int64_t c0 = 0; c0 < w->cols; c0 += XP_COLS) {
+        const int64_t kc = w->cols - c0 < XP_COLS ? w->cols - c0 : XP_COLS;
+        if (f == MG_FP8_E4M3 || f == MG_BF16 || f == MG_FP4_E2M1) permute_x(f, x + c0, kc, xp);
+        for (int64_t r = r0; r < r1; r++) {
+            const float part = row_dot_chunk(w, f, r, c0, kc, xp, x);
+            y[r] = c0 == 0 ? part : y[r] + part;
+        }
+    }
+}
+
+/* ---- prefill (n_tok > 1) ---------------------------------------------------------------- */
+
+enum { TILE_ROWS = 8, TILE_COLS = 512, MICRO_ROWS = 4 };
+
+/* Dequantise rows [r, r + nr) x columns [c0, c0 + kc) of w exactly into out (row stride ld),
+ * zero-padding columns up to a multiple of 8 and rows up to TILE_ROWS. */
+INLINE void dequant_tile(const mg_matrix *w, mg_format f, int64_t r, int64_t nr, int64_t c0, int64_t kc,
+                         float *out, int64_t ld) {
+    const int64_t step = fmt_step(f), bc = block_cols(w->scale_kind), kc8 = (kc + 7) & ~(int64_t)7;
+    const float factor = raw_factor(f);
+    const size_t rb = mg_matrix_row_bytes(w);
+    for (int64_t i = 0; i < TILE_ROWS; i++) {
+        float *o = out + i * ld;
+        if (i >= nr) {
+            memset(o, 0, (size_t)kc8 * sizeof(float));
+            continue;
+        }
+        const uint8_t *row = (const uint8_t *)w->data + (size_t)(r + i) * rb;
+        for (int64_t b = c0; b < c0 + kc; b += bc) {
+            const int64_t end = b + bc < c0 + kc ? b + bc : c0 + kc;
+            const float s = scale_at(w, r + i, b);
+            float sf = s * factor;
+            const int split = !isfinite(sf) && isfinite(s);
+            const __m256 vs = _mm256_set1_ps(split ? s : sf), vf = _mm256_set1_ps(split ? factor : 1.0f);
+            __m256 v[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+            int64_t c = b;
+            for (; c + step <= end; c += step) {
+                dec_step(f, row + col_bytes(f, c), v);
+                for (int64_t j = 0; j < step / 8; j++)
+                    _mm256_storeu_ps(o + c - c0 + j * 8, _mm256_mul_ps(_mm256_mul_ps(v[j], vf), vs));
+            }
+            if (c < end) {
+                const int64_t rem = end - c;
+                dec_step_tail(f, row + col_bytes(f, c), rem, v);
+                for (int64_t j = 0; j * 8 < rem; j++) { /* padding lanes decode to exact zeros */
+                    __m256 d = _mm256_mul_ps(_mm256_mul_ps(v[j], vf), vs);
+                    if (c - c0 + j * 8 + 8 <= kc8) _mm256_storeu_ps(o + c - c0 + j * 8, d);
+                    else _mm256_maskstore_ps(o + c - c0 + j * 8, lane_mask(kc8 - (c - c0 + j * 8)), d);
+                }
+            }
+        }
+    }
+}
+
+/* out[i * T + t] = sum_c wt[i][c] * x[t][c] for MICRO_ROWS rows i and T tokens. */
+INLINE void micro_kernel(int T, const float *wt, int64_t ldw, const float *x, int64_t xs, int64_t kc,
+                         float out[MICRO_ROWS * 3]) {
+    __m256 acc[MICRO_ROWS][3];
+    for (int i = 0; i < MICRO_ROWS; i++)
+        for (int t = 0; t < 3; t++) acc[i][t] = _mm256_setzero_ps();
+    int64_t c = 0;
+    __m256 xv[3];
+    for (; c + 8 <= kc; c += 8) {
+        for (int t = 0; t < T; t++) xv[t] = _mm256_loadu_ps(x + t * xs + c);
+        for (int i = 0; i < MICRO_ROWS; i++) {
+            __m256 wv = _mm256_load_ps(wt + i * ldw + c);
+            for (int t = 0; t < T; t++) acc[i][t] = _mm256_fmadd_ps(wv, xv[t], acc[i][t]);
+        }
+    }
+    if (c < kc) {
+        const __m256i m = lane_mask(kc - c);
+        for (int t = 0; t < T; t++) xv[t] = _mm256_maskload_ps(x + t * xs + c, m);
+        for (int i = 0; i < MICRO_ROWS; i++) {
+            __m256 wv = _mm256_load_ps(wt + i * ldw + c);
+            for (int t = 0; t < T; t++) acc[i][t] = _mm256_fmadd_ps(wv, xv[t], acc[i][t]);
+        }
+    }
+    for (int i = 0; i < MICRO_ROWS; i++)
+        for (int t = 0; t < T; t++) out[i * 3 + t] = hsum8(acc[i][t]);
+}
+
+INLINE void linear_prefill(const mg_matrix *w, mg_format f, const float *x, int64_t x_stride, int64_t n_tok,
+                           float *y, int64_t y_stride, int64_t r0, int64_t r1) {
+    float tile[TILE_ROWS * TILE_COLS] __attribute__((aligned(32)));
+    const int64_t cols = w->cols;
+    for (int64_t r = r0; r < r1; r += TILE_ROWS) {
+        const int64_t nr = r1 - r < TILE_ROWS ? r1 - r : TILE_ROWS;
+        for (int64_t c0 = 0; c0 < cols; c0 += TILE_COLS) {
+            const int64_t kc = cols - c0 < TILE_COLS ? cols - c0 : TILE_COLS;
+            dequant_tile(w, f, r, nr, c0, kc, tile, TILE_COLS);
+            for (int64_t t = 0; t < n_tok; t += 3) {
+                const int T = n_tok - t >= 3 ? 3 : (int)(n_tok - t);
+                for (int64_t i0 = 0; i0 < nr; i0 += MICRO_ROWS) {
+                    float out[MICRO_ROWS * 3];
+                    const float *xt = x + t * x_stride + c0;
+                    const float *wt = tile + i0 * TILE_COLS;
+                    if (T == 3) micro_kernel(3, wt, TILE_COLS, xt, x_stride, kc, out);
+                    else if (T == 2) micro_kernel(2, wt, TILE_COLS, xt, x_stride, kc, out);
+                    else micro_kernel(1, wt, TILE_COLS, xt, x_stride, kc, out);
+                    for (int i = 0; i < MICRO_ROWS && i0 + i < nr; i++)
+                        for (int tt = 0; tt < T; tt++) {
+                            float *yp = y + (t + tt) * y_stride + r + i0 + i;
+                            *yp = c0 == 0 ? out[i * 3 + tt] : *yp + out[i * 3 + tt];
+                        }
+                }
+            }
+        }
+    }
+}
+
+INLINE void linear_impl(const mg_matrix *w, mg_format f, const float *x, int64_t x_stride, int64_t n_tok,
+                        float *y, int64_t y_stride, int64_t r0, int64_t r1) {
+    if (n_tok == 1) {
+        linear_decode(w, f, x, y, r0, r1);
+    } else if (n_tok > 1) {
+        linear_prefill(w, f, x, x_stride, n_tok, y, y_stride, r0, r1);
+    }
+}
+
+#define LINEAR_FN(NAME, FMT)                                                                    \
+    static void NAME(const mg_matrix *w, const float *x, int64_t x_stride, int64_t n_tok, float *y, \
+                     int64_t y_stride, int64_t r0, int64_t r1) {                               \
+        linear_impl(w, FMT, x, x_stride, n_tok, y, y_stride, r0, r1);                          \
+    }
+LINEAR_FN(linear_f32, MG_F32)
+LINEAR_FN(linear_bf16, MG_BF16)
+LINEAR_FN(linear_f16, MG_F16)
+LINEAR_FN(linear_fp8, MG_FP8_E4M3)
+LINEAR_FN(linear_fp4, MG_FP4_E2M1)
+
+/* ---- vector ops ------------------------------------------------------------------------- */
+
+static float dot_avx2(const float *a, const float *b, int64_t n) {
+    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps(), a2 = _mm256_setzero_ps(), a3 = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 32 <= n; i += 32) {
+        a0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), a0);
+        a1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), a1);
+        a2 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 16), _mm256_loadu_ps(b + i + 16), a2);
+        a3 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 24), _mm256_loadu_ps(b + i + 24), a3);
+    }
+    for (; i < n; i += 8) {
+        const int64_t k = n - i;
+        a0 = _mm256_fmadd_ps(load_partial(a + i, k), load_partial(b + i, k), a0);
+    }
+    return hsum8(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
+}
+
+static void axpy_avx2(float *y, float a, const float *x, int64_t n) {
+    const __m256 va = _mm256_set1_ps(a);
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(y + i, _mm256_fmadd_ps(va, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
+    if (i < n) {
+        const __m256i m = lane_mask(n - i);
+        _mm256_maskstore_ps(y + i, m, _mm256_fmadd_ps(va, _mm256_maskload_ps(x + i, m), _mm256_maskload_ps(y + i, m)));
+    }
+}
+
+static void scale_avx2(float *y, float a, int64_t n) {
+    const __m256 va = _mm256_set1_ps(a);
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, _mm256_mul_ps(va, _mm256_loadu_ps(y + i)));
+    if (i < n) {
+        const __m256i m = lane_mask(n - i);
+        _mm256_maskstore_ps(y + i, m, _mm256_mul_ps(va, _mm256_maskload_ps(y + i, m)));
+    }
+}
+
+static void rmsnorm_avx2(float *out, const float *x, const float *w, int64_t n, float eps) {
+    /* Sum of squares in double, like the scalar twin, so both round to the same factor. */
+    __m256d s0 = _mm256_setzero_pd(), s1 = _mm256_setzero_pd();
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256d lo = _mm256_cvtps_pd(_mm_loadu_ps(x + i)), hi = _mm256_cvtps_pd(_mm_loadu_ps(x + i + 4));
+        s0 = _mm256_fmadd_pd(lo, lo, s0);
+        s1 = _mm256_fmadd_pd(hi, hi, s1);
+    }
+    __m256d s = _mm256_add_pd(s0, s1);
+    __m128d s2 = _mm_add_pd(_mm256_castpd256_pd128(s), _mm256_extractf128_pd(s, 1));
+    double ss = _mm_cvtsd_f64(_mm_add_sd(s2, _mm_unpackhi_pd(s2, s2)));
+    for (; i < n; i++) ss += (double)x[i] * x[i];
+    const float inv = 1.0f / sqrtf((float)(ss / (double)n) + eps);
+    const __m256 vinv = _mm256_set1_ps(inv);
+    for (i = 0; i + 8 <= n; i += 8) {
+        __m256 v = _mm256_mul_ps(_mm256_loadu_ps(x + i), vinv);
+        if (w) v = _mm256_mul_ps(v, _mm256_loadu_ps(w + i));
+        _mm256_storeu_ps(out + i, v);
+    }
+    for (; i < n; i++) out[i] = x[i] * inv * (w ? w[i] : 1.0f);
+}
+
+/* expf for x in [-88.7, 88.7] (callers handle the ends): Cody-Waite range reduction by ln 2 and
+ * a degree-6 polynomial on [-ln2/2, ln2/2]; about 1 ulp. */
+INLINE __m256 exp_avx2(__m256 x) {
+    const __m256 log2e = _mm256_set1_ps(1.44269504088896341f);
+    const __m256 ln2_hi = _mm256_set1_ps(0.693359375f), ln2_lo = _mm256_set1_ps(-2.12194440e-4f);
+    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, log2e), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, ln2_hi, x);
+    r = _mm256_fnmadd_ps(n, ln2_lo, r);
+    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+    p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), r);
+    p = _mm256_add_ps(p, _mm256_set1_ps(1.0f));
+    /* 2^n by building the exponent; n is in [-128, 128] here, so split it in two halves. */
+    __m256i ni = _mm256_cvtps_epi32(n);
+    __m256i n1 = _mm256_srai_epi32(ni, 1), n2 = _mm256_sub_epi32(ni, n1);
+    __m256 p1 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(n1, _mm256_set1_epi32(127)), 23));
+    __m256 p2 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(n2, _mm256_set1_epi32(127)), 23));
+    return _mm256_mul_ps(_mm256_mul_ps(p, p1), p2);
+}
+
+INLINE __m256 swiglu8(__m256 g, __m256 u, float limit) {
+    if (limit > 0.0f) {
+        const __m256 lim = _mm256_set1_ps(limit), nlim = _mm256_set1_ps(-limit);
+        g = _mm256_min_ps(lim, g); /* NaN in g or u passes through, as in the scalar twin */
+        u = _mm256_max_ps(nlim, _mm256_min_ps(lim, u));
+    }
+    const __m256 neg = _mm256_sub_ps(_mm256_setzero_ps(), g);
+    const __m256 hi = _mm256_set1_ps(88.72283935546875f), lo = _mm256_set1_ps(-88.0f);
+    __m256 e = exp_avx2(_mm256_max_ps(lo, _mm256_min_ps(hi, neg)));
+    /* exp(-g) beyond the clamp: overflow to inf (silu -> -0) or too small to change 1 + e. */
+    e = _mm256_blendv_ps(e, _mm256_set1_ps(INFINITY), _mm256_cmp_ps(neg, hi, _CMP_GT_OQ));
+    e = _mm256_blendv_ps(e, _mm256_setzero_ps(), _mm256_cmp_ps(neg, lo, _CMP_LT_OQ));
+    const __m256 silu = _mm256_div_ps(g, _mm256_add_ps(_mm256_set1_ps(1.0f), e));
+    return _mm256_mul_ps(silu, u);
+}
+
+static void swiglu_avx2(float *out, const float *gate, const float *up, int64_t n, float limit) {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(out + i, swiglu8(_mm256_loadu_ps(gate + i), _mm256_loadu_ps(up + i), limit));
+    if (i < n) {
+        const __m256i m = lane_mask(n - i);
+        __m256 r = swiglu8(_mm256_maskload_ps(gate + i, m), _mm256_maskload_ps(up + i, m), limit);
+        _mm256_maskstore_ps(out + i, m, r);
+    }
+}
+
+static float read_sum_avx2(const float *p, int64_t n) {
+    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps(), a2 = _mm256_setzero_ps(), a3 = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 32 <= n; i += 32) {
+        a0 = _mm256_add_ps(a0, _mm256_loadu_ps(p + i));
+        a1 = _mm256_add_ps(a1, _mm256_loadu_ps(p + i + 8));
+        a2 = _mm256_add_ps(a2, _mm256_loadu_ps(p + i + 16));
+        a3 = _mm256_add_ps(a3, _mm256_loadu_ps(p + i + 24));
+    }
+    for (; i < n; i += 8) a0 = _mm256_add_ps(a0, load_partial(p + i, n - i));
+    return hsum8(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
+}
+
+static const mg_kernels AVX2 = {
+    .name = "avx2",
+    .linear = {linear_f32, linear_bf16, linear_f16, linear_fp8, linear_fp4},
+    .dot = dot_avx2,
+    .axpy = axpy_avx2,
+    .scale = scale_avx2,
+    .rmsnorm = rmsnorm_avx2,
+    .swiglu = swiglu_avx2,
+    .read_sum = read_sum_avx2,
+};
+
+const mg_kernels *mg_kernels_avx2(void) { return &AVX2; }
 #else
 const mg_kernels *mg_kernels_avx2(void) { return NULL; }
 #endif

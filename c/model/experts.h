@@ -1,13 +1,34 @@
 /* The expert store: every routed expert is addressed as (layer, expert) and its three
- * matrices are found through this one lookup.  Today all experts are resident (pointing into
- * the mapped checkpoint); the expert-store issue turns this into a budgeted cache with batched
- * disk reads, behind the same fetch call. */
+ * matrices are found through this one lookup.
+ *
+ * Two modes behind the same fetch call:
+ *   resident (default)  descriptors point into the mapped checkpoint; every fetch is a hit.
+ *   cache               after mg_expert_store_configure(): a fixed arena of expert-sized slots
+ *                       (cache_bytes).  The experts of a fetch that are not in a slot are read
+ *                       from the shard files in one batch by a small pool of I/O threads
+ *                       (O_DIRECT into 4 KiB-aligned slots where the filesystem allows it,
+ *                       buffered pread otherwise; never page faults through the mapping).
+ *                       Bytes keep their on-disk format, so a cached expert's matrices are
+ *                       bitwise the resident ones.  Replacement: frequency with aging (or LRU),
+ *                       plus an optional hot set pinned from the routing history of earlier
+ *                       runs.
+ *
+ * Integration (an arch loader, after every mg_expert_store_set):
+ *     uint64_t cache = 0;
+ *     if (env->ram_gb > 0 &&
+ *         (mg_expert_store_plan(s->experts, env->ck, (uint64_t)(env->ram_gb * 1e9), other_bytes,
+ *                               &cache, err) ||
+ *          mg_expert_store_configure(s->experts, env->ck, cache, &opts, err)))
+ *         goto fail;
+ * where other_bytes = bound weight bytes (census) - mg_expert_store_expert_bytes(s->experts)
+ *                     + KV cache bytes + scratch buffer bytes. */
 #ifndef MG_EXPERTS_H
 #define MG_EXPERTS_H
 
 #include <stdint.h>
 #include "core/matrix.h"
 #include "core/status.h"
+#include "io/safetensors.h"
 
 typedef struct mg_expert {
     mg_matrix gate; /* [width, d]  (w1) */
@@ -18,20 +39,88 @@ typedef struct mg_expert {
 typedef struct mg_expert_store mg_expert_store;
 
 mg_expert_store *mg_expert_store_create(int n_layers, int n_experts, mg_error *err);
+/* Also writes the routing history (opts.usage_path) when the store ran as a cache. */
 void mg_expert_store_free(mg_expert_store *s);
 
-/* Registers where expert (layer, e) lives. */
+/* Registers where expert (layer, e) lives (descriptors into the mapped checkpoint). */
 void mg_expert_store_set(mg_expert_store *s, int layer, int e, const mg_expert *x);
 
 /* Makes experts ids[0..n) of `layer` available together (one batch: the routing result of a
- * layer) and writes their descriptors to out[i].  They stay valid until the next fetch. */
+ * layer) and writes their descriptors to out[i].  They stay valid until the next fetch.
+ * In cache mode n may not exceed the number of slots (the plan guarantees >= n_experts). */
 int mg_expert_store_fetch(mg_expert_store *s, int layer, int n, const int *ids,
                           const mg_expert **out, mg_error *err);
 
+/* The same fetch split in two, so that computing the experts already cached overlaps the
+ * reads of the missing ones: begin fills out[] (descriptors of missing experts are not
+ * readable yet) and starts the reads; each next call returns the index i of a batch member
+ * whose bytes are now in memory (cached ones first, then misses in arrival order), -1 when
+ * every member was returned, or -2 on a read error (err names the tensor and the file; the
+ * batch is then over).  A begin (or fetch) while a batch is still open finishes it first. */
+int mg_expert_store_fetch_begin(mg_expert_store *s, int layer, int n, const int *ids,
+                                const mg_expert **out, mg_error *err);
+int mg_expert_store_fetch_next(mg_expert_store *s, mg_error *err);
+
+/* Reads these experts of `layer` into the cache only if the disk would otherwise sit idle
+ * (no read queued or running) and only into slots the policy would evict anyway (never
+ * pinned ones, never the open batch).  A hint: no error, returns how many reads it started. */
+int mg_expert_store_prefetch(mg_expert_store *s, int layer, int n, const int *ids);
+
 typedef struct mg_expert_stats {
     uint64_t fetches, hits, misses, bytes_read;
+    double read_seconds;      /* wall time with at least one read running: GB/s = bytes_read / it */
+    uint64_t evictions;
+    uint64_t direct_reads;    /* reads done with O_DIRECT */
+    uint64_t buffered_reads;  /* reads done with buffered pread (fallback) */
+    uint64_t prefetches;      /* experts read by mg_expert_store_prefetch */
+    uint64_t slots;           /* cache slots (0: resident mode) */
+    uint64_t slot_bytes;
+    uint64_t pinned;          /* experts in the pinned hot set */
 } mg_expert_stats;
 
 mg_expert_stats mg_expert_store_stats(const mg_expert_store *s);
+
+/* ---- cache mode ----------------------------------------------------------------------- */
+
+typedef enum mg_expert_policy_kind {
+    MG_EXPERT_POLICY_LFRU = 0, /* frequency with exponential aging (default) */
+    MG_EXPERT_POLICY_LRU = 1,
+} mg_expert_policy_kind;
+
+/* All zero = defaults. */
+typedef struct mg_expert_cache_opts {
+    int policy;             /* mg_expert_policy_kind */
+    int io_threads;         /* reads in flight at once; 0: 4 */
+    int buffered_only;      /* 1: never try O_DIRECT */
+    double half_life;       /* aging half-life in fetches; 0: 16 tokens (16 * n_layers fetches) */
+    double pin_fraction;    /* share of the slots the usage history may pin; 0: 0.5, < 0: none */
+    const char *usage_path; /* routing history: read at configure (seeds the policy and the
+                               pinned set), rewritten at free; NULL: none */
+} mg_expert_cache_opts;
+
+/* Bytes of every registered expert (values + scales): what the resident mode would map. */
+uint64_t mg_expert_store_expert_bytes(const mg_expert_store *s);
+
+/* Bytes one cache slot needs (the largest expert's aligned read layout), 0 with err set when
+ * an expert's bytes cannot be located in the checkpoint's files. */
+uint64_t mg_expert_store_slot_bytes(const mg_expert_store *s, const mg_checkpoint *ck, mg_error *err);
+
+/* Sizes the cache from a RAM budget: cache = ram_bytes - other_bytes (everything the process
+ * holds besides the experts) - the process's current resident set - the store's own tables.
+ * Fails, saying the minimum budget, when that leaves fewer slots than one layer's experts. */
+int mg_expert_store_plan(const mg_expert_store *s, const mg_checkpoint *ck, uint64_t ram_bytes,
+                         uint64_t other_bytes, uint64_t *cache_bytes, mg_error *err);
+
+/* Switches to cache mode with floor(cache_bytes / slot_bytes) slots (at most one per
+ * registered expert; at least n_experts or an error).  ck must outlive the store. */
+int mg_expert_store_configure(mg_expert_store *s, const mg_checkpoint *ck, uint64_t cache_bytes,
+                              const mg_expert_cache_opts *opts, mg_error *err);
+
+/* Records every fetch (layer + expert ids, in either mode) to `path` for
+ * tools/routing_trace.py; NULL stops recording.  Format: see expert_trace in experts.c. */
+int mg_expert_store_trace(mg_expert_store *s, const char *path, mg_error *err);
+
+/* Writes the routing history now (also done by free). */
+int mg_expert_store_save_usage(mg_expert_store *s, mg_error *err);
 
 #endif

@@ -22,7 +22,7 @@ import numpy as np
 FP8_E4M3_MAX = 448.0
 FP8_BLOCK = (128, 128)
 SIZES = ("tiny", "bench")
-FORMATS = ("f32", "bf16", "fp8")
+FORMATS = ("f32", "bf16", "fp8", "native")
 
 
 class Role(str, Enum):

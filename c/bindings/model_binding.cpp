@@ -1,0 +1,157 @@
+// gateway._core.Model: the native half of gateway.engine.Engine (one model, one sequence slot).
+// C errors arrive as mg_error text and leave as RuntimeError; eval releases the GIL so the
+// server's event loop keeps running, and a mutex keeps two Python threads out of one slot.
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <cstring>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "bindings/bindings.h"
+
+extern "C" {
+#include "core/formats.h"
+#include "model/arch.h"
+#include "model/experts.h"
+#include "model/model.h"
+}
+
+namespace py = pybind11;
+
+namespace moegate {
+namespace {
+
+class Model {
+  public:
+    Model(const std::string &dir, const std::string &config_json, int n_threads, const std::string &kernels,
+          int64_t max_ctx, double ram_gb) {
+        mg_model_options opt{};
+        opt.n_threads = n_threads;
+        opt.kernels = kernels.empty() ? nullptr : kernels.c_str();
+        opt.max_ctx = max_ctx;
+        opt.ram_gb = ram_gb;
+        mg_error err{};
+        {
+            py::gil_scoped_release nogil;
+            m_ = mg_model_open(dir.c_str(), config_json.c_str(), &opt, &err);
+        }
+        if (!m_) throw std::runtime_error(err.msg);
+    }
+    ~Model() { mg_model_close(m_); }
+    Model(const Model &) = delete;
+    Model &operator=(const Model &) = delete;
+
+    py::array_t<float> eval(const std::vector<int64_t> &tokens, bool last_only) {
+        const int64_t vocab = mg_model_vocab(m_);
+        const int64_t n = static_cast<int64_t>(tokens.size());
+        std::vector<int32_t> ids(tokens.size());
+        for (size_t i = 0; i < tokens.size(); i++) {
+            if (tokens[i] < 0 || tokens[i] >= vocab)
+                throw std::runtime_error("token id " + std::to_string(tokens[i]) + " at index " + std::to_string(i) +
+                                         " is outside the vocabulary of " + std::to_string(vocab) + " tokens");
+            ids[i] = static_cast<int32_t>(tokens[i]);
+        }
+        const int64_t rows = n == 0 ? 0 : (last_only ? 1 : n);
+        py::array_t<float> out({rows, vocab});
+        if (n == 0) return out;
+        float *dst = out.mutable_data();
+        mg_error err{};
+        int rc;
+        {
+            py::gil_scoped_release nogil;
+            std::lock_guard<std::mutex> lock(mu_);
+            rc = mg_model_eval(m_, ids.data(), n, last_only ? 1 : 0, dst, &err);
+        }
+        if (rc != 0) throw std::runtime_error(err.msg);
+        return out;
+    }
+
+    void truncate(int64_t n) {
+        mg_error err{};
+        int rc;
+        {
+            py::gil_scoped_release nogil;
+            std::lock_guard<std::mutex> lock(mu_);
+            rc = mg_model_truncate(m_, n, &err);
+        }
+        if (rc != 0) throw std::runtime_error(err.msg);
+    }
+
+    void reset() {
+        py::gil_scoped_release nogil;
+        std::lock_guard<std::mutex> lock(mu_);
+        mg_model_reset(m_);
+    }
+
+    int64_t n_past() const { return mg_model_n_past(m_); }
+
+    py::dict info() const {
+        const mg_arch_info *ai = mg_model_info(m_);
+        py::dict weights, weight_bytes;
+        for (int f = 0; f < MG_FORMAT_COUNT; f++) {
+            if (ai->weights.n_matrices[f] == 0) continue;
+            const char *name = mg_format_name(static_cast<mg_format>(f));
+            weights[name] = ai->weights.n_matrices[f];
+            weight_bytes[name] = ai->weights.bytes[f];
+        }
+        py::dict d;
+        d["arch"] = mg_model_arch(m_);
+        d["vocab_size"] = mg_model_vocab(m_);
+        d["n_layers"] = ai->n_layers;
+        d["n_experts"] = ai->n_experts;
+        d["n_experts_per_tok"] = ai->n_experts_per_tok;
+        d["weights"] = weights;
+        d["weight_bytes"] = weight_bytes;
+        d["simd"] = mg_model_kernels(m_);
+        d["threads"] = mg_model_threads(m_);
+        d["max_ctx"] = mg_model_max_ctx(m_);
+        d["model_bytes"] = mg_model_checkpoint_bytes(m_);
+        return d;
+    }
+
+    py::dict expert_stats() const {
+        const mg_arch_info *ai = mg_model_info(m_);
+        py::dict d;
+        mg_expert_stats s{};
+        if (ai->experts) s = mg_expert_store_stats(ai->experts);
+        d["fetches"] = s.fetches;
+        d["hits"] = s.hits;
+        d["misses"] = s.misses;
+        d["bytes_read"] = s.bytes_read;
+        d["read_seconds"] = s.read_seconds;
+        d["evictions"] = s.evictions;
+        d["direct_reads"] = s.direct_reads;
+        d["buffered_reads"] = s.buffered_reads;
+        d["prefetches"] = s.prefetches;
+        d["slots"] = s.slots;
+        d["slot_bytes"] = s.slot_bytes;
+        d["pinned"] = s.pinned;
+        return d;
+    }
+
+  private:
+    mg_model *m_ = nullptr;
+    std::mutex mu_;
+};
+
+}  // namespace
+
+void register_model(py::module_ &m) {
+    py::class_<Model>(m, "Model", "One loaded model with one sequence slot (KV cache).")
+        .def(py::init<const std::string &, const std::string &, int, const std::string &, int64_t, double>(),
+             py::arg("path"), py::arg("config_json"), py::arg("threads") = 0, py::arg("kernels") = "",
+             py::arg("max_ctx") = 0, py::arg("ram_gb") = 0.0)
+        .def("eval", &Model::eval, py::arg("tokens"), py::arg("last_only") = false,
+             "Appends tokens; returns float32 logits [n, vocab] ([1, vocab] with last_only).")
+        .def("truncate", &Model::truncate, py::arg("n"))
+        .def("reset", &Model::reset)
+        .def_property_readonly("n_past", &Model::n_past)
+        .def("info", &Model::info)
+        .def("expert_stats", &Model::expert_stats);
+}
+
+}  // namespace moegate

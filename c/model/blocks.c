@@ -1,0 +1,473 @@
+/* Shared building blocks of the decoder forward passes (see blocks.h for the map). */
+#include <math.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+#include "core/ops.h"
+#include "model/blocks.h"
+#include "model/weights.h"
+
+/* ---- 1. Scratch buffers ------------------------------------------------------------------ */
+
+float *mg_buf(mg_buffers *b, int slot, size_t n, mg_error *err) {
+    if (slot < 0 || slot >= MG_BUF_SLOTS) {
+        mg_fail(err, "internal: scratch slot %d out of range", slot);
+        return NULL;
+    }
+    if (n == 0) n = 1;
+    if (b->cap[slot] >= n) return b->p[slot];
+    size_t cap = b->cap[slot] ? b->cap[slot] : 1024;
+    while (cap < n) cap *= 2;
+    size_t bytes = (cap * sizeof(float) + 63) & ~(size_t)63;
+    float *p = aligned_alloc(64, bytes);
+    if (!p) {
+        mg_fail(err, "out of memory for a %zu-byte scratch buffer", bytes);
+        return NULL;
+    }
+    free(b->p[slot]); /* contents need not survive growth: callers fill after asking */
+    b->p[slot] = p;
+    b->cap[slot] = cap;
+    return p;
+}
+
+void mg_buffers_free(mg_buffers *b) {
+    for (int i = 0; i < MG_BUF_SLOTS; i++) {
+        free(b->p[i]);
+        b->p[i] = NULL;
+        b->cap[i] = 0;
+    }
+}
+
+/* ---- 2. Binding helpers ------------------------------------------------------------------ */
+
+int mg_bind_matrixf(const mg_checkpoint *ck, mg_weight_census *census, int64_t rows, int64_t cols,
+                    mg_matrix *out, mg_error *err, const char *fmt, ...) {
+    char name[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(name, sizeof name, fmt, ap);
+    va_end(ap);
+    if (mg_bind_matrix(ck, name, rows, cols, out, err) != 0) return -1;
+    if (census && out->format < MG_FORMAT_COUNT) {
+        census->n_matrices[out->format]++;
+        census->bytes[out->format] += mg_matrix_bytes(out);
+    }
+    return 0;
+}
+
+float *mg_bind_vectorf(const mg_checkpoint *ck, int64_t n, mg_error *err, const char *fmt, ...) {
+    char name[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(name, sizeof name, fmt, ap);
+    va_end(ap);
+    return mg_bind_vector(ck, name, n, err);
+}
+
+int mg_has_tensorf(const mg_checkpoint *ck, const char *fmt, ...) {
+    char name[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(name, sizeof name, fmt, ap);
+    va_end(ap);
+    return mg_checkpoint_find(ck, name) != NULL;
+}
+
+/* ---- 3. Norms and embeddings ------------------------------------------------------------- */
+
+void mg_rmsnorm_rows(const mg_kernels *k, float *out, const float *x, const float *w,
+                     int64_t n_rows, int64_t dim, int64_t stride, float eps) {
+    for (int64_t r = 0; r < n_rows; r++) k->rmsnorm(out + r * stride, x + r * stride, w, dim, eps);
+}
+
+void mg_embed_rows(const mg_matrix *emb, const int32_t *tokens, int64_t n_tok, float *out) {
+    for (int64_t t = 0; t < n_tok; t++) mg_matrix_row_f32(emb, tokens[t], out + t * emb->cols);
+}
+
+void mg_add_bias_rows(float *y, const float *b, int64_t n_tok, int64_t n, int64_t stride) {
+    for (int64_t t = 0; t < n_tok; t++) {
+        float *row = y + t * stride;
+        for (int64_t i = 0; i < n; i++) row[i] += b[i];
+    }
+}
+
+/* ---- 4. RoPE ----------------------------------------------------------------------------- */
+
+int mg_rope_init(mg_rope *r, int rot_dim, int rot_off, double theta, int interleaved, mg_error *err) {
+    memset(r, 0, sizeof *r);
+    if (rot_dim < 0 || rot_dim % 2) return mg_fail(err, "rotary dims %d must be even", rot_dim);
+    r->rot_dim = rot_dim;
+    r->rot_off = rot_off;
+    r->half = rot_dim / 2;
+    r->interleaved = interleaved;
+    r->inv_freq = malloc(sizeof(float) * (size_t)(r->half ? r->half : 1));
+    if (!r->inv_freq) return mg_fail(err, "out of memory (rope)");
+    mg_rope_inv_freq(r->inv_freq, rot_dim, theta);
+    return 0;
+}
+
+void mg_rope_free(mg_rope *r) {
+    free(r->inv_freq);
+    r->inv_freq = NULL;
+}
+
+void mg_rope_table(const mg_rope *r, int64_t pos0, int64_t n_tok, float *cos_t, float *sin_t) {
+    for (int64_t t = 0; t < n_tok; t++)
+        mg_rope_cos_sin(cos_t + t * r->half, sin_t + t * r->half, r->inv_freq, r->half, pos0 + t);
+}
+
+void mg_rope_rows(const mg_rope *r, float *x, int64_t n_tok, int64_t row_stride, int n_heads,
+                  int head_stride, const float *cos_t, const float *sin_t, int inverse) {
+    if (r->half == 0) return;
+    for (int64_t t = 0; t < n_tok; t++)
+        mg_rope_apply(x + t * row_stride, n_heads, head_stride, r->rot_off, r->half,
+                      cos_t + t * r->half, sin_t + t * r->half, r->interleaved, inverse);
+}
+
+/* ---- 5. KV cache ------------------------------------------------------------------------- */
+
+int mg_kv_init(mg_kv_cache *kv, int n_layers, int64_t k_row, int64_t v_row, int64_t max_pos,
+               mg_error *err) {
+    memset(kv, 0, sizeof *kv);
+    kv->n_layers = n_layers;
+    kv->k_row = k_row;
+    kv->v_row = v_row;
+    kv->max_pos = max_pos;
+    kv->k = calloc((size_t)n_layers, sizeof(float *));
+    kv->v = calloc((size_t)n_layers, sizeof(float *));
+    if (!kv->k || !kv->v) {
+        mg_kv_free(kv);
+        return mg_fail(err, "out of memory (kv cache)");
+    }
+    return 0;
+}
+
+int mg_kv_reserve(mg_kv_cache *kv, int64_t n_pos, mg_error *err) {
+    if (n_pos <= kv->cap) return 0;
+    if (n_pos > kv->max_pos)
+        return mg_fail(err, "context of %lld positions exceeds the cache limit of %lld",
+                       (long long)n_pos, (long long)kv->max_pos);
+    int64_t cap = kv->cap ? kv->cap : 64;
+    while (cap < n_pos) cap *= 2;
+    if (cap > kv->max_pos) cap = kv->max_pos;
+    for (int l = 0; l < kv->n_layers; l++) {
+        float *nk = kv->k_row ? realloc(kv->k[l], (size_t)cap * (size_t)kv->k_row * sizeof(float)) : NULL;
+        if (kv->k_row && !nk)
+            return mg_fail(err, "out of memory growing the kv cache to %lld positions", (long long)cap);
+        if (kv->k_row) kv->k[l] = nk;
+        float *nv = kv->v_row ? realloc(kv->v[l], (size_t)cap * (size_t)kv->v_row * sizeof(float)) : NULL;
+        if (kv->v_row && !nv)
+            return mg_fail(err, "out of memory growing the kv cache to %lld positions", (long long)cap);
+        if (kv->v_row) kv->v[l] = nv;
+    }
+    kv->cap = cap;
+    return 0;
+}
+
+void mg_kv_free(mg_kv_cache *kv) {
+    for (int l = 0; l < kv->n_layers && kv->k; l++) free(kv->k[l]);
+    for (int l = 0; l < kv->n_layers && kv->v; l++) free(kv->v[l]);
+    free(kv->k);
+    free(kv->v);
+    kv->k = kv->v = NULL;
+    kv->cap = 0;
+}
+
+/* ---- 6. Attention ------------------------------------------------------------------------ */
+
+typedef struct {
+    const mg_attn_args *a;
+    const mg_kernels *k;
+    float *scratch;
+    int64_t per_worker;
+} attn_job;
+
+static void attn_one(const mg_attn_args *a, const mg_kernels *kern, int64_t t, int h, float *s) {
+    int64_t pos = a->pos0 + t;
+    int64_t lo = 0;
+    if (a->window > 0 && pos - a->window + 1 > 0) lo = pos - a->window + 1;
+    int g = h / (a->n_heads / a->n_kv);
+    const float *q = a->q + t * a->q_stride + (int64_t)h * a->qk_dim;
+    int64_t n = pos - lo + 1;
+    float mx = -INFINITY;
+    for (int64_t j = 0; j < n; j++) {
+        const float *kr = a->k + (lo + j) * a->k_stride + (int64_t)g * a->qk_dim;
+        s[j] = kern->dot(q, kr, a->qk_dim) * a->scale;
+        if (s[j] > mx) mx = s[j];
+    }
+    float sink = a->sinks ? a->sinks[h] : -INFINITY;
+    if (sink > mx) mx = sink;
+    float sum = a->sinks ? expf(sink - mx) : 0.0f;
+    for (int64_t j = 0; j < n; j++) {
+        s[j] = expf(s[j] - mx);
+        sum += s[j];
+    }
+    float inv = 1.0f / sum;
+    float *o = a->out + t * a->out_stride + (int64_t)h * a->v_dim;
+    memset(o, 0, sizeof(float) * (size_t)a->v_dim);
+    for (int64_t j = 0; j < n; j++) {
+        const float *vr = a->v + (lo + j) * a->v_stride + (int64_t)g * a->v_dim;
+        kern->axpy(o, s[j] * inv, vr, a->v_dim);
+    }
+}
+
+static void attn_task(void *ctx, int worker, int n_workers) {
+    const attn_job *job = ctx;
+    const mg_attn_args *a = job->a;
+    int64_t begin, end;
+    mg_split_range(a->n_tok * a->n_heads, 1, worker, n_workers, &begin, &end);
+    float *s = job->scratch + (int64_t)worker * job->per_worker;
+    for (int64_t i = begin; i < end; i++) attn_one(a, job->k, i / a->n_heads, (int)(i % a->n_heads), s);
+}
+
+size_t mg_attention_scratch(const mg_compute *c, const mg_attn_args *a) {
+    return (size_t)mg_pool_threads(c->pool) * (size_t)(a->pos0 + a->n_tok);
+}
+
+void mg_attention(const mg_compute *c, const mg_attn_args *a, float *scratch) {
+    attn_job job = {a, c->k, scratch, a->pos0 + a->n_tok};
+    mg_pool_run(c->pool, attn_task, &job);
+}
+
+/* ---- 7. Batched linear jobs -------------------------------------------------------------- */
+
+typedef struct {
+    const mg_kernels *k;
+    int n;
+    const mg_linear_job *jobs;
+    int64_t total_cost;
+} jobs_ctx;
+
+/* Cost of one output row: decoding the row once plus one dot product per token. */
+static int64_t row_cost(const mg_linear_job *j) { return j->n_tok + 2; }
+
+/* First row of job j whose cost start is >= the global cost point C (job starts at `base`),
+ * rounded up to 16 rows; every worker computes boundaries the same way, so ranges tile. */
+static int64_t row_at(const mg_linear_job *j, int64_t base, int64_t C) {
+    if (C <= base) return 0;
+    int64_t rc = row_cost(j);
+    int64_t r = (C - base + rc - 1) / rc;
+    r = (r + 15) / 16 * 16;
+    return r < j->w->rows ? r : j->w->rows;
+}
+
+static void jobs_task(void *ctx, int worker, int n_workers) {
+    const jobs_ctx *jc = ctx;
+    int64_t c0 = jc->total_cost * worker / n_workers;
+    int64_t c1 = worker == n_workers - 1 ? jc->total_cost : jc->total_cost * (worker + 1) / n_workers;
+    int64_t base = 0;
+    for (int i = 0; i < jc->n; i++) {
+        const mg_linear_job *j = &jc->jobs[i];
+        int64_t cost = j->w->rows * row_cost(j);
+        if (j->n_tok > 0 && base < c1 && base + cost > c0) {
+            int64_t r0 = row_at(j, base, c0);
+            int64_t r1 = worker == n_workers - 1 ? j->w->rows : row_at(j, base, c1);
+            if (r0 < r1)
+                jc->k->linear[j->w->format](j->w, j->x, j->x_stride, j->n_tok, j->y, j->y_stride, r0, r1);
+        }
+        base += cost;
+    }
+}
+
+void mg_linear_jobs(const mg_compute *c, int n_jobs, const mg_linear_job *jobs) {
+    jobs_ctx jc = {c->k, n_jobs, jobs, 0};
+    for (int i = 0; i < n_jobs; i++) jc.total_cost += jobs[i].w->rows * row_cost(&jobs[i]);
+    if (jc.total_cost == 0) return;
+    mg_pool_run(c->pool, jobs_task, &jc);
+}
+
+/* ---- 8. Dense SwiGLU MLP ----------------------------------------------------------------- */
+
+int mg_mlp_bind(const mg_checkpoint *ck, mg_weight_census *census, const char *prefix, int64_t d,
+                int64_t f, mg_mlp *m, mg_error *err) {
+    if (mg_bind_matrixf(ck, census, f, d, &m->gate, err, "%s.gate_proj.weight", prefix)) return -1;
+    if (mg_bind_matrixf(ck, census, f, d, &m->up, err, "%s.up_proj.weight", prefix)) return -1;
+    if (mg_bind_matrixf(ck, census, d, f, &m->down, err, "%s.down_proj.weight", prefix)) return -1;
+    return 0;
+}
+
+void mg_mlp_forward(const mg_compute *c, const mg_mlp *m, const float *x, int64_t n_tok,
+                    float *out, float *tmp, float limit) {
+    int64_t f = m->gate.rows;
+    float *g = tmp, *u = tmp + n_tok * f;
+    const mg_matrix *ws[2] = {&m->gate, &m->up};
+    float *ys[2] = {g, u};
+    mg_linear_multi(c, 2, ws, x, n_tok, ys);
+    c->k->swiglu(g, g, u, n_tok * f, limit);
+    mg_linear(c, &m->down, g, n_tok, out);
+}
+
+/* ---- 9. Routers -------------------------------------------------------------------------- */
+
+void mg_route_softmax_topk(const float *logits, int n_experts, int k, int norm, int *ids, float *w) {
+    /* softmax is monotonic, so the top-k of the logits are the top-k of the probabilities;
+     * the probabilities themselves need the full normaliser. */
+    float mx = logits[0];
+    for (int e = 1; e < n_experts; e++) mx = logits[e] > mx ? logits[e] : mx;
+    float sum = 0.0f;
+    for (int e = 0; e < n_experts; e++) sum += expf(logits[e] - mx);
+    mg_topk(logits, n_experts, k, ids);
+    float wsum = 0.0f;
+    for (int j = 0; j < k; j++) {
+        w[j] = expf(logits[ids[j]] - mx) / sum;
+        wsum += w[j];
+    }
+    if (norm)
+        for (int j = 0; j < k; j++) w[j] /= wsum;
+}
+
+void mg_route_sigmoid_grouped(const float *logits, const float *bias, int n_experts, int n_group,
+                              int topk_group, int k, int norm, float scale, int *ids, float *w,
+                              float *scratch) {
+    float *s = scratch, *choice = scratch + n_experts, *gscore = scratch + 2 * n_experts;
+    for (int e = 0; e < n_experts; e++) {
+        s[e] = mg_sigmoid(logits[e]);
+        choice[e] = s[e] + (bias ? bias[e] : 0.0f);
+    }
+    if (n_group > 1 && topk_group < n_group) {
+        int per = n_experts / n_group;
+        for (int g = 0; g < n_group; g++) {
+            int top2[2];
+            mg_topk(choice + g * per, per, 2, top2);
+            gscore[g] = choice[g * per + top2[0]] + choice[g * per + top2[1]];
+        }
+        int keep[64], *kp = keep, *heap = NULL;
+        if (topk_group > 64) kp = heap = malloc(sizeof(int) * (size_t)topk_group);
+        if (!kp) kp = keep, topk_group = topk_group > 64 ? 64 : topk_group;
+        mg_topk(gscore, n_group, topk_group, kp);
+        for (int g = 0; g < n_group; g++) {
+            int kept = 0;
+            for (int i = 0; i < topk_group; i++) kept |= kp[i] == g;
+            if (!kept)
+                for (int e = g * per; e < (g + 1) * per; e++) choice[e] = -INFINITY;
+        }
+        free(heap);
+    }
+    mg_topk(choice, n_experts, k, ids);
+    float wsum = 0.0f;
+    for (int j = 0; j < k; j++) {
+        w[j] = s[ids[j]];
+        wsum += w[j];
+    }
+    if (norm)
+        for (int j = 0; j < k; j++) w[j] /= (wsum + 1e-20f);
+    for (int j = 0; j < k; j++) w[j] *= scale;
+}
+
+/* ---- 10. Routed experts ------------------------------------------------------------------ */
+
+int mg_moe_experts(const mg_compute *c, const mg_moe_args *a, mg_buffers *buf, int slot0,
+                   mg_error *err) {
+    const int E = a->n_experts, K = a->k;
+    const int64_t T = a->n_tok, d = a->d, A = T * K; /* A: (token, choice) assignments */
+    if (T == 0) return 0;
+    /* Integer bookkeeping lives in one int buffer: count[E] | start[E] | uid[E] | order[A]. */
+    int *ib = malloc(sizeof(int) * (size_t)(3 * E + A));
+    const mg_expert **ex = malloc(sizeof(*ex) * (size_t)E);
+    mg_linear_job *jobs = malloc(sizeof(*jobs) * (size_t)(2 * E));
+    if (!ib || !ex || !jobs) {
+        free(ib); free(ex); free(jobs);
+        return mg_fail(err, "out of memory (moe bookkeeping)");
+    }
+    int *count = ib, *start = ib + E, *uid = ib + 2 * E, *order = ib + 3 * E;
+    memset(count, 0, sizeof(int) * (size_t)E);
+    for (int64_t i = 0; i < A; i++) {
+        int e = a->ids[i];
+        if (e < 0 || e >= E) {
+            free(ib); free(ex); free(jobs);
+            return mg_fail(err, "internal: expert id %d out of range [0, %d) at layer %d", e, E, a->layer);
+        }
+        count[e]++;
+    }
+    int nu = 0;
+    int64_t off = 0;
+    for (int e = 0; e < E; e++) {
+        start[e] = (int)off;
+        off += count[e];
+        if (count[e]) uid[nu++] = e;
+    }
+    /* order: assignments grouped by expert (ascending id), tokens ascending within a group */
+    {
+        int *fill = malloc(sizeof(int) * (size_t)E);
+        if (!fill) {
+            free(ib); free(ex); free(jobs);
+            return mg_fail(err, "out of memory (moe bookkeeping)");
+        }
+        memcpy(fill, start, sizeof(int) * (size_t)E);
+        for (int64_t i = 0; i < A; i++) order[fill[a->ids[i]]++] = (int)i;
+        free(fill);
+    }
+    int rc = -1;
+    if (mg_expert_store_fetch(a->store, a->layer, nu, uid, ex, err) != 0) goto done;
+    int64_t fmax = 0;
+    for (int i = 0; i < nu; i++) {
+        const mg_expert *x = ex[i];
+        if (x->gate.cols != d || x->up.rows != x->gate.rows || x->down.cols != x->gate.rows ||
+            x->down.rows != d) {
+            mg_fail(err, "expert %d of layer %d has inconsistent shapes", uid[i], a->layer);
+            goto done;
+        }
+        if (x->gate.rows > fmax) fmax = x->gate.rows;
+    }
+    /* Decode with one token: every expert reads x directly, no gather. */
+    float *xg = NULL;
+    if (T > 1) {
+        if (!(xg = mg_buf(buf, slot0, (size_t)(A * d), err))) goto done;
+        for (int64_t i = 0; i < A; i++) memcpy(xg + i * d, a->x + (order[i] / K) * d, sizeof(float) * (size_t)d);
+    }
+    float *gu = mg_buf(buf, slot0 + 1, (size_t)(2 * A * fmax), err);
+    float *y = gu ? mg_buf(buf, slot0 + 2, (size_t)(A * d), err) : NULL;
+    if (!gu || !y) goto done;
+    float *g = gu, *u = gu + A * fmax;
+    for (int i = 0; i < nu; i++) {
+        int e = uid[i];
+        const float *xin = T > 1 ? xg + (int64_t)start[e] * d : a->x;
+        jobs[2 * i] = (mg_linear_job){&ex[i]->gate, xin, d, g + (int64_t)start[e] * fmax, fmax, count[e]};
+        jobs[2 * i + 1] = (mg_linear_job){&ex[i]->up, xin, d, u + (int64_t)start[e] * fmax, fmax, count[e]};
+    }
+    mg_linear_jobs(c, 2 * nu, jobs);
+    for (int i = 0; i < nu; i++) {
+        int e = uid[i];
+        int64_t f = ex[i]->gate.rows;
+        for (int64_t r = start[e]; r < start[e] + count[e]; r++)
+            c->k->swiglu(g + r * fmax, g + r * fmax, u + r * fmax, f, a->limit);
+        jobs[i] = (mg_linear_job){&ex[i]->down, g + (int64_t)start[e] * fmax, fmax,
+                                  y + (int64_t)start[e] * d, d, count[e]};
+    }
+    mg_linear_jobs(c, nu, jobs);
+    /* Scatter in expert order, so each token's sum runs in increasing expert id. */
+    for (int64_t r = 0; r < A; r++) {
+        int64_t t = order[r] / K;
+        c->k->axpy(a->out + t * d, a->w[order[r]], y + r * d, d);
+    }
+    rc = 0;
+done:
+    free(ib);
+    free(ex);
+    free(jobs);
+    return rc;
+}
+
+/* The cache-mode entry points of experts.h may not be linked in yet (written concurrently);
+ * weak references keep the store resident until they are. */
+extern int mg_expert_store_plan(const mg_expert_store *s, const mg_checkpoint *ck, uint64_t ram_bytes,
+                                uint64_t other_bytes, uint64_t *cache_bytes, mg_error *err)
+    __attribute__((weak));
+extern int mg_expert_store_configure(mg_expert_store *s, const mg_checkpoint *ck, uint64_t cache_bytes,
+                                     const mg_expert_cache_opts *opts, mg_error *err) __attribute__((weak));
+extern uint64_t mg_expert_store_expert_bytes(const mg_expert_store *s) __attribute__((weak));
+
+int mg_expert_store_apply_budget(const mg_arch_env *env, mg_expert_store *s,
+                                 const mg_weight_census *census, uint64_t extra_bytes, mg_error *err) {
+    if (env->ram_gb <= 0) return 0;
+    if (!mg_expert_store_plan || !mg_expert_store_configure || !mg_expert_store_expert_bytes) return 0;
+    uint64_t bound = 0;
+    for (int f = 0; f < MG_FORMAT_COUNT; f++) bound += census->bytes[f];
+    uint64_t experts = mg_expert_store_expert_bytes(s);
+    uint64_t other = (bound > experts ? bound - experts : 0) + extra_bytes;
+    uint64_t cache = 0;
+    mg_expert_cache_opts opts;
+    memset(&opts, 0, sizeof opts);
+    if (mg_expert_store_plan(s, env->ck, (uint64_t)(env->ram_gb * 1e9), other, &cache, err)) return -1;
+    return mg_expert_store_configure(s, env->ck, cache, &opts, err);
+}

@@ -1,0 +1,206 @@
+/* Shared building blocks of the decoder forward passes.
+ *
+ * Used by moe_transformer.c (qwen3_moe, glm4_moe) and meant to be reused by deepseek_v4.c.
+ * Conventions everywhere in this file:
+ *   - activations are fp32, row-major, one row per token: x[t * stride + i];
+ *   - weights are mg_matrix in their stored format ([rows = outputs, cols = inputs]);
+ *   - "n_tok" tokens are processed together (prefill chunk, or 1 for decode);
+ *   - every threaded helper takes the model's mg_compute (pool + kernel table);
+ *   - nothing here keeps global state; failures return -1 with err set.
+ *
+ * Sections:
+ *   1. Scratch buffers          mg_buffers: named, grow-on-demand fp32 slots
+ *   2. Binding helpers          printf-style tensor names, census of formats per matrix
+ *   3. Norms and embeddings     RMSNorm over rows (also per head), embedding row lookup
+ *   4. RoPE                     inv_freq once, cos/sin table per chunk, apply to q/k heads
+ *   5. KV cache                 per-layer [positions, row] fp32 arrays, grown by doubling
+ *   6. Attention                causal GQA over cache, optional window and per-head sinks
+ *   7. Batched linear jobs      many (matrix, input rows) pairs in ONE pool dispatch
+ *   8. Dense SwiGLU MLP         down(silu(gate x) * up x), optional clamp limit
+ *   9. Routers                  softmax top-k (Qwen), grouped sigmoid top-k (GLM/DeepSeek-V3)
+ *  10. Routed experts           fetch the union of selected experts of a layer as one batch,
+ *                               run each on the tokens that chose it, weighted scatter-add
+ */
+#ifndef MG_BLOCKS_H
+#define MG_BLOCKS_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include "core/linear.h"
+#include "core/status.h"
+#include "io/safetensors.h"
+#include "model/arch.h"
+#include "model/experts.h"
+
+/* ---- 1. Scratch buffers ------------------------------------------------------------------
+ * A fixed set of slots, each an fp32 array that grows (never shrinks) to the largest size
+ * asked.  Pick slot numbers per architecture (an enum in the arch file); a slot's contents
+ * are only valid until the next mg_buf call on the same slot with a larger size. */
+#define MG_BUF_SLOTS 32
+
+typedef struct mg_buffers {
+    float *p[MG_BUF_SLOTS];
+    size_t cap[MG_BUF_SLOTS]; /* in floats */
+} mg_buffers;
+
+/* 64-byte aligned, at least n floats; NULL with err set when out of memory. */
+float *mg_buf(mg_buffers *b, int slot, size_t n, mg_error *err);
+void mg_buffers_free(mg_buffers *b);
+
+/* ---- 2. Binding helpers ------------------------------------------------------------------
+ * Tensor names are printf formats ("model.layers.%d.self_attn.q_proj.weight").  Matrices are
+ * counted per stored format in `census` (may be NULL) for Engine.info. */
+int mg_bind_matrixf(const mg_checkpoint *ck, mg_weight_census *census, int64_t rows, int64_t cols,
+                    mg_matrix *out, mg_error *err, const char *fmt, ...)
+    __attribute__((format(printf, 7, 8)));
+/* fp32 copy of a vector of n values (free() it); NULL + err when missing / wrong size. */
+float *mg_bind_vectorf(const mg_checkpoint *ck, int64_t n, mg_error *err, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+/* 1 if a tensor of that name exists. */
+int mg_has_tensorf(const mg_checkpoint *ck, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* ---- 3. Norms and embeddings ------------------------------------------------------------- */
+
+/* out[r] = rmsnorm(x[r]) * w for n_rows rows of dim values, rows `stride` floats apart (out
+ * uses the same stride; out may alias x).  Per-head q/k norm: n_rows = n_tok * n_heads,
+ * dim = stride = head_dim.  w == NULL: unweighted. */
+void mg_rmsnorm_rows(const mg_kernels *k, float *out, const float *x, const float *w,
+                     int64_t n_rows, int64_t dim, int64_t stride, float eps);
+
+/* out[t] = dequantised row tokens[t] of the embedding matrix [vocab, d] (ids pre-checked). */
+void mg_embed_rows(const mg_matrix *emb, const int32_t *tokens, int64_t n_tok, float *out);
+
+/* y[t] += b for every row (bias add), y rows `stride` floats apart. */
+void mg_add_bias_rows(float *y, const float *b, int64_t n_tok, int64_t n, int64_t stride);
+
+/* ---- 4. RoPE -----------------------------------------------------------------------------
+ * Rotates rot_dim dims of each head starting at rot_off (qwen/glm: rot_off 0, rot_dim =
+ * head_dim * partial_rotary_factor; DeepSeek-V4: the LAST r dims, interleaved pairs). */
+typedef struct mg_rope {
+    int rot_dim, rot_off, half;
+    int interleaved;      /* 0: neox rotate-half pairs (j, j+half); 1: pairs (2j, 2j+1) */
+    float *inv_freq;      /* [half] */
+} mg_rope;
+
+int mg_rope_init(mg_rope *r, int rot_dim, int rot_off, double theta, int interleaved, mg_error *err);
+void mg_rope_free(mg_rope *r);
+/* cos/sin for positions pos0 .. pos0+n_tok-1: each [n_tok, half] (compute once per chunk). */
+void mg_rope_table(const mg_rope *r, int64_t pos0, int64_t n_tok, float *cos_t, float *sin_t);
+/* Rotates n_heads heads (head_stride floats apart) of each token row (row_stride apart), token
+ * t using row t of the table.  inverse rotates by -angle (DeepSeek-V4 output de-rotation). */
+void mg_rope_rows(const mg_rope *r, float *x, int64_t n_tok, int64_t row_stride, int n_heads,
+                  int head_stride, const float *cos_t, const float *sin_t, int inverse);
+
+/* ---- 5. KV cache -------------------------------------------------------------------------
+ * One sequence.  Layer l keeps k[l] and v[l], each [cap, row] fp32 (row = n_kv_heads * dim,
+ * keys stored after RoPE).  Capacity grows by doubling up to max_pos; truncation is just the
+ * caller's position counter (rows >= n_past are dead). */
+typedef struct mg_kv_cache {
+    int n_layers;
+    int64_t k_row, v_row;  /* floats per position */
+    int64_t cap, max_pos;
+    float **k, **v;        /* [n_layers] arrays; v may be unused (v_row 0) */
+} mg_kv_cache;
+
+int mg_kv_init(mg_kv_cache *kv, int n_layers, int64_t k_row, int64_t v_row, int64_t max_pos,
+               mg_error *err);
+/* Makes positions [0, n_pos) addressable (keeps contents). */
+int mg_kv_reserve(mg_kv_cache *kv, int64_t n_pos, mg_error *err);
+void mg_kv_free(mg_kv_cache *kv);
+static inline float *mg_kv_k(const mg_kv_cache *kv, int layer, int64_t pos) {
+    return kv->k[layer] + pos * kv->k_row;
+}
+static inline float *mg_kv_v(const mg_kv_cache *kv, int layer, int64_t pos) {
+    return kv->v[layer] + pos * kv->v_row;
+}
+
+/* ---- 6. Attention ------------------------------------------------------------------------
+ * For every new token t (absolute position pos0 + t) and query head h:
+ *   keys j in [lo, pos0 + t], lo = window > 0 ? max(0, pos0 + t - window + 1) : 0
+ *   s_j = scale * dot(q[t,h], K[j, h / (n_heads / n_kv)])
+ *   softmax over s (plus an extra logit sinks[h] in the denominator when sinks != NULL)
+ *   out[t,h] = sum_j p_j * V[j, kv head]
+ * Work is split over (token, head) pairs on the pool. */
+typedef struct mg_attn_args {
+    const float *q;  int64_t q_stride;     /* [n_tok, q_stride]; head h at q + h*qk_dim */
+    const float *k;  int64_t k_stride;     /* key of position j, kv head g: k + j*k_stride + g*qk_dim */
+    const float *v;  int64_t v_stride;     /* value: v + j*v_stride + g*v_dim */
+    float *out;      int64_t out_stride;   /* [n_tok, out_stride]; head h at out + h*v_dim */
+    int64_t n_tok, pos0, window;
+    int n_heads, n_kv, qk_dim, v_dim;
+    float scale;
+    const float *sinks;                    /* [n_heads] or NULL */
+} mg_attn_args;
+
+/* scratch: at least mg_attention_scratch(c, a) floats. */
+size_t mg_attention_scratch(const mg_compute *c, const mg_attn_args *a);
+void mg_attention(const mg_compute *c, const mg_attn_args *a, float *scratch);
+
+/* ---- 7. Batched linear jobs --------------------------------------------------------------
+ * Y_i[t, :] = W_i X_i[t, :] for every job, all in one pool dispatch, work balanced by
+ * rows x tokens.  This is how the experts of one layer run together. */
+typedef struct mg_linear_job {
+    const mg_matrix *w;
+    const float *x; int64_t x_stride;
+    float *y;       int64_t y_stride;
+    int64_t n_tok;
+} mg_linear_job;
+
+void mg_linear_jobs(const mg_compute *c, int n_jobs, const mg_linear_job *jobs);
+
+/* ---- 8. Dense SwiGLU MLP ------------------------------------------------------------------ */
+typedef struct mg_mlp {
+    mg_matrix gate, up, down; /* [f, d], [f, d], [d, f] */
+} mg_mlp;
+
+/* Binds "<prefix>.gate_proj.weight" etc. (prefix is a printf result, e.g. "model.layers.0.mlp"). */
+int mg_mlp_bind(const mg_checkpoint *ck, mg_weight_census *census, const char *prefix, int64_t d,
+                int64_t f, mg_mlp *m, mg_error *err);
+/* out[n_tok, d] = down(swiglu(gate x, up x)); tmp >= 2 * n_tok * f floats.  limit as in
+ * mg_kernels.swiglu (0: none). */
+void mg_mlp_forward(const mg_compute *c, const mg_mlp *m, const float *x, int64_t n_tok,
+                    float *out, float *tmp, float limit);
+
+/* ---- 9. Routers (fp32, one token per call) ------------------------------------------------
+ * ids[k], w[k] receive the selected experts and their weights (order: best first). */
+
+/* Qwen3-MoE: p = softmax(logits over all E); top-k of p; if norm: w /= sum(w). */
+void mg_route_softmax_topk(const float *logits, int n_experts, int k, int norm, int *ids, float *w);
+
+/* GLM-4.5 / DeepSeek-V3 style: s = sigmoid(logits); choice = s + bias (bias may be NULL);
+ * group score = sum of the top-2 choices in each of n_group groups; keep the topk_group best
+ * groups; top-k of choice inside them; w = s[id] (unbiased); if norm: w /= (sum + 1e-20);
+ * w *= scale.  scratch >= 2 * n_experts + n_group floats. */
+void mg_route_sigmoid_grouped(const float *logits, const float *bias, int n_experts, int n_group,
+                              int topk_group, int k, int norm, float scale, int *ids, float *w,
+                              float *scratch);
+
+/* ---- 10. Routed experts -------------------------------------------------------------------
+ * out[t] += sum over j < k of w[t*k + j] * Expert_{ids[t*k + j]}(x[t]), where
+ * Expert(x) = down(swiglu(gate x, up x)).  The union of ids over all n_tok tokens is fetched
+ * from the store in ONE mg_expert_store_fetch; each expert then runs once over the rows of
+ * the tokens that selected it (a small matrix x batch product), gate/up of all experts in one
+ * dispatch and down in a second.  Contributions are added in increasing expert id order (the
+ * order transformers' expert loop uses).  Uses buffer slots [slot0, slot0 + 4). */
+typedef struct mg_moe_args {
+    mg_expert_store *store;
+    int layer, n_experts, k;
+    const float *x;          /* [n_tok, d] */
+    int64_t n_tok, d;
+    const int *ids;          /* [n_tok, k] */
+    const float *w;          /* [n_tok, k] */
+    float limit;             /* swiglu clamp (0: none) */
+    float *out;              /* [n_tok, d], accumulated into */
+} mg_moe_args;
+
+int mg_moe_experts(const mg_compute *c, const mg_moe_args *a, mg_buffers *buf, int slot0,
+                   mg_error *err);
+
+/* Call once after every mg_expert_store_set: with env->ram_gb > 0 it sizes the expert cache
+ * (mg_expert_store_plan + mg_expert_store_configure, experts.h) from the budget, given the
+ * bytes the model holds besides the experts: other_bytes = census bytes of all bound matrices
+ * (experts are subtracted here) + KV cache at max_ctx + scratch.  ram_gb <= 0: resident. */
+int mg_expert_store_apply_budget(const mg_arch_env *env, mg_expert_store *s,
+                                 const mg_weight_census *census, uint64_t extra_bytes, mg_error *err);
+
+#endif

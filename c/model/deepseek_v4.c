@@ -1,0 +1,748 @@
+/* DeepSeek-V4 (Flash / Pro) forward pass, original checkpoint naming, weights in their stored
+ * formats (FP8 + ue8m0 128x128 blocks, FP4 experts + ue8m0 per 32, BF16, F32).
+ * Spec: /work/shared/reference/dsv4-arch.md; numerics follow transformers' DeepseekV4 in fp32.
+ *
+ * Per layer: mHC collapse -> RMSNorm -> attention (shared K=V MQA over a sliding window plus,
+ * for compressed layers, compressed rows: CSA picks them with the lightning indexer, HCA uses
+ * all) -> grouped output projection -> mHC expand; then the same around the MoE (hash routing
+ * via tid2eid on the first layers, sqrt-softplus scores + bias top-k on the rest, shared expert).
+ *
+ * State of the one sequence slot and how truncation stays exact:
+ *   - every position's K=V row of every layer (the window reads the last W; truncation
+ *     rebuilds nothing);
+ *   - compressed rows per compressed layer (and indexer rows), cut back on truncation;
+ *   - compressor carries: empty at multiples of the ratio, except the overlapping (CSA) A
+ *     halves, snapshotted at every multiple of L = lcm(ratios);
+ *   - the token ids.
+ * truncate(n) rewinds every compressor to t0 = L * floor(n / L) and replays tokens [t0, n)
+ * (< L tokens, no head) — so any prefix can be reused, and the gateway's prefix cache only
+ * needs truncate + eval. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "core/ops.h"
+#include "model/arch.h"
+#include "model/blocks.h"
+#include "model/dsv4_compress.h"
+#include "model/dsv4_hc.h"
+#include "model/weights.h"
+
+#define CHUNK 128 /* prefill tokens per pass: bounds scratch memory */
+#define DSV4_PI 3.14159265358979323846
+
+enum { ATTN_SWA = 0, ATTN_CSA = 1, ATTN_HCA = 2 };
+
+enum { /* scratch slots: shared ones, then attention-only and MoE-only ones overlaid */
+    B_X, B_XN, B_MIX, B_PRE, B_POST, B_COMB, B_U, B_H, B_O, B_COS, B_SIN, B_COSC, B_SINC, B_HCTMP,
+    B_REGION,
+    B_QA = B_REGION, B_Q, B_KV, B_CKV, B_CGATE, B_IQ, B_IW, B_SEL, B_ATT, B_GRP,
+    B_RLOG = B_REGION, B_RW, B_RIDS, B_SH, B_MLP, B_MOE0 /* + 4 */
+};
+
+typedef struct dcfg {
+    int64_t vocab, d, n_layers, H, D, rope, q_rank, G, o_rank, W, n_hash, E, K, I, HI, DI, topk;
+    int n_hc, sinkhorn;
+    double hc_eps, eps, rsf, limit, theta, ctheta, yarn_factor, yarn_orig, beta_fast, beta_slow;
+    int64_t *kinds, *ratios;
+} dcfg;
+
+typedef struct layer {
+    int kind, ratio;
+    dsv4_hc hc_attn, hc_ffn;
+    float *attn_norm, *ffn_norm, *q_norm, *kv_norm, *sink;
+    mg_matrix wq_a, wq_b, wkv, wo_a, wo_b;
+    mg_matrix *wo_a_groups;         /* [G] row blocks of wo_a */
+    dsv4_compressor comp, icomp;    /* icomp: indexer compressor (CSA) */
+    mg_matrix iwq_b, iweights;      /* indexer (CSA) */
+    mg_matrix gate;                 /* router [E, d] */
+    float *gate_bias;               /* score layers */
+    const void *tid2eid;            /* hash layers: [vocab, K] I64 or I32 */
+    int tid2eid_i64;
+    mg_mlp shared;
+} layer;
+
+typedef struct state {
+    dcfg c;
+    const mg_compute *comp;
+    layer *layers;
+    mg_matrix embed, head;
+    float *final_norm;
+    dsv4_hc hc_head;
+    dsv4_hc_dims hcd;
+    mg_rope rope_main, rope_comp, rope_comp_idx; /* last rope dims of D / of DI */
+    mg_kv_cache kv;                              /* every position's K=V row, per layer */
+    mg_expert_store *experts;
+    mg_buffers buf;
+    mg_weight_census census;
+    int32_t *tokens;                             /* [max_ctx] */
+    int64_t max_ctx, snap_every;
+    float *attn_scratch;
+    int64_t attn_scratch_per_worker;
+} state;
+
+/* ---- config -------------------------------------------------------------------------------- */
+
+static int read_cfg(const mg_json *j, dcfg *c, mg_error *err) {
+    int64_t n_kinds = 0, n_ratios = 0, n_hc = 0, sink = 0;
+    if (mg_config_int(j, "vocab_size", &c->vocab, err) || mg_config_int(j, "hidden_size", &c->d, err) ||
+        mg_config_int(j, "n_layers", &c->n_layers, err) || mg_config_int(j, "n_heads", &c->H, err) ||
+        mg_config_int(j, "head_dim", &c->D, err) || mg_config_int(j, "rope_dim", &c->rope, err) ||
+        mg_config_int(j, "q_lora_rank", &c->q_rank, err) || mg_config_int(j, "o_groups", &c->G, err) ||
+        mg_config_int(j, "o_lora_rank", &c->o_rank, err) || mg_config_int(j, "sliding_window", &c->W, err) ||
+        mg_config_int(j, "n_hash_layers", &c->n_hash, err) || mg_config_int(j, "n_experts", &c->E, err) ||
+        mg_config_int(j, "n_experts_per_tok", &c->K, err) ||
+        mg_config_int(j, "moe_intermediate_size", &c->I, err) ||
+        mg_config_int(j, "index_n_heads", &c->HI, err) || mg_config_int(j, "index_head_dim", &c->DI, err) ||
+        mg_config_int(j, "index_topk", &c->topk, err) || mg_config_int(j, "hc_mult", &n_hc, err) ||
+        mg_config_int(j, "hc_sinkhorn_iters", &sink, err) || mg_config_num(j, "hc_eps", &c->hc_eps, err) ||
+        mg_config_num(j, "rms_norm_eps", &c->eps, err) ||
+        mg_config_num(j, "routed_scaling_factor", &c->rsf, err) ||
+        mg_config_num(j, "swiglu_limit", &c->limit, err) || mg_config_num(j, "rope_theta", &c->theta, err) ||
+        mg_config_num(j, "compress_rope_theta", &c->ctheta, err) ||
+        mg_config_num(j, "yarn_factor", &c->yarn_factor, err) ||
+        mg_config_num(j, "yarn_original_max_position", &c->yarn_orig, err) ||
+        mg_config_num(j, "yarn_beta_fast", &c->beta_fast, err) ||
+        mg_config_num(j, "yarn_beta_slow", &c->beta_slow, err) ||
+        mg_config_int_array(j, "attn_kinds", &c->kinds, &n_kinds, err) ||
+        mg_config_int_array(j, "compress_ratios", &c->ratios, &n_ratios, err))
+        return -1;
+    c->n_hc = (int)n_hc;
+    c->sinkhorn = (int)sink;
+    if (c->vocab <= 0 || c->d <= 0 || c->n_layers <= 0 || c->H <= 0 || c->D <= 0 || c->rope <= 0 || c->rope % 2 ||
+        c->rope > c->D || c->rope > 512 || c->q_rank <= 0 || c->G <= 0 || c->H % c->G || c->o_rank <= 0 ||
+        c->W <= 0 || c->E <= 0 || c->K <= 0 || c->K > c->E || c->I <= 0 || c->n_hash < 0 || n_hc <= 0 ||
+        n_hc > 16 || sink <= 0)
+        return mg_fail(err, "normalised config: inconsistent deepseek_v4 sizes");
+    if (n_kinds != c->n_layers || n_ratios != c->n_layers)
+        return mg_fail(err, "normalised config: attn_kinds / compress_ratios need %lld entries", (long long)c->n_layers);
+    for (int64_t i = 0; i < c->n_layers; i++) {
+        int64_t k = c->kinds[i], r = c->ratios[i];
+        if (k < 0 || k > 2 || (k != ATTN_SWA && (r < 1 || r > 65536)))
+            return mg_fail(err, "normalised config: layer %lld has attention kind %lld with ratio %lld",
+                           (long long)i, (long long)k, (long long)r);
+        if (k == ATTN_CSA && (c->HI <= 0 || c->DI < c->rope || c->topk <= 0))
+            return mg_fail(err, "normalised config: inconsistent indexer sizes");
+    }
+    return 0;
+}
+
+/* ---- loading ------------------------------------------------------------------------------- */
+
+static void layer_free(layer *L) {
+    free(L->attn_norm); free(L->ffn_norm); free(L->q_norm); free(L->kv_norm); free(L->sink);
+    free(L->hc_attn.base); free(L->hc_attn.scale); free(L->hc_ffn.base); free(L->hc_ffn.scale);
+    free(L->gate_bias); free(L->wo_a_groups);
+    dsv4_comp_free(&L->comp);
+    dsv4_comp_free(&L->icomp);
+}
+
+static void state_free(void *p) {
+    state *s = p;
+    if (!s) return;
+    if (s->layers)
+        for (int64_t i = 0; i < s->c.n_layers; i++) layer_free(&s->layers[i]);
+    free(s->layers);
+    free(s->final_norm);
+    free(s->hc_head.base);
+    free(s->hc_head.scale);
+    mg_rope_free(&s->rope_main);
+    mg_rope_free(&s->rope_comp);
+    mg_rope_free(&s->rope_comp_idx);
+    mg_kv_free(&s->kv);
+    mg_expert_store_free(s->experts);
+    mg_buffers_free(&s->buf);
+    free(s->tokens);
+    free(s->attn_scratch);
+    free(s->c.kinds);
+    free(s->c.ratios);
+    free(s);
+}
+
+static int bind_hc(state *s, const mg_checkpoint *ck, dsv4_hc *hc, int64_t mix, int64_t n_scale, const char *prefix,
+                   const char *part, mg_error *err) {
+    const int64_t w = s->c.n_hc * s->c.d;
+    if (mg_bind_matrixf(ck, &s->census, mix, w, &hc->fn, err, "%shc_%sfn", prefix, part)) return -1;
+    if (!(hc->base = mg_bind_vectorf(ck, mix, err, "%shc_%sbase", prefix, part))) return -1;
+    if (!(hc->scale = mg_bind_vectorf(ck, n_scale, err, "%shc_%sscale", prefix, part))) return -1;
+    return 0;
+}
+
+/* A view of rows [r0, r0 + n) of w (block-scaled formats need r0 on a block boundary). */
+static int row_block(const mg_matrix *w, int64_t r0, int64_t n, mg_matrix *out, const char *name, mg_error *err) {
+    *out = *w;
+    out->rows = n;
+    out->data = (const char *)w->data + (size_t)r0 * mg_matrix_row_bytes(w);
+    switch (w->scale_kind) {
+    case MG_SCALE_NONE: break;
+    case MG_SCALE_F32_BLOCK128:
+    case MG_SCALE_E8M0_BLOCK128:
+        if (r0 % 128)
+            return mg_fail(err, "%s: group rows start at %lld, not on a 128-row scale block", name, (long long)r0);
+        out->scale = (const char *)w->scale + (size_t)(r0 / 128) * (size_t)w->scale_cols *
+                                                  (w->scale_kind == MG_SCALE_F32_BLOCK128 ? 4 : 1);
+        break;
+    case MG_SCALE_E8M0_G32: out->scale = (const char *)w->scale + (size_t)r0 * (size_t)w->scale_cols; break;
+    default: return mg_fail(err, "%s: unsupported scale kind", name);
+    }
+    return 0;
+}
+
+static int bind_compressor(state *s, const mg_checkpoint *ck, dsv4_compressor *cp, int ratio, int dim, int overlap,
+                           const mg_rope *rope, const char *prefix, mg_error *err) {
+    const int64_t w = (int64_t)(overlap ? 2 : 1) * dim;
+    cp->ratio = ratio;
+    cp->dim = dim;
+    cp->overlap = overlap;
+    cp->snap_every = s->snap_every;
+    cp->rope = rope;
+    cp->eps = (float)s->c.eps;
+    if (mg_bind_matrixf(ck, &s->census, w, s->c.d, &cp->wkv, err, "%s.wkv.weight", prefix) ||
+        mg_bind_matrixf(ck, &s->census, w, s->c.d, &cp->wgate, err, "%s.wgate.weight", prefix))
+        return -1;
+    char name[160];
+    snprintf(name, sizeof name, "%s.ape", prefix);
+    if (!(cp->ape = mg_bind_array(ck, name, (int64_t)ratio * w, err))) return -1;
+    if (!(cp->norm = mg_bind_vectorf(ck, dim, err, "%s.norm.weight", prefix))) return -1;
+    return dsv4_comp_init(cp, err);
+}
+
+static int bind_tid2eid(state *s, const mg_checkpoint *ck, layer *L, int li, mg_error *err) {
+    char name[96];
+    snprintf(name, sizeof name, "layers.%d.ffn.gate.tid2eid", li);
+    const mg_tensor *t = mg_checkpoint_find(ck, name);
+    if (!t) return mg_fail(err, "tensor '%s' is missing (hash-routed layer)", name);
+    if ((t->dtype != MG_DT_I64 && t->dtype != MG_DT_I32) || t->ndim != 2 || t->shape[0] != s->c.vocab ||
+        t->shape[1] != s->c.K)
+        return mg_fail(err, "tensor '%s': expected I64 or I32 [%lld, %lld]", name, (long long)s->c.vocab,
+                       (long long)s->c.K);
+    L->tid2eid = t->data;
+    L->tid2eid_i64 = t->dtype == MG_DT_I64;
+    /* every entry must name an expert: checked once here, not per token */
+    for (int64_t i = 0; i < s->c.vocab * s->c.K; i++) {
+        int64_t e = L->tid2eid_i64 ? ((const int64_t *)t->data)[i] : ((const int32_t *)t->data)[i];
+        if (e < 0 || e >= s->c.E)
+            return mg_fail(err, "tensor '%s': entry %lld names expert %lld outside [0, %lld)", name, (long long)i,
+                           (long long)e, (long long)s->c.E);
+    }
+    return 0;
+}
+
+static int load_layer(state *s, const mg_checkpoint *ck, int li, mg_error *err) {
+    const dcfg *c = &s->c;
+    layer *L = &s->layers[li];
+    mg_weight_census *cs = &s->census;
+    const int64_t d = c->d, mix = (2 + c->n_hc) * c->n_hc;
+    char p[64], a[80], f[80];
+    snprintf(p, sizeof p, "layers.%d.", li);
+    snprintf(a, sizeof a, "layers.%d.attn", li);
+    snprintf(f, sizeof f, "layers.%d.ffn", li);
+    L->kind = (int)c->kinds[li];
+    L->ratio = (int)c->ratios[li];
+    if (bind_hc(s, ck, &L->hc_attn, mix, 3, p, "attn_", err) || bind_hc(s, ck, &L->hc_ffn, mix, 3, p, "ffn_", err))
+        return -1;
+    if (!(L->attn_norm = mg_bind_vectorf(ck, d, err, "%sattn_norm.weight", p)) ||
+        !(L->ffn_norm = mg_bind_vectorf(ck, d, err, "%sffn_norm.weight", p)) ||
+        !(L->q_norm = mg_bind_vectorf(ck, c->q_rank, err, "%s.q_norm.weight", a)) ||
+        !(L->kv_norm = mg_bind_vectorf(ck, c->D, err, "%s.kv_norm.weight", a)) ||
+        !(L->sink = mg_bind_vectorf(ck, c->H, err, "%s.attn_sink", a)))
+        return -1;
+    const int64_t hd = c->H * c->D;
+    if (mg_bind_matrixf(ck, cs, c->q_rank, d, &L->wq_a, err, "%s.wq_a.weight", a) ||
+        mg_bind_matrixf(ck, cs, hd, c->q_rank, &L->wq_b, err, "%s.wq_b.weight", a) ||
+        mg_bind_matrixf(ck, cs, c->D, d, &L->wkv, err, "%s.wkv.weight", a) ||
+        mg_bind_matrixf(ck, cs, c->G * c->o_rank, hd / c->G, &L->wo_a, err, "%s.wo_a.weight", a) ||
+        mg_bind_matrixf(ck, cs, d, c->G * c->o_rank, &L->wo_b, err, "%s.wo_b.weight", a))
+        return -1;
+    if (!(L->wo_a_groups = calloc((size_t)c->G, sizeof(mg_matrix)))) return mg_fail(err, "out of memory");
+    for (int64_t g = 0; g < c->G; g++) {
+        char name[96];
+        snprintf(name, sizeof name, "%s.wo_a.weight", a);
+        if (row_block(&L->wo_a, g * c->o_rank, c->o_rank, &L->wo_a_groups[g], name, err)) return -1;
+    }
+    if (L->kind != ATTN_SWA) {
+        char cp[128];
+        snprintf(cp, sizeof cp, "%s.compressor", a);
+        if (bind_compressor(s, ck, &L->comp, L->ratio, (int)c->D, L->kind == ATTN_CSA, &s->rope_comp, cp, err))
+            return -1;
+    }
+    if (L->kind == ATTN_CSA) {
+        char ip[128];
+        snprintf(ip, sizeof ip, "%s.indexer.compressor", a);
+        if (bind_compressor(s, ck, &L->icomp, L->ratio, (int)c->DI, 1, &s->rope_comp_idx, ip, err)) return -1;
+        if (mg_bind_matrixf(ck, cs, c->HI * c->DI, c->q_rank, &L->iwq_b, err, "%s.indexer.wq_b.weight", a) ||
+            mg_bind_matrixf(ck, cs, c->HI, d, &L->iweights, err, "%s.indexer.weights_proj.weight", a))
+            return -1;
+    }
+    if (mg_bind_matrixf(ck, cs, c->E, d, &L->gate, err, "%s.gate.weight", f)) return -1;
+    if (li < c->n_hash) {
+        if (bind_tid2eid(s, ck, L, li, err)) return -1;
+    } else if (!(L->gate_bias = mg_bind_vectorf(ck, c->E, err, "%s.gate.bias", f))) {
+        return -1;
+    }
+    if (mg_bind_matrixf(ck, cs, c->I, d, &L->shared.gate, err, "%s.shared_experts.w1.weight", f) ||
+        mg_bind_matrixf(ck, cs, c->I, d, &L->shared.up, err, "%s.shared_experts.w3.weight", f) ||
+        mg_bind_matrixf(ck, cs, d, c->I, &L->shared.down, err, "%s.shared_experts.w2.weight", f))
+        return -1;
+    for (int e = 0; e < c->E; e++) {
+        mg_expert x;
+        if (mg_bind_matrixf(ck, cs, c->I, d, &x.gate, err, "%s.experts.%d.w1.weight", f, e) ||
+            mg_bind_matrixf(ck, cs, c->I, d, &x.up, err, "%s.experts.%d.w3.weight", f, e) ||
+            mg_bind_matrixf(ck, cs, d, c->I, &x.down, err, "%s.experts.%d.w2.weight", f, e))
+            return -1;
+        mg_expert_store_set(s->experts, li, e, &x);
+    }
+    return 0;
+}
+
+/* YaRN inverse frequencies exactly as transformers' _compute_yarn_parameters (fp32 tensors). */
+static void yarn_inv_freq(float *inv, int dim, double base, double factor, double orig, double beta_fast,
+                          double beta_slow) {
+    const int half = dim / 2;
+    double low = dim * log(orig / (beta_fast * 2 * DSV4_PI)) / (2 * log(base));
+    double high = dim * log(orig / (beta_slow * 2 * DSV4_PI)) / (2 * log(base));
+    low = floor(low);
+    high = ceil(high);
+    if (low < 0) low = 0;
+    if (high > dim - 1) high = dim - 1;
+    if (low == high) high += 0.001;
+    for (int j = 0; j < half; j++) {
+        float pos_freq = powf((float)base, (float)(2 * j) / (float)dim);
+        float extrap = 1.0f / pos_freq, interp = 1.0f / ((float)factor * pos_freq);
+        float ramp = ((float)j - (float)low) / ((float)high - (float)low);
+        ramp = ramp < 0.0f ? 0.0f : ramp > 1.0f ? 1.0f : ramp;
+        float ef = 1.0f - ramp;
+        inv[j] = interp * (1.0f - ef) + extrap * ef;
+    }
+}
+
+static int64_t gcd64(int64_t a, int64_t b) { while (b) { int64_t t = a % b; a = b; b = t; } return a; }
+
+static void *load(const mg_arch_env *env, mg_error *err) {
+    state *s = calloc(1, sizeof *s);
+    if (!s) {
+        mg_fail(err, "out of memory");
+        return NULL;
+    }
+    s->comp = env->compute;
+    s->max_ctx = env->max_ctx;
+    if (read_cfg(env->config, &s->c, err)) goto fail;
+    const dcfg *c = &s->c;
+    const mg_checkpoint *ck = env->ck;
+    s->hcd = (dsv4_hc_dims){c->n_hc, c->sinkhorn, c->d, (float)c->eps, (float)c->hc_eps};
+    /* replay granularity: lcm of the compression ratios (every carry is exactly restorable there) */
+    s->snap_every = 1;
+    for (int64_t i = 0; i < c->n_layers; i++)
+        if (c->kinds[i] != ATTN_SWA) s->snap_every = s->snap_every / gcd64(s->snap_every, c->ratios[i]) * c->ratios[i];
+    if (s->snap_every > 4096) {
+        mg_fail(err, "compression ratios give a replay period of %lld tokens (max 4096)", (long long)s->snap_every);
+        goto fail;
+    }
+    if (mg_rope_init(&s->rope_main, (int)c->rope, (int)(c->D - c->rope), c->theta, 1, err) ||
+        mg_rope_init(&s->rope_comp, (int)c->rope, (int)(c->D - c->rope), c->ctheta, 1, err) ||
+        mg_rope_init(&s->rope_comp_idx, (int)c->rope, (int)(c->DI - c->rope), c->ctheta, 1, err))
+        goto fail;
+    if (c->yarn_factor != 1.0) {
+        yarn_inv_freq(s->rope_comp.inv_freq, (int)c->rope, c->ctheta, c->yarn_factor, c->yarn_orig, c->beta_fast,
+                      c->beta_slow);
+        memcpy(s->rope_comp_idx.inv_freq, s->rope_comp.inv_freq, sizeof(float) * (size_t)(c->rope / 2));
+    }
+    if (!(s->layers = calloc((size_t)c->n_layers, sizeof(layer))) ||
+        !(s->tokens = calloc((size_t)s->max_ctx, sizeof(int32_t)))) {
+        mg_fail(err, "out of memory");
+        goto fail;
+    }
+    if (!(s->experts = mg_expert_store_create((int)c->n_layers, (int)c->E, err))) goto fail;
+    if (mg_bind_matrixf(ck, &s->census, c->vocab, c->d, &s->embed, err, "embed.weight")) goto fail;
+    for (int i = 0; i < c->n_layers; i++)
+        if (load_layer(s, ck, i, err)) goto fail;
+    if (!(s->final_norm = mg_bind_vectorf(ck, c->d, err, "norm.weight"))) goto fail;
+    if (bind_hc(s, ck, &s->hc_head, c->n_hc, 1, "", "head_", err)) goto fail;
+    if (mg_bind_matrixf(ck, &s->census, c->vocab, c->d, &s->head, err, "head.weight")) goto fail;
+    if (mg_kv_init(&s->kv, (int)c->n_layers, c->D, 0, s->max_ctx, err)) goto fail;
+    return s;
+fail:
+    state_free(s);
+    return NULL;
+}
+
+/* ---- attention ----------------------------------------------------------------------------- */
+
+typedef struct attn_ctx {
+    const state *s;
+    const layer *L;
+    int li;
+    const float *q;        /* [m, H*D] */
+    float *out;            /* [m, H*D] */
+    int64_t m, pos;
+    const int *sel;        /* CSA: [m, topk] selected compressed rows */
+    const int *n_sel;      /* CSA: [m] */
+    float *scratch;
+    int64_t per_worker;
+} attn_ctx;
+
+static void attn_one(const attn_ctx *a, int64_t t, int h, float *sc) {
+    const state *s = a->s;
+    const dcfg *c = &s->c;
+    const mg_kernels *k = s->comp->k;
+    const int64_t D = c->D, p = a->pos + t;
+    const float *q = a->q + t * c->H * D + h * D;
+    const float *kv = s->kv.k[a->li];
+    const int64_t lo = p - c->W + 1 > 0 ? p - c->W + 1 : 0, n_win = p - lo + 1;
+    const float *rows = a->L->comp.rows;
+    int64_t n_comp = 0;
+    const int *sel = NULL;
+    if (a->L->kind == ATTN_HCA) n_comp = (p + 1) / a->L->ratio;
+    else if (a->L->kind == ATTN_CSA) { n_comp = a->n_sel[t]; sel = a->sel + t * c->topk; }
+    const float scale = 1.0f / sqrtf((float)D);
+    float top = a->L->sink[h];
+    for (int64_t j = 0; j < n_win; j++) {
+        sc[j] = k->dot(q, kv + (lo + j) * D, D) * scale;
+        top = sc[j] > top ? sc[j] : top;
+    }
+    for (int64_t j = 0; j < n_comp; j++) {
+        int64_t r = sel ? sel[j] : j;
+        float v = k->dot(q, rows + r * D, D) * scale;
+        sc[n_win + j] = v;
+        top = v > top ? v : top;
+    }
+    float sum = expf(a->L->sink[h] - top);
+    for (int64_t j = 0; j < n_win + n_comp; j++) { sc[j] = expf(sc[j] - top); sum += sc[j]; }
+    float *o = a->out + t * c->H * D + h * D;
+    memset(o, 0, sizeof(float) * (size_t)D);
+    for (int64_t j = 0; j < n_win; j++) k->axpy(o, sc[j] / sum, kv + (lo + j) * D, D);
+    for (int64_t j = 0; j < n_comp; j++) k->axpy(o, sc[n_win + j] / sum, rows + (sel ? sel[j] : j) * D, D);
+}
+
+static void attn_task(void *ctx, int worker, int n_workers) {
+    const attn_ctx *a = ctx;
+    const int64_t H = a->s->c.H;
+    int64_t begin, end;
+    mg_split_range(a->m * H, 1, worker, n_workers, &begin, &end);
+    float *sc = a->scratch + worker * a->per_worker;
+    for (int64_t i = begin; i < end; i++) attn_one(a, i / H, (int)(i % H), sc);
+}
+
+/* Lightning indexer scores (dsv4-arch §4.5): score[t, r] = sum_h w[t, h] * relu(q[t, h] . k[r]) for
+ * the rows r visible to token t; rows are split over the pool (decode scans every row). */
+typedef struct index_ctx {
+    const mg_kernels *k;
+    const float *iq, *iw, *rows;  /* [m, HI*DI], [m, HI], [n_rows, DI] */
+    float *scores;                /* [m, n_rows] */
+    int64_t m, pos, ratio, n_rows, HI, DI;
+    float q_scale, w_scale;
+} index_ctx;
+
+static void index_task(void *ctx, int worker, int n_workers) {
+    const index_ctx *x = ctx;
+    int64_t begin, end;
+    mg_split_range(x->m * x->n_rows, 16, worker, n_workers, &begin, &end);
+    for (int64_t i = begin; i < end; i++) {
+        const int64_t t = i / x->n_rows, r = i % x->n_rows;
+        if (r >= (x->pos + t + 1) / x->ratio) continue; /* not visible to t */
+        const float *qt = x->iq + t * x->HI * x->DI, *wt = x->iw + t * x->HI, *kr = x->rows + r * x->DI;
+        float acc = 0.0f;
+        for (int64_t h = 0; h < x->HI; h++) {
+            float dot = x->k->dot(qt + h * x->DI, kr, x->DI);
+            acc += (dot > 0.0f ? dot * x->q_scale : 0.0f) * (wt[h] * x->w_scale);
+        }
+        x->scores[i] = acc;
+    }
+}
+
+/* For each token, the top-min(topk, visible) indexer rows; ties keep the lower row first. */
+static int indexer_select(state *s, const layer *L, const float *qa, const float *h, int64_t m, int64_t pos,
+                          const float *cos_c, const float *sin_c, int *sel, int *n_sel, mg_error *err) {
+    const dcfg *c = &s->c;
+    const int64_t HI = c->HI, DI = c->DI, n_rows = L->icomp.n_rows;
+    float *iq = mg_buf(&s->buf, B_IQ, (size_t)(m * HI * DI), err);
+    float *iw = mg_buf(&s->buf, B_IW, (size_t)(m * HI + m * n_rows + 1), err);
+    if (!iq || !iw) return -1;
+    float *scores = iw + m * HI;
+    mg_linear(s->comp, &L->iwq_b, qa, m, iq);
+    mg_rope_rows(&s->rope_comp_idx, iq, m, HI * DI, (int)HI, (int)DI, cos_c, sin_c, 0);
+    mg_linear(s->comp, &L->iweights, h, m, iw);
+    int any = 0;
+    for (int64_t t = 0; t < m; t++) any |= (pos + t + 1) / L->ratio > c->topk;
+    if (any) {
+        index_ctx x = {s->comp->k, iq, iw, L->icomp.rows, scores, m, pos, L->ratio, n_rows, HI, DI,
+                       1.0f / sqrtf((float)DI), 1.0f / sqrtf((float)HI)};
+        mg_pool_run(s->comp->pool, index_task, &x);
+    }
+    for (int64_t t = 0; t < m; t++) {
+        int64_t vis = (pos + t + 1) / L->ratio;
+        if (vis > n_rows) vis = n_rows;
+        int *st = sel + t * c->topk;
+        if (vis <= c->topk) {
+            for (int64_t r = 0; r < vis; r++) st[r] = (int)r;
+            n_sel[t] = (int)vis;
+        } else {
+            mg_topk(scores + t * n_rows, (int)vis, (int)c->topk, st);
+            n_sel[t] = (int)c->topk;
+        }
+    }
+    return 0;
+}
+
+/* Attention sub-block: o[m, d] from the block input h[m, d]. */
+static int attention_block(state *s, int li, const float *h, int64_t m, int64_t pos, float *o, mg_error *err) {
+    const dcfg *c = &s->c;
+    layer *L = &s->layers[li];
+    const mg_compute *comp = s->comp;
+    const int64_t D = c->D, HD = c->H * c->D;
+    const mg_rope *rope = L->kind == ATTN_SWA ? &s->rope_main : &s->rope_comp;
+    float *cos_t = mg_buf(&s->buf, L->kind == ATTN_SWA ? B_COS : B_COSC, 0, err);
+    float *sin_t = mg_buf(&s->buf, L->kind == ATTN_SWA ? B_SIN : B_SINC, 0, err);
+    float *qa = mg_buf(&s->buf, B_QA, (size_t)(m * c->q_rank), err);
+    float *q = mg_buf(&s->buf, B_Q, (size_t)(m * HD), err);
+    float *kv = mg_buf(&s->buf, B_KV, (size_t)(m * D), err);
+    float *att = mg_buf(&s->buf, B_ATT, (size_t)(m * HD), err);
+    float *grp = mg_buf(&s->buf, B_GRP, (size_t)(m * c->G * c->o_rank), err);
+    if (!cos_t || !sin_t || !qa || !q || !kv || !att || !grp) return -1;
+    /* queries: low-rank, normed, per-head unweighted norm, RoPE on the last dims */
+    mg_linear(comp, &L->wq_a, h, m, qa);
+    mg_rmsnorm_rows(comp->k, qa, qa, L->q_norm, m, c->q_rank, c->q_rank, (float)c->eps);
+    mg_linear(comp, &L->wq_b, qa, m, q);
+    mg_rmsnorm_rows(comp->k, q, q, NULL, m * c->H, D, D, (float)c->eps);
+    mg_rope_rows(rope, q, m, HD, (int)c->H, (int)D, cos_t, sin_t, 0);
+    /* the single K=V row of each token */
+    mg_linear(comp, &L->wkv, h, m, kv);
+    mg_rmsnorm_rows(comp->k, kv, kv, L->kv_norm, m, D, D, (float)c->eps);
+    mg_rope_rows(rope, kv, m, D, 1, (int)D, cos_t, sin_t, 0);
+    memcpy(mg_kv_k(&s->kv, li, pos), kv, sizeof(float) * (size_t)(m * D));
+    /* compressors see the chunk's tokens before attention: a window closed by token p is visible to p */
+    int *sel = NULL, *n_sel = NULL;
+    if (L->kind != ATTN_SWA) {
+        const int64_t w = L->comp.overlap ? 2 * D : D;
+        float *ckv = mg_buf(&s->buf, B_CKV, (size_t)(m * w), err);
+        float *cg = mg_buf(&s->buf, B_CGATE, (size_t)(m * w), err);
+        if (!ckv || !cg) return -1;
+        const mg_matrix *ws[2] = {&L->comp.wkv, &L->comp.wgate};
+        float *ys[2] = {ckv, cg};
+        mg_linear_multi(comp, 2, ws, h, m, ys);
+        for (int64_t t = 0; t < m; t++)
+            if (dsv4_comp_push(&L->comp, ckv + t * w, cg + t * w, pos + t, err)) return -1;
+    }
+    if (L->kind == ATTN_CSA) {
+        const int64_t w = 2 * c->DI;
+        float *ikv = mg_buf(&s->buf, B_CKV, (size_t)(m * w), err);
+        float *ig = mg_buf(&s->buf, B_CGATE, (size_t)(m * w), err);
+        float *sb = mg_buf(&s->buf, B_SEL, (size_t)(m * (c->topk + 1)), err);
+        if (!ikv || !ig || !sb) return -1;
+        const mg_matrix *ws[2] = {&L->icomp.wkv, &L->icomp.wgate};
+        float *ys[2] = {ikv, ig};
+        mg_linear_multi(comp, 2, ws, h, m, ys);
+        for (int64_t t = 0; t < m; t++)
+            if (dsv4_comp_push(&L->icomp, ikv + t * w, ig + t * w, pos + t, err)) return -1;
+        sel = (int *)sb;
+        n_sel = sel + m * c->topk;
+        if (indexer_select(s, L, qa, h, m, pos, mg_buf(&s->buf, B_COSC, 0, err), mg_buf(&s->buf, B_SINC, 0, err),
+                           sel, n_sel, err))
+            return -1;
+    }
+    /* attention over window + compressed rows, per (token, head) on the pool */
+    const int64_t max_keys = c->W + (L->kind == ATTN_HCA ? L->comp.n_rows : L->kind == ATTN_CSA ? c->topk : 0) + 1;
+    const int nw = mg_pool_threads(comp->pool);
+    if (max_keys > s->attn_scratch_per_worker) {
+        free(s->attn_scratch);
+        s->attn_scratch_per_worker = max_keys * 2;
+        s->attn_scratch = malloc(sizeof(float) * (size_t)(s->attn_scratch_per_worker * nw));
+        if (!s->attn_scratch) {
+            s->attn_scratch_per_worker = 0;
+            return mg_fail(err, "out of memory (attention scores)");
+        }
+    }
+    attn_ctx a = {s, L, li, q, att, m, pos, sel, n_sel, s->attn_scratch, s->attn_scratch_per_worker};
+    mg_pool_run(comp->pool, attn_task, &a);
+    /* values carried their rotation: undo it at the query position */
+    mg_rope_rows(rope, att, m, HD, (int)c->H, (int)D, cos_t, sin_t, 1);
+    /* grouped output projection: group g's heads -> o_rank values, then wo_b over all groups */
+    const int64_t gin = HD / c->G, gout = c->o_rank;
+    mg_linear_job jobs[64];
+    for (int64_t g0 = 0; g0 < c->G; g0 += 64) {
+        int n = 0;
+        for (int64_t g = g0; g < c->G && n < 64; g++, n++)
+            jobs[n] = (mg_linear_job){&L->wo_a_groups[g], att + g * gin, HD, grp + g * gout, c->G * gout, m};
+        mg_linear_jobs(comp, n, jobs);
+    }
+    mg_linear(comp, &L->wo_b, grp, m, o);
+    return 0;
+}
+
+/* ---- MoE ----------------------------------------------------------------------------------- */
+
+static float sqrt_softplus(float x) {
+    float sp = x > 20.0f ? x : log1pf(expf(x)); /* torch softplus threshold 20 */
+    return sqrtf(sp);
+}
+
+static int moe_block(state *s, int li, const float *h, const int32_t *tokens, int64_t m, float *out, mg_error *err) {
+    const dcfg *c = &s->c;
+    const layer *L = &s->layers[li];
+    const mg_compute *comp = s->comp;
+    const int64_t E = c->E, K = c->K, d = c->d;
+    float *logits = mg_buf(&s->buf, B_RLOG, (size_t)(m * E + E), err);
+    float *rw = mg_buf(&s->buf, B_RW, (size_t)(m * K), err);
+    float *rids = mg_buf(&s->buf, B_RIDS, (size_t)(m * K), err);
+    float *sh = mg_buf(&s->buf, B_SH, (size_t)(m * d), err);
+    float *tmp = mg_buf(&s->buf, B_MLP, (size_t)(2 * m * c->I), err);
+    if (!logits || !rw || !rids || !sh || !tmp) return -1;
+    int *ids = (int *)rids;
+    float *choice = logits + m * E;
+    mg_linear(comp, &L->gate, h, m, logits);
+    for (int64_t t = 0; t < m; t++) {
+        float *sc = logits + t * E;
+        for (int64_t e = 0; e < E; e++) sc[e] = sqrt_softplus(sc[e]);
+        int *it = ids + t * K;
+        if (L->tid2eid) {
+            for (int64_t j = 0; j < K; j++) {
+                int64_t idx = (int64_t)tokens[t] * K + j;
+                it[j] = L->tid2eid_i64 ? (int)((const int64_t *)L->tid2eid)[idx] : ((const int32_t *)L->tid2eid)[idx];
+            }
+        } else {
+            for (int64_t e = 0; e < E; e++) choice[e] = sc[e] + L->gate_bias[e];
+            mg_topk(choice, (int)E, (int)K, it);
+        }
+        float sum = 0.0f;
+        for (int64_t j = 0; j < K; j++) sum += sc[it[j]];
+        for (int64_t j = 0; j < K; j++) rw[t * K + j] = sc[it[j]] / (sum + 1e-20f) * (float)c->rsf;
+    }
+    memset(out, 0, sizeof(float) * (size_t)(m * d));
+    mg_moe_args a = {
+        .store = s->experts, .layer = li, .n_experts = (int)E, .k = (int)K, .x = h, .n_tok = m, .d = d,
+        .ids = ids, .w = rw, .limit = (float)c->limit, .out = out,
+    };
+    if (mg_moe_experts(comp, &a, &s->buf, B_MOE0, err)) return -1;
+    mg_mlp_forward(comp, &L->shared, h, m, sh, tmp, (float)c->limit);
+    for (int64_t i = 0; i < m * d; i++) out[i] += sh[i];
+    return 0;
+}
+
+/* ---- forward ------------------------------------------------------------------------------- */
+
+/* One sub-block wrapped in mHC: X <- post * f(norm(collapse(X))) + comb^T X. */
+static int hc_sub_block(state *s, int li, int ffn, float *X, const int32_t *tokens, int64_t m, int64_t pos,
+                        mg_error *err) {
+    const dcfg *c = &s->c;
+    const layer *L = &s->layers[li];
+    const int64_t d = c->d, n = c->n_hc, mix = (2 + n) * n;
+    const dsv4_hc *hc = ffn ? &L->hc_ffn : &L->hc_attn;
+    float *xn = mg_buf(&s->buf, B_XN, (size_t)(m * n * d), err);
+    float *mx = mg_buf(&s->buf, B_MIX, (size_t)(m * mix), err);
+    float *pre = mg_buf(&s->buf, B_PRE, (size_t)(m * n), err);
+    float *post = mg_buf(&s->buf, B_POST, (size_t)(m * n), err);
+    float *comb = mg_buf(&s->buf, B_COMB, (size_t)(m * n * n), err);
+    float *u = mg_buf(&s->buf, B_U, (size_t)(m * d), err);
+    float *hb = mg_buf(&s->buf, B_H, (size_t)(m * d), err);
+    float *o = mg_buf(&s->buf, B_O, (size_t)(m * d), err);
+    float *tmp = mg_buf(&s->buf, B_HCTMP, (size_t)(n * d), err);
+    if (!xn || !mx || !pre || !post || !comb || !u || !hb || !o || !tmp) return -1;
+    dsv4_hc_mixes(s->comp, hc, &s->hcd, X, m, xn, mx);
+    dsv4_hc_split(hc, &s->hcd, mx, m, pre, post, comb);
+    dsv4_hc_collapse(&s->hcd, X, pre, m, u);
+    mg_rmsnorm_rows(s->comp->k, hb, u, ffn ? L->ffn_norm : L->attn_norm, m, d, d, (float)c->eps);
+    if (ffn ? moe_block(s, li, hb, tokens, m, o, err) : attention_block(s, li, hb, m, pos, o, err)) return -1;
+    dsv4_hc_expand(&s->hcd, X, o, post, comb, m, tmp);
+    return 0;
+}
+
+static int eval_chunk(state *s, const int32_t *tokens, int64_t m, int64_t pos, int64_t head_from, float *logits,
+                      mg_error *err) {
+    const dcfg *c = &s->c;
+    const int64_t d = c->d, n = c->n_hc, half = c->rope / 2;
+    if (mg_kv_reserve(&s->kv, pos + m, err)) return -1;
+    float *X = mg_buf(&s->buf, B_X, (size_t)(m * n * d), err);
+    float *cm = mg_buf(&s->buf, B_COS, (size_t)(m * half), err), *sm = mg_buf(&s->buf, B_SIN, (size_t)(m * half), err);
+    float *cc = mg_buf(&s->buf, B_COSC, (size_t)(m * half), err), *scs = mg_buf(&s->buf, B_SINC, (size_t)(m * half), err);
+    if (!X || !cm || !sm || !cc || !scs) return -1;
+    memmove(s->tokens + pos, tokens, sizeof(int32_t) * (size_t)m); /* the error-path replay passes s->tokens itself */
+    mg_rope_table(&s->rope_main, pos, m, cm, sm);
+    mg_rope_table(&s->rope_comp, pos, m, cc, scs);
+    float *e = mg_buf(&s->buf, B_U, (size_t)(m * d), err);
+    if (!e) return -1;
+    mg_embed_rows(&s->embed, tokens, m, e);
+    for (int64_t t = 0; t < m; t++)
+        for (int64_t j = 0; j < n; j++) memcpy(X + (t * n + j) * d, e + t * d, sizeof(float) * (size_t)d);
+    for (int li = 0; li < c->n_layers; li++) {
+        if (hc_sub_block(s, li, 0, X, tokens, m, pos, err)) return -1;
+        if (hc_sub_block(s, li, 1, X, tokens, m, pos, err)) return -1;
+    }
+    const int64_t nh = m - head_from;
+    if (nh <= 0 || !logits) return 0;
+    const float *Xh = X + head_from * n * d;
+    float *xn = mg_buf(&s->buf, B_XN, (size_t)(nh * n * d), err);
+    float *mx = mg_buf(&s->buf, B_MIX, (size_t)(nh * n), err);
+    float *pre = mg_buf(&s->buf, B_PRE, (size_t)(nh * n), err);
+    float *y = mg_buf(&s->buf, B_U, (size_t)(nh * d), err);
+    if (!xn || !mx || !pre || !y) return -1;
+    dsv4_hc_mixes(s->comp, &s->hc_head, &s->hcd, Xh, nh, xn, mx);
+    dsv4_hc_head_pre(&s->hc_head, &s->hcd, mx, nh, pre);
+    dsv4_hc_collapse(&s->hcd, Xh, pre, nh, y);
+    mg_rmsnorm_rows(s->comp->k, y, y, s->final_norm, nh, d, d, (float)c->eps);
+    mg_linear(s->comp, &s->head, y, nh, logits);
+    return 0;
+}
+
+static int eval_range(state *s, const int32_t *tokens, int64_t n, int64_t pos, int last_only, float *logits,
+                      mg_error *err) {
+    for (int64_t t0 = 0; t0 < n; t0 += CHUNK) {
+        int64_t m = n - t0 < CHUNK ? n - t0 : CHUNK;
+        int last_chunk = t0 + m == n;
+        if (!logits) {
+            if (eval_chunk(s, tokens + t0, m, pos + t0, m, NULL, err)) return -1;
+        } else if (last_only) {
+            if (eval_chunk(s, tokens + t0, m, pos + t0, last_chunk ? m - 1 : m, last_chunk ? logits : NULL, err))
+                return -1;
+        } else if (eval_chunk(s, tokens + t0, m, pos + t0, 0, logits + t0 * s->c.vocab, err)) {
+            return -1;
+        }
+    }
+    return 0;
+}
+
+static void rewind_to(state *s, int64_t t0) {
+    for (int64_t i = 0; i < s->c.n_layers; i++) {
+        layer *L = &s->layers[i];
+        if (L->kind != ATTN_SWA) dsv4_comp_rewind(&L->comp, t0);
+        if (L->kind == ATTN_CSA) dsv4_comp_rewind(&L->icomp, t0);
+    }
+}
+
+static int eval(void *p, const int32_t *tokens, int64_t n, int64_t pos, int last_only, float *logits, mg_error *err) {
+    state *s = p;
+    if (eval_range(s, tokens, n, pos, last_only, logits, err) == 0) return 0;
+    /* keep the slot usable: positions >= pos never happened */
+    int64_t t0 = pos / s->snap_every * s->snap_every;
+    rewind_to(s, t0);
+    mg_error ignored;
+    if (pos > t0) eval_range(s, s->tokens + t0, pos - t0, t0, 0, NULL, &ignored);
+    return -1;
+}
+
+static int truncate_state(void *p, int64_t n, mg_error *err) {
+    state *s = p;
+    int64_t t0 = n / s->snap_every * s->snap_every;
+    rewind_to(s, t0);
+    if (n == t0) return 0;
+    /* replay [t0, n): the ids are still in s->tokens (copied, as the replay rewrites them) */
+    int32_t local[256];
+    int32_t *ids = n - t0 <= 256 ? local : malloc(sizeof(int32_t) * (size_t)(n - t0));
+    if (!ids) return mg_fail(err, "out of memory (truncate replay)");
+    memcpy(ids, s->tokens + t0, sizeof(int32_t) * (size_t)(n - t0));
+    int rc = eval_range(s, ids, n - t0, t0, 0, NULL, err);
+    if (ids != local) free(ids);
+    return rc;
+}
+
+static void info(const void *p, mg_arch_info *out) {
+    const state *s = p;
+    memset(out, 0, sizeof *out);
+    out->vocab = s->c.vocab;
+    out->n_layers = (int)s->c.n_layers;
+    out->n_experts = (int)s->c.E;
+    out->n_experts_per_tok = (int)s->c.K;
+    out->weights = s->census;
+    out->experts = s->experts;
+}
+
+const mg_arch mg_arch_deepseek_v4 = {"deepseek_v4", load, eval, truncate_state, state_free, info};

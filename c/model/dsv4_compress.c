@@ -1,0 +1,111 @@
+/* Compressor windows (see dsv4_compress.h); follows transformers' DeepseekV4{CSA,HCA}Compressor
+ * and DeepseekV4Indexer compressor maths token by token. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include "model/dsv4_compress.h"
+
+static int64_t width_of(const dsv4_compressor *c) { return (int64_t)(c->overlap ? 2 : 1) * c->dim; }
+
+int dsv4_comp_init(dsv4_compressor *c, mg_error *err) {
+    const int64_t w = width_of(c);
+    c->pend_kv = calloc((size_t)(c->ratio * w), sizeof(float));
+    c->pend_gate = calloc((size_t)(c->ratio * w), sizeof(float));
+    c->prev_kv = calloc((size_t)(c->ratio * c->dim), sizeof(float));
+    c->prev_gate = calloc((size_t)(c->ratio * c->dim), sizeof(float));
+    c->slot_w = calloc((size_t)(2 * c->ratio), sizeof(float));
+    if (!c->pend_kv || !c->pend_gate || !c->prev_kv || !c->prev_gate || !c->slot_w)
+        return mg_fail(err, "out of memory (compressor state)");
+    return 0;
+}
+
+void dsv4_comp_free(dsv4_compressor *c) {
+    free(c->pend_kv); free(c->pend_gate); free(c->prev_kv); free(c->prev_gate);
+    free(c->rows); free(c->snaps); free(c->slot_w);
+    free(c->ape); free(c->norm);
+    memset(c, 0, sizeof *c);
+}
+
+static int grow(float **p, int64_t *cap, int64_t need, int64_t row, mg_error *err) {
+    if (need <= *cap) return 0;
+    int64_t n = *cap ? *cap : 16;
+    while (n < need) n *= 2;
+    float *q = realloc(*p, (size_t)n * (size_t)row * sizeof(float));
+    if (!q) return mg_fail(err, "out of memory (compressed rows)");
+    *p = q;
+    *cap = n;
+    return 0;
+}
+
+/* Row of the window that token p closes: per channel, softmax over the slots' gates. */
+static void close_window(dsv4_compressor *c, int64_t p, float *row) {
+    const int r = c->ratio, D = c->dim;
+    const int64_t w = width_of(c);
+    const int n_prev = c->overlap && c->has_prev ? r : 0;
+    for (int ch = 0; ch < D; ch++) {
+        float top = -INFINITY;
+        float *sw = c->slot_w;
+        int n = 0;
+        /* slots: A halves of the previous window (overlap), then this window (B halves) */
+        for (int s = 0; s < n_prev; s++) sw[n++] = c->prev_gate[s * D + ch];
+        const int64_t off = c->overlap ? D : 0;
+        for (int s = 0; s < r; s++) sw[n++] = c->pend_gate[s * w + off + ch];
+        for (int i = 0; i < n; i++) top = sw[i] > top ? sw[i] : top;
+        float sum = 0.0f;
+        for (int i = 0; i < n; i++) { sw[i] = expf(sw[i] - top); sum += sw[i]; }
+        float acc = 0.0f;
+        int i = 0;
+        for (int s = 0; s < n_prev; s++, i++) acc += c->prev_kv[s * D + ch] * (sw[i] / sum);
+        for (int s = 0; s < r; s++, i++) acc += c->pend_kv[s * w + off + ch] * (sw[i] / sum);
+        row[ch] = acc;
+    }
+    /* RMSNorm with weight, then RoPE at the window's first position */
+    double ss = 0.0;
+    for (int ch = 0; ch < D; ch++) ss += (double)row[ch] * row[ch];
+    float inv = 1.0f / sqrtf((float)(ss / D) + c->eps);
+    for (int ch = 0; ch < D; ch++) row[ch] = c->norm[ch] * (row[ch] * inv);
+    if (c->rope && c->rope->half > 0) {
+        float cs[256], sn[256];
+        int64_t first = p + 1 - r;
+        mg_rope_table(c->rope, first, 1, cs, sn);
+        mg_rope_rows(c->rope, row, 1, D, 1, D, cs, sn, 0);
+    }
+}
+
+int dsv4_comp_push(dsv4_compressor *c, const float *kv, const float *gate, int64_t p, mg_error *err) {
+    const int r = c->ratio, D = c->dim;
+    const int64_t w = width_of(c);
+    const int slot = (int)(p % r);
+    memcpy(c->pend_kv + slot * w, kv, sizeof(float) * (size_t)w);
+    for (int64_t i = 0; i < w; i++) c->pend_gate[slot * w + i] = gate[i] + c->ape[slot * w + i];
+    if (slot != r - 1) return 0;
+    if (grow(&c->rows, &c->cap_rows, c->n_rows + 1, D, err)) return -1;
+    close_window(c, p, c->rows + c->n_rows * D);
+    c->n_rows++;
+    if (c->overlap) {
+        for (int s = 0; s < r; s++) {
+            memcpy(c->prev_kv + s * D, c->pend_kv + s * w, sizeof(float) * (size_t)D);
+            memcpy(c->prev_gate + s * D, c->pend_gate + s * w, sizeof(float) * (size_t)D);
+        }
+        c->has_prev = 1;
+        if ((p + 1) % c->snap_every == 0) {
+            int64_t k = (p + 1) / c->snap_every, sz = 2 * (int64_t)r * D;
+            if (grow(&c->snaps, &c->cap_snaps, k + 1, sz, err)) return -1;
+            memcpy(c->snaps + k * sz, c->prev_kv, sizeof(float) * (size_t)(r * D));
+            memcpy(c->snaps + k * sz + r * D, c->prev_gate, sizeof(float) * (size_t)(r * D));
+        }
+    }
+    return 0;
+}
+
+void dsv4_comp_rewind(dsv4_compressor *c, int64_t t0) {
+    const int r = c->ratio, D = c->dim;
+    c->n_rows = t0 / r;
+    if (!c->overlap) return;
+    c->has_prev = t0 > 0;
+    if (t0 > 0) {
+        int64_t k = t0 / c->snap_every, sz = 2 * (int64_t)r * D;
+        memcpy(c->prev_kv, c->snaps + k * sz, sizeof(float) * (size_t)(r * D));
+        memcpy(c->prev_gate, c->snaps + k * sz + r * D, sizeof(float) * (size_t)(r * D));
+    }
+}

@@ -1,0 +1,49 @@
+/* DeepSeek-V4 KV compressors (dsv4-arch.md §4.4): every window of `ratio` tokens becomes one
+ * row, a per-channel softmax-gated sum of the tokens' projections, RMS-normed and rotated at the
+ * window's first position.  Overlapping (CSA, ratio 4 in Flash) compressors mix the previous
+ * window's "A" halves with the current window's "B" halves (2 * ratio slots); HCA windows do
+ * not overlap.  The same code serves the lightning indexer's own compressor.
+ *
+ * State for exact truncation: the emitted rows (a list cut back to t0 / ratio), the open
+ * window's pending projections (empty at multiples of the ratio) and, for overlapping
+ * compressors, the A halves of the last closed window, snapshotted at every multiple of
+ * `snap_every` so that the state at such a position can be restored exactly. */
+#ifndef MG_DSV4_COMPRESS_H
+#define MG_DSV4_COMPRESS_H
+
+#include <stdint.h>
+#include "core/matrix.h"
+#include "core/status.h"
+#include "model/blocks.h"
+
+typedef struct dsv4_compressor {
+    int ratio, dim, overlap;  /* rows are `dim` wide; projections are (overlap ? 2 : 1) * dim */
+    int64_t snap_every;       /* a multiple of ratio */
+    mg_matrix wkv, wgate;     /* [width, d] */
+    float *ape;               /* [ratio, width], added to the gate of the token at slot p % ratio */
+    float *norm;              /* [dim] */
+    const mg_rope *rope;      /* rotates the last rope dims of a row (rot_off = dim - rope_dim) */
+    float eps;
+    /* live state */
+    float *pend_kv, *pend_gate;  /* [ratio, width] */
+    float *prev_kv, *prev_gate;  /* [ratio, dim]: A halves of the last closed window (overlap) */
+    int has_prev;
+    float *rows;                 /* [cap_rows, dim] */
+    int64_t n_rows, cap_rows;
+    float *snaps;                /* [cap_snaps, 2 * ratio * dim]: prev at positions k * snap_every */
+    int64_t cap_snaps;
+    float *slot_w;               /* [2 * ratio] scratch */
+} dsv4_compressor;
+
+/* Allocates the state (weights must already be bound). */
+int dsv4_comp_init(dsv4_compressor *c, mg_error *err);
+void dsv4_comp_free(dsv4_compressor *c);
+
+/* Feeds the projections of the token at position p (kv, gate: `width` floats each, gate without
+ * ape).  Closes the window when (p + 1) % ratio == 0 and appends its row. */
+int dsv4_comp_push(dsv4_compressor *c, const float *kv, const float *gate, int64_t p, mg_error *err);
+
+/* Restores the state as of position t0 (a multiple of snap_every, <= the current position). */
+void dsv4_comp_rewind(dsv4_compressor *c, int64_t t0);
+
+#endif

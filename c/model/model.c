@@ -1,0 +1,192 @@
+/* mg_model: the architecture registry, the shared compute environment and the generic checks
+ * around the per-architecture plugins (arch.h). */
+#include <stdlib.h>
+#include <string.h>
+#include "core/cpu.h"
+#include "model/arch.h"
+#include "model/model.h"
+
+/* deepseek_v4.c is written separately; until it is linked in, the weak reference is NULL. */
+extern const mg_arch mg_arch_deepseek_v4 __attribute__((weak));
+
+/* Resolved context when neither the options nor a sane model limit give one. */
+#define DEFAULT_MAX_CTX 32768
+
+struct mg_model {
+    const mg_arch *arch;
+    void *state;
+    mg_checkpoint *ck;
+    mg_json *config;
+    mg_pool *pool;
+    mg_compute compute;
+    int64_t n_past, max_ctx;
+    mg_arch_info info;
+    uint64_t checkpoint_bytes;
+};
+
+static const mg_arch *find_arch(const char *name) {
+    const mg_arch *table[] = {&mg_arch_qwen3_moe, &mg_arch_glm4_moe, &mg_arch_deepseek_v4};
+    for (size_t i = 0; i < sizeof table / sizeof table[0]; i++)
+        if (table[i] && strcmp(table[i]->name, name) == 0) return table[i];
+    return NULL;
+}
+
+/* ---- config helpers (arch.h) ---- */
+
+static const mg_json *field(const mg_json *cfg, const char *key, mg_json_type type, const char *what,
+                            mg_error *err) {
+    const mg_json *v = mg_json_get(cfg, key);
+    if (!v) {
+        mg_fail(err, "normalised config: missing field '%s'", key);
+        return NULL;
+    }
+    if (mg_json_type_of(v) != type) {
+        mg_fail(err, "normalised config: field '%s' must be %s", key, what);
+        return NULL;
+    }
+    return v;
+}
+
+int mg_config_int(const mg_json *cfg, const char *key, int64_t *out, mg_error *err) {
+    const mg_json *v = field(cfg, key, MG_JSON_NUMBER, "an integer", err);
+    if (!v) return -1;
+    if (!mg_json_is_integer(v)) return mg_fail(err, "normalised config: field '%s' must be an integer", key);
+    *out = mg_json_int(v);
+    return 0;
+}
+
+int mg_config_num(const mg_json *cfg, const char *key, double *out, mg_error *err) {
+    const mg_json *v = field(cfg, key, MG_JSON_NUMBER, "a number", err);
+    if (!v) return -1;
+    *out = mg_json_number(v);
+    return 0;
+}
+
+int mg_config_bool(const mg_json *cfg, const char *key, int *out, mg_error *err) {
+    const mg_json *v = field(cfg, key, MG_JSON_BOOL, "true or false", err);
+    if (!v) return -1;
+    *out = mg_json_bool(v);
+    return 0;
+}
+
+int mg_config_int_array(const mg_json *cfg, const char *key, int64_t **out, int64_t *n, mg_error *err) {
+    const mg_json *v = field(cfg, key, MG_JSON_ARRAY, "an array of integers", err);
+    if (!v) return -1;
+    size_t len = mg_json_len(v);
+    int64_t *a = malloc(sizeof(int64_t) * (len ? len : 1));
+    if (!a) return mg_fail(err, "out of memory");
+    for (size_t i = 0; i < len; i++) {
+        const mg_json *it = mg_json_at(v, i);
+        if (mg_json_type_of(it) != MG_JSON_NUMBER || !mg_json_is_integer(it)) {
+            free(a);
+            return mg_fail(err, "normalised config: field '%s' must be an array of integers", key);
+        }
+        a[i] = mg_json_int(it);
+    }
+    *out = a;
+    *n = (int64_t)len;
+    return 0;
+}
+
+/* ---- model ---- */
+
+mg_model *mg_model_open(const char *dir, const char *config_json, const mg_model_options *opt,
+                        mg_error *err) {
+    mg_model_options defaults = {0};
+    if (!opt) opt = &defaults;
+    mg_model *m = calloc(1, sizeof *m);
+    if (!m) {
+        mg_fail(err, "out of memory");
+        return NULL;
+    }
+    if (!config_json) {
+        mg_fail(err, "no model config given");
+        goto fail;
+    }
+    if (!(m->config = mg_json_parse(config_json, strlen(config_json), err))) goto fail;
+    if (mg_json_type_of(m->config) != MG_JSON_OBJECT) {
+        mg_fail(err, "normalised config: not a JSON object");
+        goto fail;
+    }
+    const mg_json *arch_name = mg_json_get(m->config, "arch");
+    if (!arch_name || mg_json_type_of(arch_name) != MG_JSON_STRING) {
+        mg_fail(err, "normalised config: missing string field 'arch'");
+        goto fail;
+    }
+    if (!(m->arch = find_arch(mg_json_string(arch_name)))) {
+        mg_fail(err, "architecture '%s' is not built into this engine", mg_json_string(arch_name));
+        goto fail;
+    }
+    const mg_kernels *k = opt->kernels && opt->kernels[0] ? mg_kernels_named(opt->kernels) : mg_kernels_best();
+    if (!k) {
+        mg_fail(err, "kernel table '%s' is unknown or not supported by this CPU (use scalar, avx2 or neon)",
+                opt->kernels);
+        goto fail;
+    }
+    int64_t max_ctx = opt->max_ctx;
+    if (max_ctx <= 0) {
+        int64_t model_limit = 0;
+        const mg_json *mp = mg_json_get(m->config, "max_position_embeddings");
+        if (mp && mg_json_type_of(mp) == MG_JSON_NUMBER) model_limit = mg_json_int(mp);
+        max_ctx = model_limit > 0 && model_limit < DEFAULT_MAX_CTX ? model_limit : DEFAULT_MAX_CTX;
+    }
+    m->max_ctx = max_ctx;
+    if (!(m->ck = mg_checkpoint_open(dir, err))) goto fail;
+    m->checkpoint_bytes = mg_checkpoint_total_bytes(m->ck);
+    if (!(m->pool = mg_pool_create(opt->n_threads, err))) goto fail;
+    m->compute.pool = m->pool;
+    m->compute.k = k;
+    mg_arch_env env = {m->ck, m->config, &m->compute, max_ctx, opt->ram_gb};
+    if (!(m->state = m->arch->load(&env, err))) goto fail;
+    m->arch->info(m->state, &m->info);
+    return m;
+fail:
+    mg_model_close(m);
+    return NULL;
+}
+
+void mg_model_close(mg_model *m) {
+    if (!m) return;
+    if (m->state) m->arch->free(m->state);
+    if (m->pool) mg_pool_destroy(m->pool);
+    if (m->ck) mg_checkpoint_close(m->ck);
+    if (m->config) mg_json_free(m->config);
+    free(m);
+}
+
+int mg_model_eval(mg_model *m, const int32_t *tokens, int64_t n, int last_only, float *logits,
+                  mg_error *err) {
+    if (n < 0) return mg_fail(err, "negative token count %lld", (long long)n);
+    if (n == 0) return 0;
+    for (int64_t i = 0; i < n; i++)
+        if (tokens[i] < 0 || tokens[i] >= m->info.vocab)
+            return mg_fail(err, "token id %d at index %lld is outside the vocabulary of %lld tokens",
+                           (int)tokens[i], (long long)i, (long long)m->info.vocab);
+    if (m->n_past + n > m->max_ctx)
+        return mg_fail(err, "context overflow: %lld cached + %lld new tokens exceed max_ctx %lld",
+                       (long long)m->n_past, (long long)n, (long long)m->max_ctx);
+    if (m->arch->eval(m->state, tokens, n, m->n_past, last_only, logits, err)) return -1;
+    m->n_past += n;
+    return 0;
+}
+
+int64_t mg_model_n_past(const mg_model *m) { return m->n_past; }
+int64_t mg_model_vocab(const mg_model *m) { return m->info.vocab; }
+int64_t mg_model_max_ctx(const mg_model *m) { return m->max_ctx; }
+const char *mg_model_arch(const mg_model *m) { return m->arch->name; }
+const char *mg_model_kernels(const mg_model *m) { return m->compute.k->name; }
+int mg_model_threads(const mg_model *m) { return mg_pool_threads(m->pool); }
+
+int mg_model_truncate(mg_model *m, int64_t n, mg_error *err) {
+    if (n < 0 || n > m->n_past)
+        return mg_fail(err, "cannot truncate to %lld tokens: the slot holds %lld", (long long)n,
+                       (long long)m->n_past);
+    if (m->arch->truncate(m->state, n, err)) return -1;
+    m->n_past = n;
+    return 0;
+}
+
+void mg_model_reset(mg_model *m) { mg_model_truncate(m, 0, NULL); }
+
+const mg_arch_info *mg_model_info(const mg_model *m) { return &m->info; }
+uint64_t mg_model_checkpoint_bytes(const mg_model *m) { return m->checkpoint_bytes; }

@@ -1,0 +1,364 @@
+/* qwen3_moe and glm4_moe: pre-norm decoder stacks with GQA attention (optional q/k/v bias,
+ * optional per-head q/k RMSNorm before RoPE, partial neox RoPE), dense SwiGLU or MoE MLPs.
+ * The differences are flags of the normalised config (python/gateway/model_config/hf_moe.py):
+ *   router "softmax" (qwen) | "sigmoid" (glm: correction bias, groups, scaling factor),
+ *   n_shared_experts, attention_bias / o_proj_bias, use_qk_norm, layer_is_moe[]. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "model/arch.h"
+#include "model/blocks.h"
+
+#define CHUNK 256 /* prefill tokens per pass: bounds scratch memory */
+
+enum { /* scratch slots */
+    B_X, B_H, B_Q, B_K, B_V, B_ATT, B_O, B_COS, B_SIN, B_SCORES, B_MLP, B_MOE_OUT, B_RLOGITS,
+    B_RW, B_RIDS, B_RSCR, B_MOE0 /* .. B_MOE0 + 2: mg_moe_experts */
+};
+
+typedef struct layer {
+    float *attn_norm, *ffn_norm;
+    mg_matrix wq, wk, wv, wo;
+    float *bq, *bk, *bv, *bo;
+    float *q_norm, *k_norm;
+    int is_moe;
+    mg_mlp dense;       /* dense layers */
+    mg_matrix router;   /* [E, d] */
+    float *score_bias;  /* [E] (glm) */
+    int has_shared;
+    mg_mlp shared;
+} layer;
+
+typedef struct cfg {
+    int router_sigmoid;
+    int64_t vocab, d, n_layers, n_heads, n_kv, head_dim, rot_dim, f_dense, f_moe;
+    int64_t n_experts, top_k, n_shared, n_group, topk_group;
+    int norm_topk, qkv_bias, o_bias, qk_norm, tied;
+    double theta, eps, scaling;
+} cfg;
+
+typedef struct state {
+    cfg c;
+    const mg_compute *comp;
+    layer *layers;
+    mg_matrix embed, head;
+    float *final_norm;
+    mg_rope rope;
+    mg_kv_cache kv;
+    mg_expert_store *experts;
+    mg_buffers buf;
+    mg_weight_census census;
+} state;
+
+static int read_cfg(const mg_json *j, cfg *c, int64_t **is_moe, mg_error *err) {
+    memset(c, 0, sizeof *c);
+    int64_t n_moe_flags = 0;
+    const mg_json *router = mg_json_get(j, "router");
+    if (!router || mg_json_type_of(router) != MG_JSON_STRING)
+        return mg_fail(err, "normalised config: missing string field 'router'");
+    if (strcmp(mg_json_string(router), "sigmoid") == 0) c->router_sigmoid = 1;
+    else if (strcmp(mg_json_string(router), "softmax") != 0)
+        return mg_fail(err, "normalised config: unknown router '%s'", mg_json_string(router));
+    if (mg_config_int(j, "vocab_size", &c->vocab, err) || mg_config_int(j, "hidden_size", &c->d, err) ||
+        mg_config_int(j, "num_hidden_layers", &c->n_layers, err) ||
+        mg_config_int(j, "num_attention_heads", &c->n_heads, err) ||
+        mg_config_int(j, "num_key_value_heads", &c->n_kv, err) || mg_config_int(j, "head_dim", &c->head_dim, err) ||
+        mg_config_int(j, "rotary_dim", &c->rot_dim, err) ||
+        mg_config_int(j, "intermediate_size", &c->f_dense, err) ||
+        mg_config_int(j, "moe_intermediate_size", &c->f_moe, err) ||
+        mg_config_int(j, "n_routed_experts", &c->n_experts, err) ||
+        mg_config_int(j, "num_experts_per_tok", &c->top_k, err) ||
+        mg_config_int(j, "n_shared_experts", &c->n_shared, err) || mg_config_int(j, "n_group", &c->n_group, err) ||
+        mg_config_int(j, "topk_group", &c->topk_group, err) || mg_config_bool(j, "norm_topk_prob", &c->norm_topk, err) ||
+        mg_config_bool(j, "attention_bias", &c->qkv_bias, err) || mg_config_bool(j, "o_proj_bias", &c->o_bias, err) ||
+        mg_config_bool(j, "use_qk_norm", &c->qk_norm, err) ||
+        mg_config_bool(j, "tie_word_embeddings", &c->tied, err) || mg_config_num(j, "rope_theta", &c->theta, err) ||
+        mg_config_num(j, "rms_norm_eps", &c->eps, err) ||
+        mg_config_num(j, "routed_scaling_factor", &c->scaling, err) ||
+        mg_config_int_array(j, "layer_is_moe", is_moe, &n_moe_flags, err))
+        return -1;
+    if (c->vocab <= 0 || c->d <= 0 || c->n_layers <= 0 || c->n_heads <= 0 || c->n_kv <= 0 || c->head_dim <= 0 ||
+        c->n_heads % c->n_kv || c->rot_dim < 0 || c->rot_dim > c->head_dim || c->rot_dim % 2)
+        return mg_fail(err, "normalised config: inconsistent attention sizes");
+    if (n_moe_flags != c->n_layers)
+        return mg_fail(err, "normalised config: layer_is_moe has %lld entries for %lld layers",
+                       (long long)n_moe_flags, (long long)c->n_layers);
+    for (int64_t i = 0; i < c->n_layers; i++)
+        if ((*is_moe)[i] &&
+            (c->n_experts <= 0 || c->top_k <= 0 || c->top_k > c->n_experts || c->n_group <= 0 ||
+             c->n_experts % c->n_group || c->topk_group <= 0 || c->topk_group > c->n_group))
+            return mg_fail(err, "normalised config: inconsistent expert counts");
+    return 0;
+}
+
+static void state_free(void *p) {
+    state *s = p;
+    if (!s) return;
+    if (s->layers) {
+        for (int64_t i = 0; i < s->c.n_layers; i++) {
+            layer *L = &s->layers[i];
+            free(L->attn_norm); free(L->ffn_norm); free(L->bq); free(L->bk); free(L->bv); free(L->bo);
+            free(L->q_norm); free(L->k_norm); free(L->score_bias);
+        }
+        free(s->layers);
+    }
+    free(s->final_norm);
+    mg_rope_free(&s->rope);
+    mg_kv_free(&s->kv);
+    mg_expert_store_free(s->experts);
+    mg_buffers_free(&s->buf);
+    free(s);
+}
+
+static int load_layer(state *s, const mg_checkpoint *ck, int i, int is_moe, mg_error *err) {
+    const cfg *c = &s->c;
+    layer *L = &s->layers[i];
+    mg_weight_census *cs = &s->census;
+    const int64_t d = c->d, qd = c->n_heads * c->head_dim, kvd = c->n_kv * c->head_dim;
+    const char *p = "model.layers";
+    if (!(L->attn_norm = mg_bind_vectorf(ck, d, err, "%s.%d.input_layernorm.weight", p, i))) return -1;
+    if (!(L->ffn_norm = mg_bind_vectorf(ck, d, err, "%s.%d.post_attention_layernorm.weight", p, i))) return -1;
+    if (mg_bind_matrixf(ck, cs, qd, d, &L->wq, err, "%s.%d.self_attn.q_proj.weight", p, i) ||
+        mg_bind_matrixf(ck, cs, kvd, d, &L->wk, err, "%s.%d.self_attn.k_proj.weight", p, i) ||
+        mg_bind_matrixf(ck, cs, kvd, d, &L->wv, err, "%s.%d.self_attn.v_proj.weight", p, i) ||
+        mg_bind_matrixf(ck, cs, d, qd, &L->wo, err, "%s.%d.self_attn.o_proj.weight", p, i))
+        return -1;
+    if (c->qkv_bias) {
+        if (!(L->bq = mg_bind_vectorf(ck, qd, err, "%s.%d.self_attn.q_proj.bias", p, i)) ||
+            !(L->bk = mg_bind_vectorf(ck, kvd, err, "%s.%d.self_attn.k_proj.bias", p, i)) ||
+            !(L->bv = mg_bind_vectorf(ck, kvd, err, "%s.%d.self_attn.v_proj.bias", p, i)))
+            return -1;
+    }
+    if (c->o_bias && !(L->bo = mg_bind_vectorf(ck, d, err, "%s.%d.self_attn.o_proj.bias", p, i))) return -1;
+    if (c->qk_norm) {
+        if (!(L->q_norm = mg_bind_vectorf(ck, c->head_dim, err, "%s.%d.self_attn.q_norm.weight", p, i)) ||
+            !(L->k_norm = mg_bind_vectorf(ck, c->head_dim, err, "%s.%d.self_attn.k_norm.weight", p, i)))
+            return -1;
+    }
+    char prefix[128];
+    snprintf(prefix, sizeof prefix, "%s.%d.mlp", p, i);
+    L->is_moe = is_moe;
+    if (!is_moe) return mg_mlp_bind(ck, cs, prefix, d, c->f_dense, &L->dense, err);
+    if (mg_bind_matrixf(ck, cs, c->n_experts, d, &L->router, err, "%s.gate.weight", prefix)) return -1;
+    if (c->router_sigmoid &&
+        !(L->score_bias = mg_bind_vectorf(ck, c->n_experts, err, "%s.gate.e_score_correction_bias", prefix)))
+        return -1;
+    for (int e = 0; e < c->n_experts; e++) {
+        mg_expert x;
+        if (mg_bind_matrixf(ck, cs, c->f_moe, d, &x.gate, err, "%s.experts.%d.gate_proj.weight", prefix, e) ||
+            mg_bind_matrixf(ck, cs, c->f_moe, d, &x.up, err, "%s.experts.%d.up_proj.weight", prefix, e) ||
+            mg_bind_matrixf(ck, cs, d, c->f_moe, &x.down, err, "%s.experts.%d.down_proj.weight", prefix, e))
+            return -1;
+        mg_expert_store_set(s->experts, i, e, &x);
+    }
+    if (c->n_shared > 0) {
+        char sp[160];
+        snprintf(sp, sizeof sp, "%s.shared_experts", prefix);
+        L->has_shared = 1;
+        if (mg_mlp_bind(ck, cs, sp, d, c->f_moe * c->n_shared, &L->shared, err)) return -1;
+    }
+    return 0;
+}
+
+/* What the process holds besides the weights: the KV cache grown to max_ctx and the scratch of
+ * a full prefill chunk (for the expert-cache budget). */
+static uint64_t other_bytes(const cfg *c, const mg_arch_env *env) {
+    const uint64_t qd = (uint64_t)(c->n_heads * c->head_dim), kvd = (uint64_t)(c->n_kv * c->head_dim);
+    uint64_t kv = (uint64_t)c->n_layers * (uint64_t)env->max_ctx * 2 * kvd * sizeof(float);
+    uint64_t fw = (uint64_t)(c->f_dense > c->f_moe * c->n_shared ? c->f_dense : c->f_moe * c->n_shared);
+    uint64_t per_tok = 6 * (uint64_t)c->d + 2 * qd + 2 * kvd + 2 * fw + (uint64_t)c->n_experts +
+                       (uint64_t)c->top_k * (2 * (uint64_t)c->d + 2 * (uint64_t)c->f_moe + 2);
+    uint64_t scores = (uint64_t)mg_pool_threads(env->compute->pool) * (uint64_t)env->max_ctx;
+    return kv + (CHUNK * per_tok + scores) * sizeof(float);
+}
+
+static void *load(const mg_arch_env *env, mg_error *err) {
+    state *s = calloc(1, sizeof *s);
+    int64_t *is_moe = NULL;
+    if (!s) {
+        mg_fail(err, "out of memory");
+        return NULL;
+    }
+    s->comp = env->compute;
+    if (read_cfg(env->config, &s->c, &is_moe, err)) goto fail;
+    const cfg *c = &s->c;
+    const mg_checkpoint *ck = env->ck;
+    if (!(s->layers = calloc((size_t)c->n_layers, sizeof(layer)))) {
+        mg_fail(err, "out of memory");
+        goto fail;
+    }
+    if (!(s->experts = mg_expert_store_create((int)c->n_layers, c->n_experts > 0 ? (int)c->n_experts : 1, err)))
+        goto fail;
+    if (mg_bind_matrixf(ck, &s->census, c->vocab, c->d, &s->embed, err, "model.embed_tokens.weight")) goto fail;
+    for (int i = 0; i < c->n_layers; i++)
+        if (load_layer(s, ck, i, (int)is_moe[i], err)) goto fail;
+    if (!(s->final_norm = mg_bind_vectorf(ck, c->d, err, "model.norm.weight"))) goto fail;
+    if (c->tied && !mg_has_tensorf(ck, "lm_head.weight")) s->head = s->embed;
+    else if (mg_bind_matrixf(ck, &s->census, c->vocab, c->d, &s->head, err, "lm_head.weight")) goto fail;
+    if (mg_rope_init(&s->rope, (int)c->rot_dim, 0, c->theta, 0, err)) goto fail;
+    if (mg_kv_init(&s->kv, (int)c->n_layers, c->n_kv * c->head_dim, c->n_kv * c->head_dim, env->max_ctx, err))
+        goto fail;
+    if (mg_expert_store_apply_budget(env, s->experts, &s->census, other_bytes(c, env), err)) goto fail;
+    free(is_moe);
+    return s;
+fail:
+    free(is_moe);
+    state_free(s);
+    return NULL;
+}
+
+/* Attention sub-block for m tokens at positions pos..pos+m-1: x += o_proj(attn(norm(x))). */
+static int attention_block(state *s, int li, float *x, int64_t m, int64_t pos, const float *cos_t,
+                           const float *sin_t, mg_error *err) {
+    const cfg *c = &s->c;
+    const layer *L = &s->layers[li];
+    const mg_compute *comp = s->comp;
+    const int64_t d = c->d, Dh = c->head_dim, qd = c->n_heads * Dh, kvd = c->n_kv * Dh;
+    float *h = mg_buf(&s->buf, B_H, (size_t)(m * d), err);
+    float *q = mg_buf(&s->buf, B_Q, (size_t)(m * qd), err);
+    float *k = mg_buf(&s->buf, B_K, (size_t)(m * kvd), err);
+    float *v = mg_buf(&s->buf, B_V, (size_t)(m * kvd), err);
+    float *att = mg_buf(&s->buf, B_ATT, (size_t)(m * qd), err);
+    float *o = mg_buf(&s->buf, B_O, (size_t)(m * d), err);
+    if (!h || !q || !k || !v || !att || !o) return -1;
+    mg_rmsnorm_rows(comp->k, h, x, L->attn_norm, m, d, d, (float)c->eps);
+    const mg_matrix *ws[3] = {&L->wq, &L->wk, &L->wv};
+    float *ys[3] = {q, k, v};
+    mg_linear_multi(comp, 3, ws, h, m, ys);
+    if (L->bq) {
+        mg_add_bias_rows(q, L->bq, m, qd, qd);
+        mg_add_bias_rows(k, L->bk, m, kvd, kvd);
+        mg_add_bias_rows(v, L->bv, m, kvd, kvd);
+    }
+    if (L->q_norm) {
+        mg_rmsnorm_rows(comp->k, q, q, L->q_norm, m * c->n_heads, Dh, Dh, (float)c->eps);
+        mg_rmsnorm_rows(comp->k, k, k, L->k_norm, m * c->n_kv, Dh, Dh, (float)c->eps);
+    }
+    mg_rope_rows(&s->rope, q, m, qd, (int)c->n_heads, (int)Dh, cos_t, sin_t, 0);
+    mg_rope_rows(&s->rope, k, m, kvd, (int)c->n_kv, (int)Dh, cos_t, sin_t, 0);
+    memcpy(mg_kv_k(&s->kv, li, pos), k, sizeof(float) * (size_t)(m * kvd));
+    memcpy(mg_kv_v(&s->kv, li, pos), v, sizeof(float) * (size_t)(m * kvd));
+    mg_attn_args a = {
+        .q = q, .q_stride = qd, .k = s->kv.k[li], .k_stride = kvd, .v = s->kv.v[li], .v_stride = kvd,
+        .out = att, .out_stride = qd, .n_tok = m, .pos0 = pos, .window = 0,
+        .n_heads = (int)c->n_heads, .n_kv = (int)c->n_kv, .qk_dim = (int)Dh, .v_dim = (int)Dh,
+        .scale = 1.0f / sqrtf((float)Dh), .sinks = NULL,
+    };
+    float *scores = mg_buf(&s->buf, B_SCORES, mg_attention_scratch(comp, &a), err);
+    if (!scores) return -1;
+    mg_attention(comp, &a, scores);
+    mg_linear(comp, &L->wo, att, m, o);
+    if (L->bo) mg_add_bias_rows(o, L->bo, m, d, d);
+    for (int64_t i = 0; i < m * d; i++) x[i] += o[i];
+    return 0;
+}
+
+/* MLP sub-block: x += mlp(norm(x)), dense or MoE (+ shared expert). */
+static int mlp_block(state *s, int li, float *x, int64_t m, mg_error *err) {
+    const cfg *c = &s->c;
+    const layer *L = &s->layers[li];
+    const mg_compute *comp = s->comp;
+    const int64_t d = c->d;
+    float *h = mg_buf(&s->buf, B_H, (size_t)(m * d), err);
+    float *out = mg_buf(&s->buf, B_MOE_OUT, (size_t)(m * d), err);
+    if (!h || !out) return -1;
+    mg_rmsnorm_rows(comp->k, h, x, L->ffn_norm, m, d, d, (float)c->eps);
+    if (!L->is_moe) {
+        float *tmp = mg_buf(&s->buf, B_MLP, (size_t)(2 * m * c->f_dense), err);
+        if (!tmp) return -1;
+        mg_mlp_forward(comp, &L->dense, h, m, out, tmp, 0.0f);
+        for (int64_t i = 0; i < m * d; i++) x[i] += out[i];
+        return 0;
+    }
+    const int64_t E = c->n_experts, K = c->top_k;
+    float *logits = mg_buf(&s->buf, B_RLOGITS, (size_t)(m * E), err);
+    float *rw = mg_buf(&s->buf, B_RW, (size_t)(m * K), err);
+    float *rids = mg_buf(&s->buf, B_RIDS, (size_t)(m * K), err); /* holds ints */
+    float *rscr = mg_buf(&s->buf, B_RSCR, (size_t)(2 * E + c->n_group), err);
+    if (!logits || !rw || !rids || !rscr) return -1;
+    int *ids = (int *)rids;
+    mg_linear(comp, &L->router, h, m, logits);
+    for (int64_t t = 0; t < m; t++) {
+        if (c->router_sigmoid)
+            mg_route_sigmoid_grouped(logits + t * E, L->score_bias, (int)E, (int)c->n_group, (int)c->topk_group,
+                                     (int)K, c->norm_topk, (float)c->scaling, ids + t * K, rw + t * K, rscr);
+        else
+            mg_route_softmax_topk(logits + t * E, (int)E, (int)K, c->norm_topk, ids + t * K, rw + t * K);
+    }
+    memset(out, 0, sizeof(float) * (size_t)(m * d));
+    mg_moe_args a = {
+        .store = s->experts, .layer = li, .n_experts = (int)E, .k = (int)K, .x = h, .n_tok = m, .d = d,
+        .ids = ids, .w = rw, .limit = 0.0f, .out = out,
+    };
+    if (mg_moe_experts(comp, &a, &s->buf, B_MOE0, err)) return -1;
+    if (L->has_shared) {
+        float *sh = mg_buf(&s->buf, B_O, (size_t)(m * d), err);
+        float *tmp = mg_buf(&s->buf, B_MLP, (size_t)(2 * m * L->shared.gate.rows), err);
+        if (!sh || !tmp) return -1;
+        mg_mlp_forward(comp, &L->shared, h, m, sh, tmp, 0.0f);
+        for (int64_t i = 0; i < m * d; i++) out[i] += sh[i];
+    }
+    for (int64_t i = 0; i < m * d; i++) x[i] += out[i];
+    return 0;
+}
+
+static int eval_chunk(state *s, const int32_t *tokens, int64_t m, int64_t pos, int head_rows_from,
+                      float *logits, mg_error *err) {
+    const cfg *c = &s->c;
+    const int64_t d = c->d;
+    if (mg_kv_reserve(&s->kv, pos + m, err)) return -1;
+    float *x = mg_buf(&s->buf, B_X, (size_t)(m * d), err);
+    float *cos_t = mg_buf(&s->buf, B_COS, (size_t)(m * (s->rope.half + 1)), err);
+    float *sin_t = mg_buf(&s->buf, B_SIN, (size_t)(m * (s->rope.half + 1)), err);
+    if (!x || !cos_t || !sin_t) return -1;
+    mg_embed_rows(&s->embed, tokens, m, x);
+    mg_rope_table(&s->rope, pos, m, cos_t, sin_t);
+    for (int li = 0; li < c->n_layers; li++) {
+        if (attention_block(s, li, x, m, pos, cos_t, sin_t, err)) return -1;
+        if (mlp_block(s, li, x, m, err)) return -1;
+    }
+    /* Final norm + head only for rows [head_rows_from, m). */
+    int64_t nh = m - head_rows_from;
+    if (nh <= 0 || !logits) return 0;
+    float *xs = x + head_rows_from * d;
+    mg_rmsnorm_rows(s->comp->k, xs, xs, s->final_norm, nh, d, d, (float)c->eps);
+    mg_linear(s->comp, &s->head, xs, nh, logits);
+    return 0;
+}
+
+static int eval(void *p, const int32_t *tokens, int64_t n, int64_t pos, int last_only, float *logits,
+                mg_error *err) {
+    state *s = p;
+    for (int64_t t0 = 0; t0 < n; t0 += CHUNK) {
+        int64_t m = n - t0 < CHUNK ? n - t0 : CHUNK;
+        int last_chunk = t0 + m == n;
+        if (last_only) {
+            if (eval_chunk(s, tokens + t0, m, pos + t0, last_chunk ? (int)(m - 1) : (int)m,
+                           last_chunk ? logits : NULL, err))
+                return -1;
+        } else if (eval_chunk(s, tokens + t0, m, pos + t0, 0, logits + t0 * s->c.vocab, err)) {
+            return -1;
+        }
+    }
+    return 0;
+}
+
+static int truncate_state(void *p, int64_t n, mg_error *err) {
+    (void)p; (void)n; (void)err; /* the KV rows >= n are simply overwritten later */
+    return 0;
+}
+
+static void info(const void *p, mg_arch_info *out) {
+    const state *s = p;
+    memset(out, 0, sizeof *out);
+    out->vocab = s->c.vocab;
+    out->n_layers = (int)s->c.n_layers;
+    out->n_experts = (int)s->c.n_experts;
+    out->n_experts_per_tok = (int)s->c.top_k;
+    out->weights = s->census;
+    out->experts = s->experts;
+}
+
+const mg_arch mg_arch_qwen3_moe = {"qwen3_moe", load, eval, truncate_state, state_free, info};
+const mg_arch mg_arch_glm4_moe = {"glm4_moe", load, eval, truncate_state, state_free, info};

@@ -1,0 +1,160 @@
+"""The inference engine: one loaded checkpoint with one sequence slot (its KV cache).
+
+    from gateway.engine import Engine
+    engine = Engine("/models/Qwen3-30B-A3B", threads=8)
+    logits = engine.eval([151644, 872], last_only=True)   # float32 [1, vocab]
+    engine.truncate(1)                                     # keep the first token only
+
+The forward passes run in the C core (gateway._core.Model); this wrapper parses config.json
+into the normalised config the core reads, validates arguments, turns core errors into
+EngineError and keeps throughput statistics.
+"""
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Any, Iterable
+
+import numpy as np
+
+from .model_config import ConfigError, load_config
+
+
+class EngineError(RuntimeError):
+    """A load or evaluation error reported by the engine (the message names files/tensors)."""
+
+
+class Engine:
+    """One model, one sequence slot.  Not re-entrant: one eval at a time (a lock enforces it)."""
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        ram_gb: float | None = None,
+        threads: int | None = None,
+        kernels: str | None = None,
+        max_ctx: int | None = None,
+    ) -> None:
+        from . import _core  # imported here so config errors surface even without a built core
+
+        self.path = Path(path)
+        if not self.path.is_dir():
+            raise EngineError(f"{self.path}: not a model folder")
+        if threads is not None and (not isinstance(threads, int) or threads < 1):
+            raise ValueError(f"threads must be a positive integer, got {threads!r}")
+        if max_ctx is not None and (not isinstance(max_ctx, int) or max_ctx < 1):
+            raise ValueError(f"max_ctx must be a positive integer, got {max_ctx!r}")
+        if ram_gb is not None and not ram_gb > 0:
+            raise ValueError(f"ram_gb must be > 0, got {ram_gb!r}")
+        # ConfigError is a ValueError: unknown model_type / bad fields fail before C is called.
+        self.config: dict[str, Any] = load_config(self.path)
+        started = time.perf_counter()
+        try:
+            self._model = _core.Model(
+                str(self.path),
+                json.dumps(self.config),
+                threads=threads or 0,
+                kernels=kernels or "",
+                max_ctx=max_ctx or 0,
+                ram_gb=float(ram_gb or 0.0),
+            )
+        except RuntimeError as exc:
+            raise EngineError(str(exc)) from None
+        self.load_seconds = time.perf_counter() - started
+        self.info: dict[str, Any] = dict(self._model.info())
+        self.info["path"] = str(self.path)
+        self.vocab_size: int = int(self.info["vocab_size"])
+        self.max_ctx: int = int(self.info["max_ctx"])
+        self._lock = threading.Lock()
+        self._stats = {
+            "prefill_tokens": 0, "prefill_seconds": 0.0, "prefill_calls": 0,
+            "decode_tokens": 0, "decode_seconds": 0.0,
+        }
+
+    # ---- sequence slot -------------------------------------------------------------------
+
+    @property
+    def n_past(self) -> int:
+        """Tokens currently held by the slot (positions 0 .. n_past-1)."""
+        return int(self._model.n_past)
+
+    def eval(self, tokens: Iterable[int], last_only: bool = False) -> np.ndarray:
+        """Appends tokens to the slot and returns float32 logits: [len(tokens), vocab], or
+        [1, vocab] for the last token with last_only (the head runs for that token alone)."""
+        ids = self._token_list(tokens)
+        if not ids:
+            return np.zeros((0, self.vocab_size), dtype=np.float32)
+        if self.n_past + len(ids) > self.max_ctx:
+            raise EngineError(
+                f"context overflow: {self.n_past} cached + {len(ids)} new tokens exceed max_ctx {self.max_ctx}"
+            )
+        with self._lock:
+            started = time.perf_counter()
+            try:
+                logits = self._model.eval(ids, bool(last_only))
+            except RuntimeError as exc:
+                raise EngineError(str(exc)) from None
+            elapsed = time.perf_counter() - started
+        key = "decode" if len(ids) == 1 else "prefill"
+        self._stats[f"{key}_tokens"] += len(ids)
+        self._stats[f"{key}_seconds"] += elapsed
+        if key == "prefill":
+            self._stats["prefill_calls"] += 1
+        return logits
+
+    def truncate(self, n: int) -> None:
+        """Keeps the first n tokens; evaluating after this equals a fresh run on them."""
+        if isinstance(n, bool) or not isinstance(n, (int, np.integer)):
+            raise TypeError(f"truncate needs an integer, got {type(n).__name__}")
+        if n < 0 or n > self.n_past:
+            raise EngineError(f"cannot truncate to {n} tokens: the slot holds {self.n_past}")
+        with self._lock:
+            try:
+                self._model.truncate(int(n))
+            except RuntimeError as exc:
+                raise EngineError(str(exc)) from None
+
+    def reset(self) -> None:
+        """Empties the slot."""
+        with self._lock:
+            self._model.reset()
+
+    # ---- reporting -----------------------------------------------------------------------
+
+    def stats(self) -> dict[str, Any]:
+        s = dict(self._stats)
+        s["tokens_evaluated"] = s["prefill_tokens"] + s["decode_tokens"]
+        s["prefill_tok_per_s"] = s["prefill_tokens"] / s["prefill_seconds"] if s["prefill_seconds"] else 0.0
+        s["decode_tok_per_s"] = s["decode_tokens"] / s["decode_seconds"] if s["decode_seconds"] else 0.0
+        s["n_past"] = self.n_past
+        s["load_seconds"] = self.load_seconds
+        s["experts"] = dict(self._model.expert_stats())
+        return s
+
+    def _token_list(self, tokens: Iterable[int]) -> list[int]:
+        if isinstance(tokens, np.ndarray):
+            if tokens.ndim != 1 or (tokens.size and tokens.dtype.kind not in "iu"):
+                raise TypeError("tokens must be a 1-D sequence of integer ids")
+            ids = [int(t) for t in tokens]
+        else:
+            ids = []
+            for t in tokens:
+                if isinstance(t, bool) or not isinstance(t, (int, np.integer)):
+                    raise TypeError(f"token ids must be integers, got {t!r}")
+                ids.append(int(t))
+        for index, t in enumerate(ids):
+            if not 0 <= t < self.vocab_size:
+                raise EngineError(
+                    f"token id {t} at index {index} is outside the vocabulary of {self.vocab_size} tokens"
+                )
+        return ids
+
+    def __repr__(self) -> str:
+        return f"Engine({str(self.path)!r}, arch={self.info['arch']}, n_past={self.n_past})"
+
+
+__all__ = ["Engine", "EngineError", "ConfigError"]

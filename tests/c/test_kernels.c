@@ -1,0 +1,339 @@
+/* Kernel tables against ground truth.
+ *  1. The scalar table against a double-precision dequantisation built from formats.h decoders.
+ *  2. Every SIMD table this CPU runs (avx2, neon) against the scalar table, for every weight
+ *     format and scale kind, odd shapes, decode and prefill token counts, sub-ranges of rows and
+ *     padded strides; then the vector ops (dot, axpy, scale, rmsnorm, swiglu, read_sum).
+ * Linear tolerance: |y - y_ref| <= 1e-5 * sum_c |w[r,c] * x[t,c]| (fp32 reordering only). */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "core/cpu.h"
+#include "core/kernels.h"
+#include "core/matrix.h"
+
+typedef struct {
+    int passed, failed;
+} tally;
+
+typedef struct {
+    uint64_t s;
+} rng;
+
+static uint64_t rng_next(rng *g) {
+    g->s ^= g->s << 13;
+    g->s ^= g->s >> 7;
+    g->s ^= g->s << 17;
+    return g->s;
+}
+static float rng_uniform(rng *g) { return (float)((rng_next(g) >> 40) * (1.0 / 16777216.0)); } /* [0,1) */
+static float rng_sym(rng *g) { return 2.0f * rng_uniform(g) - 1.0f; }
+
+static void check(tally *t, int ok, const char *fmt_msg, const char *a, const char *b, long x1, long x2,
+                  long x3, double got, double want) {
+    if (ok) {
+        t->passed++;
+        return;
+    }
+    t->failed++;
+    if (t->failed <= 20)
+        fprintf(stderr, "FAIL %s [%s %s] %ld %ld %ld: got %.9g want %.9g\n", fmt_msg, a, b, x1, x2, x3, got, want);
+}
+
+/* ---- random matrices --------------------------------------------------------------------- */
+
+static uint8_t random_fp8(rng *g) {
+    /* One value in eight is an edge encoding: zeros, +-448, subnormals. */
+    static const uint8_t edges[] = {0x00, 0x80, 0x7e, 0xfe, 0x01, 0x81, 0x07, 0x04, 0x08, 0x87};
+    uint64_t v = rng_next(g);
+    if ((v & 7) == 0) return edges[(v >> 8) % sizeof edges];
+    uint8_t b = (uint8_t)(v >> 16);
+    if ((b & 0x7f) == 0x7f) b ^= 0x01; /* no NaN codes */
+    return b;
+}
+
+static uint16_t random_f16(rng *g) {
+    uint16_t h = (uint16_t)rng_next(g);
+    uint16_t exp = (h >> 10) & 0x1f;
+    if (exp == 31) h &= (uint16_t)~0x4000u; /* no inf/NaN */
+    if (exp >= 25) h &= (uint16_t)~0x2000u; /* keep magnitudes modest */
+    return h;
+}
+
+typedef struct {
+    mg_matrix m;
+    void *data, *scale;
+    double *ref; /* [rows, cols] dequantised in double */
+} test_matrix;
+
+static int64_t scale_rows_of(mg_scale_kind k, int64_t rows) {
+    return k == MG_SCALE_E8M0_G32 ? rows : (k == MG_SCALE_NONE ? 0 : (rows + 127) / 128);
+}
+
+static void make_matrix(test_matrix *tm, mg_format f, mg_scale_kind k, int64_t rows, int64_t cols, rng *g) {
+    memset(tm, 0, sizeof *tm);
+    mg_matrix *m = &tm->m;
+    m->rows = rows;
+    m->cols = cols;
+    m->format = f;
+    m->scale_kind = k;
+    size_t rb = mg_matrix_row_bytes(m), nbytes = rb * (size_t)rows;
+    uint8_t *d = malloc(nbytes ? nbytes : 1); /* exact size: sanitizers catch over-reads */
+    for (int64_t r = 0; r < rows; r++) {
+        uint8_t *row = d + (size_t)r * rb;
+        for (int64_t c = 0; c < cols; c++) {
+            switch (f) {
+            case MG_F32: {
+                float v = rng_sym(g) * 2.0f;
+                memcpy(row + c * 4, &v, 4);
+                break;
+            }
+            case MG_BF16: {
+                uint16_t h = mg_f32_to_bf16(rng_sym(g) * 4.0f);
+                memcpy(row + c * 2, &h, 2);
+                break;
+            }
+            case MG_F16: {
+                uint16_t h = random_f16(g);
+                memcpy(row + c * 2, &h, 2);
+                break;
+            }
+            case MG_FP8_E4M3: row[c] = random_fp8(g); break;
+            case MG_FP4_E2M1:
+                if (c % 2 == 0) row[c / 2] = (uint8_t)rng_next(g);
+                break;
+            default: break;
+            }
+        }
+    }
+    m->data = tm->data = d;
+    int64_t srows = scale_rows_of(k, rows);
+    m->scale_cols = k == MG_SCALE_E8M0_G32 ? cols / 32 : (k == MG_SCALE_NONE ? 0 : (cols + 127) / 128);
+    if (k == MG_SCALE_F32_BLOCK128) {
+        float *s = malloc((size_t)(srows * m->scale_cols) * 4 + 1);
+        for (int64_t i = 0; i < srows * m->scale_cols; i++) s[i] = ldexpf(0.5f + rng_uniform(g), -(int)(rng_next(g) % 12));
+        m->scale = tm->scale = s;
+    } else if (k != MG_SCALE_NONE) {
+        uint8_t *s = malloc((size_t)(srows * m->scale_cols) + 1);
+        for (int64_t i = 0; i < srows * m->scale_cols; i++) s[i] = (uint8_t)(112 + rng_next(g) % 20);
+        m->scale = tm->scale = s;
+    }
+    /* Reference dequantisation straight from the formats.h decoders, in double. */
+    tm->ref = malloc((size_t)(rows * cols) * sizeof(double) + 1);
+    for (int64_t r = 0; r < rows; r++) {
+        const uint8_t *row = d + (size_t)r * rb;
+        for (int64_t c = 0; c < cols; c++) {
+            double v;
+            uint16_t h;
+            switch (f) {
+            case MG_F32: {
+                float fv;
+                memcpy(&fv, row + c * 4, 4);
+                v = fv;
+                break;
+            }
+            case MG_BF16: memcpy(&h, row + c * 2, 2); v = mg_bf16_to_f32(h); break;
+            case MG_F16: memcpy(&h, row + c * 2, 2); v = mg_f16_to_f32(h); break;
+            case MG_FP8_E4M3: v = mg_fp8_e4m3_to_f32(row[c]); break;
+            default: v = mg_fp4_e2m1_to_f32((uint8_t)((c & 1) ? row[c / 2] >> 4 : row[c / 2] & 15)); break;
+            }
+            double s = 1.0;
+            if (k == MG_SCALE_F32_BLOCK128) s = ((const float *)m->scale)[(r / 128) * m->scale_cols + c / 128];
+            if (k == MG_SCALE_E8M0_BLOCK128) s = mg_e8m0_to_f32(((const uint8_t *)m->scale)[(r / 128) * m->scale_cols + c / 128]);
+            if (k == MG_SCALE_E8M0_G32) s = mg_e8m0_to_f32(((const uint8_t *)m->scale)[r * m->scale_cols + c / 32]);
+            tm->ref[r * cols + c] = v * s;
+        }
+    }
+}
+
+static void free_matrix(test_matrix *tm) {
+    free(tm->data);
+    free(tm->scale);
+    free(tm->ref);
+}
+
+/* ---- linear ------------------------------------------------------------------------------ */
+
+static const char *scale_name(mg_scale_kind k) {
+    static const char *names[] = {"none", "f32_block128", "e8m0_block128", "e8m0_g32"};
+    return names[k];
+}
+
+/* Runs k->linear over rows [0, rows) in two calls split at `split`, with padded strides, and
+ * checks every output against y_ref (or the double reference when y_ref is NULL).  Returns the
+ * outputs in y_out [n_tok, rows] when y_out is not NULL. */
+static void run_linear(tally *t, const mg_kernels *k, const test_matrix *tm, const float *x, int64_t n_tok,
+                       const float *y_ref, float *y_out) {
+    const mg_matrix *m = &tm->m;
+    const int64_t rows = m->rows, cols = m->cols, xs = cols + 3, ys = rows + 5;
+    float *xp = malloc((size_t)(n_tok * xs) * sizeof(float));
+    float *yp = malloc((size_t)(n_tok * ys) * sizeof(float));
+    for (int64_t i = 0; i < n_tok; i++) {
+        memcpy(xp + i * xs, x + i * cols, (size_t)cols * sizeof(float));
+        for (int64_t c = cols; c < xs; c++) xp[i * xs + c] = NAN; /* padding must never be read */
+    }
+    for (int64_t i = 0; i < n_tok * ys; i++) yp[i] = -12345.0f;
+    const int64_t split = rows > 16 ? 16 * ((rows / 2) / 16) : rows / 2;
+    mg_linear_fn fn = k->linear[m->format];
+    if (split > 0) fn(m, xp, xs, n_tok, yp, ys, 0, split);
+    fn(m, xp, xs, n_tok, yp, ys, split, rows);
+    int bad = 0;
+    double worst_got = 0, worst_want = 0;
+    for (int64_t i = 0; i < n_tok && !bad; i++) {
+        for (int64_t r = 0; r < rows; r++) {
+            double mag = 0.0, exact = 0.0;
+            for (int64_t c = 0; c < cols; c++) {
+                double p = tm->ref[r * cols + c] * (double)x[i * cols + c];
+                exact += p;
+                mag += fabs(p);
+            }
+            double want = y_ref ? (double)y_ref[i * rows + r] : exact;
+            double got = yp[i * ys + r];
+            if (!(fabs(got - want) <= 1e-5 * mag + 1e-30)) {
+                bad = 1;
+                worst_got = got;
+                worst_want = want;
+                break;
+            }
+            if (y_out) y_out[i * rows + r] = (float)got;
+        }
+        for (int64_t r = rows; r < ys && !bad; r++)
+            if (yp[i * ys + r] != -12345.0f) bad = 1, worst_got = yp[i * ys + r], worst_want = -12345.0;
+    }
+    char what[64];
+    snprintf(what, sizeof what, "linear(%s)", k->name);
+    check(t, !bad, what, mg_format_name(m->format), scale_name(m->scale_kind), (long)m->rows, (long)cols,
+          (long)n_tok, worst_got, worst_want);
+    free(xp);
+    free(yp);
+}
+
+static void test_linear_case(tally *t, const mg_kernels *const *tables, int n_tables, mg_format f, mg_scale_kind sk,
+                             int64_t rows, int64_t cols, const int64_t *toks, int n_toks, rng *g) {
+    test_matrix tm;
+    make_matrix(&tm, f, sk, rows, cols, g);
+    for (int ti = 0; ti < n_toks; ti++) {
+        const int64_t n_tok = toks[ti];
+        float *x = malloc((size_t)(n_tok * cols) * sizeof(float));
+        float *y_scalar = malloc((size_t)(n_tok * rows) * sizeof(float));
+        for (int64_t i = 0; i < n_tok * cols; i++) x[i] = rng_sym(g);
+        /* The scalar table against the double reference, then every SIMD table against it. */
+        run_linear(t, tables[0], &tm, x, n_tok, NULL, y_scalar);
+        for (int k = 1; k < n_tables; k++) run_linear(t, tables[k], &tm, x, n_tok, y_scalar, NULL);
+        free(x);
+        free(y_scalar);
+    }
+    free_matrix(&tm);
+}
+
+static void test_linear(tally *t, const mg_kernels *const *tables, int n_tables, rng *g) {
+    static const int64_t rows_list[] = {1, 3, 17, 130, 257};
+    static const int64_t cols_list[] = {32, 96, 160, 4128, 1, 7, 33, 129, 300};
+    static const int64_t toks_main[] = {1, 5};
+    static const int64_t toks_all[] = {1, 2, 3, 5, 8, 17};
+    static const int64_t shapes_all[][2] = {{17, 300}, {130, 160}, {3, 4128}, {257, 33}, {3, 8352}};
+    for (int f = 0; f < MG_FORMAT_COUNT; f++) {
+        for (int sk = 0; sk < MG_SCALE_KIND_COUNT; sk++) {
+            for (size_t ri = 0; ri < sizeof rows_list / sizeof *rows_list; ri++)
+                for (size_t ci = 0; ci < sizeof cols_list / sizeof *cols_list; ci++) {
+                    int64_t cols = cols_list[ci];
+                    if ((f == MG_FP4_E2M1 || sk == MG_SCALE_E8M0_G32) && cols % 32) continue;
+                    test_linear_case(t, tables, n_tables, (mg_format)f, (mg_scale_kind)sk, rows_list[ri], cols,
+                                     toks_main, 2, g);
+                }
+            for (size_t si = 0; si < sizeof shapes_all / sizeof *shapes_all; si++) {
+                int64_t cols = shapes_all[si][1];
+                if ((f == MG_FP4_E2M1 || sk == MG_SCALE_E8M0_G32) && cols % 32) continue;
+                test_linear_case(t, tables, n_tables, (mg_format)f, (mg_scale_kind)sk, shapes_all[si][0], cols,
+                                 toks_all, 6, g);
+            }
+        }
+    }
+}
+
+/* ---- vector ops -------------------------------------------------------------------------- */
+
+static float *rand_vec(int64_t n, float amp, rng *g) {
+    float *v = malloc((size_t)(n ? n : 1) * sizeof(float));
+    for (int64_t i = 0; i < n; i++) v[i] = rng_sym(g) * amp;
+    return v;
+}
+
+static void test_vector_ops(tally *t, const mg_kernels *k, const mg_kernels *ref, rng *g) {
+    static const int64_t lens[] = {1, 3, 7, 8, 9, 15, 16, 17, 31, 33, 100, 129, 1000, 4099};
+    for (size_t li = 0; li < sizeof lens / sizeof *lens; li++) {
+        const int64_t n = lens[li];
+        float *a = rand_vec(n, 3.0f, g), *b = rand_vec(n, 3.0f, g), *w = rand_vec(n, 2.0f, g);
+        float *y1 = rand_vec(n, 1.0f, g), *y2 = malloc((size_t)n * sizeof(float));
+        double exact = 0, mag = 0;
+        for (int64_t i = 0; i < n; i++) exact += (double)a[i] * b[i], mag += fabs((double)a[i] * b[i]);
+        float d = k->dot(a, b, n);
+        check(t, fabs(d - exact) <= 1e-5 * mag + 1e-30, "dot", k->name, "", (long)n, 0, 0, d, exact);
+
+        memcpy(y2, y1, (size_t)n * sizeof(float));
+        k->axpy(y1, 0.75f, a, n);
+        ref->axpy(y2, 0.75f, a, n);
+        int ok = 1;
+        for (int64_t i = 0; i < n; i++) ok &= fabsf(y1[i] - y2[i]) <= 1e-6f * (fabsf(y2[i]) + fabsf(0.75f * a[i])) + 1e-30f;
+        check(t, ok, "axpy", k->name, "", (long)n, 0, 0, 0, 0);
+
+        memcpy(y2, y1, (size_t)n * sizeof(float));
+        k->scale(y1, -1.25f, n);
+        ref->scale(y2, -1.25f, n);
+        check(t, !memcmp(y1, y2, (size_t)n * sizeof(float)), "scale", k->name, "", (long)n, 0, 0, 0, 0);
+
+        for (int weighted = 0; weighted < 2; weighted++) {
+            k->rmsnorm(y1, a, weighted ? w : NULL, n, 1e-6f);
+            ref->rmsnorm(y2, a, weighted ? w : NULL, n, 1e-6f);
+            ok = 1;
+            for (int64_t i = 0; i < n; i++) ok &= fabsf(y1[i] - y2[i]) <= 1e-6f * fabsf(y2[i]) + 1e-30f;
+            check(t, ok, "rmsnorm", k->name, weighted ? "weighted" : "plain", (long)n, 0, 0, 0, 0);
+        }
+        memcpy(y1, a, (size_t)n * sizeof(float)); /* in place: out aliases x */
+        k->rmsnorm(y1, y1, w, n, 1e-5f);
+        ref->rmsnorm(y2, a, w, n, 1e-5f);
+        ok = 1;
+        for (int64_t i = 0; i < n; i++) ok &= fabsf(y1[i] - y2[i]) <= 1e-6f * fabsf(y2[i]) + 1e-30f;
+        check(t, ok, "rmsnorm", k->name, "in-place", (long)n, 0, 0, 0, 0);
+
+        /* swiglu: wide gate range, with the exp overflow/underflow ends included. */
+        float *gate = rand_vec(n, 30.0f, g);
+        static const float ends[] = {-1e4f, -100.0f, -88.9f, -88.5f, -88.0f, -87.5f, 0.0f, -0.0f, 88.5f, 90.0f, 1e4f};
+        for (size_t e = 0; e < sizeof ends / sizeof *ends && (int64_t)e < n; e++) gate[(e * 7) % n] = ends[e];
+        for (int lim = 0; lim < 2; lim++) {
+            const float limit = lim ? 7.0f : 0.0f;
+            k->swiglu(y1, gate, b, n, limit);
+            ref->swiglu(y2, gate, b, n, limit);
+            ok = 1;
+            for (int64_t i = 0; i < n; i++) ok &= fabsf(y1[i] - y2[i]) <= 1e-6f * fabsf(y2[i]) + 1e-37f;
+            check(t, ok, "swiglu", k->name, lim ? "limit" : "nolimit", (long)n, 0, 0, 0, 0);
+        }
+        free(gate);
+
+        exact = 0, mag = 0;
+        for (int64_t i = 0; i < n; i++) exact += a[i], mag += fabsf(a[i]);
+        float s = k->read_sum(a, n);
+        check(t, fabs(s - exact) <= 1e-5 * mag + 1e-30, "read_sum", k->name, "", (long)n, 0, 0, s, exact);
+        free(a), free(b), free(w), free(y1), free(y2);
+    }
+}
+
+int main(void) {
+    tally t = {0, 0};
+    rng g = {0x9e3779b97f4a7c15ull};
+    const mg_kernels *tables[3];
+    int n = 0;
+    tables[n++] = mg_kernels_scalar();
+    const char *simd[] = {"avx2", "neon"};
+    for (int i = 0; i < 2; i++) {
+        const mg_kernels *k = mg_kernels_named(simd[i]);
+        if (k) tables[n++] = k;
+    }
+    printf("tables:");
+    for (int i = 0; i < n; i++) printf(" %s", tables[i]->name);
+    printf("\n");
+    test_linear(&t, tables, n, &g);
+    for (int i = 0; i < n; i++) test_vector_ops(&t, tables[i], tables[0], &g);
+    printf("%d passed, %d failed\n", t.passed, t.failed);
+    return t.failed ? 1 : 0;
+}
