@@ -1,0 +1,336 @@
+"""Grammar-constrained decoding: forced tool calls and JSON replies that always hold.
+
+    from gateway.structured import build_constraint, ConstraintError
+    c = build_constraint(tokenizer, kind="tool_call", chat_format="glm45", tools=tools,
+                         forced_name=None, parallel=True, stop_token_ids=[...], n_vocab=V)
+    c.prefix                      # text the server prefills after the generation prompt
+    mask = c.allowed(remaining)   # bool[V]: tokens that keep the output valid (and closable)
+    c.advance(token_id)           # after sampling
+    c.is_complete()               # the grammar accepts (the stop token is allowed)
+
+`kind`: "tool_call" (needs chat_format or dialect, tools), "json_schema" (json_schema),
+"json_object".  Masks come from llguidance (Earley parser + token trie over the real
+tokenizer.json); a ConstraintError (-> HTTP 400) says why a schema cannot be satisfied.
+
+Budget steering: `allowed(remaining)` knows how many tokens may still be produced.  A greedy
+planner (see `Constraint.closing_plan`) finds a short token sequence that finishes the structure
+and the stop token; when `remaining` comes within a few tokens of that need, only "inert" tokens
+(which cannot open new structure) stay allowed, and at the end the plan itself is followed.  So a
+reply is cut with finish_reason "length" only when even the shortest completion cannot fit.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import llguidance as llg
+import numpy as np
+
+from .grammars import ConstraintError, GrammarText, Markup, json_grammar, tool_call_grammar
+
+__all__ = ["Constraint", "ConstraintError", "TokenizerContext", "build_constraint",
+           "tokenizer_context"]
+
+# Characters whose presence makes a token able to open or close structure (JSON punctuation,
+# tags, escapes, number parts).  In the closing zone only tokens without them are sampled.
+_STRUCTURAL = set('{}[]",:<>\\-.')
+STEER_WINDOW = 8      # tokens of slack before the plan is followed strictly
+REPLAN_EVERY = 16     # replan at least this often, wherever the budget stands
+MAX_PLAN = 2048       # tokens; a plan longer than this is not found (treated as unsatisfiable)
+
+
+@dataclass
+class TokenizerContext:
+    """Everything derived once per (tokenizer, vocab size, stop tokens): llguidance's tokenizer,
+    special-token texts, per-token byte lengths and the inert-token mask."""
+
+    lltok: llg.LLTokenizer
+    n_vocab: int
+    stop_ids: tuple[int, ...]
+    markup: Markup
+    inert: np.ndarray
+    by_length: np.ndarray  # token ids, shortest byte text first (specials last)
+
+    def ids(self, text: str) -> list[int]:
+        out: list[int] = []
+        for kind, value in self.markup.parts(text):
+            if kind == "special":
+                out.append(int(value))
+            else:
+                out.extend(self.lltok.tokenize_str(str(value)))
+        return out
+
+
+_CACHE: dict[tuple[str, int, tuple[int, ...]], TokenizerContext] = {}
+_CACHE_LOCK = threading.Lock()
+
+
+def _tokenizer_json(tokenizer: Any) -> str:
+    if isinstance(tokenizer, (str, Path)):
+        return Path(tokenizer).read_text(encoding="utf-8")
+    backend = getattr(tokenizer, "backend", tokenizer)  # gateway.tokenizer.Tokenizer or tokenizers'
+    return backend.to_str()
+
+
+def tokenizer_context(tokenizer: Any, *, n_vocab: int | None = None,
+                      stop_token_ids: Sequence[int] | None = None) -> TokenizerContext:
+    """Cached: building llguidance's token trie takes seconds on a 129k vocabulary, so the server
+    should call this once at startup."""
+    text = _tokenizer_json(tokenizer)
+    digest = hashlib.sha1(text.encode("utf-8")).hexdigest()
+    key = (digest, n_vocab or 0, tuple(stop_token_ids or ()))
+    with _CACHE_LOCK:
+        if key in _CACHE:
+            return _CACHE[key]
+    kwargs: dict[str, Any] = {}
+    if n_vocab:
+        kwargs["n_vocab"] = n_vocab
+    if stop_token_ids:
+        kwargs["eos_token"] = list(stop_token_ids)
+    lltok = llg.LLTokenizer(text, **kwargs)
+    size = lltok.vocab_size
+    specials: dict[str, int] = {}
+    for added in json.loads(text).get("added_tokens", []):
+        tid, content = added.get("id"), added.get("content")
+        if isinstance(tid, int) and isinstance(content, str) and tid < size and lltok.is_special_token(tid):
+            specials[content] = tid
+    lengths = np.zeros(size, dtype=np.int64)
+    inert = np.zeros(size, dtype=bool)
+    for tid in range(size):
+        if lltok.is_special_token(tid):
+            lengths[tid] = 1 << 20
+            continue
+        raw = lltok.decode_bytes([tid])
+        lengths[tid] = len(raw) or (1 << 20)
+        try:
+            piece = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            continue
+        inert[tid] = bool(piece) and not (_STRUCTURAL & set(piece))
+    ctx = TokenizerContext(lltok, size, tuple(lltok.eos_tokens), Markup(specials), inert,
+                           np.argsort(lengths, kind="stable"))
+    with _CACHE_LOCK:
+        _CACHE[key] = ctx
+    return ctx
+
+
+@dataclass
+class ConstraintStats:
+    masks: int = 0
+    mask_seconds: float = 0.0
+    plans: int = 0
+    plan_seconds: float = 0.0
+    steered: int = 0  # tokens chosen under budget steering
+
+
+class Constraint:
+    """One request's grammar state over the generated tokens."""
+
+    def __init__(self, ctx: TokenizerContext, grammar: GrammarText, *, kind: str,
+                 prefix: str | None) -> None:
+        self.ctx = ctx
+        self.kind = kind
+        self.prefix = prefix
+        self.grammar = grammar.lark
+        compiled = llg.LLMatcher.grammar_from_lark(grammar.lark)
+        error = llg.LLMatcher.validate_grammar(compiled, ctx.lltok)
+        if error:
+            raise ConstraintError(_clean_error(error))
+        self.matcher = llg.LLMatcher(ctx.lltok, compiled, log_level=0)
+        if self.matcher.is_error():
+            raise ConstraintError(_clean_error(self.matcher.get_error()))
+        candidates = [*grammar.closers, '"', "}", "]", ",", "0", "false"]
+        self._closers = [ids for ids in (ctx.ids(t) for t in dict.fromkeys(candidates)) if ids]
+        self.stats = ConstraintStats()
+        self._plan: list[int] | None = None
+        self._plan_at = -1          # len(tokens) when the plan was made
+        self._following = False
+        self._fresh = False
+        self.tokens: list[int] = []
+        plan = self.closing_plan()
+        if plan is None:
+            raise ConstraintError("the schema admits no value that can be generated "
+                                  "(no valid completion was found)")
+
+    # ----------------------------------------------------------------- grammar
+    def _grammar_mask(self) -> np.ndarray:
+        t0 = time.perf_counter()
+        bits = np.frombuffer(self.matcher.compute_bitmask(), dtype=np.uint8)
+        mask = np.unpackbits(bits, bitorder="little", count=self.ctx.n_vocab).astype(bool)
+        self.stats.masks += 1
+        self.stats.mask_seconds += time.perf_counter() - t0
+        return mask
+
+    def is_complete(self) -> bool:
+        """The output so far is a complete structure (the stop token is allowed)."""
+        return self.matcher.is_accepting()
+
+    def advance(self, token_id: int) -> None:
+        """Feed the sampled token.  Stop tokens end the output and are not fed."""
+        if token_id in self.ctx.stop_ids and self.matcher.is_accepting():
+            self.tokens.append(token_id)
+            return
+        if not self.matcher.consume_token(int(token_id)):
+            raise ConstraintError(f"token {token_id} is not allowed here: "
+                                  f"{_clean_error(self.matcher.get_error())}")
+        self.tokens.append(int(token_id))
+        if self._plan:
+            if self._plan[0] == token_id:
+                self._plan.pop(0)
+                self._plan_at = len(self.tokens)
+            else:
+                self._fresh = False  # keep the length as an estimate until the next replan
+                self._following = False
+
+    # ----------------------------------------------------------------- budget
+    def closing_plan(self) -> list[int] | None:
+        """A short token sequence (stop token included) that completes the output from here.
+
+        Greedy: forced tokens first, then the grammar's closers ('"', '}', closing tags...) in
+        order, else the shortest allowed token.  llguidance never offers a dead end, so the only
+        failure is a plan longer than MAX_PLAN."""
+        t0 = time.perf_counter()
+        m = self.matcher.deep_copy()
+        plan: list[int] = []
+        found = False
+        while len(plan) < MAX_PLAN:
+            if m.is_accepting():
+                plan.append(self.ctx.stop_ids[0])
+                found = True
+                break
+            if m.is_error() or m.is_stopped():
+                break
+            ff = m.compute_ff_tokens()
+            if ff:
+                m.consume_tokens(ff)
+                plan.extend(ff)
+                continue
+            before = m.compute_bitmask()
+            for ids in self._closers:
+                if m.validate_tokens(ids) == len(ids):
+                    m.consume_tokens(ids)
+                    if m.compute_bitmask() == before and not m.is_accepting():
+                        # Mere text here (a tag inside a JSON string): no progress, undo it.
+                        m.rollback(len(ids))
+                        continue
+                    plan.extend(ids)
+                    break
+            else:
+                bits = np.frombuffer(before, dtype=np.uint8)
+                allowed = np.unpackbits(bits, bitorder="little", count=self.ctx.n_vocab).astype(bool)
+                allowed[list(self.ctx.stop_ids)] = False
+                candidates = self.ctx.by_length[allowed[self.ctx.by_length]]
+                if not len(candidates):
+                    break
+                tid = int(candidates[0])
+                m.consume_token(tid)
+                plan.append(tid)
+        self.stats.plans += 1
+        self.stats.plan_seconds += time.perf_counter() - t0
+        self._plan = plan if found else None
+        self._plan_at = len(self.tokens)
+        self._fresh = True
+        return self._plan
+
+    def need(self) -> int | None:
+        """Tokens the current shortest known completion takes (stop token included)."""
+        return None if self._plan is None else len(self._plan)
+
+    def allowed(self, remaining: int | None = None) -> np.ndarray:
+        """Bool mask over the vocabulary for the next token; `remaining` is how many tokens may
+        still be produced including this one (None: no budget steering)."""
+        if remaining is not None and self._following and self._plan:
+            return self._one_hot(self._plan[0])
+        mask = self._grammar_mask()
+        if remaining is None:
+            return mask
+        due = (self._plan is None or len(self.tokens) - self._plan_at >= REPLAN_EVERY
+               or remaining <= len(self._plan) + STEER_WINDOW + REPLAN_EVERY)
+        if due and not self._fresh:
+            self.closing_plan()
+        if not self._fresh:
+            return mask  # far from the budget: the estimate is enough
+        need = self.need()
+        if need is None:
+            return mask
+        if remaining <= need + 1:
+            self._following = True
+            self.stats.steered += 1
+            return self._one_hot(self._plan[0])  # type: ignore[index]
+        if remaining <= need + STEER_WINDOW:
+            calm = mask & self.ctx.inert
+            if not calm.any():
+                self._following = True
+                self.stats.steered += 1
+                return self._one_hot(self._plan[0])  # type: ignore[index]
+            self.stats.steered += 1
+            return calm
+        return mask
+
+    def _one_hot(self, token_id: int) -> np.ndarray:
+        mask = np.zeros(self.ctx.n_vocab, dtype=bool)
+        mask[token_id] = True
+        return mask
+
+    def token_mask_hook(self, max_tokens: int) -> Callable[[list[int]], np.ndarray]:
+        """Adapter for GenerationRequest.token_mask: called with the ids generated so far."""
+        def hook(generated: list[int]) -> np.ndarray:
+            for tid in generated[len(self.tokens):]:
+                self.advance(tid)
+            return self.allowed(max_tokens - len(generated))
+        return hook
+
+
+def _clean_error(text: str) -> str:
+    text = text.split("\n<state>")[0].split("\n<grammar>")[0].strip()
+    return text[:500] or "the grammar is invalid"
+
+
+def build_constraint(tokenizer: Any, *, kind: str, dialect: str | None = None,
+                     chat_format: str | None = None, tools: Sequence[Mapping[str, Any]] | None = None,
+                     forced_name: str | None = None, parallel: bool = True,
+                     start_in_call_text: str | None = None, json_schema: Any = None,
+                     reasoning_open: bool = False, stop_token_ids: Sequence[int] | None = None,
+                     n_vocab: int | None = None) -> Constraint:
+    """A Constraint for one request.
+
+    tokenizer        path to tokenizer.json, a tokenizers.Tokenizer or gateway.tokenizer.Tokenizer
+    kind             "tool_call" | "json_schema" | "json_object"
+    dialect          tool-call dialect (default: the chat format's)
+    chat_format      gateway.chat format name ("dsml", "glm45", "glm47", "qwen3", ...)
+    forced_name      tool_choice's function (None: any declared tool)
+    parallel         False: exactly one call
+    start_in_call_text  the text the server prefilled; checked against the format's own opener
+    reasoning_open   JSON kinds only: the prompt opened <think>, reasoning comes first
+    stop_token_ids   tokens that end the reply (what the server stops on)
+    n_vocab          the model's vocabulary size (the logits row length)
+    """
+    ctx = tokenizer_context(tokenizer, n_vocab=n_vocab, stop_token_ids=stop_token_ids)
+    if kind == "tool_call":
+        from ..chat.registry import forced_call_prefix, get_format
+        if dialect is None:
+            if chat_format is None:
+                raise ValueError("a tool_call constraint needs chat_format or dialect")
+            dialect = get_format(chat_format).tool_dialect
+        prefix = forced_call_prefix(chat_format or "jinja", forced_name, dialect)
+        if prefix is None:
+            raise ConstraintError(f"chat format {chat_format!r} has no tool-call syntax to force")
+        if start_in_call_text is not None and start_in_call_text != prefix:
+            raise ValueError(f"prefilled text {start_in_call_text!r} is not the opener {prefix!r}")
+        grammar = tool_call_grammar(ctx.markup, dialect or "", tools, forced_name, parallel, prefix)
+        return Constraint(ctx, grammar, kind=kind, prefix=prefix)
+    if kind == "json_schema":
+        if not isinstance(json_schema, (Mapping, bool)):
+            raise ConstraintError("response_format json_schema needs a `schema` object")
+        schema = json_schema if isinstance(json_schema, Mapping) else ({} if json_schema else False)
+        return Constraint(ctx, json_grammar(ctx.markup, schema, reasoning_open), kind=kind, prefix=None)
+    if kind == "json_object":
+        return Constraint(ctx, json_grammar(ctx.markup, {"type": "object"}, reasoning_open),
+                          kind=kind, prefix=None)
+    raise ValueError(f"unknown constraint kind {kind!r}")
