@@ -19,6 +19,8 @@ ifeq ($(ARCH),x86_64)
 ISA_avx2 := -mavx2 -mfma -mf16c
 endif
 
+.SECONDARY:
+
 .PHONY: all install deps test-deps build test test-c test-py serve bench sanitize neon-check tsan clean
 
 all: install

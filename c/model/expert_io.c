@@ -1,0 +1,246 @@
+/* I/O thread pool: one mutex guards the job queue, per-group counters and statistics; the
+ * reads themselves run unlocked.  The lookup path of the cache never takes this lock. */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#include "model/expert_io.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+enum { GROUP_IDLE = 0, GROUP_RUNNING = 1, GROUP_DONE = 2 };
+
+struct mg_io_pool {
+    pthread_mutex_t mu;
+    pthread_cond_t work_cv, done_cv;
+    pthread_t *threads;
+    int n_threads, started, stop;
+    mg_io_job *queue; /* ring */
+    int qcap, qhead, qcount;
+    int n_groups;
+    int *pending;           /* [n_groups] reads not finished */
+    unsigned char *state;   /* [n_groups] GROUP_* */
+    char **msg;             /* [n_groups] first failure, malloc'd */
+    int *done;              /* ring of completed groups, capacity n_groups */
+    int dhead, dcount;
+    int outstanding, running;
+    double busy_since;
+    mg_io_stats st;
+};
+
+static double now_seconds(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* Reads one job; returns bytes read or -1 with msg set.  *direct_used reports the mode of
+ * the last read call. */
+static int64_t do_read(const mg_io_job *j, int *direct_used, char *msg, size_t cap) {
+    int direct = j->fd_direct >= 0 && (!j->direct_ok || atomic_load(j->direct_ok));
+    uint64_t got = 0;
+    unsigned char *dst = j->dst;
+    while (got < j->len) {
+        size_t chunk = j->len - got > ((uint64_t)1 << 30) ? (size_t)1 << 30 : (size_t)(j->len - got);
+        ssize_t r = pread(direct ? j->fd_direct : j->fd_buffered, dst + got, chunk, (off_t)(j->off + got));
+        if (r < 0) {
+            if (errno == EINTR) continue;
+            if (direct && errno == EINVAL) {
+                /* the filesystem (or this range) refuses direct I/O: buffered from now on */
+                direct = 0;
+                if (j->direct_ok) atomic_store(j->direct_ok, 0);
+                continue;
+            }
+            snprintf(msg, cap, "reading '%s' from %s at offset %llu (%llu bytes): %s", j->what, j->path,
+                     (unsigned long long)(j->off + got), (unsigned long long)(j->len - got), strerror(errno));
+            return -1;
+        }
+        if (r == 0) {
+            if (got >= j->need) break; /* the aligned tail past the end of the file */
+            snprintf(msg, cap, "reading '%s' from %s: the file ends at byte %llu but the tensor's "
+                     "data reaches byte %llu (was the file truncated or replaced after it was opened?)",
+                     j->what, j->path, (unsigned long long)(j->off + got),
+                     (unsigned long long)(j->off + j->need));
+            return -1;
+        }
+        got += (uint64_t)r;
+        /* a short direct read leaves an unaligned position: finish this job buffered */
+        if (direct && ((uint64_t)r % MG_IO_ALIGN) && got < j->len) direct = 0;
+    }
+    *direct_used = direct;
+    return (int64_t)got;
+}
+
+static void *worker(void *arg) {
+    mg_io_pool *p = arg;
+    char msg[768];
+    pthread_mutex_lock(&p->mu);
+    for (;;) {
+        while (!p->stop && p->qcount == 0) pthread_cond_wait(&p->work_cv, &p->mu);
+        if (p->qcount == 0) break; /* stopping and drained */
+        mg_io_job j = p->queue[p->qhead];
+        p->qhead = (p->qhead + 1) % p->qcap;
+        p->qcount--;
+        if (p->running++ == 0) p->busy_since = now_seconds();
+        pthread_mutex_unlock(&p->mu);
+
+        int direct = 0;
+        msg[0] = 0;
+        int64_t got = do_read(&j, &direct, msg, sizeof msg);
+
+        pthread_mutex_lock(&p->mu);
+        if (--p->running == 0) p->st.busy_seconds += now_seconds() - p->busy_since;
+        if (got >= 0) {
+            p->st.bytes_read += (uint64_t)got;
+            if (direct) p->st.direct_reads++;
+            else p->st.buffered_reads++;
+        } else if (!p->msg[j.group]) {
+            p->msg[j.group] = strdup(msg[0] ? msg : "read failed");
+            if (!p->msg[j.group]) p->msg[j.group] = (char *)""; /* marks failure without text */
+        }
+        if (--p->pending[j.group] == 0) {
+            p->state[j.group] = GROUP_DONE;
+            p->done[(p->dhead + p->dcount) % p->n_groups] = j.group;
+            p->dcount++;
+            pthread_cond_broadcast(&p->done_cv);
+        }
+    }
+    pthread_mutex_unlock(&p->mu);
+    return NULL;
+}
+
+mg_io_pool *mg_io_pool_create(int n_threads, int n_groups, int max_jobs, mg_error *err) {
+    if (n_threads <= 0 || n_threads > 64 || n_groups <= 0 || max_jobs <= 0) {
+        mg_fail(err, "expert I/O: invalid pool size (%d threads, %d groups, %d jobs)", n_threads,
+                n_groups, max_jobs);
+        return NULL;
+    }
+    mg_io_pool *p = calloc(1, sizeof *p);
+    if (!p) {
+        mg_fail(err, "expert I/O: out of memory");
+        return NULL;
+    }
+    pthread_mutex_init(&p->mu, NULL);
+    pthread_cond_init(&p->work_cv, NULL);
+    pthread_cond_init(&p->done_cv, NULL);
+    p->n_groups = n_groups;
+    p->qcap = max_jobs;
+    p->queue = calloc((size_t)max_jobs, sizeof *p->queue);
+    p->pending = calloc((size_t)n_groups, sizeof *p->pending);
+    p->state = calloc((size_t)n_groups, 1);
+    p->msg = calloc((size_t)n_groups, sizeof *p->msg);
+    p->done = calloc((size_t)n_groups, sizeof *p->done);
+    p->threads = calloc((size_t)n_threads, sizeof *p->threads);
+    if (!p->queue || !p->pending || !p->state || !p->msg || !p->done || !p->threads) {
+        mg_io_pool_free(p);
+        mg_fail(err, "expert I/O: out of memory");
+        return NULL;
+    }
+    for (int i = 0; i < n_threads; i++) {
+        if (pthread_create(&p->threads[i], NULL, worker, p) != 0) {
+            mg_io_pool_free(p);
+            mg_fail(err, "expert I/O: cannot start I/O thread %d: %s", i, strerror(errno));
+            return NULL;
+        }
+        p->started++;
+    }
+    p->n_threads = n_threads;
+    return p;
+}
+
+void mg_io_pool_free(mg_io_pool *p) {
+    if (!p) return;
+    pthread_mutex_lock(&p->mu);
+    p->stop = 1;
+    pthread_cond_broadcast(&p->work_cv);
+    pthread_mutex_unlock(&p->mu);
+    for (int i = 0; i < p->started; i++) pthread_join(p->threads[i], NULL);
+    if (p->msg)
+        for (int g = 0; g < p->n_groups; g++)
+            if (p->msg[g] && p->msg[g][0]) free(p->msg[g]);
+    free(p->msg);
+    free(p->queue);
+    free(p->pending);
+    free(p->state);
+    free(p->done);
+    free(p->threads);
+    pthread_cond_destroy(&p->work_cv);
+    pthread_cond_destroy(&p->done_cv);
+    pthread_mutex_destroy(&p->mu);
+    free(p);
+}
+
+int mg_io_pool_submit(mg_io_pool *p, const mg_io_job *jobs, int n, mg_error *err) {
+    if (n <= 0) return 0;
+    pthread_mutex_lock(&p->mu);
+    int rc = 0;
+    if (n > p->qcap - p->qcount)
+        rc = mg_fail(err, "expert I/O: %d reads do not fit the queue (%d free)", n, p->qcap - p->qcount);
+    /* validate everything before changing anything: every group must be idle */
+    for (int i = 0; i < n && !rc; i++) {
+        int g = jobs[i].group;
+        if (g < 0 || g >= p->n_groups) rc = mg_fail(err, "expert I/O: group %d out of range", g);
+        else if (p->state[g] != GROUP_IDLE) rc = mg_fail(err, "expert I/O: group %d is still in use", g);
+    }
+    if (!rc) {
+        for (int i = 0; i < n; i++) {
+            int g = jobs[i].group;
+            if (p->pending[g]++ == 0) p->outstanding++;
+            p->queue[(p->qhead + p->qcount + i) % p->qcap] = jobs[i];
+        }
+        for (int i = 0; i < n; i++) p->state[jobs[i].group] = GROUP_RUNNING;
+        p->qcount += n;
+        pthread_cond_broadcast(&p->work_cv);
+    }
+    pthread_mutex_unlock(&p->mu);
+    return rc;
+}
+
+int mg_io_pool_wait_any(mg_io_pool *p, int *failed, char *msg, size_t msg_cap) {
+    pthread_mutex_lock(&p->mu);
+    if (p->outstanding == 0) {
+        pthread_mutex_unlock(&p->mu);
+        return -1;
+    }
+    while (p->dcount == 0) pthread_cond_wait(&p->done_cv, &p->mu);
+    int g = p->done[p->dhead];
+    p->dhead = (p->dhead + 1) % p->n_groups;
+    p->dcount--;
+    p->outstanding--;
+    p->state[g] = GROUP_IDLE;
+    *failed = p->msg[g] != NULL;
+    if (msg && msg_cap) {
+        snprintf(msg, msg_cap, "%s", p->msg[g] ? p->msg[g] : "");
+    }
+    if (p->msg[g] && p->msg[g][0]) free(p->msg[g]);
+    p->msg[g] = NULL;
+    pthread_mutex_unlock(&p->mu);
+    return g;
+}
+
+int mg_io_pool_idle(mg_io_pool *p) {
+    pthread_mutex_lock(&p->mu);
+    int idle = p->qcount == 0 && p->running == 0;
+    pthread_mutex_unlock(&p->mu);
+    return idle;
+}
+
+int mg_io_pool_outstanding(mg_io_pool *p) {
+    pthread_mutex_lock(&p->mu);
+    int n = p->outstanding;
+    pthread_mutex_unlock(&p->mu);
+    return n;
+}
+
+mg_io_stats mg_io_pool_stats(mg_io_pool *p) {
+    pthread_mutex_lock(&p->mu);
+    mg_io_stats s = p->st;
+    if (p->running) s.busy_seconds += now_seconds() - p->busy_since;
+    pthread_mutex_unlock(&p->mu);
+    return s;
+}

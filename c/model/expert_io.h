@@ -1,0 +1,53 @@
+/* A small pool of I/O threads that read file ranges into memory, for the expert cache.
+ *
+ * Reads belong to groups (a cache slot: one expert's extents).  mg_io_pool_wait_any returns
+ * groups as their last read completes, so the caller can compute on experts in arrival order.
+ * A read first tries the O_DIRECT descriptor (offset, length and destination 4 KiB-aligned);
+ * when the filesystem refuses (EINVAL) it falls back to the buffered descriptor and stops
+ * trying O_DIRECT on that file.  Short reads at end of file are fine as long as the `need`
+ * bytes arrived; otherwise the group fails with a message naming `what` and the file. */
+#ifndef MG_EXPERT_IO_H
+#define MG_EXPERT_IO_H
+
+#include <stdatomic.h>
+#include <stdint.h>
+#include "core/status.h"
+
+#define MG_IO_ALIGN 4096u
+
+typedef struct mg_io_job {
+    int group;               /* [0, n_groups) */
+    int fd_direct;           /* -1: none */
+    int fd_buffered;
+    atomic_int *direct_ok;   /* per-file switch, cleared after EINVAL; may be NULL */
+    uint64_t off, len, need; /* read [off, off + len); bytes [off, off + need) must exist */
+    void *dst;
+    const char *what;        /* tensor name, for errors (must outlive the read) */
+    const char *path;        /* file path, for errors (must outlive the read) */
+} mg_io_job;
+
+typedef struct mg_io_stats {
+    uint64_t bytes_read, direct_reads, buffered_reads;
+    double busy_seconds; /* wall time with at least one read running */
+} mg_io_stats;
+
+typedef struct mg_io_pool mg_io_pool;
+
+mg_io_pool *mg_io_pool_create(int n_threads, int n_groups, int max_jobs, mg_error *err);
+void mg_io_pool_free(mg_io_pool *p); /* waits for running reads */
+
+/* Queues the reads (all or none: fails when the queue would overflow or a group is busy). */
+int mg_io_pool_submit(mg_io_pool *p, const mg_io_job *jobs, int n, mg_error *err);
+
+/* Blocks until some group completes and returns it (and *failed, with msg filled on failure);
+ * -1 at once when no group is outstanding. */
+int mg_io_pool_wait_any(mg_io_pool *p, int *failed, char *msg, size_t msg_cap);
+
+/* 1 when nothing is queued or running. */
+int mg_io_pool_idle(mg_io_pool *p);
+/* Groups submitted and not yet returned by wait_any. */
+int mg_io_pool_outstanding(mg_io_pool *p);
+
+mg_io_stats mg_io_pool_stats(mg_io_pool *p);
+
+#endif

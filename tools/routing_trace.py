@@ -1,0 +1,310 @@
+"""Record expert routing and replay it through cache policies.
+
+A routing trace is what the expert store saw: one record per fetch (a layer and the experts
+requested together).  The C store writes it (mg_expert_store_trace); this tool reads it, can
+synthesise one, and replays it through three replacement policies at several cache sizes:
+
+  lru     least recently requested expert is evicted
+  ours    frequency with exponential aging (the store's default, expert_policy.c), optionally
+          seeded and pinned from routing history (--history)
+  belady  offline optimum: evict the expert whose next request is furthest away
+
+The replay follows the store's rules: all experts of a fetch are looked up first (a fetch's own
+experts are never evicted to make room for each other), and the cache needs at least one
+layer's experts.
+
+  python tools/routing_trace.py record --model DIR --out run.trace [--tokens 64] [--prompt ...]
+  python tools/routing_trace.py replay run.trace [--budgets 0.05,0.1,0.25,0.5] [--history old.trace]
+  python tools/routing_trace.py synth --out synth.trace --layers 8 --experts 64 --k 8 --tokens 500
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import struct
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+MAGIC = b"MGRTRACE"
+VERSION = 1
+HEADER = struct.Struct("<8sIIII")  # magic, version, n_layers, n_experts, reserved
+TRACE_ENV = "MOEGATE_ROUTING_TRACE"  # the engine hook: record fetches to this path
+
+
+@dataclass
+class Trace:
+    n_layers: int
+    n_experts: int
+    layers: list[int] = field(default_factory=list)
+    batches: list[np.ndarray] = field(default_factory=list)  # expert ids per fetch
+
+    def keys(self, i: int) -> np.ndarray:
+        """Unique cache keys (layer * n_experts + expert) of fetch i, in request order."""
+        ids = self.batches[i].astype(np.int64) + self.layers[i] * self.n_experts
+        _, first = np.unique(ids, return_index=True)
+        return ids[np.sort(first)]
+
+    @property
+    def n_keys(self) -> int:
+        return self.n_layers * self.n_experts
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+
+def read_trace(path: str | os.PathLike[str]) -> Trace:
+    data = Path(path).read_bytes()
+    if len(data) < HEADER.size:
+        raise ValueError(f"{path}: not a routing trace (file too short)")
+    magic, version, n_layers, n_experts, _ = HEADER.unpack_from(data)
+    if magic != MAGIC:
+        raise ValueError(f"{path}: not a routing trace (bad magic {magic!r})")
+    if version != VERSION:
+        raise ValueError(f"{path}: routing trace version {version}, expected {VERSION}")
+    if (len(data) - HEADER.size) % 2:
+        raise ValueError(f"{path}: truncated routing trace")
+    words = np.frombuffer(data, dtype="<u2", offset=HEADER.size)
+    trace = Trace(n_layers, n_experts)
+    pos = 0
+    while pos < len(words):
+        if pos + 2 > len(words):
+            raise ValueError(f"{path}: truncated record at word {pos}")
+        layer, n = int(words[pos]), int(words[pos + 1])
+        ids = words[pos + 2 : pos + 2 + n]
+        if len(ids) != n:
+            raise ValueError(f"{path}: truncated record at word {pos}")
+        if layer >= n_layers or (n and int(ids.max()) >= n_experts):
+            raise ValueError(f"{path}: record at word {pos} is out of range")
+        trace.layers.append(layer)
+        trace.batches.append(ids.astype(np.int32))
+        pos += 2 + n
+    return trace
+
+
+def write_trace(path: str | os.PathLike[str], trace: Trace) -> None:
+    with open(path, "wb") as f:
+        f.write(HEADER.pack(MAGIC, VERSION, trace.n_layers, trace.n_experts, 0))
+        for layer, ids in zip(trace.layers, trace.batches):
+            f.write(struct.pack("<HH", layer, len(ids)))
+            f.write(np.asarray(ids, dtype="<u2").tobytes())
+
+
+def synthesize(n_layers: int, n_experts: int, k: int, n_tokens: int, seed: int = 0,
+               skew: float = 1.0, reuse: float = 0.3) -> Trace:
+    """Decode-like routing: per layer a Zipf-like popularity over a random permutation of the
+    experts, and with probability `reuse` a choice repeats one of the previous token's."""
+    rng = np.random.default_rng(seed)
+    weights = []
+    for _ in range(n_layers):
+        w = 1.0 / np.arange(1, n_experts + 1) ** skew
+        weights.append(rng.permutation(w / w.sum()))
+    trace = Trace(n_layers, n_experts)
+    prev: list[np.ndarray] = [np.empty(0, dtype=np.int32) for _ in range(n_layers)]
+    for _ in range(n_tokens):
+        for layer in range(n_layers):
+            chosen: list[int] = []
+            while len(chosen) < k:
+                if len(prev[layer]) and rng.random() < reuse:
+                    e = int(rng.choice(prev[layer]))
+                else:
+                    e = int(rng.choice(n_experts, p=weights[layer]))
+                if e not in chosen:
+                    chosen.append(e)
+            ids = np.array(sorted(chosen), dtype=np.int32)
+            prev[layer] = ids
+            trace.layers.append(layer)
+            trace.batches.append(ids)
+    return trace
+
+
+# ---- policies ------------------------------------------------------------------------------
+
+
+def usage_counts(trace: Trace) -> np.ndarray:
+    counts = np.zeros(trace.n_keys)
+    for i in range(len(trace)):
+        counts[trace.keys(i)] += 1
+    return counts
+
+
+@dataclass
+class Result:
+    hits: int = 0
+    misses: int = 0
+
+    @property
+    def hit_rate(self) -> float:
+        total = self.hits + self.misses
+        return self.hits / total if total else 0.0
+
+
+def simulate(trace: Trace, policy: str, n_slots: int, *, half_life: float | None = None,
+             window: float | None = None, history: np.ndarray | None = None,
+             pin_fraction: float = 0.5, warm: int = 0) -> Result:
+    """Replays the trace through one policy with n_slots expert slots.  Fetches before `warm`
+    fill the cache without being counted.  history: per-key request counts of earlier runs
+    (ours only): seeds the scores and pins the top pin_fraction * n_slots keys.
+    ours = LFRU: experts requested within the last `window` fetches (default: one token,
+    n_layers fetches) form a protected LRU tier; the rest are ranked by decayed frequency
+    (half-life `half_life` fetches, default 16 tokens) and evicted first."""
+    if policy not in ("lru", "ours", "belady"):
+        raise ValueError(f"unknown policy {policy!r}")
+    if n_slots < 1:
+        raise ValueError("n_slots must be >= 1")
+    h = half_life if half_life else 16.0 * trace.n_layers
+    win = window if window is not None else float(trace.n_layers)
+    freq = np.full(trace.n_keys, -math.inf)  # time-shifted log2 decayed count (expert_policy.h)
+    last = np.full(trace.n_keys, -math.inf)  # tick of the last request
+    pinned = np.zeros(trace.n_keys, dtype=bool)
+    if policy == "ours" and history is not None:
+        seen = history > 0
+        freq[seen] = np.log2(history[seen])
+        n_pin = min(int(pin_fraction * n_slots), int(seen.sum()))
+        if n_pin > 0:
+            pinned[np.lexsort((np.arange(trace.n_keys), -history))[:n_pin]] = True
+    next_use = _next_uses(trace) if policy == "belady" else None
+    nxt = np.full(trace.n_keys, math.inf)  # belady: next request of each key
+    slot_key = np.full(n_slots, -1, dtype=np.int64)
+    key_slot = np.full(trace.n_keys, -1, dtype=np.int64)
+    result = Result()
+    for t in range(len(trace)):
+        keys = trace.keys(t)
+        now = float(t + 1)
+        if policy == "ours":
+            tt = now / h
+            past = np.where(freq[keys] == -math.inf, 0.0, np.exp2(freq[keys] - tt))
+            freq[keys] = tt + np.log2(past + 1.0)
+        elif policy == "belady":
+            nxt[keys] = next_use[t]
+        last[keys] = now
+        missing = keys[key_slot[keys] < 0]
+        if t >= warm:
+            result.hits += len(keys) - len(missing)
+            result.misses += len(missing)
+        if not len(missing):
+            continue
+        occupied = slot_key >= 0
+        k = np.where(occupied, slot_key, 0)
+        # eviction order: empty slots, then by policy; the batch's own slots never
+        if policy == "lru":
+            primary, secondary = last[k], np.zeros(n_slots)
+        elif policy == "belady":
+            primary, secondary = -nxt[k], np.zeros(n_slots)
+        else:
+            recent = last[k] > now - win
+            primary = recent.astype(float)
+            secondary = np.where(recent, last[k], freq[k])
+        primary = np.where(occupied, primary, -math.inf)
+        excluded = occupied & np.isin(k, keys)
+        pin_rank = (occupied & pinned[k]).astype(float)
+        order = np.lexsort((np.arange(n_slots), secondary, primary, pin_rank, excluded))
+        victims = order[: len(missing)]
+        if len(victims) < len(missing) or excluded[victims].any():
+            raise ValueError(f"fetch {t}: {len(keys)} experts do not fit {n_slots} slots")
+        old = slot_key[victims]
+        key_slot[old[old >= 0]] = -1
+        slot_key[victims] = missing
+        key_slot[missing] = victims
+    return result
+
+
+def _next_uses(trace: Trace) -> list[list[float]]:
+    """For each fetch, for each of its keys: the index of the next fetch requesting it."""
+    last: dict[int, float] = {}
+    out: list[list[float]] = [[] for _ in range(len(trace))]
+    for t in range(len(trace) - 1, -1, -1):
+        keys = [int(x) for x in trace.keys(t)]
+        out[t] = [last.get(key, math.inf) for key in keys]
+        for key in keys:
+            last[key] = float(t)
+    return out
+
+
+def replay_table(trace: Trace, budgets: list[float], *, history: np.ndarray | None = None,
+                 warm: int = 0, half_life: float | None = None) -> list[dict[str, float]]:
+    """Hit rates of the three policies at each budget (a fraction of the expert pool)."""
+    rows = []
+    for b in budgets:
+        slots = max(trace.n_experts, int(round(b * trace.n_keys)))
+        row: dict[str, float] = {"budget": b, "slots": float(slots)}
+        for policy in ("lru", "ours", "belady"):
+            res = simulate(trace, policy, slots, history=history if policy == "ours" else None,
+                           warm=warm, half_life=half_life)
+            row[policy] = res.hit_rate
+        rows.append(row)
+    return rows
+
+
+def format_table(rows: list[dict[str, float]]) -> str:
+    lines = [f"{'budget':>8} {'slots':>7} {'lru':>7} {'ours':>7} {'belady':>7}"]
+    for r in rows:
+        lines.append(f"{r['budget']:>8.3f} {int(r['slots']):>7d} {r['lru']:>7.3f} {r['ours']:>7.3f} "
+                     f"{r['belady']:>7.3f}")
+    return "\n".join(lines)
+
+
+# ---- recording ---------------------------------------------------------------------------
+
+
+def record(model: str, out: str, tokens: int, prompt_ids: list[int], ram_gb: float | None) -> Trace:
+    """Greedy-decodes `tokens` tokens with the engine while it records its fetches."""
+    os.environ[TRACE_ENV] = str(Path(out).resolve())
+    from gateway.engine import Engine  # late: only `record` needs the compiled engine
+
+    eng = Engine(model, ram_gb=ram_gb)
+    logits = eng.eval(prompt_ids, last_only=True)
+    for _ in range(tokens):
+        logits = eng.eval([int(np.argmax(logits[-1]))], last_only=True)
+    del eng  # the store flushes and closes the trace when freed
+    if not Path(out).exists():
+        raise RuntimeError(f"the engine wrote no trace to {out}: this build lacks the {TRACE_ENV} hook")
+    return read_trace(out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    rec = sub.add_parser("record", help="run the engine and record its routing")
+    rec.add_argument("--model", required=True)
+    rec.add_argument("--out", required=True)
+    rec.add_argument("--tokens", type=int, default=64)
+    rec.add_argument("--prompt-ids", default="1,2,3,4,5,6,7,8", help="comma-separated token ids")
+    rec.add_argument("--ram", type=float, default=None)
+    rep = sub.add_parser("replay", help="hit rates of lru / ours / belady at several budgets")
+    rep.add_argument("trace")
+    rep.add_argument("--budgets", default="0.05,0.1,0.25,0.5")
+    rep.add_argument("--history", help="an earlier trace: seeds and pins 'ours'")
+    rep.add_argument("--warm", type=int, default=0, help="fetches replayed before counting")
+    rep.add_argument("--half-life", type=float, default=None, help="in fetches (default 16 tokens)")
+    syn = sub.add_parser("synth", help="write a synthetic decode-like trace")
+    syn.add_argument("--out", required=True)
+    syn.add_argument("--layers", type=int, default=8)
+    syn.add_argument("--experts", type=int, default=64)
+    syn.add_argument("--k", type=int, default=8)
+    syn.add_argument("--tokens", type=int, default=300)
+    syn.add_argument("--seed", type=int, default=0)
+    syn.add_argument("--skew", type=float, default=1.0)
+    args = ap.parse_args(argv)
+    if args.cmd == "record":
+        ids = [int(x) for x in args.prompt_ids.split(",") if x.strip()]
+        tr = record(args.model, args.out, args.tokens, ids, args.ram)
+        print(f"{args.out}: {len(tr)} fetches, {tr.n_layers} layers x {tr.n_experts} experts")
+    elif args.cmd == "replay":
+        tr = read_trace(args.trace)
+        hist = usage_counts(read_trace(args.history)) if args.history else None
+        budgets = [float(x) for x in args.budgets.split(",") if x.strip()]
+        print(f"{args.trace}: {len(tr)} fetches, {tr.n_layers} layers x {tr.n_experts} experts "
+              "(budget = share of the expert pool)")
+        print(format_table(replay_table(tr, budgets, history=hist, warm=args.warm, half_life=args.half_life)))
+    else:
+        write_trace(args.out, synthesize(args.layers, args.experts, args.k, args.tokens, args.seed, args.skew))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
