@@ -66,6 +66,8 @@ serve: install
 
 bench: install test-deps
 	$(PYTHON) tools/bench.py
+	$(PYTHON) tools/bench_models.py
+	$(PYTHON) tools/bench_experts.py
 
 # ---- sanitizers: separate object dir so a normal build is never mixed with an instrumented one
 SAN_FLAGS := -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined

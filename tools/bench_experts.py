@@ -1,0 +1,281 @@
+"""Over-budget decode benchmark for the expert store (issue 4), printed side by side:
+
+  decode tok/s    measured at a RAM budget of a third of the checkpoint, next to the floor
+                  (missed-expert bytes / measured O_DIRECT read GB/s + bytes read from memory /
+                  measured memory read GB/s, per token) as a ratio;
+  hit rate        measured by the engine, next to Belady's (offline optimum) and our policy's
+                  replay on the same routing trace (tools/routing_trace.py), same slot count.
+
+    python tools/bench_experts.py [--model DIR] [--size-gb 1.2] [--tokens 32] [--budget-fraction 0.333]
+
+Without --model a qwen3_moe bf16 checkpoint of about --size-gb is written (streaming writer,
+seconds per GB) into --work-dir and kept for the next run.  `run(args)` is the entry point
+`make bench` calls.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import mmap
+import os
+import struct
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+for _p in (REPO_ROOT, REPO_ROOT / "python"):
+    if str(_p) not in sys.path:
+        sys.path.insert(0, str(_p))
+
+from tools.routing_trace import TRACE_ENV, read_trace, simulate  # noqa: E402
+
+EXPERT_MARK = ".mlp.experts."
+PROMPT = [5, 17, 42, 99, 3, 250, 7, 600, 31, 8, 77, 512, 64, 128, 9, 2]
+
+
+# ---- checkpoint ------------------------------------------------------------------------------
+
+
+def bench_overrides(size_gb: float) -> dict[str, Any]:
+    """qwen3_moe shapes where routed experts are ~95% of the bytes: 8 layers of 64 experts over
+    hidden 1024, the expert width chosen to reach size_gb (384 at 1.2 GB: 2.4 MB per bf16
+    expert), so one layer's experts (the cache's minimum) stay an eighth of the checkpoint."""
+    layers, experts, hidden = 8, 64, 1024
+    width = max(64, int(size_gb * 1e9 / (layers * experts * 3 * hidden * 2)) // 32 * 32)
+    return {
+        "hidden_size": hidden, "intermediate_size": 2048, "moe_intermediate_size": width, "num_experts": experts,
+        "num_experts_per_tok": 8, "num_hidden_layers": layers, "vocab_size": 2048,
+        "num_attention_heads": 4, "num_key_value_heads": 1, "head_dim": 64, "max_position_embeddings": 512,
+    }
+
+
+def ensure_checkpoint(args: argparse.Namespace) -> Path:
+    if args.model:
+        return Path(args.model)
+    from tools.ckpt import write_checkpoint
+
+    out = Path(args.work_dir) / f"qwen3_moe-bf16-{args.size_gb:g}gb"
+    if not (out / "config.json").exists():
+        write_checkpoint("qwen3_moe", "bench", "bf16", out, seed=3, overrides=bench_overrides(args.size_gb))
+    return out
+
+
+@dataclass
+class Layout:
+    shards: list[Path]
+    expert_bytes: int  # all routed experts
+    n_experts: int  # (layer, expert) pairs
+    other_bytes: int  # everything else, minus the embedding (decode reads one row of it)
+    total_bytes: int
+
+
+def read_layout(ckpt: Path) -> Layout:
+    shards = sorted(ckpt.glob("*.safetensors"))
+    expert = other = 0
+    experts: set[str] = set()
+    for shard in shards:
+        with open(shard, "rb") as f:
+            (n,) = struct.unpack("<Q", f.read(8))
+            header = json.loads(f.read(n))
+        header.pop("__metadata__", None)
+        for name, entry in header.items():
+            size = entry["data_offsets"][1] - entry["data_offsets"][0]
+            if EXPERT_MARK in name:
+                expert += size
+                head, _, rest = name.partition(EXPERT_MARK)
+                experts.add(head + "." + rest.split(".", 1)[0])
+            elif "embed_tokens" not in name:
+                other += size
+    return Layout(shards, expert, len(experts), other, sum(p.stat().st_size for p in shards))
+
+
+# ---- bandwidths ----------------------------------------------------------------------------
+
+
+def memory_read_gbps(threads: int, size: int = 256 << 20, reps: int = 3) -> float:
+    from gateway import _core
+
+    table = _core.best_kernel_table()
+    buf = np.ones(size // 4, dtype=np.float32)
+    best = float("inf")
+    for _ in range(reps):
+        started = time.perf_counter()
+        _core.read_sum(table, buf, threads)
+        best = min(best, time.perf_counter() - started)
+    return buf.nbytes / best / 1e9
+
+
+def disk_read_gbps(shards: list[Path], block: int, budget_bytes: int, queue_depth: int = 4,
+                   seed: int = 0) -> tuple[float, str]:
+    """Random expert-sized reads across the shards, `queue_depth` in flight (the store's default
+    I/O threads): (GB/s, mode).  O_DIRECT into page-aligned buffers, as the store reads; buffered
+    pread when the filesystem refuses O_DIRECT (the mode says so: then the page cache counts)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    block = max(4096, block + (-block % 4096))
+    sizes = [p.stat().st_size for p in shards]
+    usable = [i for i, size in enumerate(sizes) if size >= block]
+    rng = np.random.default_rng(seed)
+    n_reads = max(queue_depth, budget_bytes // block)
+    picks = rng.choice(usable, n_reads)
+    offsets = [int(rng.integers(0, (sizes[i] - block) // 4096 + 1)) * 4096 for i in picks]
+    mode = "O_DIRECT"
+    try:
+        fds = [os.open(p, os.O_RDONLY | os.O_DIRECT) for p in shards]
+        probe = mmap.mmap(-1, block)
+        os.preadv(fds[usable[0]], [probe], 0)
+        probe.close()
+    except OSError as exc:
+        mode = f"buffered (O_DIRECT refused: {exc.strerror})"
+        fds = [os.open(p, os.O_RDONLY) for p in shards]
+
+    def worker(lane: int) -> int:
+        buf = mmap.mmap(-1, block)  # anonymous maps are page-aligned, as O_DIRECT needs
+        done = 0
+        for j in range(lane, n_reads, queue_depth):
+            done += os.preadv(fds[picks[j]], [buf], offsets[j])
+        buf.close()
+        return done
+
+    try:
+        started = time.perf_counter()
+        with ThreadPoolExecutor(queue_depth) as pool:
+            total = sum(pool.map(worker, range(queue_depth)))
+        elapsed = time.perf_counter() - started
+    finally:
+        for fd in fds:
+            os.close(fd)
+    return total / elapsed / 1e9, f"{mode}, {queue_depth} reads in flight"
+
+
+# ---- decode at a budget ---------------------------------------------------------------------
+
+
+@dataclass
+class DecodeResult:
+    tok_per_s: float
+    stats_prefill: dict[str, Any]
+    stats_end: dict[str, Any]
+    trace_path: Path | None
+    n_prefill_fetches: int
+    n_moe_layers: int
+
+
+def decode_at_budget(ckpt: Path, ram_gb: float, tokens: int, threads: int | None, trace_path: Path) -> DecodeResult:
+    if trace_path.exists():
+        trace_path.unlink()
+    os.environ[TRACE_ENV] = str(trace_path)
+    try:
+        from gateway.engine import Engine
+
+        engine = Engine(str(ckpt), ram_gb=ram_gb, threads=threads)
+        logits = engine.eval(PROMPT, last_only=True)
+        after_prefill = dict(engine.stats()["experts"])
+        started = time.perf_counter()
+        for _ in range(tokens):
+            logits = engine.eval([int(np.argmax(logits[-1]))], last_only=True)
+        seconds = time.perf_counter() - started
+        end = dict(engine.stats()["experts"])
+        n_moe = int(engine.info.get("n_layers", 0))
+        del engine  # the store closes the trace when freed
+    finally:
+        os.environ.pop(TRACE_ENV, None)
+    return DecodeResult(tokens / seconds, after_prefill, end, trace_path if trace_path.exists() else None,
+                        int(after_prefill["fetches"]), n_moe)
+
+
+# ---- report ----------------------------------------------------------------------------------
+
+
+def print_table(header: list[str], rows: list[list[str]]) -> None:
+    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
+    print("  ".join(h.rjust(w) for h, w in zip(header, widths)))
+    for r in rows:
+        print("  ".join(c.rjust(w) for c, w in zip(r, widths)))
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    ckpt = ensure_checkpoint(args)
+    layout = read_layout(ckpt)
+    budget_gb = args.budget_fraction * layout.total_bytes / 1e9
+    per_expert = layout.expert_bytes / max(1, layout.n_experts)
+    threads = args.threads or os.cpu_count() or 1
+    mem_gbps = memory_read_gbps(threads)
+    disk_gbps, disk_mode = disk_read_gbps(layout.shards, int(per_expert), int(args.disk_probe_mb * 1e6))
+    work = Path(args.work_dir)
+    work.mkdir(parents=True, exist_ok=True)
+    dec = decode_at_budget(ckpt, budget_gb, args.tokens, args.threads, work / "bench_experts.trace")
+
+    d = {k: dec.stats_end[k] - dec.stats_prefill[k] for k in ("hits", "misses", "bytes_read", "read_seconds",
+                                                               "evictions", "fetches")}
+    n_tok = args.tokens
+    missed_bytes = d["bytes_read"] / n_tok
+    memory_bytes = layout.other_bytes + d["hits"] / n_tok * per_expert
+    floor_s = missed_bytes / (disk_gbps * 1e9) + memory_bytes / (mem_gbps * 1e9)
+    floor_tps = 1.0 / floor_s if floor_s else float("inf")
+    lookups = d["hits"] + d["misses"]
+    hit_rate = d["hits"] / lookups if lookups else 0.0
+    slots = int(dec.stats_end["slots"])
+    store_gbps = d["bytes_read"] / d["read_seconds"] / 1e9 if d["read_seconds"] else 0.0
+
+    print(f"== expert store over budget: {ckpt}")
+    print(f"checkpoint {layout.total_bytes / 1e9:.2f} GB (experts {layout.expert_bytes / 1e9:.2f} GB, "
+          f"{per_expert / 1e6:.2f} MB each); budget {budget_gb:.2f} GB = {args.budget_fraction:.3f} x checkpoint; "
+          f"{slots} slots of {int(dec.stats_end['slot_bytes']) / 1e6:.2f} MB")
+    print(f"memory read {mem_gbps:.2f} GB/s ({threads} threads); disk read {disk_gbps:.2f} GB/s, {disk_mode}; "
+          f"the store's own reads during decode: {store_gbps:.2f} GB/s")
+    print_table(
+        ["metric", "measured", "floor/optimum", "ratio"],
+        [
+            ["decode tok/s", f"{dec.tok_per_s:.2f}", f"{floor_tps:.2f}", f"{dec.tok_per_s / floor_tps:.3f}"],
+            ["per token: MB read from disk", f"{missed_bytes / 1e6:.1f}", "", ""],
+            ["per token: MB read from memory", f"{memory_bytes / 1e6:.1f}", "", ""],
+        ],
+    )
+    result: dict[str, Any] = {
+        "decode_tok_per_s": dec.tok_per_s, "floor_tok_per_s": floor_tps, "hit_rate": hit_rate,
+        "memory_gbps": mem_gbps, "disk_gbps": disk_gbps, "disk_mode": disk_mode, "slots": slots,
+        "budget_gb": budget_gb, "checkpoint_gb": layout.total_bytes / 1e9,
+    }
+    if dec.trace_path is None:
+        print(f"hit rate (decode) {hit_rate:.3f}; Belady: n/a, the engine wrote no routing trace "
+              f"({TRACE_ENV} is not wired in this build; counters alone cannot give the optimum)")
+        return result
+    trace = read_trace(dec.trace_path)
+    warm = dec.n_prefill_fetches  # the prefill fills the cache; decode fetches are counted
+    belady = simulate(trace, "belady", slots, warm=warm).hit_rate
+    ours = simulate(trace, "ours", slots, warm=warm).hit_rate
+    lru = simulate(trace, "lru", slots, warm=warm).hit_rate
+    print_table(
+        ["hit rate (decode)", "engine", "ours replay", "lru replay", "belady", "engine/belady"],
+        [["", f"{hit_rate:.3f}", f"{ours:.3f}", f"{lru:.3f}", f"{belady:.3f}",
+          f"{hit_rate / belady:.3f}" if belady else "n/a"]],
+    )
+    result.update({"belady_hit_rate": belady, "ours_replay_hit_rate": ours, "lru_replay_hit_rate": lru})
+    return result
+
+
+def parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", help="an existing checkpoint (default: write a qwen3_moe bench one)")
+    ap.add_argument("--size-gb", type=float, default=1.2, help="size of the written checkpoint")
+    ap.add_argument("--work-dir", default=os.path.join(os.environ.get("TMPDIR", "/tmp"), "moegate-bench-experts"))
+    ap.add_argument("--tokens", type=int, default=32, help="decode steps timed")
+    ap.add_argument("--budget-fraction", type=float, default=1 / 3)
+    ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--disk-probe-mb", type=float, default=256.0, help="bytes read to measure disk GB/s")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    run(parser().parse_args(argv))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
