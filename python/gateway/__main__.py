@@ -24,13 +24,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cors", default="", help="comma-separated allowed origins ('*' for any); off by default")
     p.add_argument("--reasoning-field", choices=["reasoning_content", "both"], default="reasoning_content",
                    help="'both' also mirrors reasoning as `reasoning` for vLLM/OpenRouter-style clients")
+    p.add_argument("--keepalive", type=float, default=10.0, metavar="SECONDS",
+                   help="SSE keepalive comment / Anthropic ping interval while queued or prefilling")
+    p.add_argument("--retry-after", type=int, default=5, metavar="SECONDS",
+                   help="Retry-After sent with 429 when the queue is full")
     p.add_argument("--kernels", default=None, help=argparse.SUPPRESS)
     p.add_argument("-v", "--verbose", action="store_true")
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.keepalive <= 0:
+        parser.error("--keepalive must be > 0")
+    if not 0 <= args.port <= 65535:
+        parser.error("--port must be between 0 and 65535 (0: any free port)")
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from .server.serve import ServeOptions, serve
@@ -40,7 +49,8 @@ def main(argv: list[str] | None = None) -> int:
             ctx=args.ctx, api_key=args.api_key, model_id=args.model_id, max_queue=args.max_queue,
             default_max_tokens=args.max_tokens,
             cors=tuple(o.strip() for o in args.cors.split(",") if o.strip()),
-            reasoning_mirror=args.reasoning_field == "both", kernels=args.kernels))
+            reasoning_mirror=args.reasoning_field == "both", kernels=args.kernels,
+            keepalive_seconds=args.keepalive, retry_after_seconds=args.retry_after))
     except KeyboardInterrupt:
         return 0
     except (OSError, ValueError, RuntimeError) as exc:

@@ -74,9 +74,11 @@ class StopStringFilter:
         if not self._stops:
             return text, False
         self._buf += text
-        hits = [(self._buf.find(s), s) for s in self._stops if s in self._buf]
+        # The match that completes first wins (then the longer one): that is what token-by-token
+        # generation would have stopped on, so the result does not depend on how text is chunked.
+        hits = [(pos + len(s), pos, s) for s in self._stops if (pos := self._buf.find(s)) >= 0]
         if hits:
-            pos, stop = min(hits)
+            _, pos, stop = min(hits)
             out, self._buf, self.matched = self._buf[:pos], "", stop
             return out, True
         hold = 0

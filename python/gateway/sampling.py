@@ -22,6 +22,7 @@ class SamplingParams:
     seed: int | None = None
     logprobs: bool = False
     top_logprobs: int = 0
+    logit_bias: dict[int, float] = field(default_factory=dict)  # token id -> added to its logit
 
     def validate(self) -> None:
         """Raises ValueError naming the bad parameter (the server turns it into a 400)."""
@@ -38,6 +39,9 @@ class SamplingParams:
                 raise ValueError(f"{name}: must be between -2 and 2")
         if not 0 <= self.top_logprobs <= 20:
             raise ValueError("top_logprobs: must be between 0 and 20")
+        for token, bias in self.logit_bias.items():
+            if token < 0 or not -100.0 <= bias <= 100.0:
+                raise ValueError("logit_bias: token ids must be >= 0 and biases between -100 and 100")
 
 
 @dataclass
@@ -96,6 +100,11 @@ class Sampler:
         """Picks the next token from one logits row.  `allowed` (bool mask) restricts the choice,
         e.g. for grammar-constrained decoding."""
         row = np.asarray(logits, dtype=np.float32).reshape(-1)
+        if self.params.logit_bias:
+            row = row.copy()
+            for token, bias in self.params.logit_bias.items():
+                if token < row.size:
+                    row[token] += bias
         if allowed is not None:
             row = np.where(allowed, row, -np.inf).astype(np.float32)
         if self.params.temperature == 0.0:

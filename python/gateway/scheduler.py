@@ -8,12 +8,17 @@ chunk or token, freeing the slot at once.
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from .generate import GenerationRequest, GenerationResult, Slot
+
+
+log = logging.getLogger("moegate.scheduler")
 
 
 class QueueFull(Exception):
@@ -37,12 +42,22 @@ class Job:
     events: asyncio.Queue = field(default_factory=asyncio.Queue)
     started: asyncio.Event = field(default_factory=asyncio.Event)
     finished: bool = False
+    # Who asked to stop it: "client" (went away) or "server" (e.g. parallel_tool_calls=false
+    # after the first call).  Only client cancellations count as cancelled in the metrics.
+    cancelled_by: str | None = None
+
+
+# Called on the event loop once per job that ran: (job, result or None when it failed).
+ResultHook = Callable[[Job, GenerationResult | None], None]
 
 
 class Scheduler:
-    def __init__(self, slot: Slot, max_queue: int = 16) -> None:
+    def __init__(self, slot: Slot, max_queue: int = 16, on_result: ResultHook | None = None,
+                 on_dropped: Callable[[Job], None] | None = None) -> None:
         self.slot = slot
         self.max_queue = max_queue
+        self.on_result = on_result
+        self.on_dropped = on_dropped  # a queued job cancelled before it ran
         self._pending: deque[Job] = deque()
         self._wakeup = asyncio.Event()
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="moegate-engine")
@@ -78,19 +93,28 @@ class Scheduler:
         return job
 
     def position(self, job: Job) -> int:
-        """0 while running, 1.. while queued."""
+        """How many jobs run before this one: 0 means it is running or starts next."""
         try:
-            return self._pending.index(job) + 1
+            index = self._pending.index(job)
         except ValueError:
             return 0
+        return index + (1 if self.running is not None else 0)
 
-    def cancel(self, job: Job) -> None:
+    def cancel(self, job: Job, by: str = "client") -> None:
+        """Stops a job: a queued one leaves the queue at once, a running one stops at the next
+        prefill chunk or token (its result still arrives, with finish_reason "cancelled")."""
+        if job.finished:
+            return
+        if job.cancelled_by is None:
+            job.cancelled_by = by
         job.cancel.set()
         try:
             self._pending.remove(job)
         except ValueError:
             return
         job.finished = True
+        if self.on_dropped:
+            self.on_dropped(job)
 
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
@@ -107,6 +131,7 @@ class Scheduler:
             def emit(event: object, job: Job = job) -> None:
                 loop.call_soon_threadsafe(job.events.put_nowait, event)
 
+            result: GenerationResult | None = None
             try:
                 result = await loop.run_in_executor(
                     self._executor, self.slot.generate, job.request, job.cancel, emit)
@@ -119,3 +144,8 @@ class Scheduler:
             finally:
                 job.finished = True
                 self.running = None
+            if self.on_result:
+                try:
+                    self.on_result(job, result)
+                except Exception:  # bookkeeping must never stop the queue
+                    log.exception("result hook failed")

@@ -34,6 +34,8 @@ class ChatSpec:
     reasoning_effort: str | None = None
     response_format: dict | None = None
     model: str = ""
+    ignore_eos: bool = False  # llama.cpp/vLLM extension: generate through end-of-turn tokens
+    omit_thinking: bool = False  # Anthropic thinking.display "omitted": thinking blocks carry no text
 
     @property
     def active_tools(self) -> list[dict]:
@@ -161,6 +163,15 @@ def _check_messages(messages: Any) -> list[dict]:
 
 def _sampling(body: dict, *, default_temperature: float = 1.0) -> SamplingParams:
     top_logprobs = _int(body, "top_logprobs", 0) or 0
+    bias: dict[int, float] = {}
+    raw_bias = body.get("logit_bias")
+    if raw_bias is not None:
+        _expect(raw_bias, dict, "logit_bias")
+        for key, value in raw_bias.items():
+            try:
+                bias[int(key)] = float(_expect(value, (int, float), "logit_bias"))
+            except ValueError:
+                raise bad_request("'logit_bias' keys must be token ids", "logit_bias") from None
     params = SamplingParams(
         temperature=_number(body, "temperature", default_temperature),
         top_p=_number(body, "top_p", 1.0),
@@ -171,6 +182,7 @@ def _sampling(body: dict, *, default_temperature: float = 1.0) -> SamplingParams
         seed=_int(body, "seed", None),
         logprobs=bool(body.get("logprobs")) or top_logprobs > 0,
         top_logprobs=top_logprobs,
+        logit_bias=bias,
     )
     try:
         params.validate()
@@ -182,9 +194,9 @@ def _sampling(body: dict, *, default_temperature: float = 1.0) -> SamplingParams
 def parse_openai_chat(body: Any) -> ChatSpec:
     _expect(body, dict, "body")
     spec = ChatSpec(messages=_check_messages(body.get("messages")), model=str(body.get("model") or ""))
-    spec.tools = _check_tools(_expect(body.get("tools") or [], list, "tools"))
+    spec.tools = _check_tools(_expect([] if body.get("tools") is None else body["tools"], list, "tools"))
     _apply_tool_choice(spec, body.get("tool_choice"))
-    spec.parallel_tool_calls = bool(body.get("parallel_tool_calls", True))
+    spec.parallel_tool_calls = body.get("parallel_tool_calls") is not False  # null means the default
     spec.sampling = _sampling(body)
     max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
     if max_tokens is not None:
@@ -194,8 +206,10 @@ def parse_openai_chat(body: Any) -> ChatSpec:
     spec.max_tokens = max_tokens
     spec.stop = _stop_list(body.get("stop"), "stop")
     spec.stream = bool(body.get("stream", False))
-    opts = body.get("stream_options") or {}
-    spec.include_usage = bool(_expect(opts, dict, "stream_options").get("include_usage", False))
+    spec.ignore_eos = bool(body.get("ignore_eos", False))
+    opts = body.get("stream_options")
+    opts = {} if opts is None else _expect(opts, dict, "stream_options")
+    spec.include_usage = bool(opts.get("include_usage", False))
     n = _int(body, "n", 1)
     if n != 1:
         raise bad_request("only n=1 is supported (one sequence slot)", "n")
@@ -304,7 +318,7 @@ def parse_anthropic(body: Any) -> ChatSpec:
     _expect(body, dict, "body")
     spec = ChatSpec(messages=anthropic_messages_to_openai(body), model=str(body.get("model") or ""))
     tools = []
-    for i, tool in enumerate(_expect(body.get("tools") or [], list, "tools")):
+    for i, tool in enumerate(_expect([] if body.get("tools") is None else body["tools"], list, "tools")):
         if not isinstance(tool, dict) or not isinstance(tool.get("name"), str):
             raise bad_request(f"tools[{i}].name is required", "tools")
         tools.append({"type": "function", "function": {
@@ -330,9 +344,15 @@ def parse_anthropic(body: Any) -> ChatSpec:
     spec.sampling = _sampling({k: body.get(k) for k in ("temperature", "top_p", "top_k")})
     spec.stop = _stop_list(body.get("stop_sequences"), "stop_sequences")
     spec.stream = bool(body.get("stream", False))
+    spec.ignore_eos = bool(body.get("ignore_eos", False))
     thinking = body.get("thinking")
-    if isinstance(thinking, dict):
-        spec.thinking = thinking.get("type") in ("enabled", "adaptive")
+    if thinking is not None:
+        _expect(thinking, dict, "thinking")
+        kind = thinking.get("type")
+        if kind not in ("enabled", "adaptive", "disabled"):
+            raise bad_request("'thinking.type' must be enabled, adaptive or disabled", "thinking")
+        spec.thinking = kind != "disabled"
+        spec.omit_thinking = thinking.get("display") == "omitted"
     config = body.get("output_config")
     if isinstance(config, dict):
         if isinstance(config.get("effort"), str):

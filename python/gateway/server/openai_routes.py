@@ -1,26 +1,24 @@
 """OpenAI-compatible endpoints: /v1/chat/completions, /v1/completions, /v1/models."""
 from __future__ import annotations
 
+import logging
 import time
 import uuid
+from contextlib import aclosing
 
 from aiohttp import web
 
-from ..sampling import SamplingParams
-from ..generate import TextEvent, GenerationResult
+from ..generate import GenerationResult, TextEvent
 from . import sse
-from .chat_request import _int, _number, _sampling, _stop_list, parse_json_body, parse_openai_chat
+from .chat_request import _int, _sampling, _stop_list, parse_json_body, parse_openai_chat
 from .errors import ApiError, bad_request
-from .pipeline import Delta, Finish, Progress, Queued, generation_request, keepalive, run_chat, run_job
+from .pipeline import (ChatRun, Delta, Finish, JobRun, Progress, Queued, Usage, generation_request, keepalive,
+                       start_chat)
 from .state import ServerState
+from .wire import OpenAIChunks, openai_message
 
 STATE_KEY = web.AppKey("state", ServerState)
-
-
-def _mirror_reasoning(state: ServerState, delta: dict) -> dict:
-    if state.reasoning_field_mirror and "reasoning_content" in delta:
-        delta = dict(delta, reasoning=delta["reasoning_content"])
-    return delta
+log = logging.getLogger("moegate.server")
 
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
@@ -32,69 +30,58 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     ident = f"chatcmpl-{uuid.uuid4().hex[:24]}"
     created = int(time.time())
     model = spec.model or state.model_id
-    if spec.stream:
-        return await _stream_chat(request, state, spec, ident, created, model)
-    message: dict = {}
-    logprobs: list[dict] = []
-    finish: Finish | None = None
-    async for item in run_chat(state, spec):
-        if isinstance(item, Delta):
-            logprobs += item.logprobs
-        elif isinstance(item, Finish):
-            finish = item
-    assert finish is not None
-    message = {"role": "assistant", "content": finish.message.get("content")}
-    if finish.message.get("reasoning_content") is not None:
-        message["reasoning_content"] = finish.message["reasoning_content"]
-        if state.reasoning_field_mirror:
-            message["reasoning"] = message["reasoning_content"]
-    if finish.message.get("tool_calls"):
-        message["tool_calls"] = finish.message["tool_calls"]
-    body = {"id": ident, "object": "chat.completion", "created": created, "model": model,
-            "choices": [{"index": 0, "message": message, "finish_reason": finish.finish_reason,
-                         "logprobs": {"content": logprobs} if spec.sampling.logprobs else None}],
-            "usage": finish.usage.openai()}
-    return web.json_response(body)
-
-
-async def _stream_chat(request: web.Request, state: ServerState, spec, ident: str, created: int,
-                       model: str) -> web.StreamResponse:
-    # Prompt problems are found before the stream opens, so they still get a proper 4xx status.
-    events = run_chat(state, spec)
-    first = await events.__anext__()
-
-    async def replay():
-        yield first
-        async for item in events:
-            yield item
-
-    resp = await sse.open_stream(request)
-
-    def chunk(delta: dict, finish_reason: str | None = None, logprobs: list | None = None) -> dict:
-        return {"id": ident, "object": "chat.completion.chunk", "created": created, "model": model,
-                "choices": [{"index": 0, "delta": delta, "logprobs": {"content": logprobs} if logprobs else None,
-                             "finish_reason": finish_reason}]}
-
-    await sse.send_data(resp, chunk({"role": "assistant", "content": None}))
+    run = start_chat(state, spec, id_salt=ident)  # 400/429 here, before any response is opened
     try:
-        async for item in keepalive(replay(), state.keepalive_seconds):
-            if item is None:
-                await sse.send_comment(resp, "keepalive")
-            elif isinstance(item, Queued):
-                if item.position:
-                    await sse.send_comment(resp, f"queued position={item.position}")
-            elif isinstance(item, Progress):
-                await sse.send_comment(resp, f"prefill {item.done}/{item.total}")
-            elif isinstance(item, Delta):
-                if item.delta or item.logprobs:
-                    await sse.send_data(resp, chunk(_mirror_reasoning(state, item.delta), None, item.logprobs))
-            elif isinstance(item, Finish):
-                await sse.send_data(resp, chunk({}, item.finish_reason))
-                if spec.include_usage:
-                    await sse.send_data(resp, {"id": ident, "object": "chat.completion.chunk", "created": created,
-                                               "model": model, "choices": [], "usage": item.usage.openai()})
-    except ApiError as exc:
+        if spec.stream:
+            return await _stream_chat(request, state, run, OpenAIChunks(ident, created, model,
+                                                                         state.reasoning_field_mirror))
+        logprobs: list[dict] = []
+        finish: Finish | None = None
+        async with aclosing(run.events()) as events:
+            async for item in events:
+                if isinstance(item, Delta):
+                    logprobs += item.logprobs
+                elif isinstance(item, Finish):
+                    finish = item
+        assert finish is not None
+        body = {"id": ident, "object": "chat.completion", "created": created, "model": model,
+                "choices": [{"index": 0, "message": openai_message(finish.message, state.reasoning_field_mirror),
+                             "finish_reason": finish.finish_reason,
+                             "logprobs": {"content": logprobs} if spec.sampling.logprobs else None}],
+                "usage": finish.usage.openai()}
+        return web.json_response(body)
+    finally:
+        run.close()
+
+
+async def _stream_chat(request: web.Request, state: ServerState, run: ChatRun,
+                       chunks: OpenAIChunks) -> web.StreamResponse:
+    resp = await sse.open_stream(request)
+    await sse.send_data(resp, chunks.role())
+    try:
+        async with aclosing(keepalive(run.events(), state.keepalive_seconds)) as items:
+            async for item in items:
+                if item is None:
+                    await sse.send_comment(resp, "keepalive")
+                elif isinstance(item, Queued):
+                    if item.ahead:
+                        await sse.send_comment(resp, f"queued ahead={item.ahead}")
+                elif isinstance(item, Progress):
+                    await sse.send_comment(resp, f"prefill {item.done}/{item.total}")
+                elif isinstance(item, Delta):
+                    if item.delta or item.logprobs:
+                        await sse.send_data(resp, chunks.delta(item.delta, item.logprobs))
+                elif isinstance(item, Finish):
+                    await sse.send_data(resp, chunks.finish(item.finish_reason))
+                    if run.spec.include_usage:
+                        await sse.send_data(resp, chunks.usage(item.usage.openai()))
+    except ApiError as exc:  # the status line is gone: the error travels in the stream (§2.3)
         await sse.send_data(resp, exc.openai_body())
+    except ConnectionResetError:
+        raise
+    except Exception as exc:  # a bug after the stream opened: report it in the stream, keep serving
+        log.exception("error while streaming %s", chunks.ident)
+        await sse.send_data(resp, ApiError(500, f"internal error: {type(exc).__name__}").openai_body())
     await sse.send_data(resp, "[DONE]")
     await resp.write_eof()
     return resp
@@ -127,55 +114,84 @@ async def completions(request: web.Request) -> web.StreamResponse:
     max_tokens = _int(body, "max_tokens", 16)
     if max_tokens is None or max_tokens < 1:
         raise bad_request("'max_tokens' must be at least 1", "max_tokens")
-    sampling = _sampling(body)
+    sampling = _sampling({k: v for k, v in body.items() if k not in ("logprobs", "top_logprobs")})
     logprobs_n = body.get("logprobs")
     if isinstance(logprobs_n, int) and not isinstance(logprobs_n, bool) and logprobs_n > 0:
         sampling.logprobs, sampling.top_logprobs = True, min(logprobs_n, 20)
-    req = generation_request(state, ids, max_tokens, sampling, _stop_list(body.get("stop"), "stop"))
+    req = generation_request(state, ids, max_tokens, sampling, _stop_list(body.get("stop"), "stop"),
+                             ignore_eos=bool(body.get("ignore_eos", False)))
     echo = bool(body.get("echo", False))
     ident = f"cmpl-{uuid.uuid4().hex[:24]}"
     created, model = int(time.time()), str(body.get("model") or state.model_id)
+    want_logprobs = sampling.logprobs
 
-    def choice(text: str, finish: str | None) -> dict:
-        return {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
+    def choice(text: str, finish: str | None, lps: list[TextEvent] | None = None) -> dict:
+        return {"index": 0, "text": text, "logprobs": _completion_logprobs(state, lps) if want_logprobs else None,
+                "finish_reason": finish}
 
-    def usage(r: GenerationResult) -> dict:
-        return {"prompt_tokens": r.prompt_tokens, "completion_tokens": r.completion_tokens,
-                "total_tokens": r.prompt_tokens + r.completion_tokens,
-                "prompt_tokens_details": {"cached_tokens": r.cached_tokens}}
+    def finish_of(r: GenerationResult) -> str:
+        return "length" if r.finish_reason == "length" else "stop"
 
-    if not body.get("stream"):
-        text, result = [state.tokenizer.decode(ids)] if echo else [], None
-        async for item in run_job(state, req):
-            if isinstance(item, TextEvent):
-                text.append(item.text)
-            elif isinstance(item, GenerationResult):
-                result = item
-        assert result is not None
-        finish = "length" if result.finish_reason == "length" else "stop"
-        return web.json_response({"id": ident, "object": "text_completion", "created": created, "model": model,
-                                  "choices": [choice("".join(text), finish)], "usage": usage(result)})
-    resp = await sse.open_stream(request)
-    base = {"id": ident, "object": "text_completion", "created": created, "model": model}
+    run = JobRun(state, req)
     try:
-        if echo:
-            await sse.send_data(resp, dict(base, choices=[choice(state.tokenizer.decode(ids), None)]))
-        async for item in keepalive(run_job(state, req), state.keepalive_seconds):
-            if item is None:
-                await sse.send_comment(resp, "keepalive")
-            elif isinstance(item, TextEvent) and item.text:
-                await sse.send_data(resp, dict(base, choices=[choice(item.text, None)]))
-            elif isinstance(item, GenerationResult):
-                finish = "length" if item.finish_reason == "length" else "stop"
-                await sse.send_data(resp, dict(base, choices=[choice("", finish)]))
-                opts = body.get("stream_options") or {}
-                if isinstance(opts, dict) and opts.get("include_usage"):
-                    await sse.send_data(resp, dict(base, choices=[], usage=usage(item)))
-    except ApiError as exc:
-        await sse.send_data(resp, exc.openai_body())
-    await sse.send_data(resp, "[DONE]")
-    await resp.write_eof()
-    return resp
+        if not body.get("stream"):
+            text, events, result = [state.tokenizer.decode(ids)] if echo else [], [], None
+            async with aclosing(run.events()) as items:
+                async for item in items:
+                    if isinstance(item, TextEvent):
+                        text.append(item.text)
+                        events.append(item)
+                    elif isinstance(item, GenerationResult):
+                        result = item
+            assert result is not None
+            return web.json_response({"id": ident, "object": "text_completion", "created": created, "model": model,
+                                      "choices": [choice("".join(text), finish_of(result), events)],
+                                      "usage": Usage.of(result).openai()})
+        resp = await sse.open_stream(request)
+        base = {"id": ident, "object": "text_completion", "created": created, "model": model}
+        try:
+            if echo:
+                await sse.send_data(resp, dict(base, choices=[choice(state.tokenizer.decode(ids), None, [])]))
+            async with aclosing(keepalive(run.events(), state.keepalive_seconds)) as items:
+                async for item in items:
+                    if item is None:
+                        await sse.send_comment(resp, "keepalive")
+                    elif isinstance(item, TextEvent) and (item.text or want_logprobs):
+                        await sse.send_data(resp, dict(base, choices=[choice(item.text, None, [item])]))
+                    elif isinstance(item, GenerationResult):
+                        await sse.send_data(resp, dict(base, choices=[choice("", finish_of(item), [])]))
+                        opts = body.get("stream_options") or {}
+                        if isinstance(opts, dict) and opts.get("include_usage"):
+                            await sse.send_data(resp, dict(base, choices=[], usage=Usage.of(item).openai()))
+        except ApiError as exc:
+            await sse.send_data(resp, exc.openai_body())
+        except ConnectionResetError:
+            raise
+        except Exception as exc:  # a bug after the stream opened: report it in the stream
+            log.exception("error while streaming %s", ident)
+            await sse.send_data(resp, ApiError(500, f"internal error: {type(exc).__name__}").openai_body())
+        await sse.send_data(resp, "[DONE]")
+        await resp.write_eof()
+        return resp
+    finally:
+        run.close()
+
+
+def _completion_logprobs(state: ServerState, events: list[TextEvent] | None) -> dict:
+    """Legacy completions logprobs: parallel lists per sampled token."""
+    tokens, lps, tops, offsets = [], [], [], []
+    offset = 0
+    for ev in events or []:
+        tok = ev.token
+        if tok is None or tok.logprob is None:
+            continue
+        text = state.tokenizer.decode([tok.token_id])
+        tokens.append(text)
+        lps.append(tok.logprob)
+        tops.append({state.tokenizer.decode([t]): lp for t, lp in tok.top} if tok.top else None)
+        offsets.append(offset)
+        offset += len(text)
+    return {"tokens": tokens, "token_logprobs": lps, "top_logprobs": tops, "text_offset": offsets}
 
 
 def _model_card(state: ServerState) -> dict:

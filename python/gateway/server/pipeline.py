@@ -1,7 +1,11 @@
-"""One chat request from spec to events, shared by both APIs.
+"""One request from spec to events, shared by both APIs.
 
     ChatSpec -> chat encoder (prompt text) -> token ids -> scheduler job (engine) -> text pieces
-             -> streaming tool-call parser -> OpenAI-style deltas -> the API's own wire format
+             -> streaming tool-call parser (ChatOutput) -> OpenAI-style deltas -> the API's wire format
+
+Everything that can be the client's fault (bad messages, context overflow, a full queue) is raised
+as ApiError by `start_chat` / `JobRun(...)` *before* a route opens its response, so those errors
+keep their real HTTP status even on streaming requests.
 
 Forced tool calls (tool_choice required / named) prefill the dialect's call opener after the
 prompt and start the parser inside the call, so the model can only continue the call.
@@ -11,8 +15,10 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from typing import Any
 
 from ..generate import GenerationRequest, GenerationResult, ProgressEvent, TextEvent
+from ..sampling import SamplingParams
 from ..scheduler import Done, Failed, QueueFull
 from .chat_request import ChatSpec
 from .errors import ApiError, bad_request
@@ -30,16 +36,30 @@ class Usage:
                 "total_tokens": self.prompt_tokens + self.completion_tokens,
                 "prompt_tokens_details": {"cached_tokens": self.cached_tokens}}
 
+    def anthropic(self) -> dict:
+        # Anthropic counts cache reads apart from input_tokens.
+        return {"input_tokens": self.prompt_tokens - self.cached_tokens, "output_tokens": self.completion_tokens,
+                "cache_read_input_tokens": self.cached_tokens, "cache_creation_input_tokens": 0}
+
+    @classmethod
+    def of(cls, result: GenerationResult | None) -> "Usage":
+        if result is None:
+            return cls()
+        return cls(result.prompt_tokens, result.completion_tokens, result.cached_tokens)
+
+
+@dataclass
+class Queued:
+    """Always the first event, sent at once: lets a streaming route open its response (and start
+    keepalives) before a long wait.  `ahead` counts jobs that run first (0: starting now)."""
+    ahead: int
+    prompt_tokens: int
+
 
 @dataclass
 class Progress:
     done: int
     total: int
-
-
-@dataclass
-class Queued:
-    position: int
 
 
 @dataclass
@@ -62,8 +82,16 @@ class PreparedChat:
     prompt_text: str
     dialect: str | None
     in_reasoning: bool
-    start_in_call: str | None
+    start_in_call: str | None  # the forced-call opener appended to the prompt, if any
     stop_strings: tuple[str, ...]
+
+
+def _encoder_tool_choice(spec: ChatSpec) -> Any:
+    if not spec.active_tools:
+        return None
+    if spec.tool_choice == "function":
+        return {"type": "function", "function": {"name": spec.forced_name}}
+    return spec.tool_choice
 
 
 def prepare_chat(state: ServerState, spec: ChatSpec) -> PreparedChat:
@@ -73,11 +101,11 @@ def prepare_chat(state: ServerState, spec: ChatSpec) -> PreparedChat:
     forced = spec.forces_call
     try:
         enc = state.chat.encode(spec.messages, spec.active_tools or None,
-                     add_generation_prompt=True,
-                     thinking=False if forced else spec.thinking,
-                     reasoning_effort=spec.reasoning_effort,
-                     tool_choice=(spec.forced_name if spec.tool_choice == "function" else spec.tool_choice)
-                     if spec.active_tools else None)
+                                add_generation_prompt=True,
+                                # a forced call starts right after the prompt: no reasoning first
+                                thinking=False if forced else spec.thinking,
+                                reasoning_effort=spec.reasoning_effort,
+                                tool_choice=_encoder_tool_choice(spec))
     except ChatEncodingError as exc:
         raise bad_request(str(exc), "messages") from None
     text = enc.text
@@ -98,128 +126,199 @@ def prepare_chat(state: ServerState, spec: ChatSpec) -> PreparedChat:
                         start_in_call, tuple(enc.stop_strings))
 
 
-def generation_request(state: ServerState, prompt_ids: list[int], spec_max_tokens: int | None,
-                       sampling, stop: list[str], extra_stop_strings: tuple[str, ...] = ()) -> GenerationRequest:
+def generation_request(state: ServerState, prompt_ids: list[int], max_tokens: int | None,
+                       sampling: SamplingParams, stop: list[str], extra_stop_strings: tuple[str, ...] = (),
+                       ignore_eos: bool = False) -> GenerationRequest:
+    """`stop` are the client's stop strings; `extra_stop_strings` the chat format's (usually
+    special tokens, matched by id).  `ignore_eos` drops every stop token (benchmarks, tests)."""
     room = state.max_ctx - len(prompt_ids)
-    max_tokens = min(spec_max_tokens or state.default_max_tokens, room)
-    stop_ids = set(state.stop_token_ids)
+    budget = min(max_tokens or state.default_max_tokens, room)
+    stop_ids = set() if ignore_eos else set(state.stop_token_ids)
     text_stops = list(stop)
     for s in extra_stop_strings:
         tid = state.tokenizer.token_id(s)
-        if tid is not None:
-            stop_ids.add(tid)
-        else:
+        if tid is None:
             text_stops.append(s)
-    return GenerationRequest(prompt_ids=prompt_ids, max_tokens=max_tokens, sampling=sampling,
+        elif not ignore_eos:
+            stop_ids.add(tid)
+    return GenerationRequest(prompt_ids=prompt_ids, max_tokens=budget, sampling=sampling,
                              stop_token_ids=frozenset(stop_ids), stop_strings=tuple(text_stops))
 
 
-def _logprob_entries(state: ServerState, event: TextEvent) -> list[dict]:
+def logprob_entries(state: ServerState, event: TextEvent) -> list[dict]:
+    """OpenAI `logprobs.content` items for one sampled token."""
     tok = event.token
     if tok is None or tok.logprob is None:
         return []
+
     def entry(tid: int, lp: float) -> dict:
         text = state.tokenizer.decode([tid])
         return {"token": text, "logprob": lp, "bytes": list(text.encode("utf-8"))}
+
     item = entry(tok.token_id, tok.logprob)
     item["top_logprobs"] = [entry(t, lp) for t, lp in tok.top]
     return [item]
 
 
-async def run_job(state: ServerState, request: GenerationRequest) -> AsyncIterator[object]:
-    """Submits a generation job and yields Queued/Progress/TextEvent items, then the result.
-    Cancels the job when the consumer stops early (client gone)."""
-    try:
-        job = state.scheduler.submit(request)
-    except QueueFull as exc:
-        state.metrics.rejected += 1
-        raise ApiError(429, str(exc), retry_after=state.retry_after_seconds) from None
-    try:
-        # Always first, and at once: lets a streaming handler open its response (and start
-        # keepalives) before a long prefill.  Position 0 means running now.
-        yield Queued(state.scheduler.position(job))
-        while True:
-            event = await job.events.get()
-            if isinstance(event, Done):
-                state.metrics.record(event.result)
-                yield event.result
-                return
-            if isinstance(event, Failed):
-                raise ApiError(500, f"generation failed: {event.error}")
-            yield event
-    finally:
-        if not job.finished:
-            state.scheduler.cancel(job)
+class JobRun:
+    """One submitted generation job.  Construction submits (429 when the queue is full);
+    `events()` yields Queued, Progress, TextEvent ... and finally the GenerationResult.
+
+    Whoever stops consuming early (the client went away: the handler task is cancelled or a
+    write fails) must leave through `close()`, which cancels the job: a queued one leaves the
+    queue, a running one stops at the next prefill chunk or token.  `events()` calls it in its
+    own `finally`, so closing the generator (or cancelling the task inside it) is enough."""
+
+    def __init__(self, state: ServerState, request: GenerationRequest) -> None:
+        self.state = state
+        self.request = request
+        try:
+            self.job = state.scheduler.submit(request)
+        except QueueFull as exc:
+            state.metrics.rejected += 1
+            raise ApiError(429, str(exc), retry_after=state.retry_after_seconds) from None
+
+    async def events(self) -> AsyncIterator[object]:
+        try:
+            yield Queued(self.state.scheduler.position(self.job), len(self.request.prompt_ids))
+            while True:
+                event = await self.job.events.get()
+                if isinstance(event, Done):
+                    yield event.result
+                    return
+                if isinstance(event, Failed):
+                    raise ApiError(500, f"generation failed: {event.error}")
+                yield event
+        finally:
+            self.close()
+
+    def stop(self) -> None:
+        """The server has all it needs (e.g. the first tool call): stop generating, still
+        receive the result (usage)."""
+        self.state.scheduler.cancel(self.job, by="server")
+
+    def close(self) -> None:
+        if not self.job.finished:
+            self.state.scheduler.cancel(self.job, by="client")
 
 
-async def run_chat(state: ServerState, spec: ChatSpec) -> AsyncIterator[object]:
-    """Yields Queued, Progress, Delta ... then one Finish."""
-    from ..toolcalls import make_parser
+class ChatOutput:
+    """Model text -> OpenAI-style deltas and the final message, through the dialect's streaming
+    parser.  Engine-free, so recorded model text can drive it in tests.
 
-    prep = prepare_chat(state, spec)
-    request = generation_request(state, prep.prompt_ids, spec.max_tokens, spec.sampling, spec.stop,
-                                 prep.stop_strings)
-    parser = make_parser(prep.dialect or "hermes", spec.active_tools if prep.dialect else [],
-                         in_reasoning=prep.in_reasoning, start_in_call=prep.start_in_call)
-    result: GenerationResult | None = None
-    calls_seen: set[int] = set()
-    single_call = not spec.parallel_tool_calls
-    cut_after_first_call = False
+    parallel_tool_calls=false keeps the first call only: once a second call starts, `cut`
+    turns true and the caller stops the generation."""
 
-    def filtered(deltas: list[dict]) -> list[dict]:
-        """parallel_tool_calls=false: drop any call after the first (and stop generating)."""
-        nonlocal cut_after_first_call
+    def __init__(self, dialect: str | None, tools: list[dict], *, in_reasoning: bool = False,
+                 start_in_call: str | None = None, parallel_tool_calls: bool = True, id_salt: str = "") -> None:
+        from ..toolcalls import make_parser
+
+        self.parser = make_parser(dialect, tools if dialect else [], in_reasoning,
+                                  start_in_call=start_in_call, id_salt=id_salt)
+        self.single_call = not parallel_tool_calls
+        self.cut = False
+
+    def _filter(self, deltas: list[dict]) -> list[dict]:
+        if not self.single_call:
+            return deltas
         out = []
         for d in deltas:
-            if single_call and "tool_calls" in d:
+            if "tool_calls" in d:
                 kept = [c for c in d["tool_calls"] if c["index"] == 0]
                 if len(kept) < len(d["tool_calls"]):
-                    cut_after_first_call = True
+                    self.cut = True
                 if not kept:
                     continue
-                d = {"tool_calls": kept}
-            for c in d.get("tool_calls", []):
-                calls_seen.add(c["index"])
+                d = dict(d, tool_calls=kept)
             out.append(d)
         return out
 
-    agen = run_job(state, request)
-    try:
-        async for event in agen:
-            if isinstance(event, (Queued, ProgressEvent)):
-                yield event if isinstance(event, Queued) else Progress(event.done, event.total)
-            elif isinstance(event, TextEvent):
-                lps = _logprob_entries(state, event) if spec.sampling.logprobs else []
-                deltas = filtered(parser.feed(event.text)) if event.text else []
-                for i, d in enumerate(deltas):
-                    yield Delta(d, lps if i == 0 else [])
-                if not deltas and lps:
-                    yield Delta({}, lps)
-                if cut_after_first_call:
-                    break
-            elif isinstance(event, GenerationResult):
-                result = event
-    finally:
-        await agen.aclose()
-    natural = "stop" if result is None or result.finish_reason in ("stop", "cancelled") or cut_after_first_call \
-        else result.finish_reason
-    for d in filtered(parser.finish(natural)):
-        yield Delta(d)
-    message = parser.message()
-    if single_call and message.get("tool_calls"):
-        message["tool_calls"] = message["tool_calls"][:1]
-    finish = "tool_calls" if message.get("tool_calls") else natural
-    usage = Usage()
-    if result is not None:
-        usage = Usage(result.prompt_tokens, result.completion_tokens, result.cached_tokens)
-    yield Finish(finish, usage, message, result.stop_string if result else None)
+    def feed(self, text: str) -> list[dict]:
+        if self.cut or not text:
+            return []
+        return self._filter(self.parser.feed(text))
+
+    def finish(self, natural: str) -> list[dict]:
+        """`natural` is how generation ended: stop | length (a cut counts as stop)."""
+        return self._filter(self.parser.finish("stop" if self.cut else natural))
+
+    def message(self) -> dict:
+        message = self.parser.message()
+        if self.single_call and message.get("tool_calls"):
+            message["tool_calls"] = message["tool_calls"][:1]
+        return message
+
+    def finish_reason(self, natural: str) -> str:
+        return "tool_calls" if self.message().get("tool_calls") else ("stop" if self.cut else natural)
+
+    @property
+    def counters(self) -> dict[str, int]:
+        return dict(self.parser.counters)
+
+
+class ChatRun:
+    """A chat request that passed validation and sits in the scheduler."""
+
+    def __init__(self, state: ServerState, spec: ChatSpec, prep: PreparedChat, id_salt: str = "") -> None:
+        self.state, self.spec, self.prep = state, spec, prep
+        request = generation_request(state, prep.prompt_ids, spec.max_tokens, spec.sampling, spec.stop,
+                                     prep.stop_strings, ignore_eos=spec.ignore_eos)
+        self.output = ChatOutput(prep.dialect, spec.active_tools, in_reasoning=prep.in_reasoning,
+                                 start_in_call=prep.start_in_call,
+                                 parallel_tool_calls=spec.parallel_tool_calls, id_salt=id_salt)
+        self.job = JobRun(state, request)
+
+    def close(self) -> None:
+        self.job.close()
+
+    async def events(self) -> AsyncIterator[object]:
+        """Yields Queued, Progress, Delta ... then exactly one Finish."""
+        result: GenerationResult | None = None
+        out = self.output
+        want_logprobs = self.spec.sampling.logprobs
+        events = self.job.events()
+        try:
+            async for event in events:
+                if isinstance(event, (Queued, Progress)):
+                    yield event
+                elif isinstance(event, ProgressEvent):
+                    yield Progress(event.done, event.total)
+                elif isinstance(event, TextEvent):
+                    if out.cut:
+                        continue  # draining a server-side stop: only the result matters now
+                    lps = logprob_entries(self.state, event) if want_logprobs else []
+                    deltas = out.feed(event.text)
+                    for i, d in enumerate(deltas):
+                        yield Delta(d, lps if i == 0 else [])
+                    if not deltas and lps:
+                        yield Delta({}, lps)
+                    if out.cut:
+                        self.job.stop()
+                elif isinstance(event, GenerationResult):
+                    result = event
+        finally:
+            await events.aclose()
+        natural = "length" if result is not None and result.finish_reason == "length" else "stop"
+        for d in out.finish(natural):
+            yield Delta(d)
+        counters = out.counters
+        self.state.metrics.reasoning_calls_delivered += counters.get("reasoning_calls_delivered", 0)
+        self.state.metrics.reasoning_calls_kept_as_text += counters.get("reasoning_calls_kept_as_text", 0)
+        yield Finish(out.finish_reason(natural), Usage.of(result), out.message(),
+                     result.stop_string if result else None)
+
+
+def start_chat(state: ServerState, spec: ChatSpec, id_salt: str = "") -> ChatRun:
+    """Validates, renders, tokenises and queues a chat request (ApiError on any problem)."""
+    return ChatRun(state, spec, prepare_chat(state, spec), id_salt)
 
 
 async def keepalive(source: AsyncIterator[object], interval: float) -> AsyncIterator[object | None]:
     """Re-yields items from source, and None whenever `interval` seconds pass without one
-    (the caller writes an SSE comment or ping so clients and proxies keep the connection)."""
+    (the caller writes an SSE comment or ping so clients and proxies keep the connection).
+    Closing this generator closes `source`."""
     it = source.__aiter__()
-    pending: asyncio.Task | None = None
+    pending: asyncio.Future | None = None
     try:
         while True:
             if pending is None:
@@ -230,17 +329,16 @@ async def keepalive(source: AsyncIterator[object], interval: float) -> AsyncIter
                 continue
             task, pending = pending, None
             try:
-                yield task.result()
+                item = task.result()
             except StopAsyncIteration:
                 return
+            yield item
     finally:
         if pending is not None:
             pending.cancel()
             try:
                 await pending
-            except (asyncio.CancelledError, StopAsyncIteration):
-                pass
-            except Exception:
+            except BaseException:  # noqa: BLE001 - the source is being torn down either way
                 pass
         aclose = getattr(it, "aclose", None)
         if aclose:

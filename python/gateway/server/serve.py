@@ -5,6 +5,7 @@ import asyncio
 import json
 import logging
 import os
+import signal
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,7 +16,7 @@ from ..generate import Slot
 from ..scheduler import Scheduler
 from ..tokenizer import Tokenizer
 from .app import create_app
-from .state import ServerState
+from .state import Metrics, ServerState
 
 log = logging.getLogger("moegate")
 
@@ -35,6 +36,8 @@ class ServeOptions:
     cors: tuple[str, ...] = ()
     reasoning_mirror: bool = False
     kernels: str | None = None
+    keepalive_seconds: float = 10.0
+    retry_after_seconds: int = 5
 
 
 def _read_json(path: Path) -> dict:
@@ -65,11 +68,15 @@ def build_state(opts: ServeOptions, *, demo: bool = False) -> ServerState:
     for tid in _generation_eos(path):
         stop_ids.add(tid)
     slot = Slot(engine, tokenizer, max_ctx)
+    metrics = Metrics()
+    scheduler = Scheduler(slot, opts.max_queue, on_result=metrics.record_job, on_dropped=metrics.record_dropped)
     return ServerState(
-        engine=engine, tokenizer=tokenizer, slot=slot, scheduler=Scheduler(slot, opts.max_queue),
+        engine=engine, tokenizer=tokenizer, slot=slot, scheduler=scheduler,
         chat=chat, model_id=opts.model_id or path.name, model_path=str(path), max_ctx=max_ctx,
         stop_token_ids=frozenset(stop_ids), default_max_tokens=opts.default_max_tokens, api_key=opts.api_key,
-        cors_origins=opts.cors, reasoning_field_mirror=opts.reasoning_mirror, demo=demo)
+        cors_origins=opts.cors, reasoning_field_mirror=opts.reasoning_mirror,
+        keepalive_seconds=opts.keepalive_seconds,
+        retry_after_seconds=opts.retry_after_seconds, demo=demo, metrics=metrics)
 
 
 def _generation_eos(path: Path) -> list[int]:
@@ -77,6 +84,15 @@ def _generation_eos(path: Path) -> list[int]:
     if isinstance(eos, int):
         return [eos]
     return [e for e in eos if isinstance(e, int)] if isinstance(eos, list) else []
+
+
+def _auth_summary(state: ServerState, url: str) -> str:
+    if state.api_key:
+        return "API key required (Bearer or x-api-key; /health is public)"
+    host = url.split("//", 1)[1].rsplit(":", 1)[0].strip("[]")
+    if host in ("127.0.0.1", "localhost", "::1"):
+        return "none (this machine only)"
+    return "NONE: anyone who can reach this address can use the model (set --api-key)"
 
 
 def startup_summary(state: ServerState, url: str) -> str:
@@ -93,7 +109,7 @@ def startup_summary(state: ServerState, url: str) -> str:
         f"  memory     {info.get('ram_plan', 'all weights memory-mapped (no --ram budget)')}",
         f"  SIMD       {info.get('simd')}   threads {info.get('threads')}",
         f"  context    {state.max_ctx} tokens   chat format {state.chat.format}",
-        f"  auth       {'API key required' if state.api_key else 'none (local only)' if url.startswith('http://127.') else 'NONE'}",
+        f"  auth       {_auth_summary(state, url)}",
         f"  listening  {url}/v1   (OpenAI: /v1/chat/completions, Anthropic: /v1/messages)",
     ]
     return "\n".join(lines)
@@ -107,9 +123,28 @@ def serve(opts: ServeOptions) -> None:
         opts.model_id = opts.model_id or "moegate-demo"
         demo = True
     state = build_state(opts, demo=demo)
-    app = create_app(state)
-    host = opts.host
-    url = f"http://{'[' + host + ']' if ':' in host else host}:{opts.port}"
-    print(startup_summary(state, url), file=sys.stderr, flush=True)
-    web.run_app(app, host=host, port=opts.port, print=None, handler_cancellation=True,
-                access_log=None if not os.environ.get("MOEGATE_ACCESS_LOG") else log)
+    asyncio.run(_serve_until_signal(create_app(state), state, opts.host, opts.port))
+
+
+async def _serve_until_signal(app: web.Application, state: ServerState, host: str, port: int) -> None:
+    """Binds (port 0 picks a free port; the summary shows the real one), serves until SIGINT or
+    SIGTERM, then cancels running work and closes connections."""
+    runner = web.AppRunner(app, handler_cancellation=True,
+                           access_log=log if os.environ.get("MOEGATE_ACCESS_LOG") else None)
+    await runner.setup()
+    try:
+        site = web.TCPSite(runner, host, port)
+        await site.start()
+        bound = runner.addresses[0][1] if runner.addresses else port
+        shown = f"[{host}]" if ":" in host else host
+        print(startup_summary(state, f"http://{shown}:{bound}"), file=sys.stderr, flush=True)
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            try:
+                loop.add_signal_handler(sig, stop.set)
+            except (NotImplementedError, RuntimeError):  # not on the main thread / platform
+                pass
+        await stop.wait()
+    finally:
+        await runner.cleanup()

@@ -6,7 +6,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from ..generate import GenerationResult, Slot
-from ..scheduler import Scheduler
+from ..scheduler import Job, Scheduler
 from ..tokenizer import Tokenizer
 
 
@@ -25,14 +25,26 @@ class Metrics:
     cancelled: int = 0
     reasoning_calls_delivered: int = 0
     reasoning_calls_kept_as_text: int = 0
+    failed: int = 0
 
-    def record(self, r: GenerationResult) -> None:
+    def record_job(self, job: Job, r: GenerationResult | None) -> None:
+        """Scheduler hook: every job that ran, whether or not its client is still there."""
+        if r is None:
+            self.failed += 1
+            return
+        self.record(r, client_cancelled=job.cancelled_by == "client")
+
+    def record_dropped(self, job: Job) -> None:
+        """Scheduler hook: a queued job whose client left before it ran."""
+        self.cancelled += 1
+
+    def record(self, r: GenerationResult, client_cancelled: bool = False) -> None:
         self.prompt_tokens += r.prompt_tokens
         self.cached_tokens += r.cached_tokens
         self.completion_tokens += r.completion_tokens
         self.prefill_seconds += r.prefill_seconds
         self.decode_seconds += r.decode_seconds
-        if r.finish_reason == "cancelled":
+        if r.finish_reason == "cancelled" and client_cancelled:
             self.cancelled += 1
         new_prompt = r.prompt_tokens - r.cached_tokens
         if r.prefill_seconds > 0 and new_prompt > 0:
@@ -56,7 +68,7 @@ class ServerState:
     api_key: str | None = None
     cors_origins: tuple[str, ...] = ()
     reasoning_field_mirror: bool = False  # also send `reasoning` next to `reasoning_content`
-    keepalive_seconds: float = 10.0
+    keepalive_seconds: float = 10.0  # SSE comment / Anthropic ping while queued or prefilling
     retry_after_seconds: int = 5
     demo: bool = False
     metrics: Metrics = field(default_factory=Metrics)

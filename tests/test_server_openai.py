@@ -1,0 +1,357 @@
+"""OpenAI-compatible API against a live server (real engine, tiny random-weight Qwen3-MoE).
+
+Random weights write noise, so these tests assert protocol, never prose: stream shapes, the
+official SDK's own helpers, usage accounting, prefix reuse, seeds, stop strings, logprobs,
+tool_choice handling and error shapes.
+"""
+from __future__ import annotations
+
+import json
+
+import openai
+import pytest
+
+pytest.register_assert_rewrite("server_fixtures")
+from server_fixtures import TIME_TOOL, WEATHER_TOOL, check_openai_chunks, open_stream, openai_text
+
+pytest_plugins = ["server_fixtures"]  # live_server, qwen_server, ... shared by the whole session
+
+HI = [{"role": "user", "content": "Say hi."}]
+
+
+def final_completion(stream):
+    """The helper's final completion; with finish_reason "length" the SDK raises instead of
+    returning it (it refuses to parse a cut response), and the completion rides on the error."""
+    try:
+        return stream.get_final_completion()
+    except openai.LengthFinishReasonError as err:
+        return err.completion
+
+
+@pytest.fixture(scope="module")
+def client(qwen_server) -> openai.OpenAI:
+    return openai.OpenAI(base_url=qwen_server.url("/v1"), api_key="unused", max_retries=0, timeout=60)
+
+
+# ------------------------------------------------------------------------------------ models
+
+def test_models_list_and_get(client, qwen_server):
+    models = client.models.list()
+    assert len(models.data) == 1 and models.data[0].object == "model"
+    model_id = models.data[0].id
+    assert client.models.retrieve(model_id).id == model_id
+    with pytest.raises(openai.NotFoundError) as err:
+        client.models.retrieve("no-such-model")
+    assert err.value.body["type"] == "not_found_error"
+    assert err.value.body["code"] == "model_not_found"
+
+
+# ------------------------------------------------------------------------------- chat, plain
+
+def test_chat_non_streaming(client):
+    r = client.chat.completions.create(model="anything", messages=HI, max_tokens=6, seed=1)
+    assert r.object == "chat.completion" and r.id.startswith("chatcmpl-")
+    assert r.model == "anything"  # any model name is accepted and echoed
+    choice = r.choices[0]
+    assert choice.index == 0 and choice.message.role == "assistant"
+    assert choice.finish_reason in ("stop", "length")
+    assert r.usage.completion_tokens <= 6
+    assert r.usage.prompt_tokens > 0
+    assert r.usage.total_tokens == r.usage.prompt_tokens + r.usage.completion_tokens
+    assert isinstance(r.usage.prompt_tokens_details.cached_tokens, int)
+
+
+def test_chat_streaming_raw_shape(qwen_server):
+    stream = open_stream(qwen_server.base_url, "/v1/chat/completions", {
+        "model": "m", "messages": HI, "max_tokens": 6, "stream": True, "seed": 2,
+        "stream_options": {"include_usage": True}})
+    assert stream.status == 200
+    assert stream.resp.getheader("Content-Type").startswith("text/event-stream")
+    chunks = check_openai_chunks(stream.read_all(), include_usage=True)
+    assert chunks[-1]["usage"]["completion_tokens"] <= 6
+
+
+def test_chat_streaming_without_usage(qwen_server):
+    stream = open_stream(qwen_server.base_url, "/v1/chat/completions",
+                         {"model": "m", "messages": HI, "max_tokens": 3, "stream": True})
+    check_openai_chunks(stream.read_all(), include_usage=False)
+
+
+def test_stream_helper_final_completion_with_tools(client):
+    with client.chat.completions.stream(model="m", messages=HI, max_tokens=8, seed=3,
+                                        tools=[WEATHER_TOOL, TIME_TOOL],
+                                        stream_options={"include_usage": True}) as stream:
+        kinds = {type(event).__name__ for event in stream}
+        final = final_completion(stream)
+    assert "ChunkEvent" in kinds
+    assert final.choices[0].finish_reason in ("stop", "length", "tool_calls")
+    assert final.usage is not None and final.usage.completion_tokens <= 8
+    for call in final.choices[0].message.tool_calls or []:
+        assert call.type == "function" and call.id and call.function.name in ("get_weather", "get_time")
+        json.loads(call.function.arguments)
+
+
+def test_raw_stream_iterator_rebuilds_like_non_streaming(client):
+    """Same seed, streamed and not: the same text, token for token."""
+    kwargs = dict(model="m", messages=[{"role": "user", "content": "Count."}], max_tokens=10, seed=11,
+                  temperature=0.9)
+    whole = client.chat.completions.create(**kwargs)
+    parts = [c.choices[0].delta.content or "" for c in client.chat.completions.create(stream=True, **kwargs)
+             if c.choices]
+    assert "".join(parts) == (whole.choices[0].message.content or "")
+
+
+# ------------------------------------------------------------------------------ sampling
+
+def test_seed_is_reproducible(client):
+    kwargs = dict(model="m", messages=[{"role": "user", "content": "Tell a story."}], max_tokens=12,
+                  temperature=1.0, top_p=0.95, presence_penalty=0.5, frequency_penalty=0.3,
+                  extra_body={"top_k": 50, "min_p": 0.01})
+    a = client.chat.completions.create(seed=1234, **kwargs).choices[0].message.content
+    b = client.chat.completions.create(seed=1234, **kwargs).choices[0].message.content
+    c = client.chat.completions.create(seed=4321, **kwargs).choices[0].message.content
+    assert a == b
+    assert a != c  # 12 tokens from a 1024-token vocabulary: a collision would be a bug
+
+
+def test_greedy_is_reproducible(client):
+    kwargs = dict(model="m", messages=[{"role": "user", "content": "Greedy."}], max_tokens=8, temperature=0)
+    assert (client.chat.completions.create(**kwargs).choices[0].message.content
+            == client.chat.completions.create(**kwargs).choices[0].message.content)
+
+
+def _stop_candidate(text: str) -> str | None:
+    """A 3-character piece from the middle of `text` with no whitespace or replacement chars."""
+    for start in range(len(text) // 3, len(text) - 3):
+        piece = text[start:start + 3]
+        if piece.strip() == piece and " " not in piece and "\ufffd" not in piece and text.find(piece) > 0:
+            return piece
+    return None
+
+
+def test_stop_strings_are_never_leaked(client, qwen_server):
+    # Noise could contain a think tag, which would move text into reasoning: take the first seed
+    # whose output is plain content with a usable stop string in it.
+    for seed in range(77, 87):
+        base = dict(model="m", messages=[{"role": "user", "content": "Write."}], max_tokens=24, seed=seed,
+                    temperature=1.0, extra_body={"ignore_eos": True})
+        message = client.chat.completions.create(**base).choices[0].message
+        full = message.content or ""
+        stop = _stop_candidate(full)
+        if stop and not (message.model_extra or {}).get("reasoning_content"):
+            break
+    else:
+        raise AssertionError("no seed gave plain content with a usable stop string")
+    expected = full[:full.find(stop)].strip()
+    cut = client.chat.completions.create(stop=[stop, "never-appears-xyz"], **base)
+    assert cut.choices[0].finish_reason == "stop"
+    assert (cut.choices[0].message.content or "") == expected
+    # Streamed: no chunk may carry any part of the stop string's match.
+    stream = open_stream(qwen_server.base_url, "/v1/chat/completions", {
+        "model": "m", "messages": base["messages"], "max_tokens": 24, "seed": seed, "temperature": 1.0,
+        "ignore_eos": True, "stop": [stop], "stream": True})
+    chunks = check_openai_chunks(stream.read_all())
+    assert openai_text(chunks) == expected
+    assert chunks[-1]["choices"][0]["finish_reason"] == "stop"
+
+
+def test_stop_strings_on_completions_are_exact(client):
+    base = dict(model="m", prompt="Once upon a time", max_tokens=24, seed=5, extra_body={"ignore_eos": True})
+    full = client.completions.create(**base).choices[0].text
+    stop = _stop_candidate(full)
+    assert stop
+    cut = client.completions.create(stop=stop, **base)
+    assert cut.choices[0].text == full[:full.find(stop)]
+    assert cut.choices[0].finish_reason == "stop"
+
+
+def test_logprobs_shape(client, qwen_server):
+    r = client.chat.completions.create(model="m", messages=HI, max_tokens=5, logprobs=True, top_logprobs=3,
+                                       seed=9, extra_body={"ignore_eos": True})
+    content = r.choices[0].logprobs.content
+    assert len(content) == r.usage.completion_tokens == 5
+    for item in content:
+        assert item.logprob <= 0.0
+        assert len(item.top_logprobs) == 3
+        values = [t.logprob for t in item.top_logprobs]
+        assert values == sorted(values, reverse=True)
+        assert item.logprob <= values[0] + 1e-9
+        assert bytes(item.bytes).decode("utf-8", errors="replace") == item.token
+    stream = open_stream(qwen_server.base_url, "/v1/chat/completions", {
+        "model": "m", "messages": HI, "max_tokens": 5, "logprobs": True, "top_logprobs": 2, "seed": 9,
+        "ignore_eos": True, "stream": True})
+    chunks = check_openai_chunks(stream.read_all())
+    streamed = [item for c in chunks if c["choices"] and c["choices"][0]["logprobs"]
+                for item in c["choices"][0]["logprobs"]["content"]]
+    assert len(streamed) == 5 and all(len(i["top_logprobs"]) == 2 for i in streamed)
+    assert [i["token"] for i in streamed] == [i.token for i in content]
+
+
+def test_logit_bias_forces_a_token(client, qwen_server):
+    status, tok, _ = qwen_server.post_json("/tokenize", {"content": " hello"})
+    forced = tok["tokens"][0]
+    r = client.chat.completions.create(model="m", messages=HI, max_tokens=4, temperature=0, logprobs=True,
+                                       logit_bias={str(forced): 100}, extra_body={"ignore_eos": True})
+    status, piece, _ = qwen_server.post_json("/detokenize", {"tokens": [forced]})
+    assert [item.token for item in r.choices[0].logprobs.content] == [piece["content"]] * 4
+    with pytest.raises(openai.BadRequestError) as err:
+        client.chat.completions.create(model="m", messages=HI, logit_bias={"x": 1})
+    assert err.value.param == "logit_bias"
+
+
+def test_completions_endpoint(client):
+    r = client.completions.create(model="m", prompt="Hello", max_tokens=4, seed=1, logprobs=2)
+    assert r.object == "text_completion" and r.choices[0].finish_reason in ("stop", "length")
+    assert r.usage.completion_tokens <= 4
+    assert len(r.choices[0].logprobs.tokens) == len(r.choices[0].logprobs.token_logprobs)
+    streamed = "".join(c.choices[0].text for c in client.completions.create(
+        model="m", prompt="Hello", max_tokens=4, seed=1, stream=True) if c.choices)
+    assert streamed == r.choices[0].text
+
+
+# ---------------------------------------------------------------------------- prefix reuse
+
+def test_second_turn_reuses_the_prefix(client, qwen_server):
+    before = qwen_server.metrics()
+    turn1 = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "First question?"}]
+    r1 = client.chat.completions.create(model="m", messages=turn1, max_tokens=6, seed=1)
+    turn2 = turn1 + [{"role": "assistant", "content": r1.choices[0].message.content or ""},
+                     {"role": "user", "content": "And a second one?"}]
+    r2 = client.chat.completions.create(model="m", messages=turn2, max_tokens=4, seed=1)
+    cached = r2.usage.prompt_tokens_details.cached_tokens
+    # The second turn shares at least the system + first user message with the first prompt.
+    assert cached >= r1.usage.prompt_tokens - 3, (cached, r1.usage.prompt_tokens)
+    assert cached < r2.usage.prompt_tokens
+    after = qwen_server.metrics()
+    assert after["moegate_prefix_cache_hits_total"] > before["moegate_prefix_cache_hits_total"]
+    assert after["moegate_prompt_tokens_cached_total"] - before["moegate_prompt_tokens_cached_total"] >= cached
+
+
+# ------------------------------------------------------------------------------ tool_choice
+
+def _prompt_tokens(server, body: dict) -> tuple[list[int], str]:
+    status, out, _ = server.post_json("/tokenize", dict(body, with_pieces=True))
+    assert status == 200, out
+    return out["tokens"], "".join(out["pieces"])
+
+
+def test_tool_choice_none_withholds_tools(client, qwen_server):
+    plain, _ = _prompt_tokens(qwen_server, {"messages": HI})
+    withheld, _ = _prompt_tokens(qwen_server, {"messages": HI, "tools": [WEATHER_TOOL], "tool_choice": "none"})
+    offered, text = _prompt_tokens(qwen_server, {"messages": HI, "tools": [WEATHER_TOOL]})
+    assert withheld == plain
+    assert len(offered) > len(plain) and "get_weather" in text
+    r = client.chat.completions.create(model="m", messages=HI, tools=[WEATHER_TOOL], tool_choice="none",
+                                       max_tokens=3)
+    assert r.usage.prompt_tokens == len(plain)
+    assert not r.choices[0].message.tool_calls
+
+
+@pytest.mark.parametrize("choice, opener", [
+    ("required", '<tool_call>\n{"name": "'),
+    ({"type": "function", "function": {"name": "get_time"}}, '<tool_call>\n{"name": "get_time", "arguments": '),
+])
+def test_forced_tool_choice_prefills_the_opener(client, qwen_server, choice, opener):
+    body = {"messages": HI, "tools": [WEATHER_TOOL, TIME_TOOL], "tool_choice": choice}
+    auto, _ = _prompt_tokens(qwen_server, {"messages": HI, "tools": [WEATHER_TOOL, TIME_TOOL]})
+    forced, text = _prompt_tokens(qwen_server, body)
+    assert text.endswith(opener), text[-80:]
+    assert len(forced) > len(auto)
+    # The real generation runs on exactly that prompt, with the parser started inside the call.
+    r = client.chat.completions.create(model="m", messages=HI, tools=[WEATHER_TOOL, TIME_TOOL],
+                                       tool_choice=choice, max_tokens=12, seed=4)
+    assert r.usage.prompt_tokens == len(forced)
+    msg = r.choices[0].message
+    assert r.choices[0].finish_reason in ("tool_calls", "stop", "length")
+    assert not (msg.content or "").startswith("<tool_call>"), "the prefilled opener is never shown"
+    for call in msg.tool_calls or []:
+        assert call.function.name in ("get_weather", "get_time")
+        json.loads(call.function.arguments)
+    # The SDK's stream helper copes with whatever the parser made of it.
+    with client.chat.completions.stream(model="m", messages=HI, tools=[WEATHER_TOOL, TIME_TOOL],
+                                        tool_choice=choice, max_tokens=12, seed=4) as stream:
+        final = final_completion(stream)
+    assert final.choices[0].message.content == msg.content
+    assert final.choices[0].finish_reason == r.choices[0].finish_reason
+
+
+def test_parallel_tool_calls_false_is_accepted(client):
+    r = client.chat.completions.create(model="m", messages=HI, tools=[WEATHER_TOOL, TIME_TOOL],
+                                       tool_choice="required", parallel_tool_calls=False, max_tokens=10, seed=6)
+    assert len(r.choices[0].message.tool_calls or []) <= 1
+
+
+def test_tool_history_round_trip_is_accepted(client):
+    """A second turn carrying the assistant's call (content null) and the tool's result."""
+    messages = HI + [
+        {"role": "assistant", "content": None, "reasoning_content": "need weather",
+         "tool_calls": [{"id": "call_1", "type": "function",
+                         "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "sunny, 21 C"}]
+    r = client.chat.completions.create(model="m", messages=messages, tools=[WEATHER_TOOL], max_tokens=4)
+    assert r.choices[0].finish_reason in ("stop", "length", "tool_calls")
+    # `reasoning` is accepted on input too.
+    messages[1] = dict(messages[1], reasoning="need weather")
+    del messages[1]["reasoning_content"]
+    client.chat.completions.create(model="m", messages=messages, tools=[WEATHER_TOOL], max_tokens=2)
+
+
+# ---------------------------------------------------------------------------------- errors
+
+@pytest.mark.parametrize("body, param", [
+    ({"messages": []}, "messages"),
+    ({"messages": [{"role": "wizard", "content": "x"}]}, "messages"),
+    ({"messages": HI, "temperature": 7}, "temperature"),
+    ({"messages": HI, "n": 2}, "n"),
+    ({"messages": HI, "max_tokens": 0}, "max_tokens"),
+    ({"messages": HI, "max_tokens": "ten"}, "max_tokens"),
+    ({"messages": HI, "tool_choice": "required"}, "tool_choice"),
+    ({"messages": HI, "tools": [WEATHER_TOOL], "tool_choice": {"type": "function", "function": {"name": "nope"}}},
+     "tool_choice"),
+    ({"messages": HI, "tools": [{"type": "retrieval"}]}, "tools"),
+    ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]}, "messages"),
+])
+def test_invalid_requests_are_400_in_openai_shape(qwen_server, body, param):
+    status, out, headers = qwen_server.post_json("/v1/chat/completions", dict(body, model="m"))
+    assert status == 400, out
+    assert set(out) == {"error"}
+    assert out["error"]["type"] == "invalid_request_error"
+    assert out["error"]["param"] == param
+    assert isinstance(out["error"]["message"], str) and out["error"]["message"]
+    assert headers.get("x-should-retry") == "false"
+
+
+def test_sdk_raises_bad_request(client):
+    with pytest.raises(openai.BadRequestError) as err:
+        client.chat.completions.create(model="m", messages=HI, tools=[WEATHER_TOOL],
+                                       tool_choice={"type": "function", "function": {"name": "missing"}})
+    assert err.value.status_code == 400
+    assert "missing" in err.value.message
+
+
+def test_context_overflow(client):
+    with pytest.raises(openai.BadRequestError) as err:
+        client.chat.completions.create(model="m", messages=[{"role": "user", "content": "word " * 6000}],
+                                       max_tokens=2)
+    assert err.value.code == "context_length_exceeded"
+
+
+def test_malformed_json_and_unknown_routes(qwen_server):
+    import urllib.error
+    import urllib.request
+    req = urllib.request.Request(qwen_server.url("/v1/chat/completions"), data=b"{not json", method="POST")
+    with pytest.raises(urllib.error.HTTPError) as err:
+        urllib.request.urlopen(req, timeout=10)
+    assert err.value.code == 400 and json.loads(err.value.read())["error"]["type"] == "invalid_request_error"
+    with pytest.raises(urllib.error.HTTPError) as err:
+        urllib.request.urlopen(qwen_server.url("/v1/nothing-here"), timeout=10)
+    assert err.value.code == 404 and "error" in json.loads(err.value.read())
+    with pytest.raises(urllib.error.HTTPError) as err:
+        urllib.request.urlopen(qwen_server.url("/v1/chat/completions"), timeout=10)  # GET
+    assert err.value.code == 405 and "error" in json.loads(err.value.read())
+
+
+def test_response_format_is_refused_honestly(client):
+    with pytest.raises(openai.BadRequestError) as err:
+        client.chat.completions.create(model="m", messages=HI, response_format={"type": "json_object"})
+    assert err.value.param == "response_format"
