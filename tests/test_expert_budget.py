@@ -192,7 +192,9 @@ def test_logits_bitwise_identical_at_any_budget(ckpt_root: Path, arch: str, fmt:
     check_budgets_match_resident(small_checkpoint(ckpt_root, arch, fmt))
 
 
-@pytest.mark.xfail(strict=True, reason="deepseek_v4 load does not call mg_expert_store_apply_budget yet")
+@pytest.mark.xfail(strict=True, reason="deepseek_v4 honours the budget now, but at the smallest budget this tiny "
+                   "checkpoint's whole expert pool fits in the cache (96 slots), so no eviction happens: "
+                   "the checkpoint needs more experts per layer for this test")
 def test_logits_bitwise_identical_at_any_budget_deepseek_v4(ckpt_root: Path) -> None:
     check_budgets_match_resident(dsv4_small_checkpoint(ckpt_root))
 

@@ -36,8 +36,8 @@ enum { ATTN_SWA = 0, ATTN_CSA = 1, ATTN_HCA = 2 };
 enum { /* scratch slots: shared ones, then attention-only and MoE-only ones overlaid */
     B_X, B_XN, B_MIX, B_PRE, B_POST, B_COMB, B_U, B_H, B_O, B_COS, B_SIN, B_COSC, B_SINC, B_HCTMP,
     B_REGION,
-    B_QA = B_REGION, B_Q, B_KV, B_CKV, B_CGATE, B_IQ, B_IW, B_SEL, B_ATT, B_GRP,
-    B_RLOG = B_REGION, B_RW, B_RIDS, B_SH, B_MLP, B_MOE0 /* + 4 */
+    B_QA = B_REGION, B_Q, B_KV, B_CKV, B_CGATE, B_IKV, B_IGATE, B_IQ, B_IW, B_IWT, B_SEL, B_ATT, B_GRP,
+    B_RLOG = B_REGION, B_RW, B_RIDS, B_SH, B_MOE0 /* + 4 */
 };
 
 typedef struct dcfg {
@@ -360,6 +360,10 @@ static void *load(const mg_arch_env *env, mg_error *err) {
     if (bind_hc(s, ck, &s->hc_head, c->n_hc, 1, "", "head_", err)) goto fail;
     if (mg_bind_matrixf(ck, &s->census, c->vocab, c->d, &s->head, err, "head.weight")) goto fail;
     if (mg_kv_init(&s->kv, (int)c->n_layers, c->D, 0, s->max_ctx, err)) goto fail;
+    /* --ram budget: what is not resident weights, the slot's state at max_ctx (KV rows, with the
+     * compressed rows and indexer keys bounded by as much again) and chunk scratch caches experts. */
+    uint64_t slot_bytes = (uint64_t)c->n_layers * (uint64_t)s->max_ctx * (uint64_t)c->D * 2 * sizeof(float);
+    if (mg_expert_store_apply_budget(env, s->experts, &s->census, slot_bytes + (64u << 20), err)) goto fail;
     return s;
 fail:
     state_free(s);
@@ -450,18 +454,16 @@ static void index_task(void *ctx, int worker, int n_workers) {
     }
 }
 
-/* For each token, the top-min(topk, visible) indexer rows; ties keep the lower row first. */
-static int indexer_select(state *s, const layer *L, const float *qa, const float *h, int64_t m, int64_t pos,
+/* For each token, the top-min(topk, visible) indexer rows; ties keep the lower row first.
+ * iq [m, HI*DI] (indexer queries before RoPE, rotated here) and iw [m, HI] (head weights) were
+ * projected together with the block's other projections. */
+static int indexer_select(state *s, const layer *L, float *iq, const float *iw, int64_t m, int64_t pos,
                           const float *cos_c, const float *sin_c, int *sel, int *n_sel, mg_error *err) {
     const dcfg *c = &s->c;
     const int64_t HI = c->HI, DI = c->DI, n_rows = L->icomp.n_rows;
-    float *iq = mg_buf(&s->buf, B_IQ, (size_t)(m * HI * DI), err);
-    float *iw = mg_buf(&s->buf, B_IW, (size_t)(m * HI + m * n_rows + 1), err);
-    if (!iq || !iw) return -1;
-    float *scores = iw + m * HI;
-    mg_linear(s->comp, &L->iwq_b, qa, m, iq);
+    float *scores = mg_buf(&s->buf, B_IW, (size_t)(m * n_rows + 1), err);
+    if (!scores) return -1;
     mg_rope_rows(&s->rope_comp_idx, iq, m, HI * DI, (int)HI, (int)DI, cos_c, sin_c, 0);
-    mg_linear(s->comp, &L->iweights, h, m, iw);
     int any = 0;
     for (int64_t t = 0; t < m; t++) any |= (pos + t + 1) / L->ratio > c->topk;
     if (any) {
@@ -499,44 +501,57 @@ static int attention_block(state *s, int li, const float *h, int64_t m, int64_t 
     float *att = mg_buf(&s->buf, B_ATT, (size_t)(m * HD), err);
     float *grp = mg_buf(&s->buf, B_GRP, (size_t)(m * c->G * c->o_rank), err);
     if (!cos_t || !sin_t || !qa || !q || !kv || !att || !grp) return -1;
+    /* Every projection of the block input h (queries' low rank, K=V, compressors, indexer head
+     * weights) in ONE pool dispatch, then the two of the normed low-rank query in a second:
+     * decode is a chain of small matrices, and each dispatch is a pool hand-off. */
+    const int64_t cw = L->kind == ATTN_SWA ? 0 : L->comp.overlap ? 2 * D : D, iwd = 2 * c->DI;
+    const int csa = L->kind == ATTN_CSA;
+    float *ckv = NULL, *cg = NULL, *ikv = NULL, *ig = NULL, *iq = NULL, *iw = NULL;
+    if (cw && (!(ckv = mg_buf(&s->buf, B_CKV, (size_t)(m * cw), err)) ||
+               !(cg = mg_buf(&s->buf, B_CGATE, (size_t)(m * cw), err))))
+        return -1;
+    if (csa && (!(ikv = mg_buf(&s->buf, B_IKV, (size_t)(m * iwd), err)) ||
+                !(ig = mg_buf(&s->buf, B_IGATE, (size_t)(m * iwd), err)) ||
+                !(iq = mg_buf(&s->buf, B_IQ, (size_t)(m * c->HI * c->DI), err)) ||
+                !(iw = mg_buf(&s->buf, B_IWT, (size_t)(m * c->HI), err))))
+        return -1;
+    {
+        const mg_matrix *ws[7] = {&L->wq_a, &L->wkv};
+        float *ys[7] = {qa, kv};
+        int n = 2;
+        if (cw) { ws[n] = &L->comp.wkv; ys[n++] = ckv; ws[n] = &L->comp.wgate; ys[n++] = cg; }
+        if (csa) {
+            ws[n] = &L->icomp.wkv; ys[n++] = ikv; ws[n] = &L->icomp.wgate; ys[n++] = ig;
+            ws[n] = &L->iweights; ys[n++] = iw;
+        }
+        mg_linear_multi(comp, n, ws, h, m, ys);
+    }
     /* queries: low-rank, normed, per-head unweighted norm, RoPE on the last dims */
-    mg_linear(comp, &L->wq_a, h, m, qa);
     mg_rmsnorm_rows(comp->k, qa, qa, L->q_norm, m, c->q_rank, c->q_rank, (float)c->eps);
-    mg_linear(comp, &L->wq_b, qa, m, q);
+    {
+        const mg_matrix *ws[2] = {&L->wq_b, &L->iwq_b};
+        float *ys[2] = {q, iq};
+        mg_linear_multi(comp, csa ? 2 : 1, ws, qa, m, ys);
+    }
     mg_rmsnorm_rows(comp->k, q, q, NULL, m * c->H, D, D, (float)c->eps);
     mg_rope_rows(rope, q, m, HD, (int)c->H, (int)D, cos_t, sin_t, 0);
     /* the single K=V row of each token */
-    mg_linear(comp, &L->wkv, h, m, kv);
     mg_rmsnorm_rows(comp->k, kv, kv, L->kv_norm, m, D, D, (float)c->eps);
     mg_rope_rows(rope, kv, m, D, 1, (int)D, cos_t, sin_t, 0);
     memcpy(mg_kv_k(&s->kv, li, pos), kv, sizeof(float) * (size_t)(m * D));
     /* compressors see the chunk's tokens before attention: a window closed by token p is visible to p */
     int *sel = NULL, *n_sel = NULL;
-    if (L->kind != ATTN_SWA) {
-        const int64_t w = L->comp.overlap ? 2 * D : D;
-        float *ckv = mg_buf(&s->buf, B_CKV, (size_t)(m * w), err);
-        float *cg = mg_buf(&s->buf, B_CGATE, (size_t)(m * w), err);
-        if (!ckv || !cg) return -1;
-        const mg_matrix *ws[2] = {&L->comp.wkv, &L->comp.wgate};
-        float *ys[2] = {ckv, cg};
-        mg_linear_multi(comp, 2, ws, h, m, ys);
+    if (cw)
         for (int64_t t = 0; t < m; t++)
-            if (dsv4_comp_push(&L->comp, ckv + t * w, cg + t * w, pos + t, err)) return -1;
-    }
-    if (L->kind == ATTN_CSA) {
-        const int64_t w = 2 * c->DI;
-        float *ikv = mg_buf(&s->buf, B_CKV, (size_t)(m * w), err);
-        float *ig = mg_buf(&s->buf, B_CGATE, (size_t)(m * w), err);
+            if (dsv4_comp_push(&L->comp, ckv + t * cw, cg + t * cw, pos + t, err)) return -1;
+    if (csa) {
         float *sb = mg_buf(&s->buf, B_SEL, (size_t)(m * (c->topk + 1)), err);
-        if (!ikv || !ig || !sb) return -1;
-        const mg_matrix *ws[2] = {&L->icomp.wkv, &L->icomp.wgate};
-        float *ys[2] = {ikv, ig};
-        mg_linear_multi(comp, 2, ws, h, m, ys);
+        if (!sb) return -1;
         for (int64_t t = 0; t < m; t++)
-            if (dsv4_comp_push(&L->icomp, ikv + t * w, ig + t * w, pos + t, err)) return -1;
+            if (dsv4_comp_push(&L->icomp, ikv + t * iwd, ig + t * iwd, pos + t, err)) return -1;
         sel = (int *)sb;
         n_sel = sel + m * c->topk;
-        if (indexer_select(s, L, qa, h, m, pos, mg_buf(&s->buf, B_COSC, 0, err), mg_buf(&s->buf, B_SINC, 0, err),
+        if (indexer_select(s, L, iq, iw, m, pos, mg_buf(&s->buf, B_COSC, 0, err), mg_buf(&s->buf, B_SINC, 0, err),
                            sel, n_sel, err))
             return -1;
     }
@@ -585,8 +600,7 @@ static int moe_block(state *s, int li, const float *h, const int32_t *tokens, in
     float *rw = mg_buf(&s->buf, B_RW, (size_t)(m * K), err);
     float *rids = mg_buf(&s->buf, B_RIDS, (size_t)(m * K), err);
     float *sh = mg_buf(&s->buf, B_SH, (size_t)(m * d), err);
-    float *tmp = mg_buf(&s->buf, B_MLP, (size_t)(2 * m * c->I), err);
-    if (!logits || !rw || !rids || !sh || !tmp) return -1;
+    if (!logits || !rw || !rids || !sh) return -1;
     int *ids = (int *)rids;
     float *choice = logits + m * E;
     mg_linear(comp, &L->gate, h, m, logits);
@@ -611,9 +625,9 @@ static int moe_block(state *s, int li, const float *h, const int32_t *tokens, in
     mg_moe_args a = {
         .store = s->experts, .layer = li, .n_experts = (int)E, .k = (int)K, .x = h, .n_tok = m, .d = d,
         .ids = ids, .w = rw, .limit = (float)c->limit, .out = out,
+        .shared = &L->shared, .shared_out = sh, /* same clamp; rides in the experts' dispatches */
     };
     if (mg_moe_experts(comp, &a, &s->buf, B_MOE0, err)) return -1;
-    mg_mlp_forward(comp, &L->shared, h, m, sh, tmp, (float)c->limit);
     for (int64_t i = 0; i < m * d; i++) out[i] += sh[i];
     return 0;
 }
