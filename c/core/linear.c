@@ -1,5 +1,46 @@
-/* Threaded linear layers: output rows are split over the pool's workers. */
+/* Threaded linear layers: output rows are split over the pool's shares by estimated cost. */
 #include "core/linear.h"
+
+void mg_traffic_add(const mg_compute *c, uint64_t bytes) {
+    if (!c->traffic) return;
+    __atomic_fetch_add(&c->traffic->weight_bytes, bytes, __ATOMIC_RELAXED);
+    __atomic_fetch_add(&c->traffic->dispatches, 1, __ATOMIC_RELAXED);
+}
+
+int64_t mg_linear_row_cost(const mg_matrix *w, int64_t n_tok) {
+    /* Bytes streamed per row (values; scales are <= 1/16 of them) plus the multiply-adds.  At
+     * decode the first term dominates for wide formats and the second makes up for the extra
+     * decoding work of packed ones (fp4 costs about as much per weight as fp8 on AVX2). */
+    return (int64_t)mg_matrix_row_bytes(w) + w->cols * (n_tok > 0 ? n_tok : 1);
+}
+
+/* First row of a matrix whose cost starts at `base` that begins at or after the global cost
+ * point C, rounded up to 16 rows.  Every share computes boundaries the same way, so the ranges
+ * tile the rows exactly. */
+static int64_t row_at(int64_t rows, int64_t rc, int64_t base, int64_t C) {
+    if (C <= base) return 0;
+    int64_t r = (C - base + rc - 1) / rc;
+    r = (r + 15) / 16 * 16;
+    return r < rows ? r : rows;
+}
+
+void mg_cost_split(int n, const mg_matrix *const *ws, const int64_t *row_cost, int64_t total, int share,
+                   int n_shares, void (*run)(void *ctx, int i, int64_t r0, int64_t r1), void *ctx) {
+    const int64_t c0 = total * share / n_shares;
+    const int64_t c1 = share == n_shares - 1 ? total : total * (share + 1) / n_shares;
+    int64_t base = 0;
+    for (int i = 0; i < n && base < c1; i++) {
+        const int64_t rows = ws[i]->rows, cost = rows * row_cost[i];
+        if (cost > 0 && base + cost > c0) {
+            int64_t r0 = row_at(rows, row_cost[i], base, c0);
+            int64_t r1 = share == n_shares - 1 ? rows : row_at(rows, row_cost[i], base, c1);
+            if (r0 < r1) run(ctx, i, r0, r1);
+        }
+        base += cost;
+    }
+}
+
+#define MULTI_MAX 16
 
 typedef struct {
     const mg_kernels *k;
@@ -8,31 +49,39 @@ typedef struct {
     const float *x;
     int64_t n_tok;
     float *const *ys;
-    int64_t total_rows;
+    int64_t cost[MULTI_MAX];
+    int64_t total;
 } linear_job;
 
-/* Each worker takes an equal share of the concatenated rows of all matrices, so that q, k and v
- * (or gate and up) are balanced together in one dispatch. */
-static void linear_task(void *ctx, int worker, int n_workers) {
+static void linear_rows(void *ctx, int i, int64_t r0, int64_t r1) {
     const linear_job *job = ctx;
-    int64_t begin, end;
-    mg_split_range(job->total_rows, 16, worker, n_workers, &begin, &end);
-    int64_t base = 0;
-    for (int i = 0; i < job->n && begin < end; i++) {
-        const mg_matrix *w = job->ws[i];
-        int64_t lo = begin > base ? begin - base : 0;
-        int64_t hi = end - base < w->rows ? end - base : w->rows;
-        if (lo < hi)
-            job->k->linear[w->format](w, job->x, w->cols, job->n_tok, job->ys[i], w->rows, lo, hi);
-        base += w->rows;
-    }
+    const mg_matrix *w = job->ws[i];
+    job->k->linear[w->format](w, job->x, w->cols, job->n_tok, job->ys[i], w->rows, r0, r1);
+}
+
+/* Each share takes an equal part of the summed cost of all matrices, so that q, k and v (or
+ * gate and up, or matrices of different formats) are balanced together in one dispatch. */
+static void linear_task(void *ctx, int share, int n_shares) {
+    const linear_job *job = ctx;
+    mg_cost_split(job->n, job->ws, job->cost, job->total, share, n_shares, linear_rows, ctx);
 }
 
 void mg_linear_multi(const mg_compute *c, int n, const mg_matrix *const *ws, const float *x,
                      int64_t n_tok, float *const *ys) {
-    linear_job job = {c->k, n, ws, x, n_tok, ys, 0};
-    for (int i = 0; i < n; i++) job.total_rows += ws[i]->rows;
-    mg_pool_run(c->pool, linear_task, &job);
+    for (int b = 0; b < n; b += MULTI_MAX) { /* more than MULTI_MAX matrices: several dispatches */
+        linear_job job = {c->k, n - b < MULTI_MAX ? n - b : MULTI_MAX, ws + b, x, n_tok, ys + b, {0}, 0};
+        for (int i = 0; i < job.n; i++) {
+            job.cost[i] = mg_linear_row_cost(ws[b + i], n_tok);
+            job.total += ws[b + i]->rows * job.cost[i];
+        }
+        if (job.total <= 0) continue;
+        if (c->traffic) {
+            uint64_t bytes = 0;
+            for (int i = 0; i < job.n; i++) bytes += mg_matrix_bytes(ws[b + i]);
+            mg_traffic_add(c, bytes);
+        }
+        mg_pool_run(c->pool, linear_task, &job);
+    }
 }
 
 void mg_linear(const mg_compute *c, const mg_matrix *w, const float *x, int64_t n_tok, float *y) {

@@ -5,10 +5,24 @@
 #include "kernels.h"
 #include "threadpool.h"
 
+/* Weight traffic of the linear layers, counted per dispatch when mg_compute.traffic is set
+ * (updated with relaxed atomic adds: a nested dispatch may run inside a pool task; plain
+ * fields so that C++ code can include this header).  weight_bytes counts values + scales of
+ * every matrix of a dispatch once (a prefill chunk reads each row once for all its tokens).
+ * Not counted: embedding rows, KV cache, activations. */
+typedef struct mg_traffic {
+    uint64_t weight_bytes;
+    uint64_t dispatches;   /* pool runs issued by mg_linear* / mg_linear_jobs */
+} mg_traffic;
+
 typedef struct mg_compute {
     mg_pool *pool;
     const mg_kernels *k;
+    mg_traffic *traffic; /* NULL: not counted */
 } mg_compute;
+
+/* Adds one dispatch that reads `bytes` of weights (no-op when c->traffic is NULL). */
+void mg_traffic_add(const mg_compute *c, uint64_t bytes);
 
 /* x: [n_tok, w->cols] contiguous; y: [n_tok, w->rows] contiguous. */
 void mg_linear(const mg_compute *c, const mg_matrix *w, const float *x, int64_t n_tok, float *y);
@@ -17,5 +31,15 @@ void mg_linear(const mg_compute *c, const mg_matrix *w, const float *x, int64_t 
  * ys[i] is [n_tok, ws[i]->rows]. */
 void mg_linear_multi(const mg_compute *c, int n, const mg_matrix *const *ws, const float *x,
                      int64_t n_tok, float *const *ys);
+
+/* Estimated cost of one output row of w for n_tok tokens (bytes streamed + multiply-adds): the
+ * unit in which work is balanced over the pool. */
+int64_t mg_linear_row_cost(const mg_matrix *w, int64_t n_tok);
+
+/* The share `share` of n_shares of rows of n matrices (row_cost[i] per row of ws[i], total =
+ * sum of rows * row_cost): calls run(ctx, i, r0, r1) for each non-empty row range, boundaries on
+ * 16-row multiples.  All shares together cover every row of every matrix exactly once. */
+void mg_cost_split(int n, const mg_matrix *const *ws, const int64_t *row_cost, int64_t total, int share,
+                   int n_shares, void (*run)(void *ctx, int i, int64_t r0, int64_t r1), void *ctx);
 
 #endif

@@ -238,8 +238,10 @@ typedef struct {
     int64_t total_cost;
 } jobs_ctx;
 
-/* Cost of one output row: decoding the row once plus one dot product per token. */
-static int64_t row_cost(const mg_linear_job *j) { return j->n_tok + 2; }
+/* Cost of one output row (core/linear.h's estimate: bytes streamed + multiply-adds), so that
+ * jobs of different formats and token counts (routed fp4 experts next to an fp8 shared expert)
+ * are balanced by work, not by rows.  Jobs without tokens cost nothing. */
+static int64_t row_cost(const mg_linear_job *j) { return j->n_tok > 0 ? mg_linear_row_cost(j->w, j->n_tok) : 0; }
 
 /* First row of job j whose cost start is >= the global cost point C (job starts at `base`),
  * rounded up to 16 rows; every worker computes boundaries the same way, so ranges tile. */
@@ -273,6 +275,11 @@ void mg_linear_jobs(const mg_compute *c, int n_jobs, const mg_linear_job *jobs) 
     jobs_ctx jc = {c->k, n_jobs, jobs, 0};
     for (int i = 0; i < n_jobs; i++) jc.total_cost += jobs[i].w->rows * row_cost(&jobs[i]);
     if (jc.total_cost == 0) return;
+    if (c->traffic) {
+        uint64_t bytes = 0;
+        for (int i = 0; i < n_jobs; i++) bytes += jobs[i].n_tok > 0 ? mg_matrix_bytes(jobs[i].w) : 0;
+        mg_traffic_add(c, bytes);
+    }
     mg_pool_run(c->pool, jobs_task, &jc);
 }
 
@@ -364,7 +371,7 @@ int mg_moe_experts(const mg_compute *c, const mg_moe_args *a, mg_buffers *buf, i
     /* Integer bookkeeping lives in one int buffer: count[E] | start[E] | uid[E] | order[A]. */
     int *ib = malloc(sizeof(int) * (size_t)(3 * E + A));
     const mg_expert **ex = malloc(sizeof(*ex) * (size_t)E);
-    mg_linear_job *jobs = malloc(sizeof(*jobs) * (size_t)(2 * E));
+    mg_linear_job *jobs = malloc(sizeof(*jobs) * (size_t)(2 * E + 2));
     if (!ib || !ex || !jobs) {
         free(ib); free(ex); free(jobs);
         return mg_fail(err, "out of memory (moe bookkeeping)");
@@ -419,22 +426,44 @@ int mg_moe_experts(const mg_compute *c, const mg_moe_args *a, mg_buffers *buf, i
     float *y = gu ? mg_buf(buf, slot0 + 2, (size_t)(A * d), err) : NULL;
     if (!gu || !y) goto done;
     float *g = gu, *u = gu + A * fmax;
+    /* The shared expert's gate/up (all tokens) join the routed ones: one dispatch, not two. */
+    const mg_mlp *sh = a->shared;
+    const int64_t fs = sh ? sh->gate.rows : 0;
+    float *sg = NULL, *su = NULL;
+    if (sh) {
+        if (sh->gate.cols != d || sh->up.rows != fs || sh->down.cols != fs || sh->down.rows != d || !a->shared_out) {
+            mg_fail(err, "internal: shared expert of layer %d has inconsistent shapes", a->layer);
+            goto done;
+        }
+        if (!(sg = mg_buf(buf, slot0 + 3, (size_t)(2 * T * fs), err))) goto done;
+        su = sg + T * fs;
+    }
+    int nj = 0;
     for (int i = 0; i < nu; i++) {
         int e = uid[i];
         const float *xin = T > 1 ? xg + (int64_t)start[e] * d : a->x;
-        jobs[2 * i] = (mg_linear_job){&ex[i]->gate, xin, d, g + (int64_t)start[e] * fmax, fmax, count[e]};
-        jobs[2 * i + 1] = (mg_linear_job){&ex[i]->up, xin, d, u + (int64_t)start[e] * fmax, fmax, count[e]};
+        jobs[nj++] = (mg_linear_job){&ex[i]->gate, xin, d, g + (int64_t)start[e] * fmax, fmax, count[e]};
+        jobs[nj++] = (mg_linear_job){&ex[i]->up, xin, d, u + (int64_t)start[e] * fmax, fmax, count[e]};
     }
-    mg_linear_jobs(c, 2 * nu, jobs);
+    if (sh) {
+        jobs[nj++] = (mg_linear_job){&sh->gate, a->x, d, sg, fs, T};
+        jobs[nj++] = (mg_linear_job){&sh->up, a->x, d, su, fs, T};
+    }
+    mg_linear_jobs(c, nj, jobs);
+    nj = 0;
     for (int i = 0; i < nu; i++) {
         int e = uid[i];
         int64_t f = ex[i]->gate.rows;
         for (int64_t r = start[e]; r < start[e] + count[e]; r++)
             c->k->swiglu(g + r * fmax, g + r * fmax, u + r * fmax, f, a->limit);
-        jobs[i] = (mg_linear_job){&ex[i]->down, g + (int64_t)start[e] * fmax, fmax,
-                                  y + (int64_t)start[e] * d, d, count[e]};
+        jobs[nj++] = (mg_linear_job){&ex[i]->down, g + (int64_t)start[e] * fmax, fmax,
+                                     y + (int64_t)start[e] * d, d, count[e]};
     }
-    mg_linear_jobs(c, nu, jobs);
+    if (sh) {
+        c->k->swiglu(sg, sg, su, T * fs, a->limit);
+        jobs[nj++] = (mg_linear_job){&sh->down, sg, fs, a->shared_out, d, T};
+    }
+    mg_linear_jobs(c, nj, jobs);
     /* Scatter in expert order, so each token's sum runs in increasing expert id. */
     for (int64_t r = 0; r < A; r++) {
         int64_t t = order[r] / K;

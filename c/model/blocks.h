@@ -181,7 +181,10 @@ void mg_route_sigmoid_grouped(const float *logits, const float *bias, int n_expe
  * from the store in ONE mg_expert_store_fetch; each expert then runs once over the rows of
  * the tokens that selected it (a small matrix x batch product), gate/up of all experts in one
  * dispatch and down in a second.  Contributions are added in increasing expert id order (the
- * order transformers' expert loop uses).  Uses buffer slots [slot0, slot0 + 4). */
+ * order transformers' expert loop uses).  Uses buffer slots [slot0, slot0 + 4).
+ * shared != NULL: the shared expert (a dense SwiGLU MLP over every token, same clamp limit)
+ * rides in the same two dispatches and writes shared_out[n_tok, d] (not accumulated; the
+ * caller adds it, so the summation order is the caller's). */
 typedef struct mg_moe_args {
     mg_expert_store *store;
     int layer, n_experts, k;
@@ -191,6 +194,8 @@ typedef struct mg_moe_args {
     const float *w;          /* [n_tok, k] */
     float limit;             /* swiglu clamp (0: none) */
     float *out;              /* [n_tok, d], accumulated into */
+    const mg_mlp *shared;    /* optional shared expert, see above */
+    float *shared_out;       /* [n_tok, d] when shared != NULL */
 } mg_moe_args;
 
 int mg_moe_experts(const mg_compute *c, const mg_moe_args *a, mg_buffers *buf, int slot0,

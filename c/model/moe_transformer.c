@@ -14,7 +14,7 @@
 
 enum { /* scratch slots */
     B_X, B_H, B_Q, B_K, B_V, B_ATT, B_O, B_COS, B_SIN, B_SCORES, B_MLP, B_MOE_OUT, B_RLOGITS,
-    B_RW, B_RIDS, B_RSCR, B_MOE0 /* .. B_MOE0 + 2: mg_moe_experts */
+    B_RW, B_RIDS, B_RSCR, B_MOE0 /* .. B_MOE0 + 3: mg_moe_experts */
 };
 
 typedef struct layer {
@@ -287,18 +287,17 @@ static int mlp_block(state *s, int li, float *x, int64_t m, mg_error *err) {
             mg_route_softmax_topk(logits + t * E, (int)E, (int)K, c->norm_topk, ids + t * K, rw + t * K);
     }
     memset(out, 0, sizeof(float) * (size_t)(m * d));
+    float *sh = L->has_shared ? mg_buf(&s->buf, B_O, (size_t)(m * d), err) : NULL;
+    if (L->has_shared && !sh) return -1;
+    /* the shared expert runs inside the routed experts' two dispatches */
     mg_moe_args a = {
         .store = s->experts, .layer = li, .n_experts = (int)E, .k = (int)K, .x = h, .n_tok = m, .d = d,
         .ids = ids, .w = rw, .limit = 0.0f, .out = out,
+        .shared = L->has_shared ? &L->shared : NULL, .shared_out = sh,
     };
     if (mg_moe_experts(comp, &a, &s->buf, B_MOE0, err)) return -1;
-    if (L->has_shared) {
-        float *sh = mg_buf(&s->buf, B_O, (size_t)(m * d), err);
-        float *tmp = mg_buf(&s->buf, B_MLP, (size_t)(2 * m * L->shared.gate.rows), err);
-        if (!sh || !tmp) return -1;
-        mg_mlp_forward(comp, &L->shared, h, m, sh, tmp, 0.0f);
+    if (sh)
         for (int64_t i = 0; i < m * d; i++) out[i] += sh[i];
-    }
     for (int64_t i = 0; i < m * d; i++) x[i] += out[i];
     return 0;
 }
