@@ -4,6 +4,7 @@ ours / Belady, and the CLI."""
 from __future__ import annotations
 
 import importlib.util
+import re
 import struct
 import sys
 from pathlib import Path
@@ -112,3 +113,53 @@ def test_cli_synth_and_replay(tmp_path: Path, capsys: pytest.CaptureFixture[str]
     out = capsys.readouterr().out
     assert "lru" in out and "ours" in out and "belady" in out
     assert len([line for line in out.splitlines() if line.strip().startswith("0.")]) == 2
+
+
+# ---- recording from the engine ----------------------------------------------------------------
+
+QWEN_SMALL = {
+    "hidden_size": 64, "intermediate_size": 128, "moe_intermediate_size": 64, "num_experts": 16,
+    "num_experts_per_tok": 4, "num_hidden_layers": 3, "vocab_size": 512, "num_attention_heads": 4,
+    "num_key_value_heads": 2, "head_dim": 16, "max_position_embeddings": 256,
+}
+
+
+@pytest.fixture(scope="module")
+def small_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from tools.ckpt import write_checkpoint
+
+    return write_checkpoint("qwen3_moe", "bench", "bf16", tmp_path_factory.mktemp("rt") / "q", seed=4,
+                            overrides=QWEN_SMALL)
+
+
+def test_record_from_the_resident_engine(small_model: Path, tmp_path: Path,
+                                         capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "run.trace"
+    assert rt.main(["record", "--model", str(small_model), "--out", str(out), "--tokens", "6",
+                    "--prompt-ids", "5,17,42,99"]) == 0
+    # one fetch per layer per eval: the prompt, then 6 decode steps -> 7 evals x 3 layers
+    assert "21 fetches" in capsys.readouterr().out
+    tr = rt.read_trace(out)
+    assert (tr.n_layers, tr.n_experts, len(tr)) == (3, 16, 21)
+    assert tr.layers == [0, 1, 2] * 7
+    prefill = tr.batches[:3]
+    assert all(4 <= len(b) <= 16 for b in prefill)  # the union over 4 tokens of 4 choices each
+    assert all(len(b) == 4 for b in tr.batches[3:])  # one token: exactly k experts
+
+
+def test_replay_of_the_engine_trace_reproduces_its_cache(small_model: Path, tmp_path: Path) -> None:
+    """The tool's 'ours' replay is the store's own policy: replaying the trace of a budgeted run
+    at the engine's slot count gives the engine's hit and miss counts exactly."""
+    from gateway.engine import Engine, EngineError
+
+    with pytest.raises(EngineError) as info:
+        Engine(str(small_model), ram_gb=0.001)
+    minimum = float(re.search(r"minimum is ([0-9.]+) GB", str(info.value)).group(1))
+    out = tmp_path / "budget.trace"
+    tr, st = rt.record(str(small_model), str(out), 12, [5, 17, 42, 99, 3, 250], minimum,
+                       expert_history=False, expert_prefetch=False)
+    assert st["slots"] >= 16 and st["misses"] > 0
+    assert st["fetches"] == len(tr)
+    replay = rt.simulate(tr, "ours", int(st["slots"]))
+    assert (replay.hits, replay.misses) == (st["hits"], st["misses"])
+    assert rt.simulate(tr, "belady", int(st["slots"])).hits >= replay.hits

@@ -33,7 +33,6 @@ import numpy as np
 MAGIC = b"MGRTRACE"
 VERSION = 1
 HEADER = struct.Struct("<8sIIII")  # magic, version, n_layers, n_experts, reserved
-TRACE_ENV = "MOEGATE_ROUTING_TRACE"  # the engine hook: record fetches to this path
 
 
 @dataclass
@@ -251,19 +250,20 @@ def format_table(rows: list[dict[str, float]]) -> str:
 # ---- recording ---------------------------------------------------------------------------
 
 
-def record(model: str, out: str, tokens: int, prompt_ids: list[int], ram_gb: float | None) -> Trace:
-    """Greedy-decodes `tokens` tokens with the engine while it records its fetches."""
-    os.environ[TRACE_ENV] = str(Path(out).resolve())
+def record(model: str, out: str, tokens: int, prompt_ids: list[int], ram_gb: float | None,
+           **engine_options: object) -> tuple[Trace, dict[str, object]]:
+    """Greedy-decodes `tokens` tokens with the engine (Engine(..., routing_trace=out)) while it
+    records its fetches: (the trace, the engine's expert statistics at the end)."""
     from gateway.engine import Engine  # late: only `record` needs the compiled engine
 
-    eng = Engine(model, ram_gb=ram_gb)
+    eng = Engine(model, ram_gb=ram_gb, routing_trace=out, **engine_options)  # type: ignore[arg-type]
     logits = eng.eval(prompt_ids, last_only=True)
     for _ in range(tokens):
         logits = eng.eval([int(np.argmax(logits[-1]))], last_only=True)
-    del eng  # the store flushes and closes the trace when freed
-    if not Path(out).exists():
-        raise RuntimeError(f"the engine wrote no trace to {out}: this build lacks the {TRACE_ENV} hook")
-    return read_trace(out)
+    eng.set_routing_trace(None)  # flushes and closes the file
+    stats = eng.stats()["experts"]
+    del eng
+    return read_trace(out), stats
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -292,8 +292,10 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.cmd == "record":
         ids = [int(x) for x in args.prompt_ids.split(",") if x.strip()]
-        tr = record(args.model, args.out, args.tokens, ids, args.ram)
+        tr, st = record(args.model, args.out, args.tokens, ids, args.ram)
         print(f"{args.out}: {len(tr)} fetches, {tr.n_layers} layers x {tr.n_experts} experts")
+        if st.get("slots"):
+            print(f"engine cache: {st['slots']} slots, hit rate {st['hit_rate']:.3f}")
     elif args.cmd == "replay":
         tr = read_trace(args.trace)
         hist = usage_counts(read_trace(args.history)) if args.history else None

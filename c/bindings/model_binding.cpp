@@ -7,6 +7,7 @@
 
 #include <cstring>
 #include <mutex>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -130,7 +131,40 @@ class Model {
         d["slots"] = s.slots;
         d["slot_bytes"] = s.slot_bytes;
         d["pinned"] = s.pinned;
+        d["preloaded"] = s.preloaded;
+        d["auto_prefetches"] = s.auto_prefetches;
         return d;
+    }
+
+    // Records every expert fetch to `path` (tools/routing_trace.py format); None stops and
+    // closes the file.
+    void trace_routing(const std::optional<std::string> &path) {
+        mg_error err{};
+        int rc;
+        {
+            py::gil_scoped_release nogil;
+            std::lock_guard<std::mutex> lock(mu_);
+            rc = mg_model_trace_routing(m_, path ? path->c_str() : nullptr, &err);
+        }
+        if (rc != 0) throw std::runtime_error(err.msg);
+    }
+
+    // Budgeted runs: seeds and pins the cache from this history file (read now, pinned experts
+    // loaded now) and rewrites it when the model is freed.  No effect without a budget.
+    void use_expert_history(const std::string &path, double pin_fraction) {
+        mg_error err{};
+        int rc;
+        {
+            py::gil_scoped_release nogil;
+            std::lock_guard<std::mutex> lock(mu_);
+            rc = mg_model_expert_history(m_, path.c_str(), pin_fraction, &err);
+        }
+        if (rc != 0) throw std::runtime_error(err.msg);
+    }
+
+    void set_expert_prefetch(int depth) {
+        std::lock_guard<std::mutex> lock(mu_);
+        mg_model_expert_prefetch(m_, depth);
     }
 
   private:
@@ -151,7 +185,10 @@ void register_model(py::module_ &m) {
         .def("reset", &Model::reset)
         .def_property_readonly("n_past", &Model::n_past)
         .def("info", &Model::info)
-        .def("expert_stats", &Model::expert_stats);
+        .def("expert_stats", &Model::expert_stats)
+        .def("trace_routing", &Model::trace_routing, py::arg("path"))
+        .def("use_expert_history", &Model::use_expert_history, py::arg("path"), py::arg("pin_fraction") = 0.0)
+        .def("set_expert_prefetch", &Model::set_expert_prefetch, py::arg("depth"));
 }
 
 }  // namespace moegate

@@ -82,4 +82,11 @@ int mg_config_int_array(const mg_json *cfg, const char *key, int64_t **out, int6
 const mg_arch_info *mg_model_info(const mg_model *m);
 uint64_t mg_model_checkpoint_bytes(const mg_model *m); /* bytes of all mapped shards */
 
+/* Settings of the model's expert store (experts.h), applied after open by the binding: the
+ * arch state owns the store; these are the changes it accepts while loaded.  A model without
+ * a store: trace and history fail with an error, prefetch does nothing. */
+int mg_model_trace_routing(mg_model *m, const char *path, mg_error *err); /* NULL: stop, flush */
+int mg_model_expert_history(mg_model *m, const char *path, double pin_fraction, mg_error *err);
+void mg_model_expert_prefetch(mg_model *m, int depth);
+
 #endif

@@ -71,14 +71,17 @@ struct mg_expert_cache {
     uint32_t epoch;
 
     /* the open batch */
-    int batch_n, batch_waiting, batch_open;
+    int batch_layer, batch_n, batch_waiting, batch_open;
     int *batch_slot;   /* [n_slots] */
     int *ready;        /* [n_slots] ring of batch indices ready to hand out */
     int ready_head, ready_len;
     int *victims, *heap; /* [n_slots] */
     mg_io_job *jobs;     /* [n_slots * N_PIECES] */
 
-    uint64_t fetches, hits, misses, evictions, prefetches;
+    int prefetch_depth; /* experts of the next layer the store prefetches itself (0: off) */
+    int *cand;          /* [n_experts] prefetch candidates */
+
+    uint64_t fetches, hits, misses, evictions, prefetches, preloaded, auto_prefetches;
 };
 
 /* ---- locating expert bytes in the files ------------------------------------------------- */
@@ -343,6 +346,7 @@ void mg_expert_cache_free(mg_expert_cache *c) {
     free(c->victims);
     free(c->heap);
     free(c->jobs);
+    free(c->cand);
     free(c);
 }
 
@@ -407,7 +411,8 @@ mg_expert_cache *mg_expert_cache_create(const mg_checkpoint *ck, const mg_expert
     c->victims = malloc(sizeof(int) * S);
     c->heap = malloc(sizeof(int) * S);
     c->jobs = malloc(sizeof(mg_io_job) * S * N_PIECES);
-    if (!c->slot_key || !c->slot_desc || !c->mark || !c->loading || !c->key_slot || !c->pinned ||
+    c->cand = malloc(sizeof(int) * (size_t)n_experts);
+    if (!c->cand || !c->slot_key || !c->slot_desc || !c->mark || !c->loading || !c->key_slot || !c->pinned ||
         !c->usage_old || !c->usage_new || !c->batch_slot || !c->ready || !c->victims || !c->heap || !c->jobs)
         goto oom;
     for (size_t i = 0; i < S; i++) c->slot_key[i] = -1;
@@ -431,10 +436,8 @@ mg_expert_cache *mg_expert_cache_create(const mg_checkpoint *ck, const mg_expert
 
     double half_life = o.half_life > 0 ? o.half_life : 16.0 * n_layers;
     if (!(c->pol = mg_policy_create(o.policy, c->n_keys, half_life, (double)n_layers, err))) goto fail;
-    if (o.usage_path && !(c->usage_path = strdup(o.usage_path))) goto oom;
-    usage_load(c);
-    if (usage_apply(c, o.pin_fraction == 0 ? 0.5 : o.pin_fraction, err)) goto fail;
     if (!(c->io = mg_io_pool_create(c->io_threads, c->n_slots, c->n_slots * N_PIECES, err))) goto fail;
+    if (o.usage_path && mg_expert_cache_use_history(c, o.usage_path, o.pin_fraction, err)) goto fail;
     return c;
 oom:
     mg_fail(err, "expert cache: out of memory");
@@ -480,11 +483,39 @@ static int in_batch(const mg_expert_cache *c, int slot) {
     return 0;
 }
 
+/* Members of the open batch waiting on this slot stop waiting (without becoming ready). */
+static void batch_forget(mg_expert_cache *c, int slot) {
+    for (int i = 0; i < c->batch_n; i++)
+        if (c->batch_slot[i] == slot) {
+            c->batch_waiting--;
+            c->batch_slot[i] = -1 - slot;
+        }
+}
+
+/* A read of the open batch failed: waits for the batch's other reads so that none of them
+ * surfaces later as an error of another fetch.  Failed slots are left empty (reap), so the
+ * next request reads them again; members that did arrive stay cached (their bytes are good). */
+static void batch_abort(mg_expert_cache *c, int failed_slot) {
+    batch_forget(c, failed_slot);
+    while (c->batch_waiting > 0) {
+        int failed = 0;
+        char msg[768];
+        int slot = reap(c, &failed, msg, sizeof msg);
+        if (slot < 0) break;
+        batch_forget(c, slot);
+    }
+    c->batch_open = 0;
+    c->ready_len = 0;
+}
+
+static void auto_prefetch(mg_expert_cache *c, int layer);
+
 int mg_expert_cache_next(mg_expert_cache *c, mg_error *err) {
     if (!c->batch_open) return -1;
     while (c->ready_len == 0) {
         if (c->batch_waiting == 0) {
             c->batch_open = 0;
+            if (c->prefetch_depth > 0) auto_prefetch(c, (c->batch_layer + 1) % c->n_layers);
             return -1;
         }
         int failed = 0;
@@ -495,8 +526,8 @@ int mg_expert_cache_next(mg_expert_cache *c, mg_error *err) {
             return mg_fail(err, "expert cache: internal: batch waits on no read"), -2;
         }
         if (failed && in_batch(c, slot)) {
-            c->batch_open = 0;
             mg_fail(err, "expert store: %s", msg);
+            batch_abort(c, slot);
             return -2;
         }
         if (!failed) batch_arrived(c, slot);
@@ -589,6 +620,7 @@ int mg_expert_cache_begin(mg_expert_cache *c, int layer, int n, const int *ids, 
         return mg_fail(err, "expert store: layer %d: no free cache slot for %d missing experts", layer, n_miss);
 
     int v = 0, n_jobs = 0;
+    c->batch_layer = layer;
     c->batch_n = n;
     c->batch_waiting = 0;
     c->ready_head = c->ready_len = 0;
@@ -660,9 +692,13 @@ int mg_expert_cache_prefetch(mg_expert_cache *c, int layer, int n, const int *id
         if (mg_policy_victims(c->pol, c->slot_key, c->n_slots, c->mark, c->epoch, c->pinned, 0, 1, &victim,
                               c->heap) < 1)
             break;
-        /* only a slot the policy values less than this expert (an empty one always) */
+        /* only a slot the policy values less than this expert (an empty one always), and
+         * never one requested within the recency window: a guess must not push out the
+         * experts the next tokens are most likely to ask for again */
         int old = c->slot_key[victim];
-        if (old >= 0 && !(mg_policy_score(c->pol, old) < mg_policy_score(c->pol, key))) continue;
+        if (old >= 0 && (mg_policy_recent(c->pol, old) ||
+                         !(mg_policy_score(c->pol, old) < mg_policy_score(c->pol, key))))
+            continue;
         if (old >= 0) {
             c->evictions++;
             slot_unmap(c, victim);
@@ -696,4 +732,77 @@ void mg_expert_cache_stats(const mg_expert_cache *c, mg_expert_stats *st) {
     st->slots = (uint64_t)c->n_slots;
     st->slot_bytes = c->slot_bytes;
     st->pinned = (uint64_t)c->n_pinned;
+    st->preloaded = c->preloaded;
+    st->auto_prefetches = c->auto_prefetches;
+}
+
+/* ---- the store's own prefetch and the history's preload ------------------------------------ */
+
+static int by_score_desc(const void *a, const void *b, void *arg) {
+    const mg_expert_cache *c = arg;
+    int x = *(const int *)a, y = *(const int *)b;
+    double sx = mg_policy_score(c->pol, x), sy = mg_policy_score(c->pol, y);
+    if (sx != sy) return sx > sy ? -1 : 1;
+    return x - y;
+}
+
+/* The next layer's best-ranked experts that are not cached, while the disk is idle: their
+ * reads run during the computation on the batch just fetched. */
+static void auto_prefetch(mg_expert_cache *c, int layer) {
+    if (!mg_io_pool_idle(c->io)) return;
+    const int base = layer * c->n_experts;
+    int n = 0;
+    for (int e = 0; e < c->n_experts; e++) {
+        int key = base + e;
+        if (c->set[key] && c->key_slot[key] < 0 && mg_policy_score(c->pol, key) > -INFINITY) c->cand[n++] = key;
+    }
+    if (!n) return;
+    qsort_r(c->cand, (size_t)n, sizeof(int), by_score_desc, c);
+    if (n > c->prefetch_depth) n = c->prefetch_depth;
+    for (int i = 0; i < n; i++) c->cand[i] -= base;
+    c->auto_prefetches += (uint64_t)mg_expert_cache_prefetch(c, layer, n, c->cand);
+}
+
+void mg_expert_cache_set_prefetch(mg_expert_cache *c, int depth) {
+    if (!c) return;
+    c->prefetch_depth = depth > 0 ? depth : 0;
+}
+
+/* Reads the pinned experts into empty slots now, so the first tokens already hit them.  A read
+ * that fails leaves its slot empty (the fetch that needs the expert reports the error). */
+static void usage_preload(mg_expert_cache *c) {
+    if (!c->n_pinned) return;
+    drain_batch(c);
+    int slot = 0;
+    for (int key = 0; key < c->n_keys; key++) {
+        if (!c->pinned[key] || !c->set[key] || c->key_slot[key] >= 0) continue;
+        while (slot < c->n_slots && (c->slot_key[slot] >= 0 || c->loading[slot])) slot++;
+        if (slot >= c->n_slots) break;
+        int nj = prepare_slot(c, slot, key, c->jobs);
+        if (nj == 0) continue; /* nothing file-backed: in place already */
+        if (mg_io_pool_submit(c->io, c->jobs, nj, NULL)) {
+            slot_unmap(c, slot);
+            break;
+        }
+        c->loading[slot] = 1;
+        c->n_loading++;
+    }
+    int failed;
+    char msg[768];
+    while (reap(c, &failed, msg, sizeof msg) >= 0)
+        if (!failed) c->preloaded++;
+}
+
+int mg_expert_cache_use_history(mg_expert_cache *c, const char *path, double pin_fraction, mg_error *err) {
+    char *copy = strdup(path);
+    if (!copy) return mg_fail(err, "expert cache: out of memory");
+    free(c->usage_path);
+    c->usage_path = copy;
+    memset(c->usage_old, 0, sizeof(float) * (size_t)c->n_keys);
+    memset(c->pinned, 0, (size_t)c->n_keys);
+    c->n_pinned = 0;
+    usage_load(c);
+    if (usage_apply(c, pin_fraction == 0 ? 0.5 : pin_fraction, err)) return -1;
+    usage_preload(c);
+    return 0;
 }

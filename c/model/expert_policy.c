@@ -76,6 +76,12 @@ double mg_policy_score(const mg_policy *p, int key) {
     return key >= 0 && key < p->n_keys ? p->score[key] : -INFINITY;
 }
 
+int mg_policy_recent(const mg_policy *p, int key) {
+    if (key < 0 || key >= p->n_keys) return 0;
+    double window = p->kind == MG_EXPERT_POLICY_LFRU ? p->window : 1.0;
+    return p->last[key] > (double)p->now - window;
+}
+
 /* Eviction rank of a slot as (tier, value): lower evicted first.  Empty slots come first;
  * LRU ranks by last request; LFRU puts experts requested within the window in a protected
  * tier ranked by recency, and the rest below it, ranked by decayed frequency. */

@@ -29,6 +29,8 @@ void mg_policy_tick(mg_policy *p);                     /* a new fetch batch star
 void mg_policy_touch(mg_policy *p, int key);           /* key was requested (hit or miss) */
 void mg_policy_seed(mg_policy *p, int key, double count); /* as if requested `count` times now */
 double mg_policy_score(const mg_policy *p, int key);
+/* 1 when key was requested within the window (LFRU's protected tier; LRU: within one tick). */
+int mg_policy_recent(const mg_policy *p, int key);
 
 /* Chooses up to m victims among n_slots slots (slot_key[i] < 0: empty) and writes their slot
  * indices to out[] in eviction order (lowest rank first, ties to the lower slot index).

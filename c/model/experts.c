@@ -239,6 +239,16 @@ int mg_expert_store_trace(mg_expert_store *s, const char *path, mg_error *err) {
     return 0;
 }
 
+int mg_expert_store_use_history(mg_expert_store *s, const char *path, double pin_fraction, mg_error *err) {
+    if (!s) return mg_fail(err, "expert store: no store");
+    if (!s->cache || !path) return 0;
+    return mg_expert_cache_use_history(s->cache, path, pin_fraction, err);
+}
+
+void mg_expert_store_set_prefetch(mg_expert_store *s, int depth) {
+    if (s && s->cache) mg_expert_cache_set_prefetch(s->cache, depth);
+}
+
 int mg_expert_store_save_usage(mg_expert_store *s, mg_error *err) {
     if (!s || !s->cache) return 0;
     return mg_expert_cache_save_usage(s->cache, err);

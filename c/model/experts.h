@@ -76,6 +76,8 @@ typedef struct mg_expert_stats {
     uint64_t slots;           /* cache slots (0: resident mode) */
     uint64_t slot_bytes;
     uint64_t pinned;          /* experts in the pinned hot set */
+    uint64_t preloaded;       /* pinned experts read into the cache at start (history) */
+    uint64_t auto_prefetches; /* of prefetches: started by the store itself (next layer) */
 } mg_expert_stats;
 
 mg_expert_stats mg_expert_store_stats(const mg_expert_store *s);
@@ -119,6 +121,20 @@ int mg_expert_store_configure(mg_expert_store *s, const mg_checkpoint *ck, uint6
 /* Records every fetch (layer + expert ids, in either mode) to `path` for
  * tools/routing_trace.py; NULL stops recording.  Format: see expert_trace in experts.c. */
 int mg_expert_store_trace(mg_expert_store *s, const char *path, mg_error *err);
+
+/* Attaches a routing history file to a configured cache (resident mode: returns 0, nothing
+ * happens; call once, before the first fetch).  As opts.usage_path at configure: the file is
+ * read if it exists (another model's or a damaged one is ignored: only a hint), it seeds the
+ * policy, pins the most requested experts (up to pin_fraction of the slots; 0: 0.5, < 0: none)
+ * and reads those pinned experts into the cache now, and it is rewritten at free. */
+int mg_expert_store_use_history(mg_expert_store *s, const char *path, double pin_fraction, mg_error *err);
+
+/* Cache mode: when a fetch of layer l has all its bytes and no read is queued or running, the
+ * store itself prefetches up to `depth` experts of layer l + 1 (the first layer after the
+ * last) that its policy ranks highest and that are not cached, under the rules of
+ * mg_expert_store_prefetch: reads overlap the computation on the fetched experts and never
+ * evict an expert the policy values more.  0 (the default): off.  Resident mode: no effect. */
+void mg_expert_store_set_prefetch(mg_expert_store *s, int depth);
 
 /* Writes the routing history now (also done by free). */
 int mg_expert_store_save_usage(mg_expert_store *s, mg_error *err);

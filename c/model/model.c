@@ -190,3 +190,25 @@ void mg_model_reset(mg_model *m) { mg_model_truncate(m, 0, NULL); }
 
 const mg_arch_info *mg_model_info(const mg_model *m) { return &m->info; }
 uint64_t mg_model_checkpoint_bytes(const mg_model *m) { return m->checkpoint_bytes; }
+
+/* The arch state owns the store and lends it read-only through info (for statistics);
+ * tracing, history and prefetch are settings the store itself allows while loaded, so the
+ * model, which owns the arch state, may change them. */
+static mg_expert_store *expert_store(mg_model *m) { return (mg_expert_store *)m->info.experts; }
+
+int mg_model_trace_routing(mg_model *m, const char *path, mg_error *err) {
+    mg_expert_store *s = expert_store(m);
+    if (!s) return path ? mg_fail(err, "architecture '%s' has no routed experts to trace", m->arch->name) : 0;
+    return mg_expert_store_trace(s, path, err);
+}
+
+int mg_model_expert_history(mg_model *m, const char *path, double pin_fraction, mg_error *err) {
+    mg_expert_store *s = expert_store(m);
+    if (!s) return mg_fail(err, "architecture '%s' has no routed experts", m->arch->name);
+    return mg_expert_store_use_history(s, path, pin_fraction, err);
+}
+
+void mg_model_expert_prefetch(mg_model *m, int depth) {
+    mg_expert_store *s = expert_store(m);
+    if (s) mg_expert_store_set_prefetch(s, depth);
+}

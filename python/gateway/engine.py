@@ -11,6 +11,7 @@ EngineError and keeps throughput statistics.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import threading
@@ -27,6 +28,24 @@ class EngineError(RuntimeError):
     """A load or evaluation error reported by the engine (the message names files/tensors)."""
 
 
+EXPERT_HISTORY_NAME = ".moegate-expert-usage"
+
+
+def default_expert_history(model_dir: Path) -> Path:
+    """Where a budgeted run keeps its routing history: beside the model when that folder is
+    writable, else in the user's cache folder under a name keyed by the model's full path (so
+    two read-only copies of different models never share one)."""
+    model_dir = model_dir.resolve()
+    beside = model_dir / EXPERT_HISTORY_NAME
+    if os.access(model_dir, os.W_OK) and (not beside.exists() or os.access(beside, os.W_OK)):
+        return beside
+    cache_root = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    key = hashlib.sha256(str(model_dir).encode()).hexdigest()[:16]
+    folder = cache_root / "moegate" / "expert-usage"
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder / f"{model_dir.name}-{key}"
+
+
 class Engine:
     """One model, one sequence slot.  Not re-entrant: one eval at a time (a lock enforces it)."""
 
@@ -38,7 +57,17 @@ class Engine:
         threads: int | None = None,
         kernels: str | None = None,
         max_ctx: int | None = None,
+        routing_trace: str | os.PathLike[str] | None = None,
+        expert_history: str | os.PathLike[str] | bool | None = None,
+        expert_prefetch: bool = False,
     ) -> None:
+        """ram_gb: budget for the whole process (experts are then cached and read from disk).
+        routing_trace: record every expert fetch to this file (tools/routing_trace.py reads it).
+        expert_history: with ram_gb, the routing-history file that seeds and pins the cache and
+        is rewritten at exit; None: beside the model (or a cache folder when that is read-only),
+        False: none.  expert_prefetch: with ram_gb, the store reads the next layer's likely
+        experts while the disk is idle (off by default: on tools/bench_experts.py's checkpoint,
+        a cache of ~1 layer, it read 60% more bytes and lowered the hit rate)."""
         from . import _core  # imported here so config errors surface even without a built core
 
         self.path = Path(path)
@@ -64,8 +93,20 @@ class Engine:
             )
         except RuntimeError as exc:
             raise EngineError(str(exc)) from None
+        history: Path | None = None
+        try:
+            if ram_gb is not None and expert_history is not False and self._has_cache():
+                history = default_expert_history(self.path) if expert_history in (None, True) else Path(expert_history)
+                self._model.use_expert_history(str(history))
+            if ram_gb is not None and expert_prefetch:
+                self._model.set_expert_prefetch(int(self._model.info().get("n_experts_per_tok") or 0))
+            if routing_trace is not None:
+                self._model.trace_routing(str(routing_trace))
+        except (RuntimeError, OSError) as exc:
+            raise EngineError(str(exc)) from None
         self.load_seconds = time.perf_counter() - started
         self.info: dict[str, Any] = dict(self._model.info())
+        self.info["expert_history"] = str(history) if history else None
         self.info["path"] = str(self.path)
         self.vocab_size: int = int(self.info["vocab_size"])
         self.max_ctx: int = int(self.info["max_ctx"])
@@ -123,6 +164,18 @@ class Engine:
         with self._lock:
             self._model.reset()
 
+    def set_routing_trace(self, path: str | os.PathLike[str] | None) -> None:
+        """Starts recording expert fetches to `path` (replacing any trace being written), or
+        with None stops and closes the file so it can be read."""
+        with self._lock:
+            try:
+                self._model.trace_routing(None if path is None else str(path))
+            except RuntimeError as exc:
+                raise EngineError(str(exc)) from None
+
+    def _has_cache(self) -> bool:
+        return int(self._model.expert_stats()["slots"]) > 0
+
     # ---- reporting -----------------------------------------------------------------------
 
     def stats(self) -> dict[str, Any]:
@@ -132,7 +185,12 @@ class Engine:
         s["decode_tok_per_s"] = s["decode_tokens"] / s["decode_seconds"] if s["decode_seconds"] else 0.0
         s["n_past"] = self.n_past
         s["load_seconds"] = self.load_seconds
-        s["experts"] = dict(self._model.expert_stats())
+        experts = dict(self._model.expert_stats())
+        lookups = experts["hits"] + experts["misses"]
+        experts["hit_rate"] = experts["hits"] / lookups if lookups else 0.0
+        seconds = experts["read_seconds"]
+        experts["read_gb_s"] = experts["bytes_read"] / seconds / 1e9 if seconds else 0.0
+        s["experts"] = experts
         return s
 
     def _token_list(self, tokens: Iterable[int]) -> list[int]:

@@ -307,9 +307,38 @@ static void test_truncated(const char *dir) {
     CHECK(mg_expert_store_configure(c, ck, slot * 2 * E, NULL, &err) == 0, "%s", err.msg);
     char path[600];
     snprintf(path, sizeof path, "%s/b.safetensors", dir);
+    /* first a batch of five failing reads, then the bytes come back: the store must read them
+     * again (a failed batch leaves no read in flight and no slot that pretends to hold them) */
+    FILE *bf = fopen(path, "rb");
+    static unsigned char original[1 << 20];
+    size_t original_n = bf ? fread(original, 1, sizeof original, bf) : 0;
+    if (bf) fclose(bf);
+    CHECK(original_n > 4096 && original_n < sizeof original, "read b.safetensors: %zu", original_n);
+    mg_expert_store *res = mg_expert_store_create(L, E, &err);
+    CHECK(!bind_all(ck, res, &err), "%s", err.msg);
+    int five[5] = {1, 3, 4, 6, 7};
+    const mg_expert *got5[5], *want5[5];
+    CHECK(mg_expert_store_fetch(res, 2, 5, five, want5, &err) == 0, "%s", err.msg);
+    for (int round = 0; round < 2; round++) {
+        CHECK(truncate(path, 4096) == 0, "truncate");
+        CHECK(mg_expert_store_fetch(c, 2, 5, five, got5, &err) == -1, "read of a truncated file succeeded");
+        int fd = open(path, O_WRONLY);
+        CHECK(fd >= 0 && pwrite(fd, original + 4096, original_n - 4096, 4096) == (ssize_t)(original_n - 4096),
+              "restore");
+        if (fd >= 0) close(fd);
+        err.msg[0] = 0;
+        CHECK(mg_expert_store_fetch(c, 2, 5, five, got5, &err) == 0, "round %d after restore: %s", round, err.msg);
+        for (int i = 0; i < 5; i++)
+            CHECK(same_expert(got5[i], want5[i]), "round %d expert %d differs after restore", round, five[i]);
+        /* a second round with those now cached: evict them with other layers' experts */
+        int others[8] = {0, 1, 2, 3, 4, 5, 6, 7};
+        CHECK(mg_expert_store_fetch(c, 0, 8, others, got5, &err) == 0, "%s", err.msg);
+        CHECK(mg_expert_store_fetch(c, 1, 8, others, got5, &err) == 0, "%s", err.msg);
+    }
+    mg_expert_store_free(res);
     CHECK(truncate(path, 4096) == 0, "truncate");
     int ids[2] = {5, 2};
-    const mg_expert *out[2];
+    const mg_expert *out[8];
     err.msg[0] = 0;
     CHECK(mg_expert_store_fetch(c, 2, 2, ids, out, &err) == -1, "read of a truncated file succeeded");
     CHECK(strstr(err.msg, "model.layers.2.mlp.experts.") && strstr(err.msg, "b.safetensors") &&
@@ -402,15 +431,29 @@ static void test_trace_usage_prefetch(const char *dir) {
           "trace bytes %zu", n);
     /* usage history: expert 6 of layer 1 requested most -> pinned next run */
     uint64_t slot;
-    for (int run = 0; run < 2; run++) {
+    /* run 2 attaches the history after configure (what the engine does): same effect */
+    for (int run = 0; run < 3; run++) {
         mg_expert_store *c = mg_expert_store_create(L, E, &err);
         bind_all(ck, c, &err);
         slot = mg_expert_store_slot_bytes(c, ck, &err);
-        mg_expert_cache_opts o = {.usage_path = usage, .pin_fraction = 0.1};
+        mg_expert_cache_opts o = {.usage_path = run < 2 ? usage : NULL, .pin_fraction = 0.1};
         CHECK(mg_expert_store_configure(c, ck, slot * 2 * E, &o, &err) == 0, "%s", err.msg);
+        if (run == 2) CHECK(mg_expert_store_use_history(c, usage, 0.1, &err) == 0, "%s", err.msg);
         mg_expert_stats st = mg_expert_store_stats(c);
         CHECK(st.pinned == (run ? 1u : 0u), "run %d pinned %llu", run, (unsigned long long)st.pinned);
+        /* the pinned expert is read at start: the first request already hits */
+        CHECK(st.preloaded == st.pinned && st.fetches == 0, "run %d preloaded %llu", run,
+              (unsigned long long)st.preloaded);
         int six = 6;
+        const mg_expert *want6;
+        mg_expert_store *res6 = mg_expert_store_create(L, E, &err);
+        bind_all(ck, res6, &err);
+        mg_expert_store_fetch(res6, 1, 1, &six, &want6, &err);
+        CHECK(mg_expert_store_fetch(c, 1, 1, &six, out, &err) == 0 && same_expert(out[0], want6), "%s", err.msg);
+        st = mg_expert_store_stats(c);
+        CHECK(st.hits == (run ? 1u : 0u) && st.misses == (run ? 0u : 1u), "run %d first fetch: %llu hits", run,
+              (unsigned long long)st.hits);
+        mg_expert_store_free(res6);
         for (int t = 0; t < 20; t++) {
             CHECK(mg_expert_store_fetch(c, 1, 1, &six, out, &err) == 0, "%s", err.msg);
             int other = t % E;
@@ -433,6 +476,36 @@ static void test_trace_usage_prefetch(const char *dir) {
     mg_expert_stats st = mg_expert_store_stats(c);
     CHECK(st.prefetches == (uint64_t)started && st.hits == (uint64_t)started, "prefetch hits %llu",
           (unsigned long long)st.hits);
+    mg_expert_store_free(c);
+    /* the store's own prefetch: layer 1's experts 4 and 6 are requested often; a one-off
+     * batch of layer 2 pushes them out; after the next fetch of layer 0 the store reads them
+     * back while the caller computes, so the fetch of layer 1 that follows hits */
+    c = mg_expert_store_create(L, E, &err);
+    bind_all(ck, c, &err);
+    CHECK(mg_expert_store_configure(c, ck, slot * E, NULL, &err) == 0, "%s", err.msg);
+    mg_expert_store_set_prefetch(c, 2);
+    int l0[2] = {1, 2}, l1[2] = {4, 6}, l2[E] = {0, 1, 2, 3, 4, 5, 6, 7};
+    for (int t = 0; t < 5; t++) {
+        CHECK(mg_expert_store_fetch(c, 0, 2, l0, out, &err) == 0, "%s", err.msg);
+        CHECK(mg_expert_store_fetch(c, 1, 2, l1, out, &err) == 0, "%s", err.msg);
+    }
+    CHECK(mg_expert_store_fetch(c, 2, E, l2, out, &err) == 0, "%s", err.msg);
+    st = mg_expert_store_stats(c);
+    uint64_t auto_before = st.auto_prefetches;
+    CHECK(st.auto_prefetches == 0, "prefetch over experts just requested: %llu",
+          (unsigned long long)st.auto_prefetches);
+    for (int t = 0; t < L; t++) /* one token later the one-off batch leaves the recency window */
+        CHECK(mg_expert_store_fetch(c, 2, 1, l2, out, &err) == 0, "%s", err.msg);
+    CHECK(mg_expert_store_fetch(c, 0, 2, l0, out, &err) == 0, "%s", err.msg);
+    uint64_t hits_before = mg_expert_store_stats(c).hits;
+    CHECK(mg_expert_store_fetch(c, 1, 2, l1, out, &err) == 0, "%s", err.msg);
+    mg_expert_store_fetch(res, 1, 2, l1, want, &err);
+    CHECK(same_expert(out[0], want[0]) && same_expert(out[1], want[1]), "auto-prefetched bytes");
+    st = mg_expert_store_stats(c);
+    CHECK(st.auto_prefetches - auto_before >= 2 && st.hits - hits_before == 2,
+          "auto prefetches %llu, hits %llu", (unsigned long long)(st.auto_prefetches - auto_before),
+          (unsigned long long)(st.hits - hits_before));
+    CHECK(st.auto_prefetches <= st.prefetches, "auto prefetches are prefetches");
     mg_expert_store_free(c);
     mg_expert_store_free(res);
     mg_checkpoint_close(ck);
