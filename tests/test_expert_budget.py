@@ -120,8 +120,11 @@ def open_with_slots(ckpt: Path, want: int, **options: Any) -> Engine:
 
     The fixed part of a budget (weights, KV, this process's RSS) is calibrated from one engine
     opened at the stated minimum: fixed ~= budget - slots * slot_bytes."""
+    # Usage history (on by default under a budget) would pin and preload experts from earlier
+    # engines on the same folder, changing which misses happen; these tests want a cold cache.
+    options.setdefault("expert_history", False)
     base_gb = stated_minimum_gb(ckpt)
-    probe = Engine(str(ckpt), ram_gb=base_gb)
+    probe = Engine(str(ckpt), ram_gb=base_gb, expert_history=False)
     st = probe.stats()["experts"]
     del probe
     slot = int(st["slot_bytes"])
@@ -431,7 +434,7 @@ def test_budgeted_runs_keep_their_history_beside_the_model(ckpt_root: Path) -> N
     want = run_sequence(resident)
     del resident
     assert not history.exists(), "a resident run wrote a routing history"
-    first = open_with_slots(ckpt, 48)
+    first = open_with_slots(ckpt, 48, expert_history=True)
     assert first.info["expert_history"] == str(history.resolve())
     assert first.stats()["experts"]["pinned"] == 0  # nothing learned yet
     assert_bitwise_equal(run_sequence(first), want, "first budgeted run")
@@ -439,7 +442,7 @@ def test_budgeted_runs_keep_their_history_beside_the_model(ckpt_root: Path) -> N
     del first
     assert history.exists() and history.stat().st_size > 16
     for restart in range(2):
-        engine = open_with_slots(ckpt, 48)
+        engine = open_with_slots(ckpt, 48, expert_history=True)
         st = engine.stats()["experts"]
         assert st["pinned"] > 0 and st["preloaded"] == st["pinned"], st
         assert st["fetches"] == 0 and st["bytes_read"] > 0, st  # read at start, before any token
@@ -467,7 +470,7 @@ def test_history_goes_to_a_cache_folder_when_the_model_folder_is_read_only(
     assert path.name.startswith(ckpt.name + "-")
     other = engine_module.default_expert_history(ckpt_root / "history")
     assert other != path  # keyed by the model's path
-    engine = open_with_slots(ckpt, 40)
+    engine = open_with_slots(ckpt, 40, expert_history=True)
     assert engine.info["expert_history"] == str(path)
     engine.eval(PROMPT)
     del engine
@@ -476,7 +479,7 @@ def test_history_goes_to_a_cache_folder_when_the_model_folder_is_read_only(
 
 def test_expert_stats_report_hit_rate_and_read_bandwidth(ckpt_root: Path) -> None:
     ckpt = small_checkpoint(ckpt_root, "glm4_moe", "bf16")
-    engine = open_with_slots(ckpt, 40)
+    engine = open_with_slots(ckpt, 40, expert_history=True)
     engine.eval(PROMPT)
     st = engine.stats()["experts"]
     lookups = st["hits"] + st["misses"]
