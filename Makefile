@@ -17,6 +17,7 @@ C_TESTS := $(wildcard tests/c/test_*.c)
 CFLAGS_BASE := -std=c11 -O2 -g -Wall -Wextra -Wno-unused-parameter -Ic
 ifeq ($(ARCH),x86_64)
 ISA_avx2 := -mavx2 -mfma -mf16c
+ISA_avx512 := -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx2 -mfma -mf16c
 endif
 
 .SECONDARY:
@@ -45,7 +46,7 @@ TESTDIR ?= build/tests
 
 $(OBJDIR)/%.o: c/%.c $(C_HDRS)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS_BASE) $(SAN) $(if $(findstring _avx2.c,$<),$(ISA_avx2)) -c $< -o $@
+	$(CC) $(CFLAGS_BASE) $(SAN) $(if $(findstring _avx2.c,$<),$(ISA_avx2)) $(if $(findstring _avx512.c,$<),$(ISA_avx512)) -c $< -o $@
 
 C_OBJS = $(patsubst c/%.c,$(OBJDIR)/%.o,$(C_SRCS))
 
@@ -68,6 +69,7 @@ bench: install test-deps
 	$(PYTHON) tools/bench.py
 	$(PYTHON) tools/bench_models.py
 	$(PYTHON) tools/bench_experts.py
+	$(PYTHON) tools/bench_structured.py
 
 # ---- sanitizers: separate object dir so a normal build is never mixed with an instrumented one
 SAN_FLAGS := -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined

@@ -185,8 +185,3 @@ def test_sdk_exception_classes(client):
         client.messages.create(model="m", max_tokens=5, messages=[{"role": "user", "content": "w " * 6000}])
 
 
-def test_output_format_is_refused_honestly(glm_server):
-    status, out, _ = glm_server.post_json("/v1/messages", {
-        "model": "m", "max_tokens": 5, "messages": HI,
-        "output_config": {"format": {"type": "json_schema", "schema": {"type": "object"}}}})
-    assert status == 400 and out["type"] == "error"

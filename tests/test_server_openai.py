@@ -351,7 +351,3 @@ def test_malformed_json_and_unknown_routes(qwen_server):
     assert err.value.code == 405 and "error" in json.loads(err.value.read())
 
 
-def test_response_format_is_refused_honestly(client):
-    with pytest.raises(openai.BadRequestError) as err:
-        client.chat.completions.create(model="m", messages=HI, response_format={"type": "json_object"})
-    assert err.value.param == "response_format"

@@ -59,6 +59,13 @@ async def metrics(request: web.Request) -> web.Response:
     metric("reasoning_calls_kept_as_text_total", "counter",
            "Complete calls to a declared tool inside the reasoning that stayed text",
            [("", m.reasoning_calls_kept_as_text)])
+    metric("constrained_requests_total", "counter", "Requests decoded under a grammar (forced calls, JSON)",
+           [("", m.constrained_requests)])
+    metric("constraint_masks_total", "counter", "Grammar token masks computed", [("", m.constraint_masks)])
+    metric("constraint_mask_seconds_total", "counter", "Time spent computing masks and closing plans",
+           [("", round(m.constraint_mask_seconds, 6))])
+    metric("constraint_steered_tokens_total", "counter", "Tokens steered to close a structure within max_tokens",
+           [("", m.constraint_steered)])
     stats = _engine_stats(state)
     experts = stats.get("experts") if isinstance(stats.get("experts"), dict) else {}
     for key, value in sorted(experts.items()):

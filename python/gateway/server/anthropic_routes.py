@@ -9,9 +9,9 @@ from aiohttp import web
 
 from . import sse
 from .chat_request import parse_anthropic, parse_json_body
-from .errors import ApiError, bad_request
+from .errors import ApiError
 from .openai_routes import STATE_KEY
-from .pipeline import ChatRun, Delta, Finish, Progress, Queued, keepalive, prepare_chat, start_chat
+from .pipeline import ChatRun, Delta, Finish, Progress, Queued, keepalive, prepare_chat, start_chat_async
 from .state import ServerState
 from .wire import (AnthropicBlocks, anthropic_content, anthropic_message_end, anthropic_message_start,
                    anthropic_stop_reason)
@@ -22,12 +22,9 @@ log = logging.getLogger("moegate.server")
 async def messages(request: web.Request) -> web.StreamResponse:
     state = request.app[STATE_KEY]
     spec = parse_anthropic(parse_json_body(await request.read()))
-    if spec.response_format is not None:
-        raise bad_request("output_config.format needs grammar-constrained decoding, which this server does "
-                          "not have yet", "output_config")
     ident = f"msg_{uuid.uuid4().hex[:24]}"
     model = spec.model or state.model_id
-    run = start_chat(state, spec, id_salt=ident)  # 400/429 here, before any response is opened
+    run = await start_chat_async(state, spec, id_salt=ident)  # 400/429 here, before any response is opened
     try:
         if not spec.stream:
             finish: Finish | None = None

@@ -222,8 +222,25 @@ def parse_openai_chat(body: Any) -> ChatSpec:
         _expect(fmt, dict, "response_format")
         if fmt.get("type") not in ("text", "json_object", "json_schema"):
             raise bad_request("'response_format.type' must be text, json_object or json_schema", "response_format")
-        spec.response_format = None if fmt.get("type") == "text" else fmt
+        if fmt.get("type") == "json_schema":
+            inner = fmt.get("json_schema")
+            if not isinstance(inner, dict):
+                raise bad_request("'response_format.json_schema' must be an object with a 'schema'",
+                                  "response_format")
+            spec.response_format = _json_format(inner.get("schema"), "response_format")
+        else:
+            spec.response_format = _json_format(None, "response_format") if fmt["type"] == "json_object" else None
     return spec
+
+
+def _json_format(schema: Any, param: str) -> dict:
+    """The one normalised form both APIs' JSON formats become: {"type": "json_object"} or
+    {"type": "json_schema", "schema": {...}} (a missing schema means any JSON object)."""
+    if schema is None:
+        return {"type": "json_object"}
+    if not isinstance(schema, (dict, bool)):
+        raise bad_request(f"'{param}' schema must be a JSON Schema object", param)
+    return {"type": "json_schema", "schema": schema}
 
 
 def _thinking_switch(body: dict) -> bool | None:
@@ -357,8 +374,17 @@ def parse_anthropic(body: Any) -> ChatSpec:
     if isinstance(config, dict):
         if isinstance(config.get("effort"), str):
             spec.reasoning_effort = config["effort"]
-        if isinstance(config.get("format"), dict):
-            spec.response_format = config["format"]
+        fmt = config.get("format")
+        if fmt is not None:
+            _expect(fmt, dict, "output_config.format")
+            if fmt.get("type") == "json_schema":
+                if fmt.get("schema") is None:
+                    raise bad_request("'output_config.format' json_schema needs a 'schema'", "output_config.format")
+                spec.response_format = _json_format(fmt.get("schema"), "output_config.format")
+            elif fmt.get("type") == "json_object":
+                spec.response_format = _json_format(None, "output_config.format")
+            elif fmt.get("type") != "text":
+                raise bad_request("'output_config.format.type' must be json_schema", "output_config.format")
     return spec
 
 

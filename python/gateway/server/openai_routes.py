@@ -13,7 +13,7 @@ from . import sse
 from .chat_request import _int, _sampling, _stop_list, parse_json_body, parse_openai_chat
 from .errors import ApiError, bad_request
 from .pipeline import (ChatRun, Delta, Finish, JobRun, Progress, Queued, Usage, generation_request, keepalive,
-                       start_chat)
+                       start_chat_async)
 from .state import ServerState
 from .wire import OpenAIChunks, openai_message
 
@@ -24,13 +24,10 @@ log = logging.getLogger("moegate.server")
 async def chat_completions(request: web.Request) -> web.StreamResponse:
     state = request.app[STATE_KEY]
     spec = parse_openai_chat(parse_json_body(await request.read()))
-    if spec.response_format is not None:
-        raise bad_request("response_format json_object/json_schema needs grammar-constrained decoding, "
-                          "which this server does not have yet", "response_format")
     ident = f"chatcmpl-{uuid.uuid4().hex[:24]}"
     created = int(time.time())
     model = spec.model or state.model_id
-    run = start_chat(state, spec, id_salt=ident)  # 400/429 here, before any response is opened
+    run = await start_chat_async(state, spec, id_salt=ident)  # 400/429 here, before any response is opened
     try:
         if spec.stream:
             return await _stream_chat(request, state, run, OpenAIChunks(ident, created, model,

@@ -8,11 +8,13 @@ as ApiError by `start_chat` / `JobRun(...)` *before* a route opens its response,
 keep their real HTTP status even on streaming requests.
 
 Forced tool calls (tool_choice required / named) prefill the dialect's call opener after the
-prompt and start the parser inside the call, so the model can only continue the call.
+prompt and start the parser inside the call; from there every token is sampled under the call's
+grammar (server/constrained.py), as is every token of a response_format JSON reply.
 """
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -20,9 +22,12 @@ from typing import Any
 from ..generate import GenerationRequest, GenerationResult, ProgressEvent, TextEvent
 from ..sampling import SamplingParams
 from ..scheduler import Done, Failed, QueueFull
+from . import constrained
 from .chat_request import ChatSpec
 from .errors import ApiError, bad_request
 from .state import ServerState
+
+log = logging.getLogger("moegate.server")
 
 
 @dataclass
@@ -84,6 +89,8 @@ class PreparedChat:
     in_reasoning: bool
     start_in_call: str | None  # the forced-call opener appended to the prompt, if any
     stop_strings: tuple[str, ...]
+    format: str = ""
+    constraint: Any = None  # gateway.structured.Constraint when every token is grammar-constrained
 
 
 def _encoder_tool_choice(spec: ChatSpec) -> Any:
@@ -94,8 +101,10 @@ def _encoder_tool_choice(spec: ChatSpec) -> Any:
     return spec.tool_choice
 
 
-def prepare_chat(state: ServerState, spec: ChatSpec) -> PreparedChat:
-    """Renders and tokenises the prompt; raises ApiError for anything the client got wrong."""
+def prepare_chat(state: ServerState, spec: ChatSpec, *, constrain: bool = False) -> PreparedChat:
+    """Renders and tokenises the prompt; raises ApiError for anything the client got wrong.
+    `constrain`: also build the grammar constraint the request needs (forced call, JSON reply);
+    this compiles a grammar, so callers on the event loop run it in a worker thread."""
     from ..chat.types import ChatEncodingError
 
     forced = spec.forces_call
@@ -122,8 +131,16 @@ def prepare_chat(state: ServerState, spec: ChatSpec) -> PreparedChat:
     if len(ids) >= state.max_ctx:
         raise bad_request(f"the prompt has {len(ids)} tokens but the context holds {state.max_ctx}",
                           "messages", code="context_length_exceeded")
-    return PreparedChat(ids, text, enc.tool_dialect if spec.active_tools else None, in_reasoning,
-                        start_in_call, tuple(enc.stop_strings))
+    prep = PreparedChat(ids, text, enc.tool_dialect if spec.active_tools else None, in_reasoning,
+                        start_in_call, tuple(enc.stop_strings), enc.format)
+    if constrain:
+        stop_ids, _ = constrained.request_stop_ids(state, prep.stop_strings)
+        prep.constraint = constrained.build_for_request(
+            state, spec, chat_format=enc.format, dialect=enc.tool_dialect, start_in_call=start_in_call,
+            in_reasoning=in_reasoning, stop_ids=stop_ids)
+        if prep.constraint is not None and not forced:
+            prep.dialect = None  # a JSON reply: tool-call markup inside a string is just text
+    return prep
 
 
 def generation_request(state: ServerState, prompt_ids: list[int], max_tokens: int | None,
@@ -133,14 +150,10 @@ def generation_request(state: ServerState, prompt_ids: list[int], max_tokens: in
     special tokens, matched by id).  `ignore_eos` drops every stop token (benchmarks, tests)."""
     room = state.max_ctx - len(prompt_ids)
     budget = min(max_tokens or state.default_max_tokens, room)
-    stop_ids = set() if ignore_eos else set(state.stop_token_ids)
-    text_stops = list(stop)
-    for s in extra_stop_strings:
-        tid = state.tokenizer.token_id(s)
-        if tid is None:
-            text_stops.append(s)
-        elif not ignore_eos:
-            stop_ids.add(tid)
+    stop_ids, format_text_stops = constrained.request_stop_ids(state, extra_stop_strings)
+    if ignore_eos:
+        stop_ids = frozenset()
+    text_stops = list(stop) + format_text_stops
     return GenerationRequest(prompt_ids=prompt_ids, max_tokens=budget, sampling=sampling,
                              stop_token_ids=frozenset(stop_ids), stop_strings=tuple(text_stops))
 
@@ -261,8 +274,16 @@ class ChatRun:
 
     def __init__(self, state: ServerState, spec: ChatSpec, prep: PreparedChat, id_salt: str = "") -> None:
         self.state, self.spec, self.prep = state, spec, prep
+        constraint = prep.constraint
         request = generation_request(state, prep.prompt_ids, spec.max_tokens, spec.sampling, spec.stop,
-                                     prep.stop_strings, ignore_eos=spec.ignore_eos)
+                                     prep.stop_strings, ignore_eos=spec.ignore_eos and constraint is None)
+        if constraint is not None:
+            # The grammar decides where the reply ends: it allows the stop tokens exactly when
+            # the call / JSON value is complete, so the loop must stop on those same ids, and a
+            # stop string must not cut the structure short.
+            assert frozenset(constraint.ctx.stop_ids) == request.stop_token_ids, "stop ids disagree"
+            request.stop_strings = ()
+            request.token_mask = constraint.token_mask_hook(request.max_tokens)
         self.output = ChatOutput(prep.dialect, spec.active_tools, in_reasoning=prep.in_reasoning,
                                  start_in_call=prep.start_in_call,
                                  parallel_tool_calls=spec.parallel_tool_calls, id_salt=id_salt)
@@ -299,18 +320,51 @@ class ChatRun:
         finally:
             await events.aclose()
         natural = "length" if result is not None and result.finish_reason == "length" else "stop"
+        complete = self._structure_complete(result)
+        if complete is not None and natural == "length":
+            # max_tokens ran out: a structure that closed on the last token is a finished reply;
+            # one that did not (the budget was below its shortest completion) stays "length",
+            # whatever the parser salvaged from it.
+            natural = "stop" if complete else "length"
         for d in out.finish(natural):
             yield Delta(d)
         counters = out.counters
         self.state.metrics.reasoning_calls_delivered += counters.get("reasoning_calls_delivered", 0)
         self.state.metrics.reasoning_calls_kept_as_text += counters.get("reasoning_calls_kept_as_text", 0)
-        yield Finish(out.finish_reason(natural), Usage.of(result), out.message(),
-                     result.stop_string if result else None)
+        reason = "length" if complete is False else out.finish_reason(natural)
+        yield Finish(reason, Usage.of(result), out.message(), result.stop_string if result else None)
+
+    def _structure_complete(self, result: GenerationResult | None) -> bool | None:
+        """Whether the constrained output is a complete call / JSON value (None: unconstrained).
+        The mask hook only sees tokens before each step, so the last sampled one is fed here."""
+        constraint = self.prep.constraint
+        if constraint is None:
+            return None
+        self.state.metrics.record_constraint(constraint.stats)
+        if result is None:
+            return False
+        for tid in result.token_ids[len(constraint.tokens):]:
+            constraint.advance(tid)
+        complete = constraint.is_complete()
+        if not complete and result.finish_reason == "length":
+            log.info("constrained reply cut at %d tokens (shortest completion from the start: %s; %s)",
+                     result.completion_tokens, constraint.initial_need, constraint.stats)
+        return complete
 
 
 def start_chat(state: ServerState, spec: ChatSpec, id_salt: str = "") -> ChatRun:
     """Validates, renders, tokenises and queues a chat request (ApiError on any problem)."""
-    return ChatRun(state, spec, prepare_chat(state, spec), id_salt)
+    return ChatRun(state, spec, prepare_chat(state, spec, constrain=True), id_salt)
+
+
+async def start_chat_async(state: ServerState, spec: ChatSpec, id_salt: str = "") -> ChatRun:
+    """start_chat with the rendering and grammar compilation off the event loop (a large tool
+    schema can take a moment to compile); queueing stays on the loop."""
+    if constrained.wants_constraint(spec):
+        prep = await asyncio.to_thread(prepare_chat, state, spec, constrain=True)
+    else:
+        prep = prepare_chat(state, spec)
+    return ChatRun(state, spec, prep, id_salt)
 
 
 async def keepalive(source: AsyncIterator[object], interval: float) -> AsyncIterator[object | None]:

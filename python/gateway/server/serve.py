@@ -15,6 +15,7 @@ from aiohttp import web
 from ..generate import Slot
 from ..scheduler import Scheduler
 from ..tokenizer import Tokenizer
+from . import constrained
 from .app import create_app
 from .state import Metrics, ServerState
 
@@ -70,13 +71,18 @@ def build_state(opts: ServeOptions, *, demo: bool = False) -> ServerState:
     slot = Slot(engine, tokenizer, max_ctx)
     metrics = Metrics()
     scheduler = Scheduler(slot, opts.max_queue, on_result=metrics.record_job, on_dropped=metrics.record_dropped)
-    return ServerState(
+    state = ServerState(
         engine=engine, tokenizer=tokenizer, slot=slot, scheduler=scheduler,
         chat=chat, model_id=opts.model_id or path.name, model_path=str(path), max_ctx=max_ctx,
         stop_token_ids=frozenset(stop_ids), default_max_tokens=opts.default_max_tokens, api_key=opts.api_key,
         cors_origins=opts.cors, reasoning_field_mirror=opts.reasoning_mirror,
         keepalive_seconds=opts.keepalive_seconds,
         retry_after_seconds=opts.retry_after_seconds, demo=demo, metrics=metrics)
+    # Forced calls and JSON replies sample under a grammar whose token trie takes seconds to
+    # build on a large vocabulary: build it now rather than in the first such request.
+    seconds = constrained.warm_up(state)
+    log.info("structured output ready (token trie built in %.1f s)", seconds)
+    return state
 
 
 def _generation_eos(path: Path) -> list[int]:

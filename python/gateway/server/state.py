@@ -26,6 +26,17 @@ class Metrics:
     reasoning_calls_delivered: int = 0
     reasoning_calls_kept_as_text: int = 0
     failed: int = 0
+    constrained_requests: int = 0
+    constraint_masks: int = 0          # grammar masks computed (one per constrained token)
+    constraint_mask_seconds: float = 0.0
+    constraint_steered: int = 0        # tokens chosen under max_tokens steering
+
+    def record_constraint(self, stats: object) -> None:
+        """A finished constrained request's gateway.structured ConstraintStats."""
+        self.constrained_requests += 1
+        self.constraint_masks += getattr(stats, "masks", 0)
+        self.constraint_mask_seconds += getattr(stats, "mask_seconds", 0.0) + getattr(stats, "plan_seconds", 0.0)
+        self.constraint_steered += getattr(stats, "steered", 0)
 
     def record_job(self, job: Job, r: GenerationResult | None) -> None:
         """Scheduler hook: every job that ran, whether or not its client is still there."""

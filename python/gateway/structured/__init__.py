@@ -14,8 +14,9 @@ tokenizer.json); a ConstraintError (-> HTTP 400) says why a schema cannot be sat
 
 Budget steering: `allowed(remaining)` knows how many tokens may still be produced.  A greedy
 planner (see `Constraint.closing_plan`) finds a short token sequence that finishes the structure
-and the stop token; when `remaining` comes within a few tokens of that need, only "inert" tokens
-(which cannot open new structure) stay allowed, and at the end the plan itself is followed.  So a
+and the stop token; when `remaining` comes within that need plus the cost of opening a fresh
+structure (another call or item), only "inert" tokens (which cannot open new structure) and the
+plan's next token stay allowed, and at the end the plan itself is followed.  So a
 reply is cut with finish_reason "length" only when even the shortest completion cannot fit.
 """
 from __future__ import annotations
@@ -43,6 +44,7 @@ _STRUCTURAL = set('{}[]",:<>\\-.')
 STEER_WINDOW = 8      # tokens of slack before the plan is followed strictly
 REPLAN_EVERY = 16     # replan at least this often, wherever the budget stands
 MAX_PLAN = 2048       # tokens; a plan longer than this is not found (treated as unsatisfiable)
+REOPEN_PAD = 16       # tokens of opener text a new call / item adds beyond its body
 
 
 @dataclass
@@ -154,6 +156,10 @@ class Constraint:
         self._fresh = False
         self.tokens: list[int] = []
         plan = self.closing_plan()
+        self.initial_need = None if plan is None else len(plan)
+        # What opening a fresh structure may add to the need: about one more whole call / value
+        # (plus an opener), estimated by the shortest completion from the start.
+        self._reopen_cost = (self.initial_need or 0) + REOPEN_PAD
         if plan is None:
             raise ConstraintError("the schema admits no value that can be generated "
                                   "(no valid completion was found)")
@@ -251,7 +257,7 @@ class Constraint:
         if remaining is None:
             return mask
         due = (self._plan is None or len(self.tokens) - self._plan_at >= REPLAN_EVERY
-               or remaining <= len(self._plan) + STEER_WINDOW + REPLAN_EVERY)
+               or remaining <= len(self._plan) + self._reopen_cost + STEER_WINDOW + REPLAN_EVERY)
         if due and not self._fresh:
             self.closing_plan()
         if not self._fresh:
@@ -263,12 +269,25 @@ class Constraint:
             self._following = True
             self.stats.steered += 1
             return self._one_hot(self._plan[0])  # type: ignore[index]
+        if remaining <= need + self._reopen_cost + STEER_WINDOW and self.matcher.is_accepting():
+            # Complete: any token but the stop opens a new call, and even an inert one ("\n")
+            # may commit to it.  With the budget this tight, end here.
+            self.stats.steered += 1
+            return self._one_hot(self._plan[0])  # type: ignore[index]
         if remaining <= need + STEER_WINDOW:
             calm = mask & self.ctx.inert
             if not calm.any():
                 self._following = True
                 self.stats.steered += 1
                 return self._one_hot(self._plan[0])  # type: ignore[index]
+            self.stats.steered += 1
+            return calm
+        if remaining <= need + self._reopen_cost + STEER_WINDOW:
+            # Opening new structure here (another parallel call, another array item) could need
+            # more than the budget holds: only inert tokens, or the plan's next step (which
+            # brings the end closer), may be sampled.
+            calm = mask & self.ctx.inert
+            calm[self._plan[0]] = True  # type: ignore[index]
             self.stats.steered += 1
             return calm
         return mask

@@ -1,0 +1,96 @@
+"""Grammar-constrained decoding for chat requests: forced tool calls and JSON replies.
+
+With tool_choice required / a named function, or response_format json_object / json_schema
+(Anthropic output_config.format), every generated token is sampled under a grammar
+(gateway.structured), so the reply is always a complete call in the model's own dialect whose
+arguments validate against the tool schema, or a JSON value that validates against the schema.
+
+The constraint and the generation loop must agree on two things, checked here:
+* the stop tokens: the grammar allows them exactly when the structure is complete, and the loop
+  ends on them, so both get the very same id set (the request's, ignore_eos does not apply);
+* the vocabulary: masks are as long as the engine's logits row (engine.info["vocab_size"]),
+  which may be larger than the tokenizer's (padded embedding rows are never allowed).
+
+Building llguidance's token trie takes seconds on a 129k vocabulary, so `warm_up` runs at startup.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING
+
+from .errors import bad_request
+
+if TYPE_CHECKING:
+    from ..structured import Constraint
+    from .chat_request import ChatSpec
+    from .state import ServerState
+
+log = logging.getLogger("moegate.server")
+
+
+def engine_vocab(state: "ServerState") -> int:
+    """The logits row length (what a mask must cover)."""
+    info = getattr(state.engine, "info", {}) or {}
+    return int(info.get("vocab_size") or state.tokenizer.vocab_size)
+
+
+def request_stop_ids(state: "ServerState", extra_stop_strings: tuple[str, ...]) -> tuple[frozenset[int], list[str]]:
+    """(stop token ids, stop strings that are not single tokens) for a chat request: the
+    server's end-of-turn tokens plus the chat format's stop strings held as one token."""
+    ids = set(state.stop_token_ids)
+    texts: list[str] = []
+    for s in extra_stop_strings:
+        tid = state.tokenizer.token_id(s)
+        if tid is None:
+            texts.append(s)
+        else:
+            ids.add(tid)
+    return frozenset(ids), texts
+
+
+def wants_constraint(spec: "ChatSpec") -> bool:
+    return spec.forces_call or spec.response_format is not None
+
+
+def warm_up(state: "ServerState") -> float:
+    """Builds the tokenizer context the chat requests will use (cached); returns seconds."""
+    from ..structured import tokenizer_context
+
+    t0 = time.perf_counter()
+    stops, _ = request_stop_ids(state, tuple(getattr(state.chat, "stop_strings", ()) or ()))
+    if not stops:
+        log.warning("structured output: the checkpoint declares no stop token; constrained replies "
+                    "will end at max_tokens")
+        return 0.0
+    tokenizer_context(state.tokenizer, n_vocab=engine_vocab(state), stop_token_ids=sorted(stops))
+    return time.perf_counter() - t0
+
+
+def build_for_request(state: "ServerState", spec: "ChatSpec", *, chat_format: str, dialect: str | None,
+                      start_in_call: str | None, in_reasoning: bool,
+                      stop_ids: frozenset[int]) -> "Constraint | None":
+    """The request's constraint (None when it needs none); ApiError 400 when the schema cannot
+    be satisfied or the format has nothing to force."""
+    if not wants_constraint(spec):
+        return None
+    from ..structured import ConstraintError, build_constraint
+
+    if not stop_ids:
+        raise bad_request("structured output needs an end-of-turn token, and this checkpoint declares none",
+                          "tool_choice" if spec.forces_call else "response_format")
+    common = dict(stop_token_ids=sorted(stop_ids), n_vocab=engine_vocab(state))
+    try:
+        if spec.forces_call:
+            return build_constraint(state.tokenizer, kind="tool_call", chat_format=chat_format, dialect=dialect,
+                                    tools=spec.active_tools, forced_name=spec.forced_name,
+                                    parallel=spec.parallel_tool_calls, start_in_call_text=start_in_call,
+                                    **common)
+        fmt = spec.response_format or {}
+        if fmt.get("type") == "json_schema":
+            return build_constraint(state.tokenizer, kind="json_schema", json_schema=fmt.get("schema"),
+                                    reasoning_open=in_reasoning, **common)
+        return build_constraint(state.tokenizer, kind="json_object", reasoning_open=in_reasoning, **common)
+    except ConstraintError as exc:
+        param = "tools" if spec.forces_call else "response_format"
+        raise bad_request(f"this schema cannot be enforced: {exc}", param) from None

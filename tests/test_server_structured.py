@@ -1,0 +1,355 @@
+"""Structured output through live servers with the official SDKs (issue 6).
+
+Tiny random-weight Qwen3-MoE (hermes calls), GLM-4.5-MoE (glm calls) and DeepSeek-V4 (DSML calls)
+checkpoints write noise, so everything asserted here must hold *because of* the grammar: a forced
+call always parses and its arguments validate with jsonschema, a JSON reply always validates, and
+max_tokens cuts a structure only when even its shortest completion cannot fit.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import anthropic
+import jsonschema
+import openai
+import pydantic
+import pytest
+
+pytest.register_assert_rewrite("server_fixtures")
+from server_fixtures import REPO_ROOT, check_anthropic_events, check_openai_chunks, open_stream  # noqa: E402
+from test_structured import SCHEMAS  # noqa: E402  (22 varied tool schemas)
+
+pytest_plugins = ["server_fixtures"]
+
+HI = [{"role": "user", "content": "Use a tool."}]
+ARCHS = ["qwen3_moe", "glm4_moe", "deepseek_v4"]
+# Unbounded string plus typed values: the case budget steering exists for.
+NOTE_TOOL = {"type": "function", "function": {"name": "take_note", "description": "Store a note", "parameters": {
+    "type": "object", "properties": {"text": {"type": "string"}, "priority": {"type": "integer", "minimum": 1,
+                                                                                "maximum": 5},
+                                     "tags": {"type": "array", "items": {"type": "string"}}},
+    "required": ["text", "priority"]}}}
+
+
+@pytest.fixture(scope="module", params=ARCHS)
+def server(request, live_server):
+    if request.param == "deepseek_v4":  # same configuration as test_server_reasoning: one server
+        return live_server("deepseek_v4", "--reasoning-field", "both", fmt="native")
+    return live_server(request.param)
+
+
+def clients(server) -> tuple[openai.OpenAI, anthropic.Anthropic]:
+    return (openai.OpenAI(base_url=server.url("/v1"), api_key="unused", max_retries=0, timeout=120),
+            anthropic.Anthropic(base_url=server.base_url, api_key="unused", max_retries=0, timeout=120))
+
+
+def anthropic_tool(tool: dict) -> dict:
+    fn = tool["function"]
+    return {"name": fn["name"], "description": fn.get("description", ""), "input_schema": fn["parameters"]}
+
+
+def openai_call(oa: openai.OpenAI, stream: bool, **kwargs):
+    """(finish_reason, [(name, args dict)], completion) through the SDK (its stream helper too)."""
+    if stream:
+        kwargs.setdefault("stream_options", {"include_usage": True})
+        try:
+            with oa.chat.completions.stream(**kwargs) as s:
+                completion = s.get_final_completion()
+        except openai.LengthFinishReasonError as err:
+            completion = err.completion
+    else:
+        completion = oa.chat.completions.create(**kwargs)
+    choice = completion.choices[0]
+    calls = [(c.function.name, json.loads(c.function.arguments)) for c in choice.message.tool_calls or []]
+    return choice.finish_reason, calls, completion
+
+
+def anthropic_call(an: anthropic.Anthropic, stream: bool, **kwargs):
+    if stream:
+        with an.messages.stream(**kwargs) as s:
+            message = s.get_final_message()
+    else:
+        message = an.messages.create(**kwargs)
+    calls = [(b.name, b.input) for b in message.content if b.type == "tool_use"]
+    return message.stop_reason, calls, message
+
+
+def validate_calls(calls: list, tools: list[dict], forced: str | None) -> None:
+    by_name = {t["function"]["name"]: t["function"]["parameters"] for t in tools}
+    assert calls
+    for name, args in calls:
+        assert name in by_name and (forced is None or name == forced)
+        jsonschema.validate(args, by_name[name])
+
+
+# ------------------------------------------------------------------------- forced calls
+
+def test_forced_named_call_validates_for_every_schema(server):
+    """22 schemas, each through one of the four SDK paths (OpenAI/Anthropic x stream/not),
+    sampled at temperature 1: the single call always completes and validates."""
+    oa, an = clients(server)
+    for i, tool in enumerate(SCHEMAS):
+        name = tool["function"]["name"]
+        stream = i % 2 == 1
+        if i % 4 < 2:
+            finish, calls, _ = openai_call(
+                oa, stream, model="m", messages=HI, tools=[tool], max_tokens=96, temperature=1.0, seed=i,
+                tool_choice={"type": "function", "function": {"name": name}}, parallel_tool_calls=False)
+            assert finish == "tool_calls", (name, finish, calls)
+        else:
+            finish, calls, _ = anthropic_call(
+                an, stream, model="m", messages=HI, tools=[anthropic_tool(tool)], max_tokens=96,
+                tool_choice={"type": "tool", "name": name, "disable_parallel_tool_use": True})
+            assert finish == "tool_use", (name, finish, calls, _.content, _.usage)
+        assert len(calls) == 1, (name, calls)
+        validate_calls(calls, [tool], name)
+
+
+def test_required_any_tool_and_parallel(server):
+    oa, an = clients(server)
+    tools = SCHEMAS[:6]
+    for seed in range(3):
+        finish, calls, _ = openai_call(oa, seed == 1, model="m", messages=HI, tools=tools, tool_choice="required",
+                                       max_tokens=128, temperature=1.0, seed=seed)
+        assert finish == "tool_calls"
+        validate_calls(calls, tools, None)
+    finish, calls, _ = openai_call(oa, False, model="m", messages=HI, tools=tools, tool_choice="required",
+                                   parallel_tool_calls=False, max_tokens=128, temperature=1.0, seed=7)
+    assert finish == "tool_calls" and len(calls) == 1
+    validate_calls(calls, tools, None)
+    stop, calls, _ = anthropic_call(an, True, model="m", messages=HI, tools=[anthropic_tool(t) for t in tools],
+                                    tool_choice={"type": "any"}, max_tokens=128)
+    assert stop == "tool_use"
+    validate_calls(calls, tools, None)
+
+
+def _shortest_completion(server, body: dict) -> int:
+    """What the server's own pipeline computes as the fewest tokens that finish the request's
+    structure (the request is prepared in-process on the same checkpoint, never queued)."""
+    from gateway.server.chat_request import parse_openai_chat
+    from gateway.server.pipeline import prepare_chat
+
+    state = _state_for(server.model_dir)
+    constraint = prepare_chat(state, parse_openai_chat(body), constrain=True).constraint
+    assert constraint is not None
+    return int(constraint.need())
+
+
+_STATES: dict[Path, object] = {}
+
+
+def _state_for(model_dir: Path):
+    from gateway.server.serve import ServeOptions, build_state
+
+    if model_dir not in _STATES:
+        _STATES[model_dir] = build_state(ServeOptions(model=str(model_dir), threads=1))
+    return _STATES[model_dir]
+
+
+def test_small_max_tokens_still_closes_the_call(server):
+    """Unbounded string: with any budget from the shortest completion up, the call is finished
+    (the string, the object, the call closed in time); below it, finish_reason is length."""
+    oa, _ = clients(server)
+    choice = {"type": "function", "function": {"name": "take_note"}}
+    body = {"messages": HI, "tools": [NOTE_TOOL], "tool_choice": choice}
+    need = _shortest_completion(server, body)
+    assert 3 <= need <= 80, need
+    for extra, seed, stream in [(0, 1, False), (1, 2, True), (4, 3, False), (12, 4, True), (30, 5, False)]:
+        finish, calls, completion = openai_call(oa, stream, model="m", messages=HI, tools=[NOTE_TOOL],
+                                                tool_choice=choice, max_tokens=need + extra, temperature=1.0,
+                                                seed=seed)
+        assert finish == "tool_calls", (need, extra, finish, calls)
+        assert completion.usage.completion_tokens <= need + extra
+        validate_calls(calls, [NOTE_TOOL], "take_note")
+    finish, _, _ = openai_call(oa, False, model="m", messages=HI, tools=[NOTE_TOOL], tool_choice=choice,
+                               max_tokens=max(1, need // 2), temperature=0)
+    assert finish == "length"
+
+
+def test_stream_chunks_of_a_forced_call_are_well_formed(server):
+    stream = open_stream(server.base_url, "/v1/chat/completions", {
+        "model": "m", "messages": HI, "tools": [NOTE_TOOL], "tool_choice": "required", "max_tokens": 64,
+        "stream": True, "stream_options": {"include_usage": True}, "seed": 3})
+    assert stream.status == 200
+    chunks = check_openai_chunks(stream.read_all(), include_usage=True)
+    finishes = [c["choices"][0]["finish_reason"] for c in chunks if c["choices"] and c["choices"][0]["finish_reason"]]
+    assert finishes == ["tool_calls"]
+    args = "".join(tc["function"].get("arguments") or "" for c in chunks if c["choices"]
+                   for tc in c["choices"][0]["delta"].get("tool_calls") or [])
+    jsonschema.validate(json.loads(args), NOTE_TOOL["function"]["parameters"])
+    stream = open_stream(server.base_url, "/v1/messages", {
+        "model": "m", "messages": HI, "tools": [anthropic_tool(NOTE_TOOL)], "tool_choice": {"type": "any"},
+        "max_tokens": 64, "stream": True})
+    pairs = check_anthropic_events(stream.read_all())
+    assert pairs[-2][1]["delta"]["stop_reason"] == "tool_use"
+
+
+# --------------------------------------------------------------------- two-turn tool loop
+
+@pytest.mark.parametrize("api", ["openai", "anthropic"])
+@pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
+def test_two_turn_tool_loop(server, api, stream):
+    """Forced call (small max_tokens, unbounded string) -> tool result -> free answer."""
+    oa, an = clients(server)
+    question = [{"role": "user", "content": "Note that the meeting moved to Friday."}]
+    if api == "openai":
+        finish, calls, first = openai_call(oa, stream, model="m", messages=question, tools=[NOTE_TOOL],
+                                           tool_choice="required", max_tokens=64, seed=11)
+        assert finish == "tool_calls"
+        validate_calls(calls, [NOTE_TOOL], None)
+        call = first.choices[0].message.tool_calls[0]
+        messages = question + [{"role": "assistant", "content": first.choices[0].message.content,
+                                "tool_calls": [call.model_dump(exclude_none=True)]},
+                               {"role": "tool", "tool_call_id": call.id, "content": json.dumps({"saved": True})}]
+        finish2, calls2, second = openai_call(oa, stream, model="m", messages=messages, tools=[NOTE_TOOL],
+                                              max_tokens=16, seed=12)
+        assert finish2 in ("stop", "length", "tool_calls")
+        assert second.usage.completion_tokens <= 16
+        assert second.choices[0].message.role == "assistant"
+    else:
+        stop, calls, first = anthropic_call(an, stream, model="m", messages=question,
+                                            tools=[anthropic_tool(NOTE_TOOL)], tool_choice={"type": "any"},
+                                            max_tokens=64)
+        assert stop == "tool_use"
+        validate_calls(calls, [NOTE_TOOL], None)
+        use = next(b for b in first.content if b.type == "tool_use")
+        replay = [b.model_dump(exclude_none=True, exclude={"citations", "caller"}) for b in first.content]
+        messages = question + [{"role": "assistant", "content": replay},
+                               {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use.id,
+                                                             "content": json.dumps({"saved": True})}]}]
+        stop2, _, second = anthropic_call(an, stream, model="m", messages=messages,
+                                          tools=[anthropic_tool(NOTE_TOOL)], max_tokens=16)
+        assert stop2 in ("end_turn", "max_tokens", "tool_use")
+        assert second.role == "assistant" and second.usage.output_tokens <= 16
+
+
+# ------------------------------------------------------------------------- JSON replies
+
+class Movie(pydantic.BaseModel):
+    title: str
+    year: int
+    genres: list[str]
+    rating: float | None
+
+
+MOVIE_SCHEMA = {"type": "object", "properties": {
+    "title": {"type": "string"}, "year": {"type": "integer", "minimum": 1900, "maximum": 2100},
+    "genres": {"type": "array", "items": {"type": "string", "enum": ["drama", "comedy", "sci-fi"]}, "maxItems": 3},
+    "ok": {"type": "boolean"}}, "required": ["title", "year", "genres", "ok"], "additionalProperties": False}
+
+
+def test_openai_response_format_with_the_sdk_parse_helpers(server):
+    oa, _ = clients(server)
+    for seed, max_tokens in [(1, 40), (2, 120)]:
+        done = oa.chat.completions.parse(model="m", messages=HI, response_format=Movie, max_tokens=max_tokens,
+                                         seed=seed)
+        assert done.choices[0].finish_reason == "stop"
+        assert isinstance(done.choices[0].message.parsed, Movie)
+    with oa.chat.completions.stream(model="m", messages=HI, response_format=Movie, max_tokens=60, seed=3) as s:
+        final = s.get_final_completion()
+    assert isinstance(final.choices[0].message.parsed, Movie)
+    r = oa.chat.completions.create(model="m", messages=HI, response_format={"type": "json_object"}, max_tokens=30,
+                                   seed=4)
+    assert r.choices[0].finish_reason == "stop"
+    assert isinstance(json.loads(r.choices[0].message.content), dict)
+    r = oa.chat.completions.create(model="m", messages=HI, max_tokens=50, seed=5, response_format={
+        "type": "json_schema", "json_schema": {"name": "movie", "schema": MOVIE_SCHEMA, "strict": True}})
+    jsonschema.validate(json.loads(r.choices[0].message.content), MOVIE_SCHEMA)
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
+def test_anthropic_output_config_format(server, stream):
+    _, an = clients(server)
+    fmt = {"format": {"type": "json_schema", "schema": MOVIE_SCHEMA}}
+    stop, _, message = anthropic_call(an, stream, model="m", messages=HI, max_tokens=50, output_config=fmt)
+    assert stop == "end_turn"
+    text = "".join(b.text for b in message.content if b.type == "text")
+    jsonschema.validate(json.loads(text), MOVIE_SCHEMA)
+
+
+# ------------------------------------------------------------------------------ errors
+
+@pytest.mark.parametrize("schema, why", [
+    ({"type": "integer", "minimum": 5, "maximum": 1}, "minimum"),
+    ({"type": "string", "minLength": 5, "maxLength": 2}, "minLength"),
+    ({"enum": []}, ""),
+])
+def test_unsatisfiable_schemas_are_400_with_a_reason(qwen_server, schema, why):
+    oa, an = clients(qwen_server)
+    tool = {"type": "function", "function": {"name": "bad", "parameters": {
+        "type": "object", "properties": {"x": schema}, "required": ["x"]}}}
+    with pytest.raises(openai.BadRequestError) as err:
+        oa.chat.completions.create(model="m", messages=HI, tools=[tool], tool_choice="required", max_tokens=8)
+    assert err.value.param == "tools" and "cannot be enforced" in err.value.message
+    assert why in err.value.message
+    with pytest.raises(anthropic.BadRequestError) as err2:
+        an.messages.create(model="m", messages=HI, max_tokens=8, tools=[anthropic_tool(tool)],
+                           tool_choice={"type": "tool", "name": "bad"})
+    assert "cannot be enforced" in str(err2.value)
+    with pytest.raises(openai.BadRequestError) as err:
+        oa.chat.completions.create(model="m", messages=HI, max_tokens=8, response_format={
+            "type": "json_schema", "json_schema": {"name": "x", "schema": schema}})
+    assert err.value.param == "response_format"
+    with pytest.raises(anthropic.BadRequestError):
+        an.messages.create(model="m", messages=HI, max_tokens=8,
+                           output_config={"format": {"type": "json_schema", "schema": schema}})
+
+
+def test_constrained_requests_are_counted(qwen_server):
+    oa, _ = clients(qwen_server)
+    before = qwen_server.metrics()
+    oa.chat.completions.create(model="m", messages=HI, response_format={"type": "json_object"}, max_tokens=12)
+    after = qwen_server.metrics()
+    assert after["moegate_constrained_requests_total"] == before["moegate_constrained_requests_total"] + 1
+    assert after["moegate_constraint_masks_total"] > before["moegate_constraint_masks_total"]
+
+
+# ----------------------------------------------------------------- the probe on the demo
+
+def test_try_tool_calling_force_passes_on_the_demo(tmp_path):
+    """`python -m gateway` with no --model serves the demo (written into MOEGATE_CACHE); the
+    two-turn probe with tool_choice required/any on turn 1 passes through both SDKs."""
+    env = dict(os.environ, MOEGATE_CACHE=str(tmp_path / "cache"),
+               PYTHONPATH=os.pathsep.join([str(REPO_ROOT / "python"), os.environ.get("PYTHONPATH", "")]))
+    log = tmp_path / "server.log"
+    with log.open("wb") as fh:
+        proc = subprocess.Popen([sys.executable, "-m", "gateway", "--host", "127.0.0.1", "--port", "0",
+                                 "--threads", "1"], stdout=fh, stderr=subprocess.STDOUT, env=env, cwd=REPO_ROOT)
+    try:
+        base = _wait_listening(proc, log)
+        done = subprocess.run([sys.executable, str(REPO_ROOT / "tools" / "try_tool_calling.py"), "--base-url", base,
+                               "--force", "--max-tokens", "96", "--timeout", "300"],
+                              capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert done.stdout.splitlines()[-1] == "4/4 passed"
+        assert "random-weight demo" in done.stdout
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=5)
+
+
+def _wait_listening(proc: subprocess.Popen, log: Path, timeout: float = 120.0) -> str:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, log.read_text(errors="replace")
+        found = re.search(r"listening\s+(http://127\.0\.0\.1:\d+)", log.read_text(errors="replace"))
+        if found:
+            try:
+                with urllib.request.urlopen(found.group(1) + "/health", timeout=2) as resp:
+                    if resp.status == 200:
+                        return found.group(1)
+            except OSError:
+                pass
+        time.sleep(0.2)
+    raise AssertionError(f"the demo server did not start:\n{log.read_text(errors='replace')}")
