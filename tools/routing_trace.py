@@ -5,8 +5,9 @@ requested together).  The C store writes it (mg_expert_store_trace); this tool r
 synthesise one, and replays it through three replacement policies at several cache sizes:
 
   lru     least recently requested expert is evicted
-  ours    frequency with exponential aging (the store's default, expert_policy.c), optionally
-          seeded and pinned from routing history (--history)
+  ours    predicted next use (the store's default, expert_policy.h): evicts the expert whose
+          next request is furthest away by the layer cycle of decode and a sticky-frequency
+          estimate; optionally seeded and pinned from routing history (--history)
   belady  offline optimum: evict the expert whose next request is furthest away
 
 The replay follows the store's rules: all experts of a fetch are looked up first (a fetch's own
@@ -142,27 +143,40 @@ class Result:
         return self.hits / total if total else 0.0
 
 
+STICKY_DECAY = 0.99  # per fetch, for the stickiness sums (expert_policy.c)
+
+
 def simulate(trace: Trace, policy: str, n_slots: int, *, half_life: float | None = None,
-             window: float | None = None, history: np.ndarray | None = None,
-             pin_fraction: float = 0.5, warm: int = 0) -> Result:
+             history: np.ndarray | None = None, pin_fraction: float = 0.5, warm: int = 0) -> Result:
     """Replays the trace through one policy with n_slots expert slots.  Fetches before `warm`
     fill the cache without being counted.  history: per-key request counts of earlier runs
-    (ours only): seeds the scores and pins the top pin_fraction * n_slots keys.
-    ours = LFRU: experts requested within the last `window` fetches (default: one token,
-    n_layers fetches) form a protected LRU tier; the rest are ranked by decayed frequency
-    (half-life `half_life` fetches, default 16 tokens) and evicted first."""
+    (ours only): seeds f (count over the layer's largest count) and pins the top
+    pin_fraction * n_slots keys.
+    ours = predicted next use (expert_policy.h, replayed to the bit): evict the expert whose
+    next request is predicted furthest away, delta + L * (1/p - 1), where delta is the
+    distance in fetches to the next visit of its layer and p mixes f (moving share of the
+    layer's visits that requested it; half-life `half_life` fetches, default 16 tokens) with
+    whether the layer's latest visit requested it, weighted by the measured stickiness w."""
     if policy not in ("lru", "ours", "belady"):
         raise ValueError(f"unknown policy {policy!r}")
     if n_slots < 1:
         raise ValueError("n_slots must be >= 1")
-    h = half_life if half_life else 16.0 * trace.n_layers
-    win = window if window is not None else float(trace.n_layers)
-    freq = np.full(trace.n_keys, -math.inf)  # time-shifted log2 decayed count (expert_policy.h)
+    n_layers, n_experts = trace.n_layers, trace.n_experts
+    h = half_life if half_life else 16.0 * n_layers
+    alpha = 1.0 - math.exp2(-n_layers / h)
+    keep = 1.0 - alpha
     last = np.full(trace.n_keys, -math.inf)  # tick of the last request
+    f = np.zeros(trace.n_keys)  # ours: moving share of the layer's visits requesting the key
+    used = np.zeros(trace.n_keys, dtype=bool)  # ours: requested at the layer's latest visit
+    reused = expected = trials = w = 0.0  # ours: stickiness sums and estimate
+    layer_of = np.arange(trace.n_keys) // n_experts
     pinned = np.zeros(trace.n_keys, dtype=bool)
     if policy == "ours" and history is not None:
+        hist = np.asarray(history, dtype=np.float64).reshape(n_layers, n_experts)
+        top = hist.max(axis=1, keepdims=True)
+        seeded = (hist > 0) & (top > 0)
+        f = np.where(seeded, hist / np.where(top > 0, top, 1.0), 0.0).reshape(-1)
         seen = history > 0
-        freq[seen] = np.log2(history[seen])
         n_pin = min(int(pin_fraction * n_slots), int(seen.sum()))
         if n_pin > 0:
             pinned[np.lexsort((np.arange(trace.n_keys), -history))[:n_pin]] = True
@@ -173,11 +187,25 @@ def simulate(trace: Trace, policy: str, n_slots: int, *, half_life: float | None
     result = Result()
     for t in range(len(trace)):
         keys = trace.keys(t)
+        layer = trace.layers[t]
         now = float(t + 1)
         if policy == "ours":
-            tt = now / h
-            past = np.where(freq[keys] == -math.inf, 0.0, np.exp2(freq[keys] - tt))
-            freq[keys] = tt + np.log2(past + 1.0)
+            base = layer * n_experts
+            req = np.zeros(n_experts, dtype=bool)
+            req[keys - base] = True
+            prev = np.flatnonzero(used[base : base + n_experts])
+            r = e = 0.0
+            for i in prev:  # sequential sums, in expert order, as the C loop adds them
+                e += f[base + i]
+                r += 1.0 if req[i] else 0.0
+            reused = reused * STICKY_DECAY + r
+            expected = expected * STICKY_DECAY + e
+            trials = trials * STICKY_DECAY + float(len(prev))
+            seg = f[base : base + n_experts]
+            f[base : base + n_experts] = np.where(req, seg * keep + alpha, seg * keep)
+            used[base : base + n_experts] = req
+            room = trials - expected
+            w = min(1.0, max(0.0, (reused - expected) / room)) if room > 0 else 0.0
         elif policy == "belady":
             nxt[keys] = next_use[t]
         last[keys] = now
@@ -189,16 +217,19 @@ def simulate(trace: Trace, policy: str, n_slots: int, *, half_life: float | None
             continue
         occupied = slot_key >= 0
         k = np.where(occupied, slot_key, 0)
-        # eviction order: empty slots, then by policy; the batch's own slots never
+        # eviction order: empty slots, then by policy (lower first); the batch's own slots never
         if policy == "lru":
-            primary, secondary = last[k], np.zeros(n_slots)
+            score = last[k]
         elif policy == "belady":
-            primary, secondary = -nxt[k], np.zeros(n_slots)
+            score = -nxt[k]
         else:
-            recent = last[k] > now - win
-            primary = recent.astype(float)
-            secondary = np.where(recent, last[k], freq[k])
-        primary = np.where(occupied, primary, -math.inf)
+            prob = np.where(used[k], f[k] + w * (1.0 - f[k]), (1.0 - w) * f[k])
+            delta = (layer_of[k] - layer) % n_layers
+            delta = np.where(delta == 0, n_layers, delta)
+            safe = np.where(prob > 0, prob, 1.0)
+            score = np.where(prob > 0, -(delta + n_layers * (1.0 / safe - 1.0)), -math.inf)
+        primary = np.where(occupied, 0.0, -math.inf)
+        secondary = np.where(occupied, score, 0.0)
         excluded = occupied & np.isin(k, keys)
         pin_rank = (occupied & pinned[k]).astype(float)
         order = np.lexsort((np.arange(n_slots), secondary, primary, pin_rank, excluded))

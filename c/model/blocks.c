@@ -363,20 +363,72 @@ void mg_route_sigmoid_grouped(const float *logits, const float *bias, int n_expe
 
 /* ---- 10. Routed experts ------------------------------------------------------------------ */
 
+/* What one wave of expert computation needs: the routed experts are computed in waves (the
+ * cached ones, then each missing one as its read lands), every expert writing only its own
+ * rows of g/u/y, so how they are grouped into dispatches never changes a bit of the result. */
+typedef struct moe_wave_ctx {
+    const mg_compute *c;
+    const mg_moe_args *a;
+    const mg_expert *const *ex; /* batch index -> descriptor */
+    const int *uid, *start, *count;
+    const float *xg;            /* gathered rows (n_tok > 1) */
+    float *g, *u, *y;
+    int64_t fmax;
+    float *sg, *su;             /* shared expert gate/up rows (NULL: none) */
+    mg_linear_job *jobs;        /* room for 2 * n_experts + 2 */
+} moe_wave_ctx;
+
+/* gate/up of the batch members sel[0..n) (and of the shared expert when with_shared) in one
+ * dispatch, then swiglu, then their down projections in a second. */
+static void moe_wave(const moe_wave_ctx *w, const int *sel, int n, int with_shared) {
+    const mg_moe_args *a = w->a;
+    const int64_t T = a->n_tok, d = a->d, fmax = w->fmax;
+    const mg_mlp *sh = with_shared ? a->shared : NULL;
+    const int64_t fs = sh ? sh->gate.rows : 0;
+    mg_linear_job *jobs = w->jobs;
+    int nj = 0;
+    for (int j = 0; j < n; j++) {
+        int i = sel[j], e = w->uid[i];
+        const float *xin = T > 1 ? w->xg + (int64_t)w->start[e] * d : a->x;
+        jobs[nj++] = (mg_linear_job){&w->ex[i]->gate, xin, d, w->g + (int64_t)w->start[e] * fmax, fmax, w->count[e]};
+        jobs[nj++] = (mg_linear_job){&w->ex[i]->up, xin, d, w->u + (int64_t)w->start[e] * fmax, fmax, w->count[e]};
+    }
+    if (sh) {
+        jobs[nj++] = (mg_linear_job){&sh->gate, a->x, d, w->sg, fs, T};
+        jobs[nj++] = (mg_linear_job){&sh->up, a->x, d, w->su, fs, T};
+    }
+    if (!nj) return;
+    mg_linear_jobs(w->c, nj, jobs);
+    nj = 0;
+    for (int j = 0; j < n; j++) {
+        int i = sel[j], e = w->uid[i];
+        int64_t f = w->ex[i]->gate.rows;
+        for (int64_t r = w->start[e]; r < w->start[e] + w->count[e]; r++)
+            w->c->k->swiglu(w->g + r * fmax, w->g + r * fmax, w->u + r * fmax, f, a->limit);
+        jobs[nj++] = (mg_linear_job){&w->ex[i]->down, w->g + (int64_t)w->start[e] * fmax, fmax,
+                                     w->y + (int64_t)w->start[e] * d, d, w->count[e]};
+    }
+    if (sh) {
+        w->c->k->swiglu(w->sg, w->sg, w->su, T * fs, a->limit);
+        jobs[nj++] = (mg_linear_job){&sh->down, w->sg, fs, a->shared_out, d, T};
+    }
+    mg_linear_jobs(w->c, nj, jobs);
+}
+
 int mg_moe_experts(const mg_compute *c, const mg_moe_args *a, mg_buffers *buf, int slot0,
                    mg_error *err) {
     const int E = a->n_experts, K = a->k;
     const int64_t T = a->n_tok, d = a->d, A = T * K; /* A: (token, choice) assignments */
     if (T == 0) return 0;
-    /* Integer bookkeeping lives in one int buffer: count[E] | start[E] | uid[E] | order[A]. */
-    int *ib = malloc(sizeof(int) * (size_t)(3 * E + A));
+    /* Integer bookkeeping lives in one int buffer: count[E] | start[E] | uid[E] | sel[E] | order[A]. */
+    int *ib = malloc(sizeof(int) * (size_t)(4 * E + A));
     const mg_expert **ex = malloc(sizeof(*ex) * (size_t)E);
     mg_linear_job *jobs = malloc(sizeof(*jobs) * (size_t)(2 * E + 2));
     if (!ib || !ex || !jobs) {
         free(ib); free(ex); free(jobs);
         return mg_fail(err, "out of memory (moe bookkeeping)");
     }
-    int *count = ib, *start = ib + E, *uid = ib + 2 * E, *order = ib + 3 * E;
+    int *count = ib, *start = ib + E, *uid = ib + 2 * E, *sel = ib + 3 * E, *order = ib + 4 * E;
     memset(count, 0, sizeof(int) * (size_t)E);
     for (int64_t i = 0; i < A; i++) {
         int e = a->ids[i];
@@ -405,9 +457,18 @@ int mg_moe_experts(const mg_compute *c, const mg_moe_args *a, mg_buffers *buf, i
         free(fill);
     }
     int rc = -1;
-    if (mg_expert_store_fetch(a->store, a->layer, nu, uid, ex, err) != 0) goto done;
+    /* The fetch is split (experts.h): the cached experts are computed while the missing ones
+     * are read.  How many are cached is this batch's miss count (the store's statistics); the
+     * resident store never misses. */
+    mg_expert_stats before = mg_expert_store_stats(a->store);
+    if (mg_expert_store_fetch_begin(a->store, a->layer, nu, uid, ex, err) != 0) goto done;
+    int n_now = nu;
+    if (before.slots) {
+        uint64_t missed = mg_expert_store_stats(a->store).misses - before.misses;
+        n_now = missed < (uint64_t)nu ? nu - (int)missed : 0;
+    }
     int64_t fmax = 0;
-    for (int i = 0; i < nu; i++) {
+    for (int i = 0; i < nu; i++) { /* shapes are the registered ones: readable before the bytes */
         const mg_expert *x = ex[i];
         if (x->gate.cols != d || x->up.rows != x->gate.rows || x->down.cols != x->gate.rows ||
             x->down.rows != d) {
@@ -425,49 +486,33 @@ int mg_moe_experts(const mg_compute *c, const mg_moe_args *a, mg_buffers *buf, i
     float *gu = mg_buf(buf, slot0 + 1, (size_t)(2 * A * fmax), err);
     float *y = gu ? mg_buf(buf, slot0 + 2, (size_t)(A * d), err) : NULL;
     if (!gu || !y) goto done;
-    float *g = gu, *u = gu + A * fmax;
-    /* The shared expert's gate/up (all tokens) join the routed ones: one dispatch, not two. */
+    /* The shared expert's gate/up (all tokens) join the first wave's routed ones: one dispatch,
+     * not two (and it is computed while the misses are read). */
     const mg_mlp *sh = a->shared;
     const int64_t fs = sh ? sh->gate.rows : 0;
-    float *sg = NULL, *su = NULL;
+    float *sg = NULL;
     if (sh) {
         if (sh->gate.cols != d || sh->up.rows != fs || sh->down.cols != fs || sh->down.rows != d || !a->shared_out) {
             mg_fail(err, "internal: shared expert of layer %d has inconsistent shapes", a->layer);
             goto done;
         }
         if (!(sg = mg_buf(buf, slot0 + 3, (size_t)(2 * T * fs), err))) goto done;
-        su = sg + T * fs;
     }
-    int nj = 0;
-    for (int i = 0; i < nu; i++) {
-        int e = uid[i];
-        const float *xin = T > 1 ? xg + (int64_t)start[e] * d : a->x;
-        jobs[nj++] = (mg_linear_job){&ex[i]->gate, xin, d, g + (int64_t)start[e] * fmax, fmax, count[e]};
-        jobs[nj++] = (mg_linear_job){&ex[i]->up, xin, d, u + (int64_t)start[e] * fmax, fmax, count[e]};
-    }
-    if (sh) {
-        jobs[nj++] = (mg_linear_job){&sh->gate, a->x, d, sg, fs, T};
-        jobs[nj++] = (mg_linear_job){&sh->up, a->x, d, su, fs, T};
-    }
-    mg_linear_jobs(c, nj, jobs);
-    nj = 0;
-    for (int i = 0; i < nu; i++) {
-        int e = uid[i];
-        int64_t f = ex[i]->gate.rows;
-        for (int64_t r = start[e]; r < start[e] + count[e]; r++)
-            c->k->swiglu(g + r * fmax, g + r * fmax, u + r * fmax, f, a->limit);
-        jobs[nj++] = (mg_linear_job){&ex[i]->down, g + (int64_t)start[e] * fmax, fmax,
-                                     y + (int64_t)start[e] * d, d, count[e]};
-    }
-    if (sh) {
-        c->k->swiglu(sg, sg, su, T * fs, a->limit);
-        jobs[nj++] = (mg_linear_job){&sh->down, sg, fs, a->shared_out, d, T};
-    }
-    mg_linear_jobs(c, nj, jobs);
+    moe_wave_ctx w = {c, a, ex, uid, start, count, xg, gu, gu + A * fmax, y, fmax,
+                      sg, sg ? sg + T * fs : NULL, jobs};
+    /* Wave 1: what is in memory now (everything, for the resident store or an all-hit batch:
+     * then the two dispatches are the whole layer). */
+    int got = 0, r = 0;
+    while (got < n_now && (r = mg_expert_store_fetch_next(a->store, err)) >= 0) sel[got++] = r;
+    if (r == -2) goto done;
+    moe_wave(&w, sel, got, 1);
+    /* Then each missing expert as its read lands, while the others are still being read. */
+    while ((r = mg_expert_store_fetch_next(a->store, err)) >= 0) moe_wave(&w, &r, 1, 0);
+    if (r == -2) goto done;
     /* Scatter in expert order, so each token's sum runs in increasing expert id. */
-    for (int64_t r = 0; r < A; r++) {
-        int64_t t = order[r] / K;
-        c->k->axpy(a->out + t * d, a->w[order[r]], y + r * d, d);
+    for (int64_t q = 0; q < A; q++) {
+        int64_t t = order[q] / K;
+        c->k->axpy(a->out + t * d, a->w[order[q]], y + q * d, d);
     }
     rc = 0;
 done:

@@ -178,9 +178,10 @@ void mg_route_sigmoid_grouped(const float *logits, const float *bias, int n_expe
 /* ---- 10. Routed experts -------------------------------------------------------------------
  * out[t] += sum over j < k of w[t*k + j] * Expert_{ids[t*k + j]}(x[t]), where
  * Expert(x) = down(swiglu(gate x, up x)).  The union of ids over all n_tok tokens is fetched
- * from the store in ONE mg_expert_store_fetch; each expert then runs once over the rows of
- * the tokens that selected it (a small matrix x batch product), gate/up of all experts in one
- * dispatch and down in a second.  Contributions are added in increasing expert id order (the
+ * from the store as ONE batch (mg_expert_store_fetch_begin); each expert then runs once over
+ * the rows of the tokens that selected it (a small matrix x batch product).  The experts already
+ * in memory run first (gate/up of all of them in one dispatch, down in a second) while the
+ * missing ones are read; each missing expert then runs as its read lands.  Contributions are added in increasing expert id order (the
  * order transformers' expert loop uses).  Uses buffer slots [slot0, slot0 + 4).
  * shared != NULL: the shared expert (a dense SwiGLU MLP over every token, same clamp limit)
  * rides in the same two dispatches and writes shared_out[n_tok, d] (not accumulated; the

@@ -272,11 +272,8 @@ static int by_count_desc(const void *a, const void *b, void *arg) {
 /* Seeds the policy with the history and pins the most requested experts. */
 static int usage_apply(mg_expert_cache *c, double pin_fraction, mg_error *err) {
     int n_hist = 0;
-    for (int k = 0; k < c->n_keys; k++)
-        if (c->usage_old[k] > 0) {
-            mg_policy_seed(c->pol, k, c->usage_old[k]);
-            n_hist++;
-        }
+    for (int k = 0; k < c->n_keys; k++) n_hist += c->usage_old[k] > 0;
+    mg_policy_seed(c->pol, c->usage_old);
     int n_pin = pin_fraction > 0 ? (int)(pin_fraction * c->n_slots) : 0;
     if (n_pin > n_hist) n_pin = n_hist;
     if (n_pin <= 0) return 0;
@@ -435,7 +432,7 @@ mg_expert_cache *mg_expert_cache_create(const mg_checkpoint *ck, const mg_expert
     }
 
     double half_life = o.half_life > 0 ? o.half_life : 16.0 * n_layers;
-    if (!(c->pol = mg_policy_create(o.policy, c->n_keys, half_life, (double)n_layers, err))) goto fail;
+    if (!(c->pol = mg_policy_create(o.policy, n_layers, n_experts, half_life, err))) goto fail;
     if (!(c->io = mg_io_pool_create(c->io_threads, c->n_slots, c->n_slots * N_PIECES, err))) goto fail;
     if (o.usage_path && mg_expert_cache_use_history(c, o.usage_path, o.pin_fraction, err)) goto fail;
     return c;
@@ -595,12 +592,12 @@ int mg_expert_cache_begin(mg_expert_cache *c, int layer, int n, const int *ids, 
         memset(c->mark, 0, sizeof(uint32_t) * (size_t)c->n_slots);
         c->epoch = 1;
     }
-    mg_policy_tick(c->pol);
     const int base_key = layer * c->n_experts;
+    for (int i = 0; i < n; i++) c->victims[i] = base_key + ids[i]; /* (scratch until the victims) */
+    mg_policy_request(c->pol, layer, n, c->victims);
     int n_miss = 0;
     for (int i = 0; i < n; i++) {
         int key = base_key + ids[i];
-        mg_policy_touch(c->pol, key);
         c->usage_new[key] += 1.0f;
         int slot = c->key_slot[key];
         if (slot >= 0) {
@@ -693,7 +690,7 @@ int mg_expert_cache_prefetch(mg_expert_cache *c, int layer, int n, const int *id
                               c->heap) < 1)
             break;
         /* only a slot the policy values less than this expert (an empty one always), and
-         * never one requested within the recency window: a guess must not push out the
+         * never one requested at its layer's latest visit: a guess must not push out the
          * experts the next tokens are most likely to ask for again */
         int old = c->slot_key[victim];
         if (old >= 0 && (mg_policy_recent(c->pol, old) ||

@@ -1,102 +1,160 @@
-/* LRU and frequency-with-aging scores, and victim selection by a bounded max-heap. */
+/* LRU and predicted-next-use ranks, and victim selection by a bounded max-heap. */
 #include "model/expert_policy.h"
 
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "model/experts.h"
 
+#define STICKY_DECAY 0.99 /* per fetch, for the stickiness sums */
+
 struct mg_policy {
     int kind;
-    int n_keys;
-    double inv_half_life; /* 1 / H */
-    double window;        /* LFRU: requests this recent (in ticks) are in the protected tier */
-    uint64_t now;
-    double *score;        /* [n_keys]; -inf: never requested */
+    int n_layers, n_experts, n_keys;
+    double alpha;         /* NEXT_USE: weight of one visit in f (from the half-life) */
+    uint64_t now;         /* fetch batches so far */
+    int layer;            /* layer of the latest batch (-1: none yet) */
     double *last;         /* [n_keys] tick of the last request; -inf: never */
+    double *f;            /* [n_keys] NEXT_USE: moving share of its layer's visits requesting it */
+    unsigned char *used;  /* [n_keys] NEXT_USE: requested at its layer's latest visit */
+    unsigned char *req;   /* [n_experts] scratch: requested by the current batch */
+    double reused, expected, trials; /* NEXT_USE: decayed stickiness sums */
+    double w;             /* NEXT_USE: stickiness estimate in [0, 1] */
 };
 
-mg_policy *mg_policy_create(int kind, int n_keys, double half_life, double window, mg_error *err) {
+mg_policy *mg_policy_create(int kind, int n_layers, int n_experts, double half_life, mg_error *err) {
     if (kind != MG_EXPERT_POLICY_LFRU && kind != MG_EXPERT_POLICY_LRU) {
         mg_fail(err, "expert cache: unknown policy %d", kind);
         return NULL;
     }
-    if (n_keys <= 0 || !(half_life > 0) || !isfinite(half_life)) {
-        mg_fail(err, "expert cache: invalid policy size %d or half-life %g", n_keys, half_life);
+    if (n_layers <= 0 || n_experts <= 0 || !(half_life > 0) || !isfinite(half_life)) {
+        mg_fail(err, "expert cache: invalid policy size %d x %d or half-life %g", n_layers, n_experts, half_life);
         return NULL;
     }
+    int n_keys = n_layers * n_experts;
     mg_policy *p = calloc(1, sizeof *p);
     if (p) {
-        p->score = malloc(sizeof(double) * (size_t)n_keys);
         p->last = malloc(sizeof(double) * (size_t)n_keys);
+        p->f = calloc((size_t)n_keys, sizeof(double));
+        p->used = calloc((size_t)n_keys, 1);
+        p->req = calloc((size_t)n_experts, 1);
     }
-    if (!p || !p->score || !p->last) {
+    if (!p || !p->last || !p->f || !p->used || !p->req) {
         mg_policy_free(p);
         mg_fail(err, "expert cache: out of memory (policy)");
         return NULL;
     }
     p->kind = kind;
+    p->n_layers = n_layers;
+    p->n_experts = n_experts;
     p->n_keys = n_keys;
-    p->inv_half_life = 1.0 / half_life;
-    p->window = window > 0 ? window : 0;
-    for (int i = 0; i < n_keys; i++) p->score[i] = p->last[i] = -INFINITY;
+    /* half_life fetches = half_life / n_layers visits of a layer */
+    p->alpha = 1.0 - exp2(-(double)n_layers / half_life);
+    p->layer = -1;
+    for (int i = 0; i < n_keys; i++) p->last[i] = -INFINITY;
     return p;
 }
 
 void mg_policy_free(mg_policy *p) {
     if (!p) return;
-    free(p->score);
     free(p->last);
+    free(p->f);
+    free(p->used);
+    free(p->req);
     free(p);
 }
 
-void mg_policy_tick(mg_policy *p) { p->now++; }
-
-/* v = t/H + log2(2^(v_old - t/H) + w): w more requests at time t on top of the decayed past. */
-static void add_requests(mg_policy *p, int key, double w) {
-    double t = (double)p->now * p->inv_half_life;
-    double old = p->score[key];
-    double past = old == -INFINITY ? 0.0 : exp2(old - t);
-    p->score[key] = t + log2(past + w);
+/* The visit of `layer` requested req[]: stickiness first (against f and used of the previous
+ * visit), then f and used move on. */
+static void next_use_update(mg_policy *p, int layer) {
+    const int E = p->n_experts, base = layer * E;
+    double reused = 0, expected = 0, trials = 0;
+    for (int e = 0; e < E; e++)
+        if (p->used[base + e]) {
+            trials += 1.0;
+            expected += p->f[base + e];
+            reused += p->req[e] ? 1.0 : 0.0;
+        }
+    p->reused = p->reused * STICKY_DECAY + reused;
+    p->expected = p->expected * STICKY_DECAY + expected;
+    p->trials = p->trials * STICKY_DECAY + trials;
+    const double keep = 1.0 - p->alpha;
+    for (int e = 0; e < E; e++) {
+        double *f = &p->f[base + e];
+        *f = p->req[e] ? *f * keep + p->alpha : *f * keep;
+        p->used[base + e] = p->req[e];
+    }
+    double room = p->trials - p->expected;
+    double w = room > 0 ? (p->reused - p->expected) / room : 0.0;
+    p->w = w < 0 ? 0.0 : w > 1 ? 1.0 : w;
 }
 
-void mg_policy_touch(mg_policy *p, int key) {
-    if (key < 0 || key >= p->n_keys) return;
-    p->last[key] = (double)p->now;
-    if (p->kind == MG_EXPERT_POLICY_LRU) p->score[key] = (double)p->now;
-    else add_requests(p, key, 1.0);
+void mg_policy_request(mg_policy *p, int layer, int n, const int *keys) {
+    if (layer < 0 || layer >= p->n_layers) return;
+    p->now++;
+    p->layer = layer;
+    const int base = layer * p->n_experts;
+    memset(p->req, 0, (size_t)p->n_experts);
+    for (int i = 0; i < n; i++) {
+        int key = keys[i];
+        if (key < base || key >= base + p->n_experts) continue;
+        p->last[key] = (double)p->now;
+        p->req[key - base] = 1;
+    }
+    if (p->kind == MG_EXPERT_POLICY_LFRU) next_use_update(p, layer);
 }
 
-void mg_policy_seed(mg_policy *p, int key, double count) {
-    if (key < 0 || key >= p->n_keys || !(count > 0) || !isfinite(count)) return;
-    if (p->kind == MG_EXPERT_POLICY_LFRU) add_requests(p, key, count);
+void mg_policy_seed(mg_policy *p, const float *counts) {
+    if (p->kind != MG_EXPERT_POLICY_LFRU || !counts) return;
+    const int E = p->n_experts;
+    for (int l = 0; l < p->n_layers; l++) {
+        double top = 0;
+        for (int e = 0; e < E; e++) {
+            double c = counts[l * E + e];
+            if (isfinite(c) && c > top) top = c;
+        }
+        if (!(top > 0)) continue;
+        for (int e = 0; e < E; e++) {
+            double c = counts[l * E + e];
+            if (isfinite(c) && c > 0) p->f[l * E + e] = c / top;
+        }
+    }
+}
+
+/* NEXT_USE: predicted fetches until key is requested again (+inf: no estimate). */
+static double next_use(const mg_policy *p, int key) {
+    const double f = p->f[key], w = p->w;
+    const double prob = p->used[key] ? f + w * (1.0 - f) : (1.0 - w) * f;
+    if (!(prob > 0)) return INFINITY;
+    const int L = p->n_layers;
+    int delta = p->layer < 0 ? L : ((key / p->n_experts - p->layer) % L + L) % L;
+    if (delta == 0) delta = L;
+    return (double)delta + (double)L * (1.0 / prob - 1.0);
 }
 
 double mg_policy_score(const mg_policy *p, int key) {
-    return key >= 0 && key < p->n_keys ? p->score[key] : -INFINITY;
+    if (key < 0 || key >= p->n_keys) return -INFINITY;
+    if (p->kind == MG_EXPERT_POLICY_LRU) return p->last[key];
+    return -next_use(p, key);
 }
 
 int mg_policy_recent(const mg_policy *p, int key) {
     if (key < 0 || key >= p->n_keys) return 0;
-    double window = p->kind == MG_EXPERT_POLICY_LFRU ? p->window : 1.0;
-    return p->last[key] > (double)p->now - window;
+    if (p->kind == MG_EXPERT_POLICY_LRU) return p->last[key] >= (double)p->now;
+    return p->used[key];
 }
 
 /* Eviction rank of a slot as (tier, value): lower evicted first.  Empty slots come first;
- * LRU ranks by last request; LFRU puts experts requested within the window in a protected
- * tier ranked by recency, and the rest below it, ranked by decayed frequency. */
+ * then the policy's score (LRU: last request; NEXT_USE: minus the predicted next use). */
 static void slot_rank(const mg_policy *p, const int *slot_key, int i, double *tier, double *value) {
     int key = slot_key[i];
     if (key < 0) {
         *tier = -INFINITY;
         *value = 0;
-    } else if (p->kind == MG_EXPERT_POLICY_LRU) {
-        *tier = p->last[key];
-        *value = 0;
     } else {
-        int recent = p->last[key] > (double)p->now - p->window;
-        *tier = recent;
-        *value = recent ? p->last[key] : p->score[key];
+        *tier = 0;
+        *value = mg_policy_score(p, key);
     }
 }
 

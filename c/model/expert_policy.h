@@ -1,18 +1,28 @@
 /* Replacement policies for the expert cache.
  *
- * A policy keeps one score per expert key (layer * n_experts + expert), also for experts not
- * in the cache, so that history survives eviction.  The victim is always the cached expert
- * with the lowest score; an empty slot scores -inf.  Both policies reduce to that rule:
- *   LRU   score = the clock value of the last request (one tick per fetch batch).
- *   LFRU  two tiers.  Experts requested within the last `window` ticks (one token by default)
- *         are protected and ranked by recency, as in LRU; the others are ranked by the log2 of
- *         an exponentially decayed request count and are evicted first.  That count is stored
- *         time-shifted, v = now/H + log2(count(now)), so scores never need rescaling: aging is
- *         implicit and the order of two stored scores does not change as time passes.
- *         A request at time t sets v = t/H + log2(2^(v_old - t/H) + 1).
- * (On synthetic decode traces plain LFU lost to LRU at one token's worth of slots; the
- * recency tier makes LFRU match LRU there and beat it at larger caches.)
- * tools/routing_trace.py replays the same two rules (and Belady's optimum) in Python. */
+ * A policy keeps its statistics per expert key (layer * n_experts + expert), also for experts
+ * not in the cache, so that history survives eviction.  The victim is always the cached
+ * expert ranked lowest; an empty slot ranks below everything.
+ *   LRU       rank = the tick of the last request (one tick per fetch batch).
+ *   NEXT_USE  (MG_EXPERT_POLICY_LFRU, the default kind) evicts the expert whose next request
+ *             is predicted furthest away, an online approximation of Belady's optimum built
+ *             on how decode walks the model: every token visits layers 0..L-1 in order, so
+ *             an expert of layer m is next wanted at the next visit of m (delta fetches from
+ *             the current layer l: (m - l) mod L, L for l itself) or one of the visits after.
+ *             With p the probability that a visit of m requests it, the predicted distance is
+ *                 delta + L * (1/p - 1)           (geometric number of missed visits)
+ *             and the largest is evicted first (p = 0: never, or long ago: first).
+ *             p mixes two estimates, per key:  f, the share of m's visits that requested it
+ *             (exponential moving average over visits, half-life `half_life` fetches), and
+ *             whether the last visit of m requested it (routing is sticky from one token to
+ *             the next), weighted by w, the measured stickiness: p = f + w (1 - f) after a
+ *             request at the last visit, (1 - w) f otherwise (a two-state Markov model).  w
+ *             is estimated online from how often last visit's experts come back beyond what
+ *             f predicts: w = (reused - expected) / (trials - expected), clamped to [0, 1],
+ *             sums decayed by 0.99 per fetch.  At a cache of one layer's experts LRU only
+ *             keeps last token's routing; this keeps the experts likely to be asked for next.
+ * tools/routing_trace.py replays the same rules (and Belady's optimum) in Python, to the bit:
+ * change both together. */
 #ifndef MG_EXPERT_POLICY_H
 #define MG_EXPERT_POLICY_H
 
@@ -21,15 +31,18 @@
 
 typedef struct mg_policy mg_policy;
 
-/* kind: MG_EXPERT_POLICY_* (experts.h).  half_life (> 0) and window in ticks (LFRU only). */
-mg_policy *mg_policy_create(int kind, int n_keys, double half_life, double window, mg_error *err);
+/* kind: MG_EXPERT_POLICY_* (experts.h).  half_life (> 0) in fetches (NEXT_USE only). */
+mg_policy *mg_policy_create(int kind, int n_layers, int n_experts, double half_life, mg_error *err);
 void mg_policy_free(mg_policy *p);
 
-void mg_policy_tick(mg_policy *p);                     /* a new fetch batch starts */
-void mg_policy_touch(mg_policy *p, int key);           /* key was requested (hit or miss) */
-void mg_policy_seed(mg_policy *p, int key, double count); /* as if requested `count` times now */
+/* A fetch batch of `layer` requested keys[0..n) (full keys; repeats count once). */
+void mg_policy_request(mg_policy *p, int layer, int n, const int *keys);
+/* Seeds the statistics from request counts of earlier runs (counts[n_keys], >= 0): each key's
+ * f becomes its count over the largest count of its layer.  NEXT_USE only. */
+void mg_policy_seed(mg_policy *p, const float *counts);
+/* How much the policy wants to keep key now (higher: keep); -inf when it knows nothing of it. */
 double mg_policy_score(const mg_policy *p, int key);
-/* 1 when key was requested within the window (LFRU's protected tier; LRU: within one tick). */
+/* 1 when key was requested at the latest visit of its layer (LRU: by the latest batch). */
 int mg_policy_recent(const mg_policy *p, int key);
 
 /* Chooses up to m victims among n_slots slots (slot_key[i] < 0: empty) and writes their slot

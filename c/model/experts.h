@@ -85,7 +85,7 @@ mg_expert_stats mg_expert_store_stats(const mg_expert_store *s);
 /* ---- cache mode ----------------------------------------------------------------------- */
 
 typedef enum mg_expert_policy_kind {
-    MG_EXPERT_POLICY_LFRU = 0, /* frequency with exponential aging (default) */
+    MG_EXPERT_POLICY_LFRU = 0, /* predicted next use: layer distance + learned reuse (default) */
     MG_EXPERT_POLICY_LRU = 1,
 } mg_expert_policy_kind;
 

@@ -304,7 +304,10 @@ static void test_truncated(const char *dir) {
     mg_expert_store *c = mg_expert_store_create(L, E, &err);
     CHECK(!bind_all(ck, c, &err), "%s", err.msg);
     uint64_t slot = mg_expert_store_slot_bytes(c, ck, &err);
-    CHECK(mg_expert_store_configure(c, ck, slot * 2 * E, NULL, &err) == 0, "%s", err.msg);
+    /* LRU, so that two other layers' fetches surely evict layer 2's experts below (the
+     * default policy would keep them: layer 2 is the next one the cycle visits) */
+    mg_expert_cache_opts lru = {.policy = MG_EXPERT_POLICY_LRU};
+    CHECK(mg_expert_store_configure(c, ck, slot * 2 * E, &lru, &err) == 0, "%s", err.msg);
     char path[600];
     snprintf(path, sizeof path, "%s/b.safetensors", dir);
     /* first a batch of five failing reads, then the bytes come back: the store must read them
@@ -355,19 +358,17 @@ static void test_truncated(const char *dir) {
     mg_checkpoint_close(ck);
 }
 
+static void request1(mg_policy *p, int layer, int key) { mg_policy_request(p, layer, 1, &key); }
+
 static void test_policy(void) {
     mg_error err = {{0}};
-    CHECK(mg_policy_create(7, 4, 1, 0, &err) == NULL && strstr(err.msg, "unknown policy"), "%s", err.msg);
+    CHECK(mg_policy_create(7, 1, 4, 1, &err) == NULL && strstr(err.msg, "unknown policy"), "%s", err.msg);
     int slot_key[4] = {0, 1, 2, 3}, out[4], heap[4];
     uint32_t mark[4] = {0};
     /* LRU: requests 0,1,2,3 then 0 again: victims 1, 2 */
-    mg_policy *p = mg_policy_create(MG_EXPERT_POLICY_LRU, 8, 1, 0, &err);
-    for (int k = 0; k < 4; k++) {
-        mg_policy_tick(p);
-        mg_policy_touch(p, k);
-    }
-    mg_policy_tick(p);
-    mg_policy_touch(p, 0);
+    mg_policy *p = mg_policy_create(MG_EXPERT_POLICY_LRU, 1, 8, 1, &err);
+    for (int k = 0; k < 4; k++) request1(p, 0, k);
+    request1(p, 0, 0);
     CHECK(mg_policy_victims(p, slot_key, 4, mark, 1, NULL, 1, 2, out, heap) == 2 && out[0] == 1 && out[1] == 2,
           "lru %d %d", out[0], out[1]);
     mark[1] = 5; /* in the open batch */
@@ -376,31 +377,44 @@ static void test_policy(void) {
     int with_empty[4] = {0, -1, 2, 3};
     CHECK(mg_policy_victims(p, with_empty, 4, mark, 1, NULL, 1, 1, out, heap) == 1 && out[0] == 1, "empty first");
     mg_policy_free(p);
-    /* LFRU: a key requested often survives a burst of one-off requests; aging lets it go later */
-    p = mg_policy_create(MG_EXPERT_POLICY_LFRU, 8, 4, 1, &err);
-    for (int t = 0; t < 6; t++) {
-        mg_policy_tick(p);
-        mg_policy_touch(p, 0);
-    }
-    for (int k = 1; k < 4; k++) {
-        mg_policy_tick(p);
-        mg_policy_touch(p, k);
-    }
+
+    /* NEXT_USE, one layer of 8: a key requested often survives a burst of one-off requests;
+     * aging lets it go once it is no longer asked for */
+    p = mg_policy_create(MG_EXPERT_POLICY_LFRU, 1, 8, 4, &err);
+    CHECK(p != NULL, "%s", err.msg);
+    for (int t = 0; t < 6; t++) request1(p, 0, 0);
+    for (int k = 1; k < 4; k++) request1(p, 0, k);
     CHECK(mg_policy_victims(p, slot_key, 4, mark, 1, NULL, 1, 1, out, heap) == 1 && out[0] == 1,
-          "lfru keeps the frequent key: %d", out[0]);
-    for (int t = 0; t < 40; t++) { /* long after: only 1, 2, 3 requested */
-        mg_policy_tick(p);
-        mg_policy_touch(p, 1 + t % 3);
-    }
+          "next-use keeps the frequent key: %d", out[0]);
+    for (int t = 0; t < 40; t++) request1(p, 0, 1 + t % 3);
     CHECK(mg_policy_victims(p, slot_key, 4, mark, 1, NULL, 1, 1, out, heap) == 1 && out[0] == 0,
-          "lfru ages the old key out: %d", out[0]);
-    double s1 = mg_policy_score(p, 1);
-    mg_policy_seed(p, 5, 1000);
-    CHECK(mg_policy_score(p, 5) > s1, "seeded history counts");
+          "next-use ages the old key out: %d", out[0]);
+    CHECK(mg_policy_score(p, 6) == -INFINITY, "never requested: nothing known");
+    float counts[8] = {0, 0, 0, 0, 0, 1000, 0, 0};
+    mg_policy_seed(p, counts);
+    CHECK(mg_policy_score(p, 5) > mg_policy_score(p, 1), "seeded history counts");
     /* pinned keys go last, and only when allowed */
     unsigned char pinned[8] = {1, 0, 0, 0, 0, 0, 0, 0};
     CHECK(mg_policy_victims(p, slot_key, 4, mark, 1, pinned, 1, 4, out, heap) == 4 && out[3] == 0, "pinned last");
     CHECK(mg_policy_victims(p, slot_key, 4, mark, 1, pinned, 0, 4, out, heap) == 3, "pinned excluded");
+    mg_policy_free(p);
+
+    /* NEXT_USE, 4 layers of 2 experts, every expert equally frequent: after a visit of layer 1
+     * the layer just computed (1) is needed last, the next one (2) first */
+    p = mg_policy_create(MG_EXPERT_POLICY_LFRU, 4, 2, 64, &err);
+    for (int t = 0; t < 20; t++)
+        for (int l = 0; l < 4; l++) {
+            int both[2] = {2 * l, 2 * l + 1};
+            mg_policy_request(p, l, 2, both);
+        }
+    for (int l = 0; l < 2; l++) {
+        int both[2] = {2 * l, 2 * l + 1};
+        mg_policy_request(p, l, 2, both);
+    }
+    int keys4[4] = {2, 4, 6, 0}; /* one expert of layers 1, 2, 3, 0 */
+    CHECK(mg_policy_victims(p, keys4, 4, mark, 1, NULL, 1, 4, out, heap) == 4 && out[0] == 0 && out[1] == 3 &&
+              out[2] == 2 && out[3] == 1,
+          "layer distance order %d %d %d %d", out[0], out[1], out[2], out[3]);
     mg_policy_free(p);
 }
 
