@@ -20,21 +20,10 @@
 #include "model/expert_policy.h"
 #include "model/experts.h"
 #include "model/weights.h"
+#include "check.h"
 
-static int g_pass, g_fail;
 static char g_root[256];
 
-#define CHECK(cond, ...)                                                    \
-    do {                                                                    \
-        if (cond) {                                                         \
-            g_pass++;                                                       \
-        } else {                                                            \
-            g_fail++;                                                       \
-            fprintf(stderr, "FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond); \
-            fprintf(stderr, __VA_ARGS__);                                   \
-            fputc('\n', stderr);                                            \
-        }                                                                   \
-    } while (0)
 
 /* ---- a deterministic generator (no global state) --------------------------------------- */
 

@@ -5,19 +5,7 @@
 
 #include "io/json.h"
 
-static int g_pass, g_fail;
-
-#define CHECK(cond, ...)                                                  \
-    do {                                                                  \
-        if (cond) {                                                       \
-            g_pass++;                                                     \
-        } else {                                                          \
-            g_fail++;                                                     \
-            fprintf(stderr, "FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond); \
-            fprintf(stderr, __VA_ARGS__);                                 \
-            fputc('\n', stderr);                                          \
-        }                                                                 \
-    } while (0)
+#include "check.h"
 
 static mg_json *parse(const char *s, mg_error *err) { return mg_json_parse(s, strlen(s), err); }
 

@@ -8,19 +8,7 @@
 #include "core/cpu.h"
 #include "core/linear.h"
 
-static int n_pass, n_fail;
-
-#define CHECK(cond, ...)                                                                           \
-    do {                                                                                           \
-        if (cond) {                                                                                \
-            n_pass++;                                                                              \
-        } else {                                                                                   \
-            n_fail++;                                                                              \
-            fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__);                                   \
-            fprintf(stderr, __VA_ARGS__);                                                          \
-            fputc('\n', stderr);                                                                   \
-        }                                                                                          \
-    } while (0)
+#include "check.h"
 
 typedef struct {
     int *hits[8];   /* per matrix, per row */
@@ -147,6 +135,6 @@ int main(void) {
     test_cover();
     test_cost_monotone();
     test_multi_equals_single();
-    printf("test_linear_split: %d passed, %d failed\n", n_pass, n_fail);
-    return n_fail ? 1 : 0;
+    printf("test_linear_split: %d passed, %d failed\n", g_pass, g_fail);
+    return g_fail ? 1 : 0;
 }
