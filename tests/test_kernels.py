@@ -10,7 +10,21 @@ import torch
 
 from gateway import _core
 
-TABLES = _core.kernel_tables()
+
+
+def usable_tables() -> list[str]:
+    """Tables this CPU runs: the binding's list plus "avx512", which it may not list by name."""
+    tables = list(_core.kernel_tables())
+    if "avx512" not in tables:
+        try:
+            _core.read_sum("avx512", np.zeros(16, np.float32))
+            tables.append("avx512")
+        except ValueError:
+            pass
+    return tables
+
+
+TABLES = usable_tables()
 FORMATS = ["f32", "bf16", "f16", "fp8_e4m3", "fp4_e2m1"]
 SCALE_KINDS = ["none", "f32_block128", "e8m0_block128", "e8m0_g32"]
 
@@ -132,7 +146,9 @@ def test_c_decode_matches_numpy(fmt: str, scale_kind: str) -> None:
 
 # ---- linear: every table, every format ------------------------------------------------------
 
-SHAPES = [(1, 32), (3, 96), (17, 160), (130, 33), (257, 300), (5, 4128)]
+# (3, 128), (2, 4160), (3, 8320): the AVX-512 decode fast paths (whole 64-byte steps, a last half
+# fp8 scale block, two x chunks); the other shapes reach its fallback to the AVX2 table.
+SHAPES = [(1, 32), (3, 96), (17, 160), (130, 33), (257, 300), (5, 4128), (3, 128), (2, 4160), (3, 8320)]
 
 
 @pytest.mark.parametrize("table", TABLES)
@@ -157,6 +173,41 @@ def test_linear_threaded_equals_single(threads: int) -> None:
     for n_tok in (1, 4):
         x = rng.standard_normal((n_tok, 256)).astype(np.float32)
         np.testing.assert_array_equal(w.linear(table, x, threads), w.linear(table, x, 1))
+
+
+@pytest.mark.parametrize("table", TABLES)
+def test_fp8_decode_with_huge_activations(table: str) -> None:
+    """x beyond 2^119: the AVX-512 fp8 path, which reads x * 256, must hand over to exact code."""
+    rng = np.random.default_rng(11)
+    w = Weights("fp8_e4m3", "none", 3, 128, rng)
+    w.data[:, 0] = 0x08  # 2^-6: the product with 2^121 stays finite
+    w.dense[:, 0] = 2.0**-6
+    x = rng.standard_normal((1, 128)).astype(np.float32)
+    x[0, 0] = np.float32(2.0**121)
+    assert_linear_close(w.linear(table, x), w, x)
+
+
+@pytest.mark.parametrize("table", TABLES)
+def test_fp8_decode_with_extreme_block_scales(table: str) -> None:
+    """Scales near the ends of the exponent range, where the AVX-512 path cannot fold the scale
+    into x without leaving the normal range and keeps one multiply per block instead."""
+    rng = np.random.default_rng(12)
+    rows, cols = 260, 4160
+    w = Weights("fp8_e4m3", "e8m0_block128", rows, cols, rng)
+    w.scale[:] = rng.choice(np.array([0, 3, 120, 131, 200], np.uint8), w.scale.shape)
+    w.scale[0, :] = 127  # one row block that folds, to compare both paths in one call
+    per_elem = np.repeat(np.repeat(decode_e8m0(w.scale), 128, axis=0), 128, axis=1)[:rows, :cols]
+    w.dense = decode_e4m3(w.data) * per_elem
+    x = rng.standard_normal((1, cols)).astype(np.float32)
+    assert_linear_close(w.linear(table, x), w, x)
+
+
+def test_avx512_is_preferred_and_avx2_stays_selectable() -> None:
+    feats = _core.cpu_features()
+    if "avx512" in TABLES:
+        assert _core.best_kernel_table() == "avx512"
+    if feats["avx2"] and feats["fma"] and feats["f16c"]:
+        assert "avx2" in TABLES
 
 
 def test_linear_rejects_bad_sizes() -> None:

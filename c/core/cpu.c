@@ -23,7 +23,10 @@ mg_cpu_features mg_cpu_detect(void) {
     if (!ymm_ok) { f.fma = f.f16c = 0; return f; }
     if (__get_cpuid_count(7, 0, &a, &b, &c, &d)) {
         f.avx2 = (b >> 5) & 1;
-        f.avx512f = ((b >> 16) & 1) && ((read_xcr0() & 0xe6) == 0xe6);
+        /* ZMM state: opmask, ZMM0-15 upper halves and ZMM16-31 (XCR0 bits 5-7) besides YMM. */
+        const int zmm_ok = (read_xcr0() & 0xe6) == 0xe6;
+        f.avx512f = ((b >> 16) & 1) && zmm_ok;
+        f.avx512 = f.avx512f && ((b >> 17) & 1) /* DQ */ && ((b >> 30) & 1) /* BW */ && ((b >> 31) & 1) /* VL */;
     }
     return f;
 }
@@ -44,12 +47,15 @@ const mg_kernels *mg_kernels_named(const char *name) {
     mg_cpu_features f = mg_cpu_detect();
     if (!name || !strcmp(name, "scalar")) return mg_kernels_scalar();
     if (!strcmp(name, "avx2")) return (f.avx2 && f.fma && f.f16c) ? mg_kernels_avx2() : NULL;
+    if (!strcmp(name, "avx512"))
+        return (f.avx512 && f.avx2 && f.fma && f.f16c && mg_kernels_avx2()) ? mg_kernels_avx512() : NULL;
     if (!strcmp(name, "neon")) return f.neon ? mg_kernels_neon() : NULL;
     return NULL;
 }
 
 const mg_kernels *mg_kernels_best(void) {
-    const mg_kernels *k = mg_kernels_named("avx2");
+    const mg_kernels *k = mg_kernels_named("avx512");
+    if (!k) k = mg_kernels_named("avx2");
     if (!k) k = mg_kernels_named("neon");
     return k ? k : mg_kernels_scalar();
 }

@@ -6,6 +6,8 @@
 
 typedef struct mg_cpu_features {
     int avx2, fma, f16c, avx512f, neon;
+    /* F, BW, VL and DQ together, with ZMM and opmask state enabled by the OS (XCR0 bits 5-7). */
+    int avx512;
 } mg_cpu_features;
 
 mg_cpu_features mg_cpu_detect(void);
@@ -13,7 +15,8 @@ mg_cpu_features mg_cpu_detect(void);
 /* The fastest table this CPU can run. */
 const mg_kernels *mg_kernels_best(void);
 
-/* A table by name ("scalar", "avx2", "neon"); NULL if unknown or this CPU cannot run it. */
+/* A table by name ("scalar", "avx2", "avx512", "neon"); NULL if unknown or this CPU cannot run
+ * it.  "avx2" stays selectable on AVX-512 CPUs. */
 const mg_kernels *mg_kernels_named(const char *name);
 
 #endif

@@ -119,7 +119,7 @@ mg_model *mg_model_open(const char *dir, const char *config_json, const mg_model
     }
     const mg_kernels *k = opt->kernels && opt->kernels[0] ? mg_kernels_named(opt->kernels) : mg_kernels_best();
     if (!k) {
-        mg_fail(err, "kernel table '%s' is unknown or not supported by this CPU (use scalar, avx2 or neon)",
+        mg_fail(err, "kernel table '%s' is unknown or not supported by this CPU (use scalar, avx2, avx512 or neon)",
                 opt->kernels);
         goto fail;
     }

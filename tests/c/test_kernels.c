@@ -228,10 +228,12 @@ static void test_linear_case(tally *t, const mg_kernels *const *tables, int n_ta
 
 static void test_linear(tally *t, const mg_kernels *const *tables, int n_tables, rng *g) {
     static const int64_t rows_list[] = {1, 3, 17, 130, 257};
-    static const int64_t cols_list[] = {32, 96, 160, 4128, 1, 7, 33, 129, 300};
+    /* 128, 4160 and 8320: the AVX-512 decode fast paths (whole 64-byte steps, a last half fp8
+     * scale block, two x chunks); the others reach its fallback to the AVX2 table. */
+    static const int64_t cols_list[] = {32, 96, 128, 160, 4128, 4160, 1, 7, 33, 129, 300};
     static const int64_t toks_main[] = {1, 5};
     static const int64_t toks_all[] = {1, 2, 3, 5, 8, 17};
-    static const int64_t shapes_all[][2] = {{17, 300}, {130, 160}, {3, 4128}, {257, 33}, {3, 8352}};
+    static const int64_t shapes_all[][2] = {{17, 300}, {130, 160}, {3, 4128}, {257, 33}, {3, 8352}, {5, 8320}};
     for (int f = 0; f < MG_FORMAT_COUNT; f++) {
         for (int sk = 0; sk < MG_SCALE_KIND_COUNT; sk++) {
             for (size_t ri = 0; ri < sizeof rows_list / sizeof *rows_list; ri++)
@@ -321,11 +323,11 @@ static void test_vector_ops(tally *t, const mg_kernels *k, const mg_kernels *ref
 int main(void) {
     tally t = {0, 0};
     rng g = {0x9e3779b97f4a7c15ull};
-    const mg_kernels *tables[3];
+    const mg_kernels *tables[4];
     int n = 0;
     tables[n++] = mg_kernels_scalar();
-    const char *simd[] = {"avx2", "neon"};
-    for (int i = 0; i < 2; i++) {
+    const char *simd[] = {"avx2", "avx512", "neon"};
+    for (int i = 0; i < 3; i++) {
         const mg_kernels *k = mg_kernels_named(simd[i]);
         if (k) tables[n++] = k;
     }

@@ -1,0 +1,416 @@
+/* AVX-512 (F, BW, VL, DQ) kernels for x86-64.  Compiled with -mavx512f -mavx512bw -mavx512vl
+ * -mavx512dq -mfma -mf16c; selected at run time only on CPUs that have these features and whose
+ * OS saves ZMM state (c/core/cpu.c).
+ *
+ * Only decode (n_tok == 1) differs from the AVX2 table.  It streams weights from memory, but
+ * measured on a Xeon the decoding work still shows in the achieved bandwidth (fewer instructions
+ * per weight byte gave a higher fraction of the read bandwidth even where the decoder alone ran
+ * faster than memory), so the 512-bit decoders below use as few instructions per cache line as
+ * we found.  Every other entry (prefill, vector ops) and every decode case outside the fast paths
+ * forwards to the AVX2 table, which the same CPU runs.
+ *
+ * Every fast path consumes exactly 64 weight bytes (one cache line) per step and reads x in a
+ * permuted order (xp, built once per call) that matches the lanes the cheapest widening of the
+ * format produces, so no shuffles are spent per weight:
+ *   f32:  16 columns per step, x as is.
+ *   f16:  32 columns, two vcvtph2ps, x as is.
+ *   bf16: 32 columns; a 32-bit shift gives the even columns, a mask the odd ones:
+ *         xp = [x even | x odd] per 32 columns.
+ *   fp8 e4m3: 64 columns; in each 16-bit lane, shift and mask 0xBF80 turn each byte into the f16
+ *         encoding of v * 2^-8 (exact, subnormals included; NaN codes are not supported), then
+ *         vcvtph2ps.  xp holds x * 256, which makes the products exact values again; calls whose
+ *         x would overflow that go to the AVX2 table.
+ *   fp4 e2m1: 128 columns; vpermps looks up the exact fp32 value of the low nibble of each
+ *         32-bit lane in a 16-entry table; loads at byte offsets 0..3 and a 4-bit shift of each
+ *         bring up the other nibbles: vector k holds columns 8i + k in lane i, so lanes 4g..4g+3
+ *         hold group g's columns and one scale vector [s0 x4, s1 x4, s2 x4, s3 x4] multiplies
+ *         the step's partial sum.
+ * Scales: fp8 128x128 block scales are folded into x once per 128 rows (xq = xp * scale of its
+ * column block), so those rows run the unscaled loop; when a product would leave the normal range
+ * the block's partial sum is multiplied instead.  fp4 group scales multiply each step's partial
+ * sums.  Both are exact powers of two for e8m0, so results equal the scalar twin's up to
+ * summation order.
+ */
+#include <math.h>
+#include <string.h>
+#include "core/kernels.h"
+
+#if defined(__x86_64__) && defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && \
+    defined(__AVX512DQ__) && defined(__FMA__) && defined(__F16C__)
+#include <immintrin.h>
+
+#define INLINE static inline __attribute__((always_inline))
+
+/* Columns of x permuted per call chunk; a multiple of every step and scale block. */
+enum { XP_COLS = 8192 };
+
+/* Software prefetch of streamed weights, in bytes ahead of the current step.  Rows are often one
+ * or two 4 KiB pages and the hardware streamer stops at page ends.  Into L2 (T1), 2 KiB ahead:
+ * on a Sapphire-Rapids-class Xeon this beat T0 (which competes with the demand loads for L1 fill
+ * buffers) and 1, 4 and 8 KiB, and prefetching only the heads of pages, by 5-20% for fp4/fp8. */
+#ifndef MG_AVX512_PREFETCH_BYTES
+#define MG_AVX512_PREFETCH_BYTES 2048
+#endif
+#ifndef MG_AVX512_PREFETCH_HINT
+#define MG_AVX512_PREFETCH_HINT _MM_HINT_T1
+#endif
+#if MG_AVX512_PREFETCH_BYTES > 0
+#define PREFETCH(p) _mm_prefetch((const char *)(p) + MG_AVX512_PREFETCH_BYTES, MG_AVX512_PREFETCH_HINT)
+#else
+#define PREFETCH(p) ((void)(p))
+#endif
+
+INLINE int64_t step_cols(mg_format f) {
+    switch (f) {
+    case MG_F32: return 16;
+    case MG_BF16:
+    case MG_F16: return 32;
+    case MG_FP8_E4M3: return 64;
+    default: return 128;
+    }
+}
+
+INLINE float e8m0_to_f32(uint8_t b) {
+    if (b == 255) return NAN;
+    uint32_t u = b ? (uint32_t)b << 23 : 0x00400000u; /* 2^-127 is a denormal */
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+/* Whether the fast decode path handles this matrix; the rest goes to the AVX2 table. */
+INLINE int fast_decode(const mg_matrix *w, mg_format f) {
+    if (w->cols % step_cols(f)) return 0;
+    switch (f) {
+    case MG_F32:
+    case MG_BF16:
+    case MG_F16: return w->scale_kind == MG_SCALE_NONE;
+    case MG_FP8_E4M3:
+        return w->scale_kind == MG_SCALE_NONE || w->scale_kind == MG_SCALE_F32_BLOCK128 ||
+               w->scale_kind == MG_SCALE_E8M0_BLOCK128;
+    case MG_FP4_E2M1: return w->scale_kind == MG_SCALE_NONE || w->scale_kind == MG_SCALE_E8M0_G32;
+    default: return 0;
+    }
+}
+
+/* ---- one 64-byte step per format: accumulates raw(w) . xp into a0, a1 --------------------- */
+
+INLINE void step_f32(const uint8_t *p, const float *xp, __m512 *a0, __m512 *a1) {
+    (void)a1;
+    *a0 = _mm512_fmadd_ps(_mm512_loadu_ps(p), _mm512_loadu_ps(xp), *a0);
+}
+
+INLINE void step_f16(const uint8_t *p, const float *xp, __m512 *a0, __m512 *a1) {
+    *a0 = _mm512_fmadd_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p)), _mm512_loadu_ps(xp), *a0);
+    *a1 = _mm512_fmadd_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p + 32))), _mm512_loadu_ps(xp + 16), *a1);
+}
+
+INLINE void step_bf16(const uint8_t *p, const float *xp, __m512 *a0, __m512 *a1) {
+    const __m512i w = _mm512_loadu_si512(p);
+    *a0 = _mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_slli_epi32(w, 16)), _mm512_load_ps(xp), *a0);
+    *a1 = _mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_and_si512(w, _mm512_set1_epi32((int)0xFFFF0000u))),
+                          _mm512_load_ps(xp + 16), *a1);
+}
+
+INLINE void step_fp8(const uint8_t *p, const float *xp, __m512 *a0, __m512 *a1) {
+    const __m512i m = _mm512_set1_epi16((short)0xBF80);
+    const __m512i w = _mm512_loadu_si512(p);
+    const __m512i odd = _mm512_and_si512(_mm512_srai_epi16(w, 1), m);
+    const __m512i even = _mm512_and_si512(_mm512_srai_epi16(_mm512_slli_epi16(w, 8), 1), m);
+    *a0 = _mm512_fmadd_ps(_mm512_cvtph_ps(_mm512_castsi512_si256(even)), _mm512_load_ps(xp), *a0);
+    *a1 = _mm512_fmadd_ps(_mm512_cvtph_ps(_mm512_extracti64x4_epi64(even, 1)), _mm512_load_ps(xp + 16), *a1);
+    *a0 = _mm512_fmadd_ps(_mm512_cvtph_ps(_mm512_castsi512_si256(odd)), _mm512_load_ps(xp + 32), *a0);
+    *a1 = _mm512_fmadd_ps(_mm512_cvtph_ps(_mm512_extracti64x4_epi64(odd, 1)), _mm512_load_ps(xp + 48), *a1);
+}
+
+/* The exact values of the 16 e2m1 codes. */
+INLINE __m512 fp4_table(void) {
+    return _mm512_setr_ps(0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f,
+                          -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f);
+}
+
+/* 128 columns at p: their partial sums, lane i holding group i / 4's.  vpermps reads only the low
+ * nibble of each 32-bit index, so the even nibbles come from loads at byte offsets 0..3 (no
+ * shift; over-reads up to 3 bytes past the step, see step_fp4_last) and the odd ones from a 4-bit
+ * shift of those. */
+INLINE __m512 step_fp4(const uint8_t *p, const float *xp, __m512 tab) {
+    const __m512i w0 = _mm512_loadu_si512(p), w1 = _mm512_loadu_si512(p + 1);
+    const __m512i w2 = _mm512_loadu_si512(p + 2), w3 = _mm512_loadu_si512(p + 3);
+    __m512 s0 = _mm512_mul_ps(_mm512_permutexvar_ps(w0, tab), _mm512_load_ps(xp));
+    __m512 s1 = _mm512_mul_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(w0, 4), tab), _mm512_load_ps(xp + 16));
+    s0 = _mm512_fmadd_ps(_mm512_permutexvar_ps(w1, tab), _mm512_load_ps(xp + 32), s0);
+    s1 = _mm512_fmadd_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(w1, 4), tab), _mm512_load_ps(xp + 48), s1);
+    s0 = _mm512_fmadd_ps(_mm512_permutexvar_ps(w2, tab), _mm512_load_ps(xp + 64), s0);
+    s1 = _mm512_fmadd_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(w2, 4), tab), _mm512_load_ps(xp + 80), s1);
+    s0 = _mm512_fmadd_ps(_mm512_permutexvar_ps(w3, tab), _mm512_load_ps(xp + 96), s0);
+    s1 = _mm512_fmadd_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(w3, 4), tab), _mm512_load_ps(xp + 112), s1);
+    return _mm512_add_ps(s0, s1);
+}
+
+/* The same for a step that may end its buffer: one load and seven shifts. */
+INLINE __m512 step_fp4_last(const uint8_t *p, const float *xp, __m512 tab) {
+    const __m512i w = _mm512_loadu_si512(p);
+    __m512 s0 = _mm512_mul_ps(_mm512_permutexvar_ps(w, tab), _mm512_load_ps(xp));
+    __m512 s1 = _mm512_mul_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(w, 4), tab), _mm512_load_ps(xp + 16));
+    s0 = _mm512_fmadd_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(w, 8), tab), _mm512_load_ps(xp + 32), s0);
+    s1 = _mm512_fmadd_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(w, 12), tab), _mm512_load_ps(xp + 48), s1);
+    s0 = _mm512_fmadd_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(w, 16), tab), _mm512_load_ps(xp + 64), s0);
+    s1 = _mm512_fmadd_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(w, 20), tab), _mm512_load_ps(xp + 80), s1);
+    s0 = _mm512_fmadd_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(w, 24), tab), _mm512_load_ps(xp + 96), s0);
+    s1 = _mm512_fmadd_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(w, 28), tab), _mm512_load_ps(xp + 112), s1);
+    return _mm512_add_ps(s0, s1);
+}
+
+/* Writes x[0, kc) in the order the format's steps consume it (fp8: times 256, see above). */
+INLINE void permute_x(mg_format f, const float *x, int64_t kc, float *xp) {
+    if (f == MG_BF16) {
+        for (int64_t g = 0; g < kc; g += 32)
+            for (int i = 0; i < 16; i++) xp[g + i] = x[g + 2 * i], xp[g + 16 + i] = x[g + 2 * i + 1];
+    } else if (f == MG_FP8_E4M3) {
+        for (int64_t g = 0; g < kc; g += 64)
+            for (int i = 0; i < 16; i++) {
+                xp[g + i] = x[g + 2 * i] * 256.0f;
+                xp[g + 16 + i] = x[g + 32 + 2 * i] * 256.0f;
+                xp[g + 32 + i] = x[g + 2 * i + 1] * 256.0f;
+                xp[g + 48 + i] = x[g + 33 + 2 * i] * 256.0f;
+            }
+    } else if (f == MG_FP4_E2M1) {
+        for (int64_t g = 0; g < kc; g += 128)
+            for (int k = 0; k < 8; k++)
+                for (int i = 0; i < 16; i++) xp[g + 16 * k + i] = x[g + 8 * i + k];
+    }
+}
+
+/* ---- rows --------------------------------------------------------------------------------- */
+
+/* Unscaled f32 / f16 / bf16 / fp8 row over nb steps. */
+INLINE float row_plain(mg_format f, const uint8_t *p, const float *xp, int64_t nb) {
+    const int64_t sc = step_cols(f);
+    __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps(), a2 = _mm512_setzero_ps(), a3 = _mm512_setzero_ps();
+    int64_t i = 0;
+    for (; i + 2 <= nb; i += 2, p += 128, xp += 2 * sc) {
+        PREFETCH(p);
+        PREFETCH(p + 64);
+        switch (f) {
+        case MG_F32: step_f32(p, xp, &a0, &a1), step_f32(p + 64, xp + sc, &a2, &a3); break;
+        case MG_F16: step_f16(p, xp, &a0, &a1), step_f16(p + 64, xp + sc, &a2, &a3); break;
+        case MG_BF16: step_bf16(p, xp, &a0, &a1), step_bf16(p + 64, xp + sc, &a2, &a3); break;
+        default: step_fp8(p, xp, &a0, &a1), step_fp8(p + 64, xp + sc, &a2, &a3); break;
+        }
+    }
+    if (i < nb) {
+        switch (f) {
+        case MG_F32: step_f32(p, xp, &a0, &a1); break;
+        case MG_F16: step_f16(p, xp, &a0, &a1); break;
+        case MG_BF16: step_bf16(p, xp, &a0, &a1); break;
+        default: step_fp8(p, xp, &a0, &a1); break;
+        }
+    }
+    return _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));
+}
+
+/* fp8 row with one scale per 128 columns (sf[j] for block j of this chunk). */
+INLINE float row_fp8_block128(const uint8_t *p, const float *xp, int64_t nb, const float *sf) {
+    __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
+    int64_t i = 0, j = 0;
+    for (; i + 2 <= nb; i += 2, j++, p += 128, xp += 128) {
+        __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps(), a2 = _mm512_setzero_ps(), a3 = _mm512_setzero_ps();
+        PREFETCH(p);
+        PREFETCH(p + 64);
+        step_fp8(p, xp, &a0, &a1);
+        step_fp8(p + 64, xp + 64, &a2, &a3);
+        const __m512 part = _mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3));
+        if (j & 1) acc1 = _mm512_fmadd_ps(part, _mm512_set1_ps(sf[j]), acc1);
+        else acc0 = _mm512_fmadd_ps(part, _mm512_set1_ps(sf[j]), acc0);
+    }
+    if (i < nb) { /* a last half block of 64 columns */
+        __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps();
+        step_fp8(p, xp, &a0, &a1);
+        acc0 = _mm512_fmadd_ps(_mm512_add_ps(a0, a1), _mm512_set1_ps(sf[j]), acc0);
+    }
+    return _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
+}
+
+/* fp4 row; sf == NULL: unscaled, else sf[g] scales group g (32 columns) of this chunk. */
+INLINE float row_fp4(const uint8_t *p, const float *xp, int64_t nb, const float *sf) {
+    const __m512 tab = fp4_table();
+    const __m512i quad = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+    __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
+    int64_t i = 0;
+    /* The row's last step is the one whose over-read could leave the buffer. */
+    for (; i + 2 < nb; i += 2, p += 128, xp += 256) {
+        PREFETCH(p);
+        PREFETCH(p + 64);
+        __m512 part0 = step_fp4(p, xp, tab), part1 = step_fp4(p + 64, xp + 128, tab);
+        if (sf) {
+            const __m512 s0 = _mm512_permutexvar_ps(quad, _mm512_castps128_ps512(_mm_loadu_ps(sf + 4 * i)));
+            const __m512 s1 = _mm512_permutexvar_ps(quad, _mm512_castps128_ps512(_mm_loadu_ps(sf + 4 * i + 4)));
+            acc0 = _mm512_fmadd_ps(part0, s0, acc0);
+            acc1 = _mm512_fmadd_ps(part1, s1, acc1);
+        } else {
+            acc0 = _mm512_add_ps(acc0, part0);
+            acc1 = _mm512_add_ps(acc1, part1);
+        }
+    }
+    for (; i < nb; i++, p += 64, xp += 128) {
+        __m512 part = i + 1 < nb ? step_fp4(p, xp, tab) : step_fp4_last(p, xp, tab);
+        if (sf) acc0 = _mm512_fmadd_ps(part, _mm512_permutexvar_ps(quad, _mm512_castps128_ps512(_mm_loadu_ps(sf + 4 * i))), acc0);
+        else acc0 = _mm512_add_ps(acc0, part);
+    }
+    return _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
+}
+
+/* e8m0 group scales of row r, groups [g0, g0 + n), as floats (n a multiple of 4, <= 256). */
+INLINE void row_scales_g32(const mg_matrix *w, int64_t r, int64_t g0, int64_t n, float *sf) {
+    const uint8_t *s = (const uint8_t *)w->scale + r * w->scale_cols + g0;
+    const __m512i lowest = _mm512_set1_epi32(0x00400000), nan_code = _mm512_set1_epi32(255);
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        const __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(s + i)));
+        __m512i u = _mm512_max_epi32(_mm512_slli_epi32(b, 23), lowest); /* byte 0 is 2^-127 */
+        u = _mm512_mask_mov_epi32(u, _mm512_cmpeq_epi32_mask(b, nan_code), _mm512_set1_epi32(0x7fc00000));
+        _mm512_storeu_ps(sf + i, _mm512_castsi512_ps(u));
+    }
+    for (; i < n; i++) sf[i] = e8m0_to_f32(s[i]);
+}
+
+INLINE float scale_block128(const mg_matrix *w, int64_t r, int64_t c) {
+    const size_t at = (size_t)(r / 128) * (size_t)w->scale_cols + (size_t)(c / 128);
+    if (w->scale_kind == MG_SCALE_F32_BLOCK128) { /* memcpy: scales inside a mapped shard may be unaligned */
+        float s;
+        memcpy(&s, (const uint8_t *)w->scale + at * 4, 4);
+        return s;
+    }
+    return e8m0_to_f32(((const uint8_t *)w->scale)[at]);
+}
+
+/* fp8 with 128x128 block scales: xq = xp times the scale of each 128-column block of row r, so
+ * that the 128 rows sharing these scales run the unscaled loop.  Returns 0 (xq unusable) unless
+ * every product x * 256 * scale is zero or a finite normal number, which keeps each weight times
+ * x the same product as the scalar twin's (exactly so for power-of-two e8m0 scales).  xmax, xmin:
+ * the largest and the smallest non-zero |xp| of the chunk. */
+INLINE int fold_block_scales(const mg_matrix *w, int64_t r, int64_t c0, int64_t kc, const float *xp, float xmax,
+                             float xmin, float *xq) {
+    for (int64_t j = 0; j * 128 < kc; j++) {
+        const float a = fabsf(scale_block128(w, r, c0 + j * 128));
+        if (!(a == 0.0f || (a < INFINITY && xmax * a < 0x1p126f && xmin * a >= 0x1p-126f))) return 0;
+    }
+    for (int64_t j = 0; j * 128 < kc; j++) {
+        const __m512 s = _mm512_set1_ps(scale_block128(w, r, c0 + j * 128));
+        const int64_t e = (j + 1) * 128 < kc ? (j + 1) * 128 : kc;
+        for (int64_t i = j * 128; i < e; i += 16) _mm512_store_ps(xq + i, _mm512_mul_ps(_mm512_load_ps(xp + i), s));
+    }
+    return 1;
+}
+
+/* Decode of rows [r0, r1); returns 0 (having written nothing) when the AVX2 table must do it. */
+INLINE int linear_decode(const mg_matrix *w, mg_format f, const float *x, float *y, int64_t r0, int64_t r1) {
+    if (!fast_decode(w, f)) return 0;
+    float xp[XP_COLS] __attribute__((aligned(64)));
+    float xq[XP_COLS] __attribute__((aligned(64))); /* fp8: xp with block scales folded in */
+    float sf[XP_COLS / 32];
+    const size_t rb = mg_matrix_row_bytes(w);
+    const int64_t sc = step_cols(f);
+    if (f == MG_FP8_E4M3) { /* x * 256 must be exact for the whole row before any y is written */
+        for (int64_t c = 0; c < w->cols; c++)
+            if (!(fabsf(x[c]) < 0x1p119f || isnan(x[c]))) return 0;
+    }
+    for (int64_t c0 = 0; c0 < w->cols; c0 += XP_COLS) {
+        const int64_t kc = w->cols - c0 < XP_COLS ? w->cols - c0 : XP_COLS, nb = kc / sc;
+        const float *xs = x + c0;
+        if (f != MG_F32 && f != MG_F16) {
+            permute_x(f, x + c0, kc, xp);
+            xs = xp;
+        }
+        const size_t off = (size_t)c0 * rb / (size_t)w->cols;
+        int64_t sf_rows = -1; /* the row block whose 128-column scales sf (or xq) holds */
+        int folded = 0;
+        float xmax = 0.0f, xmin = INFINITY;
+        if (f == MG_FP8_E4M3 && w->scale_kind != MG_SCALE_NONE)
+            for (int64_t c = 0; c < kc; c++) {
+                const float a = fabsf(xp[c]);
+                xmax = a > xmax ? a : xmax; /* NaN compares false: skipped */
+                xmin = a > 0.0f && a < xmin ? a : xmin;
+            }
+        for (int64_t r = r0; r < r1; r++) {
+            const uint8_t *p = (const uint8_t *)w->data + (size_t)r * rb + off;
+            float part;
+            if (f == MG_FP4_E2M1) {
+                if (w->scale_kind == MG_SCALE_E8M0_G32) {
+                    row_scales_g32(w, r, c0 / 32, kc / 32, sf);
+                    part = row_fp4(p, xs, nb, sf);
+                } else {
+                    part = row_fp4(p, xs, nb, NULL);
+                }
+            } else if (f == MG_FP8_E4M3 && w->scale_kind != MG_SCALE_NONE) {
+                if (r / 128 != sf_rows) { /* one scale row serves 128 weight rows */
+                    sf_rows = r / 128;
+                    folded = fold_block_scales(w, r, c0, kc, xp, xmax, xmin, xq);
+                    if (!folded)
+                        for (int64_t j = 0; j * 128 < kc; j++) sf[j] = scale_block128(w, r, c0 + j * 128);
+                }
+                part = folded ? row_plain(f, p, xq, nb) : row_fp8_block128(p, xs, nb, sf);
+            } else {
+                part = row_plain(f, p, xs, nb);
+            }
+            y[r] = c0 == 0 ? part : y[r] + part;
+        }
+    }
+    return 1;
+}
+
+#define LINEAR_FN(NAME, FMT)                                                               \
+    static void NAME(const mg_matrix *w, const float *x, int64_t x_stride, int64_t n_tok, float *y,   \
+                     int64_t y_stride, int64_t r0, int64_t r1) {                                 \
+        if (n_tok == 1 && linear_decode(w, FMT, x, y, r0, r1)) return;                    \
+        mg_kernels_avx2()->linear[FMT](w, x, x_stride, n_tok, y, y_stride, r0, r1);              \
+    }
+LINEAR_FN(linear_f32, MG_F32)
+LINEAR_FN(linear_bf16, MG_BF16)
+LINEAR_FN(linear_f16, MG_F16)
+LINEAR_FN(linear_fp8, MG_FP8_E4M3)
+LINEAR_FN(linear_fp4, MG_FP4_E2M1)
+
+
+/* ---- vector ops: the AVX2 table's (they are not bandwidth bound at these sizes) ------------ */
+
+static float dot_fwd(const float *a, const float *b, int64_t n) { return mg_kernels_avx2()->dot(a, b, n); }
+static void axpy_fwd(float *y, float a, const float *x, int64_t n) { mg_kernels_avx2()->axpy(y, a, x, n); }
+static void scale_fwd(float *y, float a, int64_t n) { mg_kernels_avx2()->scale(y, a, n); }
+static void rmsnorm_fwd(float *out, const float *x, const float *w, int64_t n, float eps) {
+    mg_kernels_avx2()->rmsnorm(out, x, w, n, eps);
+}
+static void swiglu_fwd(float *out, const float *gate, const float *up, int64_t n, float limit) {
+    mg_kernels_avx2()->swiglu(out, gate, up, n, limit);
+}
+
+/* The bandwidth yardstick with the same 64-byte loads the decode kernels use. */
+static float read_sum_avx512(const float *p, int64_t n) {
+    __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps(), a2 = _mm512_setzero_ps(), a3 = _mm512_setzero_ps();
+    int64_t i = 0;
+    for (; i + 64 <= n; i += 64) {
+        a0 = _mm512_add_ps(a0, _mm512_loadu_ps(p + i));
+        a1 = _mm512_add_ps(a1, _mm512_loadu_ps(p + i + 16));
+        a2 = _mm512_add_ps(a2, _mm512_loadu_ps(p + i + 32));
+        a3 = _mm512_add_ps(a3, _mm512_loadu_ps(p + i + 48));
+    }
+    for (; i + 16 <= n; i += 16) a0 = _mm512_add_ps(a0, _mm512_loadu_ps(p + i));
+    if (i < n) a1 = _mm512_add_ps(a1, _mm512_maskz_loadu_ps((__mmask16)((1u << (n - i)) - 1u), p + i));
+    return _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));
+}
+
+static const mg_kernels AVX512 = {
+    .name = "avx512",
+    .linear = {linear_f32, linear_bf16, linear_f16, linear_fp8, linear_fp4},
+    .dot = dot_fwd,
+    .axpy = axpy_fwd,
+    .scale = scale_fwd,
+    .rmsnorm = rmsnorm_fwd,
+    .swiglu = swiglu_fwd,
+    .read_sum = read_sum_avx512,
+};
+
+const mg_kernels *mg_kernels_avx512(void) { return mg_kernels_avx2() ? &AVX512 : NULL; }
+#else
+const mg_kernels *mg_kernels_avx512(void) { return NULL; }
+#endif
