@@ -287,6 +287,7 @@ def run_child(code: str, *args: str) -> tuple[int, str, str]:
     return proc.returncode, proc.stdout, proc.stderr
 
 
+@pytest.mark.rss  # budgets sized for an uninstrumented process (make sanitize skips these)
 def test_checkpoint_three_times_the_budget_stays_under_it(ckpt_root: Path) -> None:
     ckpt = write_checkpoint("qwen3_moe", "bench", "bf16", ckpt_root / "rss", seed=2, overrides=RSS_OVERRIDES)
     size = checkpoint_bytes(ckpt)
@@ -399,6 +400,7 @@ def unreadable_run(ckpt_root: Path) -> tuple[Path, int, dict[str, Any]]:
     return shard, layer, json.loads(out.strip().splitlines()[-1])
 
 
+@pytest.mark.rss  # budgets sized for an uninstrumented process (make sanitize skips these)
 def test_unreadable_expert_region_is_a_clear_error(unreadable_run: tuple[Path, int, dict[str, Any]]) -> None:
     shard, layer, result = unreadable_run
     assert result["slots"] > 0, result
@@ -408,6 +410,7 @@ def test_unreadable_expert_region_is_a_clear_error(unreadable_run: tuple[Path, i
         assert f"model.layers.{layer}.mlp.experts." in message, f"error does not name the tensor: {message}"
 
 
+@pytest.mark.rss  # budgets sized for an uninstrumented process (make sanitize skips these)
 def test_engine_recovers_once_the_expert_bytes_are_back(
     unreadable_run: tuple[Path, int, dict[str, Any]],
 ) -> None:
