@@ -7,7 +7,7 @@ import logging
 
 from aiohttp import web
 
-from . import admin_routes, anthropic_routes, openai_routes
+from . import admin_routes, anthropic_routes, openai_routes, responses_routes
 from .errors import ApiError
 from .openai_routes import STATE_KEY
 from .state import ServerState
@@ -95,6 +95,7 @@ def create_app(state: ServerState) -> web.Application:
     r = app.router
     r.add_post("/v1/chat/completions", openai_routes.chat_completions)
     r.add_post("/v1/completions", openai_routes.completions)
+    r.add_post("/v1/responses", responses_routes.create_response)
     r.add_get("/v1/models", openai_routes.list_models)
     r.add_get("/v1/models/{model_id:.+}", openai_routes.get_model)
     r.add_post("/v1/messages", anthropic_routes.messages)

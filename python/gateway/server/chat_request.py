@@ -388,6 +388,242 @@ def parse_anthropic(body: Any) -> ChatSpec:
     return spec
 
 
+# ---- OpenAI Responses -> OpenAI chat form ------------------------------------------------------
+#
+# Stateless only: the whole conversation comes in `input`; nothing is stored, so
+# previous_response_id / conversation / item references are refused with a 400 that says so.
+# Codex CLI sends hosted tools (web_search, local_shell, custom, image_generation ...) next to its
+# function tools; those are left out of what the model sees rather than failing the request.
+
+_RESPONSES_TEXT_PARTS = ("input_text", "output_text", "text", "summary_text", "reasoning_text", "refusal")
+# Items a stateless translation can pass over: records of hosted tools the model cannot call here.
+_RESPONSES_SKIPPED_ITEMS = ("web_search_call", "file_search_call", "image_generation_call", "computer_call",
+                            "computer_call_output", "code_interpreter_call", "mcp_list_tools",
+                            "mcp_approval_request", "mcp_approval_response", "tool_search_call",
+                            "tool_search_output", "additional_tools", "compaction", "compaction_trigger")
+_RESPONSES_UNSUPPORTED = {"previous_response_id": "previous_response_id needs stored responses; this server is "
+                                                  "stateless: send the whole conversation in 'input'",
+                          "conversation": "conversations need stored state; this server is stateless: send "
+                                          "the whole conversation in 'input'",
+                          "prompt": "stored prompt templates are not supported; send 'instructions' and 'input'"}
+
+
+def _responses_text(content: Any, where: str) -> str:
+    """The text of a Responses content value: a string or a list of text parts."""
+    if isinstance(content, str):
+        return content
+    if content is None:
+        return ""
+    _expect(content, list, where)
+    texts = []
+    for part in content:
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind not in _RESPONSES_TEXT_PARTS:
+            raise bad_request(f"{where}: content part type '{kind}' is not supported (text only)", "input")
+        texts.append(_expect(part.get("text", part.get("refusal", "")), str, where))
+    return "".join(texts)
+
+
+def responses_function_tools(tools: Any) -> tuple[list[dict], dict[str, str]]:
+    """Responses tools -> chat tools, plus {function name: namespace} for namespaced functions.
+    Hosted and custom tools are dropped (nothing here can run them)."""
+    _expect(tools, list, "tools")
+    out: list[dict] = []
+    namespaces: dict[str, str] = {}
+
+    def add(tool: dict, where: str, namespace: str | None) -> None:
+        name = tool.get("name")
+        if not isinstance(name, str) or not name:
+            raise bad_request(f"{where}.name is required for function tools", "tools")
+        params = tool.get("parameters")
+        out.append({"type": "function", "function": {
+            "name": name, "description": tool.get("description") or "",
+            "parameters": {"type": "object", "properties": {}} if params is None else params}})
+        if namespace is not None:
+            namespaces[name] = namespace
+
+    for i, tool in enumerate(tools):
+        if not isinstance(tool, dict):
+            raise bad_request(f"tools[{i}] must be an object", "tools")
+        kind = tool.get("type")
+        if kind == "function":
+            add(tool, f"tools[{i}]", None)
+        elif kind == "namespace":
+            for j, inner in enumerate(_expect(tool.get("tools") or [], list, "tools")):
+                if isinstance(inner, dict) and inner.get("type") == "function":
+                    add(inner, f"tools[{i}].tools[{j}]", str(tool.get("name") or ""))
+        elif not isinstance(kind, str):
+            raise bad_request(f"tools[{i}].type is required", "tools")
+    return _check_tools(out), namespaces
+
+
+def _responses_items_to_chat(items: list, messages: list[dict]) -> None:
+    """Appends chat messages for Responses input items.  An assistant turn arrives as several
+    items (reasoning, message, function_call ...) that become one assistant message."""
+
+    def open_assistant(*, for_calls: bool) -> dict:
+        last = messages[-1] if messages else None
+        if last is not None and last["role"] == "assistant" and (for_calls or not last.get("tool_calls")) \
+                and (for_calls or last.get("content") is None):
+            return last
+        msg: dict = {"role": "assistant", "content": None}
+        messages.append(msg)
+        return msg
+
+    def add_call(call_id: Any, name: Any, arguments: str, where: str) -> None:
+        if not isinstance(call_id, str) or not call_id:
+            raise bad_request(f"{where}.call_id is required", "input")
+        if not isinstance(name, str) or not name:
+            raise bad_request(f"{where}.name is required", "input")
+        msg = open_assistant(for_calls=True)
+        msg.setdefault("tool_calls", []).append(
+            {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}})
+
+    def add_output(call_id: Any, output: Any, where: str) -> None:
+        if not isinstance(call_id, str) or not call_id:
+            raise bad_request(f"{where}.call_id is required", "input")
+        if isinstance(output, str):
+            text = output
+        elif isinstance(output, list) and all(isinstance(p, dict) and "type" in p for p in output):
+            # content parts (an image among them is refused by name); shell outputs have no "type"
+            text = _responses_text(output, f"{where}.output")
+        else:
+            text = json.dumps(output, ensure_ascii=False)
+        messages.append({"role": "tool", "tool_call_id": call_id, "content": text})
+
+    for i, item in enumerate(items):
+        where = f"input[{i}]"
+        if not isinstance(item, dict):
+            raise bad_request(f"{where} must be an object", "input")
+        kind = item.get("type", "message" if "role" in item else None)
+        if kind == "message":
+            role = item.get("role")
+            if role not in ("user", "system", "developer", "assistant"):
+                raise bad_request(f"{where}.role must be user, system, developer or assistant", "input")
+            text = _responses_text(item.get("content"), f"{where}.content")
+            if role == "assistant":
+                msg = open_assistant(for_calls=False)
+                msg["content"] = text
+            else:
+                messages.append({"role": role, "content": text})
+        elif kind == "function_call":
+            args = item.get("arguments", "")
+            args = args if isinstance(args, str) else json.dumps(args, ensure_ascii=False)
+            add_call(item.get("call_id"), item.get("name"), args or "{}", where)
+        elif kind == "function_call_output":
+            add_output(item.get("call_id"), item.get("output", ""), where)
+        elif kind == "custom_tool_call":
+            add_call(item.get("call_id"), item.get("name"),
+                     json.dumps({"input": str(item.get("input", ""))}, ensure_ascii=False), where)
+        elif kind == "custom_tool_call_output":
+            add_output(item.get("call_id"), item.get("output", ""), where)
+        elif kind == "local_shell_call":
+            add_call(item.get("call_id") or item.get("id"), "local_shell",
+                     json.dumps(item.get("action") or {}, ensure_ascii=False), where)
+        elif kind == "local_shell_call_output":
+            add_output(item.get("call_id") or item.get("id"), item.get("output", ""), where)
+        elif kind in ("shell_call", "apply_patch_call"):  # OpenAI's built-in shell / patch tools
+            add_call(item.get("call_id"), kind.removesuffix("_call"),
+                     json.dumps(item.get("action") or item.get("operation") or {}, ensure_ascii=False), where)
+        elif kind in ("shell_call_output", "apply_patch_call_output"):
+            add_output(item.get("call_id"), item.get("output", ""), where)
+        elif kind == "reasoning":
+            parts = item.get("content") or item.get("summary") or []
+            text = _responses_text(parts, f"{where}.content")
+            if text:  # encrypted_content alone means nothing to this model
+                msg = open_assistant(for_calls=False)
+                msg["reasoning_content"] = (msg.get("reasoning_content") or "") + text
+        elif kind == "item_reference":
+            raise bad_request(f"{where}: item_reference needs stored items; this server is stateless: "
+                              "send the item itself", "input")
+        elif kind in _RESPONSES_SKIPPED_ITEMS:
+            continue
+        else:
+            raise bad_request(f"{where}: input item type '{kind}' is not supported", "input")
+
+
+def _responses_tool_choice(spec: ChatSpec, choice: Any) -> None:
+    if isinstance(choice, dict):
+        kind = choice.get("type")
+        if kind == "function":
+            choice = {"type": "function", "function": {"name": choice.get("name")}}
+        elif kind == "allowed_tools":
+            allowed = {t.get("name") for t in _expect(choice.get("tools") or [], list, "tool_choice")
+                       if isinstance(t, dict) and t.get("type") == "function"}
+            spec.tools = [t for t in spec.tools if t["function"]["name"] in allowed]
+            choice = {"auto": "auto", "required": "required"}.get(choice.get("mode", "auto"))
+            if choice is None:
+                raise bad_request("'tool_choice.mode' must be auto or required", "tool_choice")
+            if not spec.tools:
+                choice = "none"
+        else:
+            raise bad_request(f"tool_choice type '{kind}' is not supported: only function tools run here",
+                              "tool_choice")
+    _apply_tool_choice(spec, choice)
+
+
+def parse_responses(body: Any) -> ChatSpec:
+    """An OpenAI Responses request (POST /v1/responses) as a ChatSpec."""
+    _expect(body, dict, "body")
+    for key, why in _RESPONSES_UNSUPPORTED.items():
+        if body.get(key) is not None:
+            raise bad_request(why, key)
+    if body.get("background"):
+        raise bad_request("background responses need stored state; this server is stateless", "background")
+    messages: list[dict] = []
+    instructions = body.get("instructions")
+    if instructions is not None:
+        text = _responses_text(instructions, "instructions") if isinstance(instructions, (str, list)) \
+            else _expect(instructions, str, "instructions")
+        if text:
+            messages.append({"role": "system", "content": text})
+    raw_input = body.get("input")
+    if isinstance(raw_input, str):
+        messages.append({"role": "user", "content": raw_input})
+    elif isinstance(raw_input, list):
+        if len(raw_input) > MAX_MESSAGES:
+            raise bad_request(f"'input' may hold at most {MAX_MESSAGES} items", "input")
+        _responses_items_to_chat(raw_input, messages)
+    else:
+        raise bad_request("'input' must be a string or a list of input items", "input")
+    if not any(m["role"] != "system" for m in messages):
+        raise bad_request("'input' holds nothing for the model to answer", "input")
+    spec = ChatSpec(messages=_check_messages(messages), model=str(body.get("model") or ""))
+    spec.tools, _ = responses_function_tools([] if body.get("tools") is None else body["tools"])
+    _responses_tool_choice(spec, body.get("tool_choice"))
+    spec.parallel_tool_calls = body.get("parallel_tool_calls") is not False
+    spec.sampling = _sampling({k: body.get(k) for k in ("temperature", "top_p", "seed", "top_k", "min_p")})
+    max_tokens = body.get("max_output_tokens")
+    if max_tokens is not None:
+        _expect(max_tokens, int, "max_output_tokens")
+        if max_tokens < 1:
+            raise bad_request("'max_output_tokens' must be at least 1", "max_output_tokens")
+    spec.max_tokens = max_tokens
+    spec.stream = bool(body.get("stream", False))
+    spec.ignore_eos = bool(body.get("ignore_eos", False))
+    reasoning = body.get("reasoning")
+    if reasoning is not None:
+        _expect(reasoning, dict, "reasoning")
+        effort = reasoning.get("effort")
+        if effort is not None:
+            spec.reasoning_effort = _expect(effort, str, "reasoning.effort")
+    spec.thinking = _thinking_switch(body)
+    text_config = body.get("text")
+    fmt = _expect(text_config, dict, "text").get("format") if text_config is not None else None
+    if fmt is not None:
+        _expect(fmt, dict, "text.format")
+        kind = fmt.get("type")
+        if kind == "json_schema":
+            if fmt.get("schema") is None:
+                raise bad_request("'text.format' of type json_schema needs a 'schema'", "text.format")
+            spec.response_format = _json_format(fmt["schema"], "text.format")
+        elif kind == "json_object":
+            spec.response_format = _json_format(None, "text.format")
+        elif kind != "text":
+            raise bad_request("'text.format.type' must be text, json_object or json_schema", "text.format")
+    return spec
+
+
 def parse_json_body(raw: bytes) -> Any:
     try:
         return json.loads(raw)
