@@ -29,12 +29,13 @@ namespace {
 class Model {
   public:
     Model(const std::string &dir, const std::string &config_json, int n_threads, const std::string &kernels,
-          int64_t max_ctx, double ram_gb) {
+          int64_t max_ctx, double ram_gb, const std::string &kv_dtype) {
         mg_model_options opt{};
         opt.n_threads = n_threads;
         opt.kernels = kernels.empty() ? nullptr : kernels.c_str();
         opt.max_ctx = max_ctx;
         opt.ram_gb = ram_gb;
+        opt.kv_dtype = kv_dtype.c_str();
         mg_error err{};
         {
             py::gil_scoped_release nogil;
@@ -111,6 +112,8 @@ class Model {
         d["threads"] = mg_model_threads(m_);
         d["max_ctx"] = mg_model_max_ctx(m_);
         d["model_bytes"] = mg_model_checkpoint_bytes(m_);
+        d["kv_dtype"] = mg_model_kv_dtype(m_);
+        d["kv_bytes_per_token"] = mg_model_kv_bytes_per_token(m_);
         return d;
     }
 
@@ -176,9 +179,10 @@ class Model {
 
 void register_model(py::module_ &m) {
     py::class_<Model>(m, "Model", "One loaded model with one sequence slot (KV cache).")
-        .def(py::init<const std::string &, const std::string &, int, const std::string &, int64_t, double>(),
+        .def(py::init<const std::string &, const std::string &, int, const std::string &, int64_t, double,
+                      const std::string &>(),
              py::arg("path"), py::arg("config_json"), py::arg("threads") = 0, py::arg("kernels") = "",
-             py::arg("max_ctx") = 0, py::arg("ram_gb") = 0.0)
+             py::arg("max_ctx") = 0, py::arg("ram_gb") = 0.0, py::arg("kv_dtype") = "f32")
         .def("eval", &Model::eval, py::arg("tokens"), py::arg("last_only") = false,
              "Appends tokens; returns float32 logits [n, vocab] ([1, vocab] with last_only).")
         .def("truncate", &Model::truncate, py::arg("n"))

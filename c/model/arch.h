@@ -34,6 +34,7 @@ typedef struct mg_arch_env {
     const mg_compute *compute;   /* thread pool + kernel table used by every linear */
     int64_t max_ctx;             /* positions the sequence slot must hold (already resolved > 0) */
     double ram_gb;               /* <= 0: no budget (expert-store sizing) */
+    int kv_type;                 /* mg_kv_type (blocks.h): how the KV state stores its rows */
 } mg_arch_env;
 
 /* Bound weight matrices by stored format: what `Engine.info["weights"]` reports. */
@@ -49,6 +50,8 @@ typedef struct mg_arch_info {
     int n_experts_per_tok;
     mg_weight_census weights;
     const mg_expert_store *experts; /* for mg_expert_store_stats(); may be NULL */
+    int kv_type;                 /* mg_kv_type of the KV state */
+    uint64_t kv_bytes_per_token; /* what one more position of context costs (what --ram counts) */
 } mg_arch_info;
 
 typedef struct mg_arch {

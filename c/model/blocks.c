@@ -3,6 +3,7 @@
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
+#include "core/formats.h"
 #include "core/ops.h"
 #include "model/blocks.h"
 #include "model/weights.h"
@@ -126,15 +127,41 @@ void mg_rope_rows(const mg_rope *r, float *x, int64_t n_tok, int64_t row_stride,
 
 /* ---- 5. KV cache ------------------------------------------------------------------------- */
 
+const char *mg_kv_type_name(mg_kv_type t) { return t == MG_KV_BF16 ? "bf16" : "f32"; }
+
+int mg_kv_type_parse(const char *name, mg_kv_type *out, mg_error *err) {
+    if (!name || !name[0] || strcmp(name, "f32") == 0) *out = MG_KV_F32;
+    else if (strcmp(name, "bf16") == 0) *out = MG_KV_BF16;
+    else return mg_fail(err, "unknown KV cache type '%s' (use f32 or bf16)", name);
+    return 0;
+}
+
+void mg_kv_bf16_to_f32(const uint16_t *src, float *dst, int64_t n) {
+    for (int64_t i = 0; i < n; i++) { /* a shift per value: the compiler vectorises this loop */
+        uint32_t u = (uint32_t)src[i] << 16;
+        memcpy(dst + i, &u, 4);
+    }
+}
+
+void mg_kv_put(mg_kv_type t, void *base, int64_t off, const float *src, int64_t n) {
+    if (t == MG_KV_F32) {
+        memcpy((float *)base + off, src, sizeof(float) * (size_t)n);
+        return;
+    }
+    uint16_t *d = (uint16_t *)base + off;
+    for (int64_t i = 0; i < n; i++) d[i] = mg_f32_to_bf16(src[i]);
+}
+
 int mg_kv_init(mg_kv_cache *kv, int n_layers, int64_t k_row, int64_t v_row, int64_t max_pos,
-               mg_error *err) {
+               mg_kv_type type, mg_error *err) {
     memset(kv, 0, sizeof *kv);
     kv->n_layers = n_layers;
+    kv->type = type;
     kv->k_row = k_row;
     kv->v_row = v_row;
     kv->max_pos = max_pos;
-    kv->k = calloc((size_t)n_layers, sizeof(float *));
-    kv->v = calloc((size_t)n_layers, sizeof(float *));
+    kv->k = calloc((size_t)n_layers, sizeof(void *));
+    kv->v = calloc((size_t)n_layers, sizeof(void *));
     if (!kv->k || !kv->v) {
         mg_kv_free(kv);
         return mg_fail(err, "out of memory (kv cache)");
@@ -150,18 +177,24 @@ int mg_kv_reserve(mg_kv_cache *kv, int64_t n_pos, mg_error *err) {
     int64_t cap = kv->cap ? kv->cap : 64;
     while (cap < n_pos) cap *= 2;
     if (cap > kv->max_pos) cap = kv->max_pos;
+    const size_t es = mg_kv_type_bytes(kv->type);
     for (int l = 0; l < kv->n_layers; l++) {
-        float *nk = kv->k_row ? realloc(kv->k[l], (size_t)cap * (size_t)kv->k_row * sizeof(float)) : NULL;
+        void *nk = kv->k_row ? realloc(kv->k[l], (size_t)cap * (size_t)kv->k_row * es) : NULL;
         if (kv->k_row && !nk)
             return mg_fail(err, "out of memory growing the kv cache to %lld positions", (long long)cap);
         if (kv->k_row) kv->k[l] = nk;
-        float *nv = kv->v_row ? realloc(kv->v[l], (size_t)cap * (size_t)kv->v_row * sizeof(float)) : NULL;
+        void *nv = kv->v_row ? realloc(kv->v[l], (size_t)cap * (size_t)kv->v_row * es) : NULL;
         if (kv->v_row && !nv)
             return mg_fail(err, "out of memory growing the kv cache to %lld positions", (long long)cap);
         if (kv->v_row) kv->v[l] = nv;
     }
     kv->cap = cap;
     return 0;
+}
+
+void mg_kv_store(const mg_kv_cache *kv, int layer, int64_t pos, int64_t n, const float *k, const float *v) {
+    if (kv->k_row) mg_kv_put(kv->type, kv->k[layer], pos * kv->k_row, k, n * kv->k_row);
+    if (kv->v_row) mg_kv_put(kv->type, kv->v[layer], pos * kv->v_row, v, n * kv->v_row);
 }
 
 void mg_kv_free(mg_kv_cache *kv) {
@@ -175,11 +208,15 @@ void mg_kv_free(mg_kv_cache *kv) {
 
 /* ---- 6. Attention ------------------------------------------------------------------------ */
 
+#define KV_BLOCK 32 /* bf16 rows converted per step (a block of K or V rows stays in L1) */
+
 typedef struct {
     const mg_attn_args *a;
     const mg_kernels *k;
     float *scratch;
     int64_t per_worker;
+    int heads_per_item; /* bf16: query heads one work item covers (a slice of one kv group) */
+    int items_per_group;
 } attn_job;
 
 static void attn_one(const mg_attn_args *a, const mg_kernels *kern, int64_t t, int h, float *s) {
@@ -188,10 +225,11 @@ static void attn_one(const mg_attn_args *a, const mg_kernels *kern, int64_t t, i
     if (a->window > 0 && pos - a->window + 1 > 0) lo = pos - a->window + 1;
     int g = h / (a->n_heads / a->n_kv);
     const float *q = a->q + t * a->q_stride + (int64_t)h * a->qk_dim;
+    const float *K = a->k, *V = a->v;
     int64_t n = pos - lo + 1;
     float mx = -INFINITY;
     for (int64_t j = 0; j < n; j++) {
-        const float *kr = a->k + (lo + j) * a->k_stride + (int64_t)g * a->qk_dim;
+        const float *kr = K + (lo + j) * a->k_stride + (int64_t)g * a->qk_dim;
         s[j] = kern->dot(q, kr, a->qk_dim) * a->scale;
         if (s[j] > mx) mx = s[j];
     }
@@ -206,8 +244,55 @@ static void attn_one(const mg_attn_args *a, const mg_kernels *kern, int64_t t, i
     float *o = a->out + t * a->out_stride + (int64_t)h * a->v_dim;
     memset(o, 0, sizeof(float) * (size_t)a->v_dim);
     for (int64_t j = 0; j < n; j++) {
-        const float *vr = a->v + (lo + j) * a->v_stride + (int64_t)g * a->v_dim;
+        const float *vr = V + (lo + j) * a->v_stride + (int64_t)g * a->v_dim;
         kern->axpy(o, s[j] * inv, vr, a->v_dim);
+    }
+}
+
+/* bf16 K/V: query heads [h0, h1) of kv group g for token t.  s: (h1 - h0) score rows of
+ * pos0 + n_tok floats, then KV_BLOCK converted rows.  Per head the operations (dot of the
+ * converted key, softmax, axpy of the converted value in position order) are attn_one's. */
+static void attn_group_bf16(const mg_attn_args *a, const mg_kernels *kern, int64_t t, int g, int h0, int h1,
+                            float *s, int64_t s_row) {
+    const int64_t pos = a->pos0 + t;
+    const int64_t lo = a->window > 0 && pos - a->window + 1 > 0 ? pos - a->window + 1 : 0, n = pos - lo + 1;
+    const uint16_t *K = a->k, *V = a->v;
+    const int nh = h1 - h0, dk = a->qk_dim, dv = a->v_dim;
+    float *rows = s + (int64_t)nh * s_row;
+    for (int64_t j0 = 0; j0 < n; j0 += KV_BLOCK) {
+        const int64_t nb = n - j0 < KV_BLOCK ? n - j0 : KV_BLOCK;
+        for (int64_t j = 0; j < nb; j++)
+            mg_kv_bf16_to_f32(K + (lo + j0 + j) * a->k_stride + (int64_t)g * dk, rows + j * dk, dk);
+        for (int i = 0; i < nh; i++) {
+            const float *q = a->q + t * a->q_stride + (int64_t)(h0 + i) * dk;
+            float *si = s + i * s_row + j0;
+            for (int64_t j = 0; j < nb; j++) si[j] = kern->dot(q, rows + j * dk, dk) * a->scale;
+        }
+    }
+    for (int i = 0; i < nh; i++) {
+        float *si = s + i * s_row;
+        float mx = -INFINITY;
+        for (int64_t j = 0; j < n; j++) mx = si[j] > mx ? si[j] : mx;
+        float sink = a->sinks ? a->sinks[h0 + i] : -INFINITY;
+        if (sink > mx) mx = sink;
+        float sum = a->sinks ? expf(sink - mx) : 0.0f;
+        for (int64_t j = 0; j < n; j++) {
+            si[j] = expf(si[j] - mx);
+            sum += si[j];
+        }
+        float inv = 1.0f / sum;
+        for (int64_t j = 0; j < n; j++) si[j] *= inv;
+        memset(a->out + t * a->out_stride + (int64_t)(h0 + i) * dv, 0, sizeof(float) * (size_t)dv);
+    }
+    for (int64_t j0 = 0; j0 < n; j0 += KV_BLOCK) {
+        const int64_t nb = n - j0 < KV_BLOCK ? n - j0 : KV_BLOCK;
+        for (int64_t j = 0; j < nb; j++)
+            mg_kv_bf16_to_f32(V + (lo + j0 + j) * a->v_stride + (int64_t)g * dv, rows + j * dv, dv);
+        for (int i = 0; i < nh; i++) {
+            float *o = a->out + t * a->out_stride + (int64_t)(h0 + i) * dv;
+            const float *si = s + i * s_row + j0;
+            for (int64_t j = 0; j < nb; j++) kern->axpy(o, si[j], rows + j * dv, dv);
+        }
     }
 }
 
@@ -215,17 +300,46 @@ static void attn_task(void *ctx, int worker, int n_workers) {
     const attn_job *job = ctx;
     const mg_attn_args *a = job->a;
     int64_t begin, end;
-    mg_split_range(a->n_tok * a->n_heads, 1, worker, n_workers, &begin, &end);
     float *s = job->scratch + (int64_t)worker * job->per_worker;
-    for (int64_t i = begin; i < end; i++) attn_one(a, job->k, i / a->n_heads, (int)(i % a->n_heads), s);
+    if (a->kv_type == MG_KV_F32) {
+        mg_split_range(a->n_tok * a->n_heads, 1, worker, n_workers, &begin, &end);
+        for (int64_t i = begin; i < end; i++) attn_one(a, job->k, i / a->n_heads, (int)(i % a->n_heads), s);
+        return;
+    }
+    const int hpg = a->n_heads / a->n_kv, per = job->items_per_group;
+    mg_split_range(a->n_tok * a->n_kv * per, 1, worker, n_workers, &begin, &end);
+    for (int64_t i = begin; i < end; i++) {
+        const int64_t t = i / ((int64_t)a->n_kv * per);
+        const int g = (int)(i / per % a->n_kv), b = (int)(i % per);
+        const int h0 = g * hpg + b * job->heads_per_item;
+        const int h1 = h0 + job->heads_per_item < (g + 1) * hpg ? h0 + job->heads_per_item : (g + 1) * hpg;
+        if (h0 < h1) attn_group_bf16(a, job->k, t, g, h0, h1, s, a->pos0 + a->n_tok);
+    }
+}
+
+/* bf16 work items: each kv group's heads are cut into slices so that there are at least as
+ * many (token, group, slice) items as workers (decode with few kv heads still uses them all). */
+static attn_job attn_plan(const mg_compute *c, const mg_attn_args *a, float *scratch) {
+    attn_job job = {a, c->k, scratch, a->pos0 + a->n_tok, 1, 1};
+    if (a->kv_type == MG_KV_F32) return job;
+    const int threads = mg_pool_threads(c->pool), hpg = a->n_heads / a->n_kv;
+    const int64_t groups = a->n_tok * a->n_kv;
+    int per = groups >= threads ? 1 : (int)((threads + groups - 1) / groups);
+    if (per > hpg) per = hpg;
+    job.heads_per_item = (hpg + per - 1) / per;
+    job.items_per_group = (hpg + job.heads_per_item - 1) / job.heads_per_item;
+    const int64_t dmax = a->qk_dim > a->v_dim ? a->qk_dim : a->v_dim;
+    job.per_worker = (int64_t)job.heads_per_item * (a->pos0 + a->n_tok) + KV_BLOCK * dmax;
+    return job;
 }
 
 size_t mg_attention_scratch(const mg_compute *c, const mg_attn_args *a) {
-    return (size_t)mg_pool_threads(c->pool) * (size_t)(a->pos0 + a->n_tok);
+    attn_job job = attn_plan(c, a, NULL);
+    return (size_t)mg_pool_threads(c->pool) * (size_t)job.per_worker;
 }
 
 void mg_attention(const mg_compute *c, const mg_attn_args *a, float *scratch) {
-    attn_job job = {a, c->k, scratch, a->pos0 + a->n_tok};
+    attn_job job = attn_plan(c, a, scratch);
     mg_pool_run(c->pool, attn_task, &job);
 }
 

@@ -13,7 +13,7 @@
  *   2. Binding helpers          printf-style tensor names, census of formats per matrix
  *   3. Norms and embeddings     RMSNorm over rows (also per head), embedding row lookup
  *   4. RoPE                     inv_freq once, cos/sin table per chunk, apply to q/k heads
- *   5. KV cache                 per-layer [positions, row] fp32 arrays, grown by doubling
+ *   5. KV cache                 per-layer [positions, row] fp32 or bf16 arrays
  *   6. Attention                causal GQA over cache, optional window and per-head sinks
  *   7. Batched linear jobs      many (matrix, input rows) pairs in ONE pool dispatch
  *   8. Dense SwiGLU MLP         down(silu(gate x) * up x), optional clamp limit
@@ -92,26 +92,51 @@ void mg_rope_rows(const mg_rope *r, float *x, int64_t n_tok, int64_t row_stride,
                   int head_stride, const float *cos_t, const float *sin_t, int inverse);
 
 /* ---- 5. KV cache -------------------------------------------------------------------------
- * One sequence.  Layer l keeps k[l] and v[l], each [cap, row] fp32 (row = n_kv_heads * dim,
- * keys stored after RoPE).  Capacity grows by doubling up to max_pos; truncation is just the
- * caller's position counter (rows >= n_past are dead). */
+ * One sequence.  Layer l keeps k[l] and v[l], each [cap, row] values stored as `type` (row =
+ * n_kv_heads * dim, keys stored after RoPE): fp32, or bf16 rounded to nearest even and read
+ * back into fp32 for the dot products (half the bytes per token).  Without a RAM budget the
+ * capacity grows by doubling up to max_pos; a budgeted model reserves max_pos at load
+ * (mg_kv_reserve(kv, max_pos)): the address space is taken once, pages become resident only
+ * as positions are written, and no realloc ever holds the old and new arrays together.
+ * Truncation is just the caller's position counter (rows >= n_past are dead). */
+typedef enum mg_kv_type { MG_KV_F32 = 0, MG_KV_BF16 = 1 } mg_kv_type;
+
+static inline size_t mg_kv_type_bytes(mg_kv_type t) { return t == MG_KV_BF16 ? 2 : 4; }
+const char *mg_kv_type_name(mg_kv_type t);
+/* "f32" / "bf16" (NULL or "": f32); -1 with err set for anything else. */
+int mg_kv_type_parse(const char *name, mg_kv_type *out, mg_error *err);
+
+/* Stores n fp32 values as type t at element offset off of base. */
+void mg_kv_put(mg_kv_type t, void *base, int64_t off, const float *src, int64_t n);
+/* bf16 -> fp32 for n values (exact). */
+void mg_kv_bf16_to_f32(const uint16_t *src, float *dst, int64_t n);
+/* The n values at element offset off of base as fp32: the stored values themselves for f32,
+ * else converted into tmp (>= n floats). */
+static inline const float *mg_kv_get(mg_kv_type t, const void *base, int64_t off, int64_t n, float *tmp) {
+    if (t == MG_KV_F32) return (const float *)base + off;
+    mg_kv_bf16_to_f32((const uint16_t *)base + off, tmp, n);
+    return tmp;
+}
+
 typedef struct mg_kv_cache {
     int n_layers;
-    int64_t k_row, v_row;  /* floats per position */
+    mg_kv_type type;
+    int64_t k_row, v_row;  /* values per position */
     int64_t cap, max_pos;
-    float **k, **v;        /* [n_layers] arrays; v may be unused (v_row 0) */
+    void **k, **v;         /* [n_layers] arrays; v may be unused (v_row 0) */
 } mg_kv_cache;
 
 int mg_kv_init(mg_kv_cache *kv, int n_layers, int64_t k_row, int64_t v_row, int64_t max_pos,
-               mg_error *err);
+               mg_kv_type type, mg_error *err);
 /* Makes positions [0, n_pos) addressable (keeps contents). */
 int mg_kv_reserve(mg_kv_cache *kv, int64_t n_pos, mg_error *err);
 void mg_kv_free(mg_kv_cache *kv);
-static inline float *mg_kv_k(const mg_kv_cache *kv, int layer, int64_t pos) {
-    return kv->k[layer] + pos * kv->k_row;
-}
-static inline float *mg_kv_v(const mg_kv_cache *kv, int layer, int64_t pos) {
-    return kv->v[layer] + pos * kv->v_row;
+/* Writes n consecutive positions from pos of layer `layer`: k [n, k_row], v [n, v_row] (v may
+ * be NULL when v_row is 0). */
+void mg_kv_store(const mg_kv_cache *kv, int layer, int64_t pos, int64_t n, const float *k, const float *v);
+/* Bytes one position costs across all layers (K and V). */
+static inline uint64_t mg_kv_bytes_per_pos(int n_layers, int64_t k_row, int64_t v_row, mg_kv_type t) {
+    return (uint64_t)n_layers * (uint64_t)(k_row + v_row) * mg_kv_type_bytes(t);
 }
 
 /* ---- 6. Attention ------------------------------------------------------------------------
@@ -120,16 +145,19 @@ static inline float *mg_kv_v(const mg_kv_cache *kv, int layer, int64_t pos) {
  *   s_j = scale * dot(q[t,h], K[j, h / (n_heads / n_kv)])
  *   softmax over s (plus an extra logit sinks[h] in the denominator when sinks != NULL)
  *   out[t,h] = sum_j p_j * V[j, kv head]
- * Work is split over (token, head) pairs on the pool. */
+ * fp32 K/V: work is split over (token, head) pairs on the pool.  bf16 K/V: over (token, kv
+ * head, block of that head's query heads), so each stored row is converted once per block of
+ * heads, a block of positions at a time (same per-head arithmetic order as fp32). */
 typedef struct mg_attn_args {
     const float *q;  int64_t q_stride;     /* [n_tok, q_stride]; head h at q + h*qk_dim */
-    const float *k;  int64_t k_stride;     /* key of position j, kv head g: k + j*k_stride + g*qk_dim */
-    const float *v;  int64_t v_stride;     /* value: v + j*v_stride + g*v_dim */
+    const void *k;   int64_t k_stride;     /* key of position j, kv head g: k + j*k_stride + g*qk_dim */
+    const void *v;   int64_t v_stride;     /* value: v + j*v_stride + g*v_dim (values of kv_type) */
     float *out;      int64_t out_stride;   /* [n_tok, out_stride]; head h at out + h*v_dim */
     int64_t n_tok, pos0, window;
     int n_heads, n_kv, qk_dim, v_dim;
     float scale;
     const float *sinks;                    /* [n_heads] or NULL */
+    mg_kv_type kv_type;                    /* storage of k and v (0: fp32) */
 } mg_attn_args;
 
 /* scratch: at least mg_attention_scratch(c, a) floats. */

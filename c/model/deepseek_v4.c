@@ -29,6 +29,7 @@
 #include "model/weights.h"
 
 #define CHUNK 128 /* prefill tokens per pass: bounds scratch memory */
+#define MAX_INDEX_DIM 1024 /* index_head_dim bound: an indexer key read back from bf16 fits on the stack */
 #define DSV4_PI 3.14159265358979323846
 
 enum { ATTN_SWA = 0, ATTN_CSA = 1, ATTN_HCA = 2 };
@@ -77,6 +78,8 @@ typedef struct state {
     mg_weight_census census;
     int32_t *tokens;                             /* [max_ctx] */
     int64_t max_ctx, snap_every;
+    mg_kv_type kv_type;                          /* K=V rows, compressed rows, indexer keys */
+    int budgeted;                                /* --ram: the slot state is reserved at load */
     float *attn_scratch;
     int64_t attn_scratch_per_worker;
 } state;
@@ -121,7 +124,7 @@ static int read_cfg(const mg_json *j, dcfg *c, mg_error *err) {
         if (k < 0 || k > 2 || (k != ATTN_SWA && (r < 1 || r > 65536)))
             return mg_fail(err, "normalised config: layer %lld has attention kind %lld with ratio %lld",
                            (long long)i, (long long)k, (long long)r);
-        if (k == ATTN_CSA && (c->HI <= 0 || c->DI < c->rope || c->topk <= 0))
+        if (k == ATTN_CSA && (c->HI <= 0 || c->DI < c->rope || c->DI > MAX_INDEX_DIM || c->topk <= 0))
             return mg_fail(err, "normalised config: inconsistent indexer sizes");
     }
     return 0;
@@ -197,6 +200,7 @@ static int bind_compressor(state *s, const mg_checkpoint *ck, dsv4_compressor *c
     cp->snap_every = s->snap_every;
     cp->rope = rope;
     cp->eps = (float)s->c.eps;
+    cp->row_type = s->kv_type;
     if (mg_bind_matrixf(ck, &s->census, w, s->c.d, &cp->wkv, err, "%s.wkv.weight", prefix) ||
         mg_bind_matrixf(ck, &s->census, w, s->c.d, &cp->wgate, err, "%s.wgate.weight", prefix))
         return -1;
@@ -204,7 +208,7 @@ static int bind_compressor(state *s, const mg_checkpoint *ck, dsv4_compressor *c
     snprintf(name, sizeof name, "%s.ape", prefix);
     if (!(cp->ape = mg_bind_array(ck, name, (int64_t)ratio * w, err))) return -1;
     if (!(cp->norm = mg_bind_vectorf(ck, dim, err, "%s.norm.weight", prefix))) return -1;
-    return dsv4_comp_init(cp, err);
+    return dsv4_comp_init(cp, err) || (s->budgeted && dsv4_comp_reserve(cp, s->max_ctx, err)) ? -1 : 0;
 }
 
 static int bind_tid2eid(state *s, const mg_checkpoint *ck, layer *L, int li, mg_error *err) {
@@ -316,6 +320,21 @@ static void yarn_inv_freq(float *inv, int dim, double base, double factor, doubl
     }
 }
 
+/* What one position of context costs in the slot: its K=V row in every layer, the compressed
+ * rows (1 per ratio positions) and indexer keys of compressed layers, the carry snapshots of
+ * overlapping compressors, and the token id kept for replay. */
+static uint64_t slot_bytes_per_token(const state *s) {
+    const dcfg *c = &s->c;
+    uint64_t b = mg_kv_bytes_per_pos((int)c->n_layers, c->D, 0, s->kv_type) + sizeof(int32_t);
+    for (int64_t i = 0; i < c->n_layers; i++) {
+        if (c->kinds[i] == ATTN_SWA) continue;
+        const int r = (int)c->ratios[i], csa = c->kinds[i] == ATTN_CSA;
+        b += dsv4_comp_bytes_per_pos(r, (int)c->D, csa, s->snap_every, s->kv_type);
+        if (csa) b += dsv4_comp_bytes_per_pos(r, (int)c->DI, 1, s->snap_every, s->kv_type);
+    }
+    return b;
+}
+
 static int64_t gcd64(int64_t a, int64_t b) { while (b) { int64_t t = a % b; a = b; b = t; } return a; }
 
 static void *load(const mg_arch_env *env, mg_error *err) {
@@ -326,6 +345,8 @@ static void *load(const mg_arch_env *env, mg_error *err) {
     }
     s->comp = env->compute;
     s->max_ctx = env->max_ctx;
+    s->kv_type = (mg_kv_type)env->kv_type;
+    s->budgeted = env->ram_gb > 0;
     if (read_cfg(env->config, &s->c, err)) goto fail;
     const dcfg *c = &s->c;
     const mg_checkpoint *ck = env->ck;
@@ -359,10 +380,14 @@ static void *load(const mg_arch_env *env, mg_error *err) {
     if (!(s->final_norm = mg_bind_vectorf(ck, c->d, err, "norm.weight"))) goto fail;
     if (bind_hc(s, ck, &s->hc_head, c->n_hc, 1, "", "head_", err)) goto fail;
     if (mg_bind_matrixf(ck, &s->census, c->vocab, c->d, &s->head, err, "head.weight")) goto fail;
-    if (mg_kv_init(&s->kv, (int)c->n_layers, c->D, 0, s->max_ctx, err)) goto fail;
-    /* --ram budget: what is not resident weights, the slot's state at max_ctx (KV rows, with the
-     * compressed rows and indexer keys bounded by as much again) and chunk scratch caches experts. */
-    uint64_t slot_bytes = (uint64_t)c->n_layers * (uint64_t)s->max_ctx * (uint64_t)c->D * 2 * sizeof(float);
+    if (mg_kv_init(&s->kv, (int)c->n_layers, c->D, 0, s->max_ctx, s->kv_type, err)) goto fail;
+    /* A budget counts the slot at max_ctx: reserve it now (pages become resident as positions
+     * are written), so growth never holds an old and a new copy at once. */
+    if (s->budgeted && mg_kv_reserve(&s->kv, s->max_ctx, err)) goto fail;
+    /* --ram budget: what is not resident weights, the slot's state at max_ctx (KV rows,
+     * compressed rows, indexer keys, carry snapshots, token ids: slot_bytes_per_token) and chunk
+     * scratch caches experts. */
+    uint64_t slot_bytes = (uint64_t)s->max_ctx * slot_bytes_per_token(s);
     if (mg_expert_store_apply_budget(env, s->experts, &s->census, slot_bytes + (64u << 20), err)) goto fail;
     return s;
 fail:
@@ -391,9 +416,11 @@ static void attn_one(const attn_ctx *a, int64_t t, int h, float *sc) {
     const mg_kernels *k = s->comp->k;
     const int64_t D = c->D, p = a->pos + t;
     const float *q = a->q + t * c->H * D + h * D;
-    const float *kv = s->kv.k[a->li];
+    const void *kv = s->kv.k[a->li];
+    const mg_kv_type kt = s->kv_type;
+    float *row = sc + a->per_worker - D; /* a bf16 row read back as fp32 */
     const int64_t lo = p - c->W + 1 > 0 ? p - c->W + 1 : 0, n_win = p - lo + 1;
-    const float *rows = a->L->comp.rows;
+    const dsv4_compressor *cp = &a->L->comp;
     int64_t n_comp = 0;
     const int *sel = NULL;
     if (a->L->kind == ATTN_HCA) n_comp = (p + 1) / a->L->ratio;
@@ -401,12 +428,12 @@ static void attn_one(const attn_ctx *a, int64_t t, int h, float *sc) {
     const float scale = 1.0f / sqrtf((float)D);
     float top = a->L->sink[h];
     for (int64_t j = 0; j < n_win; j++) {
-        sc[j] = k->dot(q, kv + (lo + j) * D, D) * scale;
+        sc[j] = k->dot(q, mg_kv_get(kt, kv, (lo + j) * D, D, row), D) * scale;
         top = sc[j] > top ? sc[j] : top;
     }
     for (int64_t j = 0; j < n_comp; j++) {
         int64_t r = sel ? sel[j] : j;
-        float v = k->dot(q, rows + r * D, D) * scale;
+        float v = k->dot(q, dsv4_comp_row(cp, r, row), D) * scale;
         sc[n_win + j] = v;
         top = v > top ? v : top;
     }
@@ -414,8 +441,8 @@ static void attn_one(const attn_ctx *a, int64_t t, int h, float *sc) {
     for (int64_t j = 0; j < n_win + n_comp; j++) { sc[j] = expf(sc[j] - top); sum += sc[j]; }
     float *o = a->out + t * c->H * D + h * D;
     memset(o, 0, sizeof(float) * (size_t)D);
-    for (int64_t j = 0; j < n_win; j++) k->axpy(o, sc[j] / sum, kv + (lo + j) * D, D);
-    for (int64_t j = 0; j < n_comp; j++) k->axpy(o, sc[n_win + j] / sum, rows + (sel ? sel[j] : j) * D, D);
+    for (int64_t j = 0; j < n_win; j++) k->axpy(o, sc[j] / sum, mg_kv_get(kt, kv, (lo + j) * D, D, row), D);
+    for (int64_t j = 0; j < n_comp; j++) k->axpy(o, sc[n_win + j] / sum, dsv4_comp_row(cp, sel ? sel[j] : j, row), D);
 }
 
 static void attn_task(void *ctx, int worker, int n_workers) {
@@ -431,7 +458,8 @@ static void attn_task(void *ctx, int worker, int n_workers) {
  * the rows r visible to token t; rows are split over the pool (decode scans every row). */
 typedef struct index_ctx {
     const mg_kernels *k;
-    const float *iq, *iw, *rows;  /* [m, HI*DI], [m, HI], [n_rows, DI] */
+    const float *iq, *iw;         /* [m, HI*DI], [m, HI] */
+    const dsv4_compressor *keys;  /* the indexer compressor: its rows are the keys [n_rows, DI] */
     float *scores;                /* [m, n_rows] */
     int64_t m, pos, ratio, n_rows, HI, DI;
     float q_scale, w_scale;
@@ -444,7 +472,8 @@ static void index_task(void *ctx, int worker, int n_workers) {
     for (int64_t i = begin; i < end; i++) {
         const int64_t t = i / x->n_rows, r = i % x->n_rows;
         if (r >= (x->pos + t + 1) / x->ratio) continue; /* not visible to t */
-        const float *qt = x->iq + t * x->HI * x->DI, *wt = x->iw + t * x->HI, *kr = x->rows + r * x->DI;
+        float tmp[MAX_INDEX_DIM];
+        const float *qt = x->iq + t * x->HI * x->DI, *wt = x->iw + t * x->HI, *kr = dsv4_comp_row(x->keys, r, tmp);
         float acc = 0.0f;
         for (int64_t h = 0; h < x->HI; h++) {
             float dot = x->k->dot(qt + h * x->DI, kr, x->DI);
@@ -467,7 +496,7 @@ static int indexer_select(state *s, const layer *L, float *iq, const float *iw, 
     int any = 0;
     for (int64_t t = 0; t < m; t++) any |= (pos + t + 1) / L->ratio > c->topk;
     if (any) {
-        index_ctx x = {s->comp->k, iq, iw, L->icomp.rows, scores, m, pos, L->ratio, n_rows, HI, DI,
+        index_ctx x = {s->comp->k, iq, iw, &L->icomp, scores, m, pos, L->ratio, n_rows, HI, DI,
                        1.0f / sqrtf((float)DI), 1.0f / sqrtf((float)HI)};
         mg_pool_run(s->comp->pool, index_task, &x);
     }
@@ -538,7 +567,7 @@ static int attention_block(state *s, int li, const float *h, int64_t m, int64_t 
     /* the single K=V row of each token */
     mg_rmsnorm_rows(comp->k, kv, kv, L->kv_norm, m, D, D, (float)c->eps);
     mg_rope_rows(rope, kv, m, D, 1, (int)D, cos_t, sin_t, 0);
-    memcpy(mg_kv_k(&s->kv, li, pos), kv, sizeof(float) * (size_t)(m * D));
+    mg_kv_store(&s->kv, li, pos, m, kv, NULL);
     /* compressors see the chunk's tokens before attention: a window closed by token p is visible to p */
     int *sel = NULL, *n_sel = NULL;
     if (cw)
@@ -558,9 +587,9 @@ static int attention_block(state *s, int li, const float *h, int64_t m, int64_t 
     /* attention over window + compressed rows, per (token, head) on the pool */
     const int64_t max_keys = c->W + (L->kind == ATTN_HCA ? L->comp.n_rows : L->kind == ATTN_CSA ? c->topk : 0) + 1;
     const int nw = mg_pool_threads(comp->pool);
-    if (max_keys > s->attn_scratch_per_worker) {
+    if (max_keys + D > s->attn_scratch_per_worker) { /* scores, then one fp32 row (bf16 reads) */
         free(s->attn_scratch);
-        s->attn_scratch_per_worker = max_keys * 2;
+        s->attn_scratch_per_worker = (max_keys + D) * 2;
         s->attn_scratch = malloc(sizeof(float) * (size_t)(s->attn_scratch_per_worker * nw));
         if (!s->attn_scratch) {
             s->attn_scratch_per_worker = 0;
@@ -757,6 +786,8 @@ static void info(const void *p, mg_arch_info *out) {
     out->n_experts_per_tok = (int)s->c.K;
     out->weights = s->census;
     out->experts = s->experts;
+    out->kv_type = (int)s->kv_type;
+    out->kv_bytes_per_token = slot_bytes_per_token(s);
 }
 
 const mg_arch mg_arch_deepseek_v4 = {"deepseek_v4", load, eval, truncate_state, state_free, info};

@@ -14,27 +14,52 @@ int dsv4_comp_init(dsv4_compressor *c, mg_error *err) {
     c->prev_kv = calloc((size_t)(c->ratio * c->dim), sizeof(float));
     c->prev_gate = calloc((size_t)(c->ratio * c->dim), sizeof(float));
     c->slot_w = calloc((size_t)(2 * c->ratio), sizeof(float));
-    if (!c->pend_kv || !c->pend_gate || !c->prev_kv || !c->prev_gate || !c->slot_w)
+    c->row_f32 = calloc((size_t)c->dim, sizeof(float));
+    if (!c->pend_kv || !c->pend_gate || !c->prev_kv || !c->prev_gate || !c->slot_w || !c->row_f32)
         return mg_fail(err, "out of memory (compressor state)");
     return 0;
 }
 
 void dsv4_comp_free(dsv4_compressor *c) {
     free(c->pend_kv); free(c->pend_gate); free(c->prev_kv); free(c->prev_gate);
-    free(c->rows); free(c->snaps); free(c->slot_w);
+    free(c->rows); free(c->snaps); free(c->slot_w); free(c->row_f32);
     free(c->ape); free(c->norm);
     memset(c, 0, sizeof *c);
 }
 
-static int grow(float **p, int64_t *cap, int64_t need, int64_t row, mg_error *err) {
+/* Grows *p to hold `need` rows of `row_bytes` (doubling), or to exactly `need` when exact. */
+static int grow(void **p, int64_t *cap, int64_t need, size_t row_bytes, int exact, mg_error *err) {
     if (need <= *cap) return 0;
-    int64_t n = *cap ? *cap : 16;
+    int64_t n = exact ? need : *cap ? *cap : 16;
     while (n < need) n *= 2;
-    float *q = realloc(*p, (size_t)n * (size_t)row * sizeof(float));
+    void *q = realloc(*p, (size_t)n * row_bytes);
     if (!q) return mg_fail(err, "out of memory (compressed rows)");
     *p = q;
     *cap = n;
     return 0;
+}
+
+static int grow_snaps(dsv4_compressor *c, int64_t need, int exact, mg_error *err) {
+    void *p = c->snaps; /* through a void * object: no float ** / void ** aliasing */
+    int rc = grow(&p, &c->cap_snaps, need, 2 * (size_t)c->ratio * (size_t)c->dim * sizeof(float), exact, err);
+    c->snaps = p;
+    return rc;
+}
+
+int dsv4_comp_reserve(dsv4_compressor *c, int64_t max_pos, mg_error *err) {
+    if (grow(&c->rows, &c->cap_rows, max_pos / c->ratio + 1, (size_t)c->dim * mg_kv_type_bytes(c->row_type), 1,
+             err))
+        return -1;
+    if (!c->overlap) return 0;
+    return grow_snaps(c, max_pos / c->snap_every + 1, 1, err);
+}
+
+uint64_t dsv4_comp_bytes_per_pos(int ratio, int dim, int overlap, int64_t snap_every, mg_kv_type row_type) {
+    uint64_t rows = ((uint64_t)dim * mg_kv_type_bytes(row_type) + (uint64_t)ratio - 1) / (uint64_t)ratio;
+    uint64_t snaps = overlap ? (2 * (uint64_t)ratio * (uint64_t)dim * sizeof(float) + (uint64_t)snap_every - 1) /
+                                   (uint64_t)snap_every
+                             : 0;
+    return rows + snaps;
 }
 
 /* Row of the window that token p closes: per channel, softmax over the slots' gates. */
@@ -79,8 +104,9 @@ int dsv4_comp_push(dsv4_compressor *c, const float *kv, const float *gate, int64
     memcpy(c->pend_kv + slot * w, kv, sizeof(float) * (size_t)w);
     for (int64_t i = 0; i < w; i++) c->pend_gate[slot * w + i] = gate[i] + c->ape[slot * w + i];
     if (slot != r - 1) return 0;
-    if (grow(&c->rows, &c->cap_rows, c->n_rows + 1, D, err)) return -1;
-    close_window(c, p, c->rows + c->n_rows * D);
+    if (grow(&c->rows, &c->cap_rows, c->n_rows + 1, (size_t)D * mg_kv_type_bytes(c->row_type), 0, err)) return -1;
+    close_window(c, p, c->row_f32);
+    mg_kv_put(c->row_type, c->rows, c->n_rows * D, c->row_f32, D);
     c->n_rows++;
     if (c->overlap) {
         for (int s = 0; s < r; s++) {
@@ -90,7 +116,7 @@ int dsv4_comp_push(dsv4_compressor *c, const float *kv, const float *gate, int64
         c->has_prev = 1;
         if ((p + 1) % c->snap_every == 0) {
             int64_t k = (p + 1) / c->snap_every, sz = 2 * (int64_t)r * D;
-            if (grow(&c->snaps, &c->cap_snaps, k + 1, sz, err)) return -1;
+            if (grow_snaps(c, k + 1, 0, err)) return -1;
             memcpy(c->snaps + k * sz, c->prev_kv, sizeof(float) * (size_t)(r * D));
             memcpy(c->snaps + k * sz + r * D, c->prev_gate, sizeof(float) * (size_t)(r * D));
         }

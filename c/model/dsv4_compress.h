@@ -28,8 +28,10 @@ typedef struct dsv4_compressor {
     float *pend_kv, *pend_gate;  /* [ratio, width] */
     float *prev_kv, *prev_gate;  /* [ratio, dim]: A halves of the last closed window (overlap) */
     int has_prev;
-    float *rows;                 /* [cap_rows, dim] */
+    mg_kv_type row_type;         /* storage of the emitted rows (set before init) */
+    void *rows;                  /* [cap_rows, dim] values of row_type */
     int64_t n_rows, cap_rows;
+    float *row_f32;              /* [dim]: the row being closed, before it is stored */
     float *snaps;                /* [cap_snaps, 2 * ratio * dim]: prev at positions k * snap_every */
     int64_t cap_snaps;
     float *slot_w;               /* [2 * ratio] scratch */
@@ -37,6 +39,15 @@ typedef struct dsv4_compressor {
 
 /* Allocates the state (weights must already be bound). */
 int dsv4_comp_init(dsv4_compressor *c, mg_error *err);
+/* Makes room for every row and snapshot up to position max_pos now (a budgeted model: the
+ * arrays never grow by copying later; pages stay unresident until written). */
+int dsv4_comp_reserve(dsv4_compressor *c, int64_t max_pos, mg_error *err);
+/* Bytes the state adds per position (rows and snapshots), rounded up. */
+uint64_t dsv4_comp_bytes_per_pos(int ratio, int dim, int overlap, int64_t snap_every, mg_kv_type row_type);
+/* Row r of the emitted rows as fp32 (the row itself for f32, else converted into tmp[dim]). */
+static inline const float *dsv4_comp_row(const dsv4_compressor *c, int64_t r, float *tmp) {
+    return mg_kv_get(c->row_type, c->rows, r * c->dim, c->dim, tmp);
+}
 void dsv4_comp_free(dsv4_compressor *c);
 
 /* Feeds the projections of the token at position p (kv, gate: `width` floats each, gate without

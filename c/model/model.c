@@ -4,6 +4,7 @@
 #include <string.h>
 #include "core/cpu.h"
 #include "model/arch.h"
+#include "model/blocks.h"
 #include "model/model.h"
 
 /* deepseek_v4.c is written separately; until it is linked in, the weak reference is NULL. */
@@ -131,12 +132,14 @@ mg_model *mg_model_open(const char *dir, const char *config_json, const mg_model
         max_ctx = model_limit > 0 && model_limit < DEFAULT_MAX_CTX ? model_limit : DEFAULT_MAX_CTX;
     }
     m->max_ctx = max_ctx;
+    mg_kv_type kv_type;
+    if (mg_kv_type_parse(opt->kv_dtype, &kv_type, err)) goto fail;
     if (!(m->ck = mg_checkpoint_open(dir, err))) goto fail;
     m->checkpoint_bytes = mg_checkpoint_total_bytes(m->ck);
     if (!(m->pool = mg_pool_create(opt->n_threads, err))) goto fail;
     m->compute.pool = m->pool;
     m->compute.k = k;
-    mg_arch_env env = {m->ck, m->config, &m->compute, max_ctx, opt->ram_gb};
+    mg_arch_env env = {m->ck, m->config, &m->compute, max_ctx, opt->ram_gb, (int)kv_type};
     if (!(m->state = m->arch->load(&env, err))) goto fail;
     m->arch->info(m->state, &m->info);
     return m;
@@ -176,6 +179,8 @@ int64_t mg_model_max_ctx(const mg_model *m) { return m->max_ctx; }
 const char *mg_model_arch(const mg_model *m) { return m->arch->name; }
 const char *mg_model_kernels(const mg_model *m) { return m->compute.k->name; }
 int mg_model_threads(const mg_model *m) { return mg_pool_threads(m->pool); }
+const char *mg_model_kv_dtype(const mg_model *m) { return mg_kv_type_name((mg_kv_type)m->info.kv_type); }
+uint64_t mg_model_kv_bytes_per_token(const mg_model *m) { return m->info.kv_bytes_per_token; }
 
 int mg_model_truncate(mg_model *m, int64_t n, mg_error *err) {
     if (n < 0 || n > m->n_past)

@@ -13,6 +13,7 @@ typedef struct mg_model_options {
     const char *kernels;    /* NULL: best for this CPU; else "scalar", "avx2", "neon" */
     int64_t max_ctx;        /* tokens the slot may hold; <= 0: the model's own limit */
     double ram_gb;          /* <= 0: no budget */
+    const char *kv_dtype;   /* KV cache storage: NULL / "" / "f32", or "bf16" (half the bytes) */
 } mg_model_options;
 
 /* dir: checkpoint folder; config_json: the normalised config (gateway/model_config.py),
@@ -32,6 +33,8 @@ int64_t mg_model_max_ctx(const mg_model *m);
 const char *mg_model_arch(const mg_model *m);
 const char *mg_model_kernels(const mg_model *m);
 int mg_model_threads(const mg_model *m);
+const char *mg_model_kv_dtype(const mg_model *m);        /* "f32" or "bf16" */
+uint64_t mg_model_kv_bytes_per_token(const mg_model *m); /* KV state bytes per position */
 
 /* Keeps the first n tokens: evaluating after this gives the same logits as a fresh run. */
 int mg_model_truncate(mg_model *m, int64_t n, mg_error *err);

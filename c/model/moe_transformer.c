@@ -161,15 +161,25 @@ static int load_layer(state *s, const mg_checkpoint *ck, int i, int is_moe, mg_e
     return 0;
 }
 
-/* What the process holds besides the weights: the KV cache grown to max_ctx and the scratch of
- * a full prefill chunk (for the expert-cache budget). */
+/* What one position of context costs: K and V rows of every layer in the cache's type. */
+static uint64_t kv_bytes_per_token(const cfg *c, mg_kv_type t) {
+    const int64_t kvd = c->n_kv * c->head_dim;
+    return mg_kv_bytes_per_pos((int)c->n_layers, kvd, kvd, t);
+}
+
+/* What the process holds besides the weights: the KV cache at max_ctx in its stored type (a
+ * budgeted load reserves exactly that, so growth never copies) and the scratch of a full
+ * prefill chunk (for the expert-cache budget). */
 static uint64_t other_bytes(const cfg *c, const mg_arch_env *env) {
     const uint64_t qd = (uint64_t)(c->n_heads * c->head_dim), kvd = (uint64_t)(c->n_kv * c->head_dim);
-    uint64_t kv = (uint64_t)c->n_layers * (uint64_t)env->max_ctx * 2 * kvd * sizeof(float);
+    uint64_t kv = (uint64_t)env->max_ctx * kv_bytes_per_token(c, (mg_kv_type)env->kv_type);
     uint64_t fw = (uint64_t)(c->f_dense > c->f_moe * c->n_shared ? c->f_dense : c->f_moe * c->n_shared);
     uint64_t per_tok = 6 * (uint64_t)c->d + 2 * qd + 2 * kvd + 2 * fw + (uint64_t)c->n_experts +
                        (uint64_t)c->top_k * (2 * (uint64_t)c->d + 2 * (uint64_t)c->f_moe + 2);
-    uint64_t scores = (uint64_t)mg_pool_threads(env->compute->pool) * (uint64_t)env->max_ctx;
+    /* attention scores: a row of max_ctx per worker, per query head of a slice for bf16 */
+    uint64_t hpg = (uint64_t)(c->n_heads / c->n_kv);
+    uint64_t scores = (uint64_t)mg_pool_threads(env->compute->pool) *
+                      ((env->kv_type == MG_KV_F32 ? 1 : hpg) * (uint64_t)env->max_ctx + 32 * (uint64_t)c->head_dim);
     return kv + (CHUNK * per_tok + scores) * sizeof(float);
 }
 
@@ -197,8 +207,12 @@ static void *load(const mg_arch_env *env, mg_error *err) {
     if (c->tied && !mg_has_tensorf(ck, "lm_head.weight")) s->head = s->embed;
     else if (mg_bind_matrixf(ck, &s->census, c->vocab, c->d, &s->head, err, "lm_head.weight")) goto fail;
     if (mg_rope_init(&s->rope, (int)c->rot_dim, 0, c->theta, 0, err)) goto fail;
-    if (mg_kv_init(&s->kv, (int)c->n_layers, c->n_kv * c->head_dim, c->n_kv * c->head_dim, env->max_ctx, err))
+    if (mg_kv_init(&s->kv, (int)c->n_layers, c->n_kv * c->head_dim, c->n_kv * c->head_dim, env->max_ctx,
+                   (mg_kv_type)env->kv_type, err))
         goto fail;
+    /* A budget counts the cache at max_ctx: reserve it now (untouched pages cost nothing until
+     * written), so growing never holds an old and a new copy at once. */
+    if (env->ram_gb > 0 && mg_kv_reserve(&s->kv, env->max_ctx, err)) goto fail;
     if (mg_expert_store_apply_budget(env, s->experts, &s->census, other_bytes(c, env), err)) goto fail;
     free(is_moe);
     return s;
@@ -237,13 +251,12 @@ static int attention_block(state *s, int li, float *x, int64_t m, int64_t pos, c
     }
     mg_rope_rows(&s->rope, q, m, qd, (int)c->n_heads, (int)Dh, cos_t, sin_t, 0);
     mg_rope_rows(&s->rope, k, m, kvd, (int)c->n_kv, (int)Dh, cos_t, sin_t, 0);
-    memcpy(mg_kv_k(&s->kv, li, pos), k, sizeof(float) * (size_t)(m * kvd));
-    memcpy(mg_kv_v(&s->kv, li, pos), v, sizeof(float) * (size_t)(m * kvd));
+    mg_kv_store(&s->kv, li, pos, m, k, v);
     mg_attn_args a = {
         .q = q, .q_stride = qd, .k = s->kv.k[li], .k_stride = kvd, .v = s->kv.v[li], .v_stride = kvd,
         .out = att, .out_stride = qd, .n_tok = m, .pos0 = pos, .window = 0,
         .n_heads = (int)c->n_heads, .n_kv = (int)c->n_kv, .qk_dim = (int)Dh, .v_dim = (int)Dh,
-        .scale = 1.0f / sqrtf((float)Dh), .sinks = NULL,
+        .scale = 1.0f / sqrtf((float)Dh), .sinks = NULL, .kv_type = s->kv.type,
     };
     float *scores = mg_buf(&s->buf, B_SCORES, mg_attention_scratch(comp, &a), err);
     if (!scores) return -1;
@@ -357,6 +370,8 @@ static void info(const void *p, mg_arch_info *out) {
     out->n_experts_per_tok = (int)s->c.top_k;
     out->weights = s->census;
     out->experts = s->experts;
+    out->kv_type = (int)s->kv.type;
+    out->kv_bytes_per_token = kv_bytes_per_token(&s->c, s->kv.type);
 }
 
 const mg_arch mg_arch_qwen3_moe = {"qwen3_moe", load, eval, truncate_state, state_free, info};

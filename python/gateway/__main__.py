@@ -17,6 +17,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--ctx", type=int, default=None, help="context length of the slot, in tokens")
+    p.add_argument("--kv-dtype", choices=["bf16", "f32"], default="bf16",
+                   help="KV cache storage (default bf16: half the bytes per token of f32; --ram counts it at --ctx)")
     p.add_argument("--api-key", default=None, help="require this key (Bearer or x-api-key); /health stays public")
     p.add_argument("--model-id", default=None, help="model name reported by /v1/models (default: folder name)")
     p.add_argument("--max-queue", type=int, default=16, help="requests that may wait for the slot before 429")
@@ -46,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         serve(ServeOptions(
             model=args.model, ram_gb=args.ram, threads=args.threads, host=args.host, port=args.port,
-            ctx=args.ctx, api_key=args.api_key, model_id=args.model_id, max_queue=args.max_queue,
+            ctx=args.ctx, kv_dtype=args.kv_dtype, api_key=args.api_key, model_id=args.model_id, max_queue=args.max_queue,
             default_max_tokens=args.max_tokens,
             cors=tuple(o.strip() for o in args.cors.split(",") if o.strip()),
             reasoning_mirror=args.reasoning_field == "both", kernels=args.kernels,

@@ -30,6 +30,10 @@ class EngineError(RuntimeError):
 
 EXPERT_HISTORY_NAME = ".moegate-expert-usage"
 
+# How the KV state stores its rows: "f32" (exact, what the oracle tests compare) or "bf16"
+# (round-to-nearest-even, read back into fp32 for the dot products: half the bytes per token).
+KV_DTYPES = ("f32", "bf16")
+
 
 def default_expert_history(model_dir: Path) -> Path:
     """Where a budgeted run keeps its routing history: beside the model when that folder is
@@ -60,6 +64,7 @@ class Engine:
         routing_trace: str | os.PathLike[str] | None = None,
         expert_history: str | os.PathLike[str] | bool | None = None,
         expert_prefetch: bool = False,
+        kv_dtype: str = "f32",
     ) -> None:
         """ram_gb: budget for the whole process (experts are then cached and read from disk).
         routing_trace: record every expert fetch to this file (tools/routing_trace.py reads it).
@@ -67,7 +72,9 @@ class Engine:
         is rewritten at exit; None: beside the model (or a cache folder when that is read-only),
         False: none.  expert_prefetch: with ram_gb, the store reads the next layer's likely
         experts while the disk is idle (off by default: on tools/bench_experts.py's checkpoint,
-        a cache of ~1 layer, it read 60% more bytes and lowered the hit rate)."""
+        a cache of ~1 layer, it read 60% more bytes and lowered the hit rate).
+        kv_dtype: "f32" (default) or "bf16": the KV cache's storage (info["kv_bytes_per_token"]
+        is what one position costs; a ram_gb budget counts max_ctx of it)."""
         from . import _core  # imported here so config errors surface even without a built core
 
         self.path = Path(path)
@@ -79,6 +86,8 @@ class Engine:
             raise ValueError(f"max_ctx must be a positive integer, got {max_ctx!r}")
         if ram_gb is not None and not ram_gb > 0:
             raise ValueError(f"ram_gb must be > 0, got {ram_gb!r}")
+        if kv_dtype not in KV_DTYPES:
+            raise ValueError(f"kv_dtype must be one of {', '.join(KV_DTYPES)}, got {kv_dtype!r}")
         # ConfigError is a ValueError: unknown model_type / bad fields fail before C is called.
         self.config: dict[str, Any] = load_config(self.path)
         started = time.perf_counter()
@@ -90,6 +99,7 @@ class Engine:
                 kernels=kernels or "",
                 max_ctx=max_ctx or 0,
                 ram_gb=float(ram_gb or 0.0),
+                kv_dtype=kv_dtype,
             )
         except RuntimeError as exc:
             raise EngineError(str(exc)) from None
@@ -215,4 +225,4 @@ class Engine:
         return f"Engine({str(self.path)!r}, arch={self.info['arch']}, n_past={self.n_past})"
 
 
-__all__ = ["Engine", "EngineError", "ConfigError"]
+__all__ = ["Engine", "EngineError", "ConfigError", "KV_DTYPES"]

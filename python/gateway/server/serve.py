@@ -30,6 +30,7 @@ class ServeOptions:
     host: str = "127.0.0.1"
     port: int = 8000
     ctx: int | None = None
+    kv_dtype: str = "bf16"  # the server's default; Engine's own default stays f32 (the oracle tests)
     api_key: str | None = None
     model_id: str | None = None
     max_queue: int = 16
@@ -56,7 +57,8 @@ def build_state(opts: ServeOptions, *, demo: bool = False) -> ServerState:
     if not (path / "config.json").is_file():
         raise FileNotFoundError(f"{path}: not a checkpoint folder (no config.json)")
     tokenizer = Tokenizer.from_dir(path)
-    engine = Engine(str(path), ram_gb=opts.ram_gb, threads=opts.threads, max_ctx=opts.ctx, kernels=opts.kernels)
+    engine = Engine(str(path), ram_gb=opts.ram_gb, threads=opts.threads, max_ctx=opts.ctx, kernels=opts.kernels,
+                    kv_dtype=opts.kv_dtype)
     max_ctx = int(engine.info.get("max_ctx") or opts.ctx or 4096)
     chat = load_chat_setup(path)
     if chat.note:
@@ -101,6 +103,12 @@ def _auth_summary(state: ServerState, url: str) -> str:
     return "NONE: anyone who can reach this address can use the model (set --api-key)"
 
 
+def _kv_summary(info: dict, max_ctx: int) -> str:
+    per_token = int(info.get("kv_bytes_per_token") or 0)
+    return (f"{info.get('kv_dtype', 'f32')}, {per_token / 1024:.1f} KiB/token "
+            f"({per_token * max_ctx / 1e9:.2f} GB at {max_ctx} tokens)")
+
+
 def startup_summary(state: ServerState, url: str) -> str:
     info = state.engine.info
     formats = info.get("weights") or info.get("formats") or {}
@@ -115,6 +123,7 @@ def startup_summary(state: ServerState, url: str) -> str:
         f"  memory     {info.get('ram_plan', 'all weights memory-mapped (no --ram budget)')}",
         f"  SIMD       {info.get('simd')}   threads {info.get('threads')}",
         f"  context    {state.max_ctx} tokens   chat format {state.chat.format}",
+        f"  KV cache   {_kv_summary(info, state.max_ctx)}",
         f"  auth       {_auth_summary(state, url)}",
         f"  listening  {url}/v1   (OpenAI: /v1/chat/completions, Anthropic: /v1/messages)",
     ]
