@@ -203,6 +203,7 @@ def test_logits_bitwise_identical_at_any_budget(ckpt_root: Path, arch: str, fmt:
     check_budgets_match_resident(small_checkpoint(ckpt_root, arch, fmt))
 
 
+@pytest.mark.rss  # budgets sized for an uninstrumented process (make sanitize skips these)
 def test_logits_bitwise_identical_at_any_budget_deepseek_v4(ckpt_root: Path) -> None:
     check_budgets_match_resident(dsv4_small_checkpoint(ckpt_root))
 
@@ -480,6 +481,7 @@ def test_history_goes_to_a_cache_folder_when_the_model_folder_is_read_only(
     assert path.exists() and not (ckpt / ".moegate-expert-usage").exists()
 
 
+@pytest.mark.rss  # budgets sized for an uninstrumented process (make sanitize skips these)
 def test_expert_stats_report_hit_rate_and_read_bandwidth(ckpt_root: Path) -> None:
     ckpt = small_checkpoint(ckpt_root, "glm4_moe", "bf16")
     engine = open_with_slots(ckpt, 40, expert_history=True)
