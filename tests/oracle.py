@@ -2,8 +2,9 @@
 into Hugging Face transformers' own model class and run in float32.
 
 The weights are read from the files (not from the writer's memory): bf16 tensors are upcast,
-FP8 tensors are dequantised block-wise exactly as the engine must (float32(q) * scale of the
-128x128 block, edge blocks included). MTP layers stored after the decoder layers are skipped,
+FP8 tensors are dequantised exactly as the engine must: block-wise (float32(q) * scale of the
+128x128 block, edge blocks included; `weight_scale_inv`) or per output channel
+(float32(q) * scale of the row; compressed-tensors `weight_scale` [out, 1]). MTP layers stored after the decoder layers are skipped,
 as transformers itself does.
 """
 from __future__ import annotations
@@ -22,10 +23,11 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
-from tools.ckpt.common import FP8_BLOCK, dequantize_fp8_blocks  # noqa: E402
+from tools.ckpt.common import FP8_BLOCK, dequantize_fp8_blocks, dequantize_fp8_channel  # noqa: E402
 from tools.ckpt.hf_moe import fuse_experts, hf_model_class, is_moe_layer  # noqa: E402
 
-SCALE_SUFFIX = "_scale_inv"
+SCALE_SUFFIX = "_scale_inv"  # block scales (fine-grained FP8)
+CHANNEL_SCALE_SUFFIX = "_scale"  # per-row scales (compressed-tensors)
 
 # Tiny matrices on a shared 2-core machine: one thread is 10-100x faster than two contending ones.
 torch.set_num_threads(1)
@@ -60,20 +62,32 @@ def dequantize(weight: torch.Tensor, scale: torch.Tensor, block: tuple[int, int]
     return torch.from_numpy(dequantize_fp8_blocks(bits, scale.float().numpy(), block))
 
 
+def dequantize_channel(weight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """Per-output-channel FP8 dequantisation, float32(q) * scale of the row ([out, 1])."""
+    if tuple(scale.shape) != (weight.shape[0], 1):
+        raise ValueError(f"channel scale shape {tuple(scale.shape)}, expected {(weight.shape[0], 1)}")
+    bits = weight.view(torch.uint8).numpy()
+    return torch.from_numpy(dequantize_fp8_channel(bits, scale.float().numpy()))
+
+
 def read_float32_tensors(ckpt: Path) -> dict[str, torch.Tensor]:
     """The checkpoint's tensors in float32: upcast bf16, dequantised FP8, scale tensors consumed."""
     config = read_config(ckpt)
-    block = tuple(config.get("quantization_config", {}).get("weight_block_size", FP8_BLOCK))
+    quant = config.get("quantization_config", {})
+    per_channel = quant.get("quant_method") == "compressed-tensors"
+    block = tuple(quant.get("weight_block_size", FP8_BLOCK))
+    suffix = CHANNEL_SCALE_SUFFIX if per_channel else SCALE_SUFFIX
     raw = read_raw_tensors(ckpt)
     out: dict[str, torch.Tensor] = {}
     for name, tensor in raw.items():
-        if name.endswith(SCALE_SUFFIX):
+        if name.endswith(".weight" + suffix):
             continue
         if tensor.dtype == torch.float8_e4m3fn:
-            scale_key = name + SCALE_SUFFIX
+            scale_key = name + suffix
             if scale_key not in raw:
                 raise KeyError(f"{ckpt}: FP8 tensor {name} has no {scale_key}")
-            out[name] = dequantize(tensor, raw[scale_key], block)
+            scale = raw[scale_key]
+            out[name] = dequantize_channel(tensor, scale) if per_channel else dequantize(tensor, scale, block)
         else:
             out[name] = tensor.float()
     return out
@@ -168,7 +182,7 @@ def relative_error(actual: np.ndarray, expected: np.ndarray) -> float:
     return float(np.max(np.abs(actual - expected)) / max(float(np.max(np.abs(expected))), 1e-30))
 
 
-TOLERANCE = {"f32": 1e-4, "bf16": 1e-3, "fp8": 1e-3}
+TOLERANCE = {"f32": 1e-4, "bf16": 1e-3, "fp8": 1e-3, "fp8-channel": 1e-3}
 
 
 def top2_margin(row: np.ndarray) -> float:
@@ -182,7 +196,7 @@ def top2_margin(row: np.ndarray) -> float:
 
 
 ARCHS = ("glm4_moe", "qwen3_moe")
-FORMATS = ("f32", "bf16", "fp8")
+FORMATS = ("f32", "bf16", "fp8", "fp8-channel")  # fp8: 128x128 block scales; fp8-channel: per-row scales
 
 # Configs nobody tuned the engine for: odd widths (FP8 edge blocks wider than one block), odd
 # head counts, MQA/GQA ratios, vocab sizes that are not multiples of 8, group-limited routing,

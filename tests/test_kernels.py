@@ -26,7 +26,7 @@ def usable_tables() -> list[str]:
 
 TABLES = usable_tables()
 FORMATS = ["f32", "bf16", "f16", "fp8_e4m3", "fp4_e2m1"]
-SCALE_KINDS = ["none", "f32_block128", "e8m0_block128", "e8m0_g32"]
+SCALE_KINDS = ["none", "f32_block128", "e8m0_block128", "e8m0_g32", "f32_row"]
 
 
 # ---- independent numpy decoders -------------------------------------------------------------
@@ -95,6 +95,9 @@ class Weights:
         elif scale_kind == "e8m0_g32":
             self.scale = rng.integers(115, 135, (rows, cols // 32), dtype=np.uint8)
             per_elem = np.repeat(decode_e8m0(self.scale), 32, axis=1)
+        elif scale_kind == "f32_row":  # compressed-tensors per-channel: [rows, 1]
+            self.scale = (rng.uniform(0.5, 1.5, (rows, 1)) * np.exp2(-rng.integers(0, 10, (rows, 1)))).astype(np.float32)
+            per_elem = np.repeat(self.scale.astype(np.float64), cols, axis=1)
         else:
             shape = (-(-rows // 128), -(-cols // 128))
             if scale_kind == "f32_block128":
@@ -185,6 +188,29 @@ def test_fp8_decode_with_huge_activations(table: str) -> None:
     x = rng.standard_normal((1, 128)).astype(np.float32)
     x[0, 0] = np.float32(2.0**121)
     assert_linear_close(w.linear(table, x), w, x)
+
+
+@pytest.mark.parametrize("table", TABLES)
+def test_fp8_row_scales_extreme_and_tables_agree(table: str) -> None:
+    """Per-row scales far from 1 (and zero) with the raw fp8 range at its ends: the row's sum is
+    scaled once, so no intermediate may overflow or flush, for decode and prefill."""
+    rng = np.random.default_rng(13)
+    rows, cols = 19, 4160
+    w = Weights("fp8_e4m3", "f32_row", rows, cols, rng)
+    w.scale[:, 0] = np.resize(np.array([2.0**-100, 2.0**100, 0.0, 1.0, 3.0e-3], np.float32), rows)
+    w.dense = decode_e4m3(w.data) * w.scale.astype(np.float64)
+    for n_tok in (1, 6):
+        x = rng.standard_normal((n_tok, cols)).astype(np.float32)
+        y = w.linear(table, x)
+        assert np.all(np.isfinite(y))
+        assert_linear_close(y, w, x)
+
+
+def test_row_scale_shape_is_checked() -> None:
+    data = np.zeros((4, 64), dtype=np.uint8)
+    x = np.zeros((1, 64), dtype=np.float32)
+    with pytest.raises(ValueError, match="scale has 12 bytes, expected 16"):
+        _core.linear("scalar", "fp8_e4m3", "f32_row", data, np.ones((3, 1), np.float32), 4, 64, x)
 
 
 @pytest.mark.parametrize("table", TABLES)

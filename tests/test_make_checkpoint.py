@@ -18,11 +18,21 @@ from safetensors import safe_open
 
 import oracle
 from tools.ckpt import WRITERS, write_checkpoint
-from tools.ckpt.common import FP8_E4M3_MAX, dequantize_fp8_blocks, quantize_fp8_blocks
+from gateway.model_config import ConfigError, normalise
+from tools.ckpt.common import (
+    FP8_E4M3_MAX,
+    dequantize_fp8_blocks,
+    dequantize_fp8_channel,
+    quantize_fp8_blocks,
+    quantize_fp8_channel,
+)
 from tools.ckpt.tokenizer import FAMILIES
 
 ARCHS = ("glm4_moe", "qwen3_moe")
-FORMATS = ("f32", "bf16", "fp8")
+FORMATS = ("f32", "bf16", "fp8", "fp8-channel")
+FP8_FORMATS = ("fp8", "fp8-channel")
+# The scale tensor next to each F8_E4M3 weight: 128x128 blocks (fp8) or one per row (fp8-channel).
+SCALE_SUFFIX = {"fp8": "_scale_inv", "fp8-channel": "_scale"}
 FAMILY_OF = {"glm4_moe": FAMILIES["glm4"], "qwen3_moe": FAMILIES["qwen3"]}
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -119,7 +129,7 @@ def test_names_shapes_and_dtypes(written: tuple[str, str, Path]) -> None:
     config = oracle.read_config(ckpt)
     expected = expected_shapes(config)
     tensors = stored(ckpt)
-    scales = {name for name in tensors if name.endswith("_scale_inv")}
+    scales = {name for name in tensors if name.endswith(("_scale_inv", "_scale"))}
     assert {name: shape for name, (_, shape, _) in tensors.items() if name not in scales} == expected
     assert not any("gate_up_proj" in name or name.endswith("experts.down_proj") for name in tensors), "experts must be stored per expert"
     mtp_prefix = f"model.layers.{config['num_hidden_layers']}."
@@ -130,17 +140,21 @@ def test_names_shapes_and_dtypes(written: tuple[str, str, Path]) -> None:
             want = "F32"
         elif fmt == "f32":
             want = "F32"
-        elif fmt == "fp8" and is_quantized_linear(name) and not name.startswith(mtp_prefix + "eh_proj"):
+        elif fmt in FP8_FORMATS and is_quantized_linear(name) and not name.startswith(mtp_prefix + "eh_proj"):
             want = "F8_E4M3"
         else:
             want = "BF16"
         assert dtype == want, f"{name}: {dtype}, real {fmt} checkpoints store {want}"
-        if dtype == "F8_E4M3":
+        if dtype == "F8_E4M3" and fmt == "fp8":
             scale_dtype, scale_shape, _ = tensors[name + "_scale_inv"]
             assert scale_dtype == "F32"
             assert scale_shape == (-(-shape[0] // 128), -(-shape[1] // 128))
-    if fmt == "fp8":
-        assert scales == {name + "_scale_inv" for name, (dt, _, _) in tensors.items() if dt == "F8_E4M3"}
+        elif dtype == "F8_E4M3":
+            scale_dtype, scale_shape, _ = tensors[name + "_scale"]  # compressed-tensors: [out, 1]
+            assert scale_dtype == "BF16"
+            assert scale_shape == (shape[0], 1)
+    if fmt in FP8_FORMATS:
+        assert scales == {name + SCALE_SUFFIX[fmt] for name, (dt, _, _) in tensors.items() if dt == "F8_E4M3"}
     else:
         assert not scales
 
@@ -164,13 +178,28 @@ def test_config_is_in_the_real_form(written: tuple[str, str, Path]) -> None:
         assert "lm_head" in q["modules_to_not_convert"]
         assert all(f"model.layers.{i}.mlp.gate" in q["modules_to_not_convert"] for i in moe_layers(config))
         assert config["torch_dtype"] == "bfloat16"
+        assert normalise(config)["weight_quant"] == "fp8_block128"
+    elif fmt == "fp8-channel":
+        q = config["quantization_config"]
+        assert {k: q[k] for k in ("quant_method", "format", "quantization_status")} == {
+            "quant_method": "compressed-tensors", "format": "float-quantized", "quantization_status": "compressed"}
+        (group,) = q["config_groups"].values()
+        assert group["targets"] == ["Linear"]
+        assert {k: group["weights"][k] for k in ("num_bits", "type", "strategy", "symmetric", "dynamic")} == {
+            "num_bits": 8, "type": "float", "strategy": "channel", "symmetric": True, "dynamic": False}
+        assert {k: group["input_activations"][k] for k in ("num_bits", "type", "strategy", "dynamic")} == {
+            "num_bits": 8, "type": "float", "strategy": "token", "dynamic": True}
+        assert "lm_head" in q["ignore"]
+        assert all(f"model.layers.{i}.mlp.gate" in q["ignore"] for i in moe_layers(config))
+        assert config["torch_dtype"] == "bfloat16"
+        assert normalise(config)["weight_quant"] == "fp8_channel"
     else:
         assert "quantization_config" not in config
         assert config["torch_dtype"] == {"f32": "float32", "bf16": "bfloat16"}[fmt]
 
 
 @pytest.mark.parametrize("arch", ARCHS)
-@pytest.mark.parametrize("fmt", ["bf16", "fp8"])
+@pytest.mark.parametrize("fmt", ["bf16", "fp8", "fp8-channel"])
 def test_weights_match_the_float32_checkpoint(arch: str, fmt: str, build_checkpoint: Callable[..., Path]) -> None:
     """bf16 and fp8 hold the f32 checkpoint's weights, rounded within each format's precision."""
     ckpt = build_checkpoint(arch, fmt)
@@ -180,7 +209,20 @@ def test_weights_match_the_float32_checkpoint(arch: str, fmt: str, build_checkpo
     assert set(lossy) == set(exact)
     for name, value in lossy.items():
         want = exact[name]
-        if raw[name].dtype == torch.float8_e4m3fn:
+        if raw[name].dtype == torch.float8_e4m3fn and fmt == "fp8-channel":
+            scale = raw[name + "_scale"].float().numpy()  # bf16 [out, 1]
+            # Per row: scale = bf16(amax/448), so the largest |q| of each row is 448 give or take
+            # the scale's rounding (then saturated at 448, or one code below it).
+            bits = raw[name].view(torch.uint8).numpy()
+            q = np.abs(dequantize_fp8_channel(bits, np.ones_like(scale)))
+            row_amax = want.abs().max(dim=1).values.numpy()
+            assert np.all(q.max(axis=1) >= 416) and np.all(q.max(axis=1) <= FP8_E4M3_MAX), name
+            assert np.allclose(scale[:, 0], row_amax / FP8_E4M3_MAX, rtol=2.0**-8), name
+            # Half an e4m3 ulp (2^-4 relative) plus saturation when rounding shrank the scale.
+            bound = np.maximum(np.abs(want.numpy()) * 2.0**-4, scale * 2.0**-10) * (1 + 1e-6) + (
+                np.abs(want.numpy()) * 2.0**-8)
+            assert np.all(np.abs(value.numpy() - want.numpy()) <= bound), name
+        elif raw[name].dtype == torch.float8_e4m3fn:
             scale = raw[name + "_scale_inv"].float()
             # Per 128x128 block: scale = amax/448, so the largest |q| in each block is exactly 448.
             bits = raw[name].view(torch.uint8).numpy()
@@ -216,6 +258,49 @@ def test_fp8_block_quantisation_with_partial_blocks() -> None:
     # torch's own e4m3 cast agrees with the stored bits
     expected = torch.from_numpy(weight / expanded).to(torch.float8_e4m3fn).view(torch.uint8).numpy()
     assert np.array_equal(bits, expected)
+
+
+def test_fp8_channel_quantisation() -> None:
+    rng = np.random.default_rng(1)
+    weight = rng.standard_normal((70, 45)).astype(np.float32)
+    weight[3] = 0.0  # an all-zero row gets scale 1
+    weight[5, 7] = 900.0  # one large value only affects its own row
+    bits, scale = quantize_fp8_channel(weight)
+    assert bits.shape == (70, 45) and bits.dtype == np.uint8
+    assert scale.shape == (70, 1) and scale.dtype == np.float32
+    # Scales are stored in bf16: the values returned must already be bf16-exact.
+    assert np.array_equal(scale, torch.from_numpy(scale).to(torch.bfloat16).float().numpy())
+    assert scale[3, 0] == 1.0
+    assert scale[5, 0] == torch.tensor(900.0 / 448.0).to(torch.bfloat16).float().item()
+    back = dequantize_fp8_channel(bits, scale)
+    assert np.all(back[3] == 0.0)
+    assert np.all(np.abs(back - weight) <= np.abs(weight) * (2.0**-4 + 2.0**-8) + scale * 2.0**-10)
+    # torch's own e4m3 cast agrees with the stored bits (no value left the e4m3 range here).
+    scaled = weight / scale
+    if np.abs(scaled).max() <= FP8_E4M3_MAX:
+        assert np.array_equal(bits, torch.from_numpy(scaled).to(torch.float8_e4m3fn).view(torch.uint8).numpy())
+    # The [out] form of the scale dequantises the same.
+    assert np.array_equal(dequantize_fp8_channel(bits, scale[:, 0]), back)
+
+
+@pytest.mark.parametrize(
+    "quant, message",
+    [
+        ({"quant_method": "compressed-tensors", "format": "pack-quantized", "config_groups": {}}, "pack-quantized"),
+        ({"quant_method": "compressed-tensors", "format": "float-quantized",
+          "config_groups": {"g": {"weights": {"num_bits": 8, "type": "float", "strategy": "tensor"}}}}, "strategy='tensor'"),
+        ({"quant_method": "compressed-tensors", "format": "float-quantized",
+          "config_groups": {"g": {"weights": {"num_bits": 4, "type": "int", "strategy": "group"}}}}, "num_bits=4"),
+        ({"quant_method": "fp8", "weight_block_size": [64, 64]}, "weight_block_size"),
+        ({"quant_method": "awq"}, "'awq' is not supported"),
+    ],
+)
+def test_unsupported_quantization_configs_are_refused(quant: dict[str, Any], message: str,
+                                                      build_checkpoint: Callable[..., Path]) -> None:
+    config = oracle.read_config(build_checkpoint("qwen3_moe", "fp8-channel"))
+    config["quantization_config"] = quant
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        normalise(config)
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -357,13 +442,15 @@ def test_same_seed_same_bytes_other_seed_other_weights(tmp_path: Path) -> None:
     assert oracle.read_raw_tensors(first)["lm_head.weight"].float().ne(oracle.read_raw_tensors(other)["lm_head.weight"].float()).any()
 
 
-def test_bench_path_streams_a_loadable_checkpoint(tmp_path: Path) -> None:
+@pytest.mark.parametrize("fmt", FP8_FORMATS)
+def test_bench_path_streams_a_loadable_checkpoint(tmp_path: Path, fmt: str) -> None:
     """The bench writer (numpy straight to the shards, no transformers model) yields the names
     and shapes transformers' class loads strictly; checked on a shrunken bench config."""
     overrides = {"num_hidden_layers": 2, "hidden_size": 160, "intermediate_size": 320, "num_attention_heads": 4,
                  "head_dim": 48, "num_experts": 6, "num_experts_per_tok": 2, "moe_intermediate_size": 136, "vocab_size": 1536}
-    ckpt = write_checkpoint("qwen3_moe", "bench", "fp8", tmp_path / "bench", overrides=overrides)
-    assert set(stored(ckpt)) - {n for n in stored(ckpt) if n.endswith("_scale_inv")} == set(expected_shapes(oracle.read_config(ckpt)))
+    ckpt = write_checkpoint("qwen3_moe", "bench", fmt, tmp_path / "bench", overrides=overrides)
+    scales = {n for n in stored(ckpt) if n.endswith(SCALE_SUFFIX[fmt])}
+    assert scales and set(stored(ckpt)) - scales == set(expected_shapes(oracle.read_config(ckpt)))
     model = oracle.load_reference_model(ckpt)
     assert np.isfinite(oracle.full_logits(model, [1, 2, 3])).all()
 

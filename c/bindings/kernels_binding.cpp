@@ -44,12 +44,13 @@ mg_format format_by_name(const std::string &name) {
     throw std::invalid_argument("unknown weight format '" + name + "' (f32, bf16, f16, fp8_e4m3, fp4_e2m1)");
 }
 
-const char *const kScaleNames[] = {"none", "f32_block128", "e8m0_block128", "e8m0_g32"};
+const char *const kScaleNames[] = {"none", "f32_block128", "e8m0_block128", "e8m0_g32", "f32_row"};
+static_assert(sizeof kScaleNames / sizeof *kScaleNames == MG_SCALE_KIND_COUNT, "a name per scale kind");
 
 mg_scale_kind scale_by_name(const std::string &name) {
     for (int k = 0; k < MG_SCALE_KIND_COUNT; k++)
         if (name == kScaleNames[k]) return static_cast<mg_scale_kind>(k);
-    throw std::invalid_argument("unknown scale kind '" + name + "' (none, f32_block128, e8m0_block128, e8m0_g32)");
+    throw std::invalid_argument("unknown scale kind '" + name + "' (none, f32_block128, e8m0_block128, e8m0_g32, f32_row)");
 }
 
 // One pool per thread count, created on first use and kept for the process: creating threads
@@ -99,6 +100,7 @@ mg_matrix make_matrix(const std::string &fmt, const std::string &scale_kind, con
     case MG_SCALE_F32_BLOCK128:
     case MG_SCALE_E8M0_BLOCK128: srows = (rows + 127) / 128; m.scale_cols = (cols + 127) / 128; break;
     case MG_SCALE_E8M0_G32: srows = rows; m.scale_cols = cols / 32; break;
+    case MG_SCALE_F32_ROW: srows = rows; m.scale_cols = 1; break;
     default: break;
     }
     if (m.scale_kind == MG_SCALE_NONE) {
@@ -108,7 +110,7 @@ mg_matrix make_matrix(const std::string &fmt, const std::string &scale_kind, con
     if (scale.is_none()) throw std::invalid_argument(std::string("scale kind '") + kScaleNames[m.scale_kind] + "' needs a scale array");
     py::array s = py::reinterpret_borrow<py::array>(scale);
     if (!(s.flags() & py::array::c_style)) throw std::invalid_argument("scale must be C-contiguous");
-    const size_t elem = m.scale_kind == MG_SCALE_F32_BLOCK128 ? 4 : 1;
+    const size_t elem = m.scale_kind == MG_SCALE_F32_BLOCK128 || m.scale_kind == MG_SCALE_F32_ROW ? 4 : 1;
     const size_t sneed = (size_t)srows * (size_t)m.scale_cols * elem;
     if ((size_t)s.nbytes() != sneed)
         throw std::invalid_argument("scale has " + std::to_string(s.nbytes()) + " bytes, expected " + std::to_string(sneed));

@@ -23,6 +23,9 @@ typedef enum mg_scale_kind {
     MG_SCALE_F32_BLOCK128 = 1,  /* fp32 [ceil(rows/128), ceil(cols/128)] (GLM/Qwen FP8) */
     MG_SCALE_E8M0_BLOCK128 = 2, /* ue8m0 bytes [ceil(rows/128), ceil(cols/128)] (DeepSeek-V4 FP8) */
     MG_SCALE_E8M0_G32 = 3,      /* ue8m0 bytes [rows, cols/32] (MXFP4 experts) */
+    MG_SCALE_F32_ROW = 4,       /* fp32 [rows, 1]: one scale per output row (compressed-tensors
+                                 * "channel" FP8, GLM-4.5-FP8); scale_cols is 1.  Kernels may
+                                 * multiply a row's dot product by it once instead of each weight. */
     MG_SCALE_KIND_COUNT
 } mg_scale_kind;
 

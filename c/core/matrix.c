@@ -20,14 +20,15 @@ static size_t scale_rows(const mg_matrix *w) {
     switch (w->scale_kind) {
     case MG_SCALE_F32_BLOCK128:
     case MG_SCALE_E8M0_BLOCK128: return (size_t)((w->rows + 127) / 128);
-    case MG_SCALE_E8M0_G32: return (size_t)w->rows;
+    case MG_SCALE_E8M0_G32:
+    case MG_SCALE_F32_ROW: return (size_t)w->rows;
     default: return 0;
     }
 }
 
 size_t mg_matrix_bytes(const mg_matrix *w) {
     size_t values = (size_t)w->rows * mg_matrix_row_bytes(w);
-    size_t elem = w->scale_kind == MG_SCALE_F32_BLOCK128 ? 4 : 1;
+    size_t elem = w->scale_kind == MG_SCALE_F32_BLOCK128 || w->scale_kind == MG_SCALE_F32_ROW ? 4 : 1;
     return values + scale_rows(w) * (size_t)w->scale_cols * elem;
 }
 
@@ -43,6 +44,11 @@ float mg_matrix_scale_at(const mg_matrix *w, int64_t r, int64_t c) {
         return mg_e8m0_to_f32(s[(size_t)(r / 128) * (size_t)w->scale_cols + (size_t)(c / 128)]);
     case MG_SCALE_E8M0_G32:
         return mg_e8m0_to_f32(s[(size_t)r * (size_t)w->scale_cols + (size_t)(c / 32)]);
+    case MG_SCALE_F32_ROW: {
+        float v;
+        memcpy(&v, s + (size_t)r * (size_t)w->scale_cols * 4, 4);
+        return v;
+    }
     default: return 1.0f;
     }
 }

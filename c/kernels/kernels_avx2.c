@@ -3,9 +3,11 @@
  *
  * Decode (n_tok == 1) streams each weight row once: a block of raw codes is widened to fp32
  * "raw" values (a power-of-two multiple of the true value, see RAW_FACTOR), dotted with x, and
- * the block's partial sum is multiplied by its scale.  Prefill (n_tok > 1) dequantises a tile of
+ * the block's partial sum is multiplied by its scale (a per-row scale, F32_ROW, multiplies the
+ * row's whole sum once).  Prefill (n_tok > 1) dequantises a tile of
  * rows x columns exactly into an L1-resident fp32 buffer and runs a 4-row x 3-token register
- * blocked micro-kernel over it, so the decoding cost is paid once per tile, not per token.
+ * blocked micro-kernel over it, so the decoding cost is paid once per tile, not per token (row
+ * scales are left out of the tile and multiply each output instead).
  *
  * Raw decodings (all exact, no denormals):
  *   bf16: 16-bit left shift into fp32 bits.
@@ -65,8 +67,20 @@ INLINE size_t col_bytes(mg_format f, int64_t c) {
     }
 }
 
-/* Columns sharing one scale (NONE: an arbitrary block, which keeps several accumulators busy). */
-INLINE int64_t block_cols(mg_scale_kind k) { return k == MG_SCALE_E8M0_G32 ? 32 : (k == MG_SCALE_NONE ? 256 : 128); }
+/* Columns sharing one scale (NONE and F32_ROW: an arbitrary block, which keeps several
+ * accumulators busy; a row scale is applied to the row's whole sum, see row_scale). */
+INLINE int64_t block_cols(mg_scale_kind k) {
+    return k == MG_SCALE_E8M0_G32 ? 32 : (k == MG_SCALE_NONE || k == MG_SCALE_F32_ROW ? 256 : 128);
+}
+
+/* MG_SCALE_F32_ROW: the scale of row r, multiplied into the row's dot product once (1 for every
+ * other kind, whose scales scale_at applies per block). */
+INLINE float row_scale(const mg_matrix *w, int64_t r) {
+    if (w->scale_kind != MG_SCALE_F32_ROW) return 1.0f;
+    float s;
+    memcpy(&s, (const uint8_t *)w->scale + (size_t)r * (size_t)w->scale_cols * 4, 4);
+    return s;
+}
 
 INLINE float scale_at(const mg_matrix *w, int64_t r, int64_t c) {
     switch (w->scale_kind) {
@@ -77,7 +91,7 @@ INLINE float scale_at(const mg_matrix *w, int64_t r, int64_t c) {
     }
     case MG_SCALE_E8M0_BLOCK128: return e8m0_to_f32(((const uint8_t *)w->scale)[(r / 128) * w->scale_cols + c / 128]);
     case MG_SCALE_E8M0_G32: return e8m0_to_f32(((const uint8_t *)w->scale)[r * w->scale_cols + c / 32]);
-    default: return 1.0f;
+    default: return 1.0f; /* NONE, and F32_ROW (applied per row by row_scale) */
     }
 }
 
@@ -375,7 +389,7 @@ INLINE void linear_decode(const mg_matrix *w, mg_format f, const float *x, float
         const int64_t kc = w->cols - c0 < XP_COLS ? w->cols - c0 : XP_COLS;
         if (f == MG_FP8_E4M3 || f == MG_BF16 || f == MG_FP4_E2M1) permute_x(f, x + c0, kc, xp);
         for (int64_t r = r0; r < r1; r++) {
-            const float part = row_dot_chunk(w, f, r, c0, kc, xp, x);
+            const float part = row_dot_chunk(w, f, r, c0, kc, xp, x) * row_scale(w, r);
             y[r] = c0 == 0 ? part : y[r] + part;
         }
     }
@@ -470,11 +484,13 @@ INLINE void linear_prefill(const mg_matrix *w, mg_format f, const float *x, int6
                     if (T == 3) micro_kernel(3, wt, TILE_COLS, xt, x_stride, kc, out);
                     else if (T == 2) micro_kernel(2, wt, TILE_COLS, xt, x_stride, kc, out);
                     else micro_kernel(1, wt, TILE_COLS, xt, x_stride, kc, out);
-                    for (int i = 0; i < MICRO_ROWS && i0 + i < nr; i++)
+                    for (int i = 0; i < MICRO_ROWS && i0 + i < nr; i++) {
+                        const float rs = row_scale(w, r + i0 + i); /* the tile holds unscaled rows */
                         for (int tt = 0; tt < T; tt++) {
                             float *yp = y + (t + tt) * y_stride + r + i0 + i;
-                            *yp = c0 == 0 ? out[i * 3 + tt] : *yp + out[i * 3 + tt];
+                            *yp = c0 == 0 ? out[i * 3 + tt] * rs : *yp + out[i * 3 + tt] * rs;
                         }
+                    }
                 }
             }
         }

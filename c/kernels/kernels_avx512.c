@@ -29,7 +29,8 @@
  * column block), so those rows run the unscaled loop; when a product would leave the normal range
  * the block's partial sum is multiplied instead.  fp4 group scales multiply each step's partial
  * sums.  Both are exact powers of two for e8m0, so results equal the scalar twin's up to
- * summation order.
+ * summation order.  Per-row scales (F32_ROW, any format) multiply each row's unscaled dot
+ * product once, as the scalar twin does.
  */
 #include <math.h>
 #include <string.h>
@@ -78,9 +79,11 @@ INLINE float e8m0_to_f32(uint8_t b) {
     return f;
 }
 
-/* Whether the fast decode path handles this matrix; the rest goes to the AVX2 table. */
+/* Whether the fast decode path handles this matrix; the rest goes to the AVX2 table.  A per-row
+ * scale (F32_ROW) multiplies the unscaled row's dot product once, so it goes with any format. */
 INLINE int fast_decode(const mg_matrix *w, mg_format f) {
     if (w->cols % step_cols(f)) return 0;
+    if (w->scale_kind == MG_SCALE_F32_ROW) return 1;
     switch (f) {
     case MG_F32:
     case MG_BF16:
@@ -91,6 +94,19 @@ INLINE int fast_decode(const mg_matrix *w, mg_format f) {
     case MG_FP4_E2M1: return w->scale_kind == MG_SCALE_NONE || w->scale_kind == MG_SCALE_E8M0_G32;
     default: return 0;
     }
+}
+
+/* 128x128 block scales (fp8): folded into x or applied per block below. */
+INLINE int block128_scaled(const mg_matrix *w) {
+    return w->scale_kind == MG_SCALE_F32_BLOCK128 || w->scale_kind == MG_SCALE_E8M0_BLOCK128;
+}
+
+/* MG_SCALE_F32_ROW: the scale of row r, multiplied into the row's dot product once (1 otherwise). */
+INLINE float row_scale(const mg_matrix *w, int64_t r) {
+    if (w->scale_kind != MG_SCALE_F32_ROW) return 1.0f;
+    float s;
+    memcpy(&s, (const uint8_t *)w->scale + (size_t)r * (size_t)w->scale_cols * 4, 4);
+    return s;
 }
 
 /* ---- one 64-byte step per format: accumulates raw(w) . xp into a0, a1 --------------------- */
@@ -326,7 +342,7 @@ INLINE int linear_decode(const mg_matrix *w, mg_format f, const float *x, float 
         int64_t sf_rows = -1; /* the row block whose 128-column scales sf (or xq) holds */
         int folded = 0;
         float xmax = 0.0f, xmin = INFINITY;
-        if (f == MG_FP8_E4M3 && w->scale_kind != MG_SCALE_NONE)
+        if (f == MG_FP8_E4M3 && block128_scaled(w))
             for (int64_t c = 0; c < kc; c++) {
                 const float a = fabsf(xp[c]);
                 xmax = a > xmax ? a : xmax; /* NaN compares false: skipped */
@@ -342,7 +358,7 @@ INLINE int linear_decode(const mg_matrix *w, mg_format f, const float *x, float 
                 } else {
                     part = row_fp4(p, xs, nb, NULL);
                 }
-            } else if (f == MG_FP8_E4M3 && w->scale_kind != MG_SCALE_NONE) {
+            } else if (f == MG_FP8_E4M3 && block128_scaled(w)) {
                 if (r / 128 != sf_rows) { /* one scale row serves 128 weight rows */
                     sf_rows = r / 128;
                     folded = fold_block_scales(w, r, c0, kc, xp, xmax, xmin, xq);
@@ -353,6 +369,7 @@ INLINE int linear_decode(const mg_matrix *w, mg_format f, const float *x, float 
             } else {
                 part = row_plain(f, p, xs, nb);
             }
+            part *= row_scale(w, r);
             y[r] = c0 == 0 ? part : y[r] + part;
         }
     }

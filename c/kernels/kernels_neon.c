@@ -11,7 +11,8 @@
  *         code (S.1111.111) is decoded by the scalar twin instead.
  *   fp4   e2m1 values (0, 0.5 ... 6) are f16 numbers whose low byte is zero: a 16-entry byte
  *         table (vqtbl1q_u8) gives the high byte, a zip with zeros makes the f16 bits.
- * Quantised values are multiplied by their scale before the FMA, as the scalar twin does. */
+ * Quantised values are multiplied by their block scale before the FMA, as the scalar twin does;
+ * a per-row scale (MG_SCALE_F32_ROW) multiplies the row's dot product once, also as it does. */
 #include "core/kernels.h"
 
 #if defined(__aarch64__) && defined(__ARM_NEON)
@@ -51,7 +52,20 @@ static int64_t scale_block_len(const mg_matrix *w) {
     }
 }
 
-/* The scale of block containing column c in row r. */
+/* Whether scale_of differs per block; F32_ROW instead scales each row's dot product once. */
+static int block_scaled(const mg_matrix *w) {
+    return w->scale_kind != MG_SCALE_NONE && w->scale_kind != MG_SCALE_F32_ROW;
+}
+
+/* MG_SCALE_F32_ROW: the scale of row r (1 for every other kind). */
+static float row_scale(const mg_matrix *w, int64_t r) {
+    if (w->scale_kind != MG_SCALE_F32_ROW) return 1.0f;
+    float f;
+    memcpy(&f, (const uint8_t *)w->scale + (size_t)r * (size_t)w->scale_cols * 4, 4);
+    return f;
+}
+
+/* The scale of block containing column c in row r (1 for F32_ROW, see row_scale). */
 static float scale_of(const mg_matrix *w, int64_t r, int64_t c) {
     switch (w->scale_kind) {
     case MG_SCALE_F32_BLOCK128: {
@@ -146,7 +160,7 @@ ALWAYS_INLINE float hsum4(float32x4_t a, float32x4_t b, float32x4_t c, float32x4
 ALWAYS_INLINE float row_dot(mg_format fmt, const mg_matrix *w, int64_t r, const float *x) {
     const int64_t cols = w->cols, block = scale_block_len(w);
     const uint8_t *row = (const uint8_t *)w->data + (size_t)r * mg_matrix_row_bytes(w);
-    const int scaled = w->scale_kind != MG_SCALE_NONE;
+    const int scaled = block_scaled(w);
     float32x4_t acc0 = vdupq_n_f32(0.0f), acc1 = acc0, acc2 = acc0, acc3 = acc0;
     float tail = 0.0f;
     for (int64_t b0 = 0; b0 < cols; b0 += block) {
@@ -173,7 +187,7 @@ ALWAYS_INLINE float row_dot(mg_format fmt, const mg_matrix *w, int64_t r, const 
         }
         for (; c < b1; c++) tail += value_at(fmt, row, c) * s * x[c];
     }
-    return hsum4(acc0, acc1, acc2, acc3) + tail;
+    return (hsum4(acc0, acc1, acc2, acc3) + tail) * row_scale(w, r);
 }
 
 /* Prefill: dequantise columns [c0, c1) of row r (c0 a multiple of the scale block) into out. */
@@ -181,7 +195,7 @@ ALWAYS_INLINE void row_dequant(mg_format fmt, const mg_matrix *w, int64_t r, int
                                float *out) {
     const int64_t block = scale_block_len(w);
     const uint8_t *row = (const uint8_t *)w->data + (size_t)r * mg_matrix_row_bytes(w);
-    const int scaled = w->scale_kind != MG_SCALE_NONE;
+    const int scaled = block_scaled(w);
     for (int64_t b0 = c0; b0 < c1; b0 += block) {
         const int64_t b1 = b0 + block < c1 ? b0 + block : c1;
         const float s = scaled ? scale_of(w, r, b0) : 1.0f;
@@ -263,7 +277,7 @@ ALWAYS_INLINE void linear_impl(mg_format fmt, const mg_matrix *w, const float *x
                 } else {
                     for (int64_t i = 0; i < nr; i++) d[i] = dot_neon(buf + i * CHUNK, xt, len);
                 }
-                for (int64_t i = 0; i < nr; i++) yt[i] += d[i];
+                for (int64_t i = 0; i < nr; i++) yt[i] += d[i] * row_scale(w, r + i); /* buf is unscaled */
             }
         }
     }

@@ -1,9 +1,21 @@
 /* Scalar reference kernels: the twin every SIMD kernel is tested against, and the fallback on
  * CPUs without a SIMD table.  Written for clarity, not speed. */
 #include <math.h>
+#include <string.h>
 #include "core/kernels.h"
 
-/* Dequantise one row of w into out[cols] (exact: every format here is exact in fp32). */
+/* The scale of row r for MG_SCALE_F32_ROW (1 otherwise).  Row scales are applied once to the
+ * row's dot product, not to each weight: every table does the same, so they agree up to fp32
+ * summation order. */
+static float row_scale(const mg_matrix *w, int64_t r) {
+    if (w->scale_kind != MG_SCALE_F32_ROW) return 1.0f;
+    float s;
+    memcpy(&s, (const uint8_t *)w->scale + (size_t)r * (size_t)w->scale_cols * 4, 4);
+    return s;
+}
+
+/* Dequantise one row of w into out[cols] (exact: every format here is exact in fp32), without
+ * its row scale (see row_scale). */
 static void dequant_row(const mg_matrix *w, int64_t r, float *out) {
     const int64_t cols = w->cols;
     const uint8_t *row = (const uint8_t *)w->data + (size_t)r * mg_matrix_row_bytes(w);
@@ -53,7 +65,15 @@ static void dequant_row(const mg_matrix *w, int64_t r, float *out) {
 static void linear_scalar(const mg_matrix *w, const float *x, int64_t x_stride, int64_t n_tok,
                           float *y, int64_t y_stride, int64_t r0, int64_t r1) {
     float row[4096];
+    /* Wide rows read elements through mg_matrix_get, which would apply a row scale per weight:
+     * give it the matrix without one, and scale the sums like the narrow path does. */
+    mg_matrix unscaled = *w;
+    if (w->scale_kind == MG_SCALE_F32_ROW) {
+        unscaled.scale_kind = MG_SCALE_NONE;
+        unscaled.scale = NULL;
+    }
     for (int64_t r = r0; r < r1; r++) {
+        const float rs = row_scale(w, r);
         /* Rows wider than the stack buffer are handled in column chunks of whole 128 blocks. */
         float acc_tok[64];
         for (int64_t t0 = 0; t0 < n_tok; t0 += 64) {
@@ -71,11 +91,11 @@ static void linear_scalar(const mg_matrix *w, const float *x, int64_t x_stride, 
                 for (int64_t t = 0; t < nt; t++) {
                     const float *xt = x + (t0 + t) * x_stride;
                     float acc = 0.0f;
-                    for (int64_t c = 0; c < w->cols; c++) acc += mg_matrix_get(w, r, c) * xt[c];
+                    for (int64_t c = 0; c < w->cols; c++) acc += mg_matrix_get(&unscaled, r, c) * xt[c];
                     acc_tok[t] = acc;
                 }
             }
-            for (int64_t t = 0; t < nt; t++) y[(t0 + t) * y_stride + r] = acc_tok[t];
+            for (int64_t t = 0; t < nt; t++) y[(t0 + t) * y_stride + r] = acc_tok[t] * rs;
         }
     }
 }

@@ -42,7 +42,8 @@ static int wrong_shape(const mg_checkpoint *ck, const mg_tensor *t, int64_t rows
 }
 
 /* Finds and checks a scale tensor: dtype and exact 2-D shape.  With allow_half, a BF16 or
- * F16 scale is accepted in place of F32 (some Qwen FP8 releases store weight_scale_inv so);
+ * F16 scale is accepted in place of F32 (some Qwen FP8 releases store weight_scale_inv so, and
+ * compressed-tensors may store weight_scale in the model dtype);
  * *f32 then receives fp32 values (converted once, owned by the checkpoint). */
 static const mg_tensor *bind_scale(const mg_checkpoint *ck, const mg_tensor *w, const char *sname,
                                    mg_dtype dt, int allow_half, int64_t srows, int64_t scols,
@@ -114,24 +115,27 @@ int mg_bind_matrix(const mg_checkpoint *ck, const char *name, int64_t rows, int6
             rc = mg_fail(err, "%s: out of memory", name);
         } else {
             const mg_tensor *shf = mg_checkpoint_find(ck, hf), *sds = mg_checkpoint_find(ck, ds);
+            const mg_tensor *sct = mg_checkpoint_find(ck, ct);
             const mg_tensor *s = NULL;
             const void *sdata = NULL;
-            if (shf && sds) {
-                rc = mg_fail(err, "%s: tensor '%s': both '%s' and '%s' exist; which scale applies "
-                             "is ambiguous", shard_of(ck, t), name, hf, ds);
+            if ((shf != NULL) + (sds != NULL) + (sct != NULL) > 1) {
+                rc = mg_fail(err, "%s: tensor '%s': more than one of '%s', '%s' and '%s' exists; "
+                             "which scale applies is ambiguous", shard_of(ck, t), name, hf, ds, ct);
             } else if (shf) {
                 s = bind_scale(ck, t, hf, MG_DT_F32, 1, br, bc, &sdata, err);
                 out->scale_kind = MG_SCALE_F32_BLOCK128;
             } else if (sds) {
                 s = bind_scale(ck, t, ds, MG_DT_F8_E8M0, 0, br, bc, &sdata, err);
                 out->scale_kind = MG_SCALE_E8M0_BLOCK128;
-            } else if (mg_checkpoint_find(ck, ct)) {
-                rc = mg_fail(err, "%s: tensor '%s': per-channel FP8 scales ('%s', compressed-tensors "
-                             "format) are not supported; expected 128x128 block scales",
-                             shard_of(ck, t), name, ct);
+            } else if (sct) {
+                /* compressed-tensors "channel" FP8 (GLM-4.5-FP8): one scale per output row,
+                 * stored [rows, 1]; a per-tensor scale ([1] or [1, 1]) is refused here. */
+                s = bind_scale(ck, t, ct, MG_DT_F32, 1, rows, 1, &sdata, err);
+                out->scale_kind = MG_SCALE_F32_ROW;
+                bc = 1;
             } else {
                 rc = mg_fail(err, "%s: tensor '%s': F8_E4M3 weight without a scale tensor "
-                             "('%s' or '%s')", shard_of(ck, t), name, hf, ds);
+                             "('%s', '%s' or '%s')", shard_of(ck, t), name, hf, ds, ct);
             }
             if (!rc && !s) rc = -1;
             if (!rc) {

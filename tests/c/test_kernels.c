@@ -67,7 +67,17 @@ typedef struct {
 } test_matrix;
 
 static int64_t scale_rows_of(mg_scale_kind k, int64_t rows) {
-    return k == MG_SCALE_E8M0_G32 ? rows : (k == MG_SCALE_NONE ? 0 : (rows + 127) / 128);
+    if (k == MG_SCALE_E8M0_G32 || k == MG_SCALE_F32_ROW) return rows;
+    return k == MG_SCALE_NONE ? 0 : (rows + 127) / 128;
+}
+
+static int64_t scale_cols_of(mg_scale_kind k, int64_t cols) {
+    switch (k) {
+    case MG_SCALE_E8M0_G32: return cols / 32;
+    case MG_SCALE_F32_ROW: return 1;
+    case MG_SCALE_NONE: return 0;
+    default: return (cols + 127) / 128;
+    }
 }
 
 static void make_matrix(test_matrix *tm, mg_format f, mg_scale_kind k, int64_t rows, int64_t cols, rng *g) {
@@ -108,8 +118,8 @@ static void make_matrix(test_matrix *tm, mg_format f, mg_scale_kind k, int64_t r
     }
     m->data = tm->data = d;
     int64_t srows = scale_rows_of(k, rows);
-    m->scale_cols = k == MG_SCALE_E8M0_G32 ? cols / 32 : (k == MG_SCALE_NONE ? 0 : (cols + 127) / 128);
-    if (k == MG_SCALE_F32_BLOCK128) {
+    m->scale_cols = scale_cols_of(k, cols);
+    if (k == MG_SCALE_F32_BLOCK128 || k == MG_SCALE_F32_ROW) {
         float *s = malloc((size_t)(srows * m->scale_cols) * 4 + 1);
         for (int64_t i = 0; i < srows * m->scale_cols; i++) s[i] = ldexpf(0.5f + rng_uniform(g), -(int)(rng_next(g) % 12));
         m->scale = tm->scale = s;
@@ -141,6 +151,7 @@ static void make_matrix(test_matrix *tm, mg_format f, mg_scale_kind k, int64_t r
             if (k == MG_SCALE_F32_BLOCK128) s = ((const float *)m->scale)[(r / 128) * m->scale_cols + c / 128];
             if (k == MG_SCALE_E8M0_BLOCK128) s = mg_e8m0_to_f32(((const uint8_t *)m->scale)[(r / 128) * m->scale_cols + c / 128]);
             if (k == MG_SCALE_E8M0_G32) s = mg_e8m0_to_f32(((const uint8_t *)m->scale)[r * m->scale_cols + c / 32]);
+            if (k == MG_SCALE_F32_ROW) s = ((const float *)m->scale)[r];
             tm->ref[r * cols + c] = v * s;
         }
     }
@@ -155,7 +166,8 @@ static void free_matrix(test_matrix *tm) {
 /* ---- linear ------------------------------------------------------------------------------ */
 
 static const char *scale_name(mg_scale_kind k) {
-    static const char *names[] = {"none", "f32_block128", "e8m0_block128", "e8m0_g32"};
+    static const char *names[] = {"none", "f32_block128", "e8m0_block128", "e8m0_g32", "f32_row"};
+    _Static_assert(sizeof names / sizeof *names == MG_SCALE_KIND_COUNT, "a name per scale kind");
     return names[k];
 }
 

@@ -13,6 +13,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "core/kernels.h"
 #include "core/matrix.h"
 #include "io/safetensors.h"
 #include "model/experts.h"
@@ -407,6 +408,13 @@ static void test_quantised(void) {
     uint8_t s4[FR * FC / 32] = {e8m0(0), e8m0(1), e8m0(-1), e8m0(2), e8m0(-3), e8m0(4)};
     float bad_f32[4] = {1, 1, 1, 1};
     uint8_t bad_e8[4] = {127, 127, 127, 127};
+    /* compressed-tensors channel scales: one per output row, [R, 1], F32 or BF16. */
+    static float rs[R];
+    static uint16_t rs_bf16[R];
+    for (int r = 0; r < R; r++) {
+        rs[r] = ldexpf(1.0f + (float)(r % 7) / 8.0f, r % 5 - 3); /* exact in bf16 too */
+        rs_bf16[r] = mg_f32_to_bf16(rs[r]);
+    }
     spec s[] = {
         {"hf.weight", "F8_E4M3", 2, {R, C}, fp8, sizeof fp8},
         {"hf.weight_scale_inv", "F32", 2, {2, 3}, sinv, sizeof sinv},
@@ -426,6 +434,17 @@ static void test_quantised(void) {
         {"both.scale", "F8_E8M0", 2, {2, 3}, se8, sizeof se8},
         {"ct.weight", "F8_E4M3", 2, {R, C}, fp8, sizeof fp8},
         {"ct.weight_scale", "F32", 2, {2, 2}, bad_f32, 16},
+        {"ch.weight", "F8_E4M3", 2, {R, C}, fp8, sizeof fp8},
+        {"ch.weight_scale", "F32", 2, {R, 1}, rs, sizeof rs},
+        {"chbf.weight", "F8_E4M3", 2, {R, C}, fp8, sizeof fp8},
+        {"chbf.weight_scale", "BF16", 2, {R, 1}, rs_bf16, sizeof rs_bf16},
+        {"chvec.weight", "F8_E4M3", 2, {R, C}, fp8, sizeof fp8},
+        {"chvec.weight_scale", "F32", 1, {R}, rs, sizeof rs},
+        {"chtensor.weight", "F8_E4M3", 2, {R, C}, fp8, sizeof fp8},
+        {"chtensor.weight_scale", "F32", 1, {1}, rs, 4},
+        {"chboth.weight", "F8_E4M3", 2, {R, C}, fp8, sizeof fp8},
+        {"chboth.weight_scale", "F32", 2, {R, 1}, rs, sizeof rs},
+        {"chboth.weight_scale_inv", "F32", 2, {2, 3}, sinv, sizeof sinv},
         {"fp4bad.weight", "I8", 2, {FR, FC / 2}, fp4, sizeof fp4},
         {"fp4bad.scale", "F8_E8M0", 2, {FR, 1}, s4, FR},
         {"fp4noscale.weight", "I8", 2, {FR, FC / 2}, fp4, sizeof fp4},
@@ -478,6 +497,39 @@ static void test_quantised(void) {
     CHECK(bad == 0, "ds fp8: %d wrong values", bad);
     CHECK(mg_matrix_bytes(&m) == (size_t)R * C + 6, "ds fp8 bytes");
 
+    /* compressed-tensors per-channel FP8: value = fp8 * weight_scale[r, 0], F32 or BF16. */
+    const char *ch_names[2] = {"ch.weight", "chbf.weight"};
+    for (int k = 0; k < 2; k++) {
+        CHECK(mg_bind_matrix(ck, ch_names[k], R, C, &m, &err) == 0, "%s", err.msg);
+        CHECK(m.format == MG_FP8_E4M3 && m.scale_kind == MG_SCALE_F32_ROW && m.scale_cols == 1 &&
+                  m.scale != NULL, "%s descriptor", ch_names[k]);
+        bad = 0;
+        for (int r = 0; r < R; r++)
+            for (int c = 0; c < C; c++) {
+                float want = mg_fp8_e4m3_to_f32(fp8[r * C + c]) * rs[r];
+                if (mg_matrix_get(&m, r, c) != want || mg_matrix_scale_at(&m, r, c) != rs[r]) bad++;
+            }
+        CHECK(bad == 0, "%s: %d wrong values", ch_names[k], bad);
+        CHECK(mg_matrix_bytes(&m) == (size_t)R * C + R * 4, "%s bytes", ch_names[k]);
+    }
+    /* The scalar kernel applies the row scale to the row's sum: same result as dequantising. */
+    {
+        CHECK(mg_bind_matrix(ck, "ch.weight", R, C, &m, &err) == 0, "%s", err.msg);
+        static float x[C], y[R];
+        for (int c = 0; c < C; c++) x[c] = (float)((c * 13) % 11) / 8.0f - 0.6f;
+        mg_kernels_scalar()->linear[MG_FP8_E4M3](&m, x, C, 1, y, R, 0, R);
+        bad = 0;
+        for (int r = 0; r < R; r++) {
+            double want = 0, mag = 0;
+            for (int c = 0; c < C; c++) {
+                double p = (double)mg_fp8_e4m3_to_f32(fp8[r * C + c]) * rs[r] * x[c];
+                want += p, mag += fabs(p);
+            }
+            if (!(fabs(y[r] - want) <= 1e-5 * mag + 1e-30)) bad++;
+        }
+        CHECK(bad == 0, "per-channel fp8 linear: %d wrong rows", bad);
+    }
+
     /* Packed FP4: low nibble = even column, one e8m0 scale per 32 columns. */
     static const float mag[8] = {0, 0.5f, 1, 1.5f, 2, 3, 4, 6};
     const char *fp4_names[2] = {"ex.weight", "ux.weight"};
@@ -513,7 +565,20 @@ static void test_quantised(void) {
     CHECK(mg_bind_matrix(ck, "both.weight", R, C, &m, &err) == -1 && strstr(err.msg, "ambiguous"),
           "%s", err.msg);
     CHECK(mg_bind_matrix(ck, "ct.weight", R, C, &m, &err) == -1 &&
-              strstr(err.msg, "tensor 'ct.weight': per-channel FP8"), "%s", err.msg);
+              strstr(err.msg, "model.safetensors: tensor 'ct.weight_scale': scale of 'ct.weight' is F32 "
+                              "[2, 2], expected F32 (or BF16/F16) [130, 1]"),
+          "%s", err.msg);
+    CHECK(mg_bind_matrix(ck, "chvec.weight", R, C, &m, &err) == -1 &&
+              strstr(err.msg, "tensor 'chvec.weight_scale': scale of 'chvec.weight' is F32 [130], "
+                              "expected F32 (or BF16/F16) [130, 1]"),
+          "%s", err.msg);
+    CHECK(mg_bind_matrix(ck, "chtensor.weight", R, C, &m, &err) == -1 &&
+              strstr(err.msg, "tensor 'chtensor.weight_scale': scale of 'chtensor.weight' is F32 [1], "
+                              "expected F32 (or BF16/F16) [130, 1]"),
+          "%s", err.msg);
+    CHECK(mg_bind_matrix(ck, "chboth.weight", R, C, &m, &err) == -1 && strstr(err.msg, "ambiguous") &&
+              strstr(err.msg, "chboth.weight_scale'"),
+          "%s", err.msg);
     CHECK(mg_bind_matrix(ck, "hf.weight", C, R, &m, &err) == -1 &&
               strstr(err.msg, "tensor 'hf.weight': F8_E4M3 shape [130, 260], expected [260, 130]"),
           "%s", err.msg);

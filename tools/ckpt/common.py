@@ -30,9 +30,11 @@ from gateway.checkpoints.numerics import (  # noqa: E402,F401  (re-exported for 
     FP8_E4M3_VALUES,
     bf16_bits_to_f32,
     dequantize_fp8_blocks,
+    dequantize_fp8_channel,
     f32_to_bf16_bits,
     f32_to_fp8_e4m3_bits,
     quantize_fp8_blocks,
+    quantize_fp8_channel,
 )
 from gateway.checkpoints.shards import (  # noqa: E402,F401
     DTYPE_BYTES,
@@ -45,7 +47,10 @@ from gateway.checkpoints import shards as _shards  # noqa: E402
 
 FP8_BLOCK = (128, 128)
 SIZES = ("tiny", "bench")
-FORMATS = ("f32", "bf16", "fp8", "native")
+# fp8: 128x128 block scales (`weight_scale_inv`, the Qwen -FP8 repos); fp8-channel: one scale per
+# output row (`weight_scale` [out, 1], compressed-tensors "channel", the GLM-4.5-FP8 repos).
+FORMATS = ("f32", "bf16", "fp8", "fp8-channel", "native")
+FP8_FORMATS = ("fp8", "fp8-channel")
 
 
 class Role(str, Enum):
@@ -73,6 +78,11 @@ def scale_name(weight_name: str) -> str:
     return weight_name + "_scale_inv"
 
 
+def channel_scale_name(weight_name: str) -> str:
+    """Name of the per-channel scale of `weight_name` (compressed-tensors: `<module>.weight_scale`)."""
+    return weight_name + "_scale"
+
+
 def scale_grid(shape: tuple[int, ...], block: tuple[int, int] = FP8_BLOCK) -> tuple[int, int]:
     """Scale tensor shape [ceil(out/128), ceil(in/128)]: partial edge blocks get their own scale."""
     rows, cols = shape
@@ -89,6 +99,12 @@ def stored_entries(spec: TensorSpec, fmt: str) -> list[StoredTensor]:
         return [
             StoredTensor(spec.name, "F8_E4M3", spec.shape),
             StoredTensor(scale_name(spec.name), "F32", scale_grid(spec.shape)),
+        ]
+    if fmt == "fp8-channel" and spec.role is Role.LINEAR:
+        # Scales in the model dtype (bf16), as llm-compressor writes them; the engine also reads F32.
+        return [
+            StoredTensor(spec.name, "F8_E4M3", spec.shape),
+            StoredTensor(channel_scale_name(spec.name), "BF16", (spec.shape[0], 1)),
         ]
     return [StoredTensor(spec.name, "BF16", spec.shape)]
 
@@ -142,6 +158,9 @@ def encode_tensor(spec: TensorSpec, values: np.ndarray, fmt: str) -> dict[str, b
     entries = stored_entries(spec, fmt)
     if tuple(values.shape) != spec.shape:
         raise ValueError(f"{spec.name}: drew shape {values.shape}, plan says {spec.shape}")
+    if len(entries) == 2 and fmt == "fp8-channel":
+        bits, scale = quantize_fp8_channel(values)
+        return {entries[0].name: bits.tobytes(), entries[1].name: encode_plain(scale, entries[1].dtype)}
     if len(entries) == 2:
         bits, scale = quantize_fp8_blocks(values)
         return {entries[0].name: bits.tobytes(), entries[1].name: scale.astype("<f4").tobytes()}

@@ -20,6 +20,7 @@ import numpy as np
 
 from .common import (
     FP8_BLOCK,
+    FP8_FORMATS,
     Role,
     TensorSpec,
     draw_tensor,
@@ -228,20 +229,54 @@ def _validate(config: dict[str, Any]) -> None:
             raise ValueError("num_experts_per_tok exceeds the experts left after group selection")
 
 
-def quantization_config(config: dict[str, Any]) -> dict[str, Any]:
-    """The block-FP8 quantization_config of the official -FP8 repos."""
-    keep = ["lm_head", "model.embed_tokens"]
+def _unquantised_modules(config: dict[str, Any], *, embeddings: bool) -> list[str]:
+    """Modules FP8 checkpoints keep in bf16: the head, the routers, MTP's eh_proj (and the
+    embedding where the format lists it; compressed-tensors only targets Linear layers)."""
+    keep = ["lm_head", "model.embed_tokens"] if embeddings else ["lm_head"]
     for layer in range(config["num_hidden_layers"]):
         if is_moe_layer(config, layer):
             keep.append(f"model.layers.{layer}.mlp.gate")
     for layer in mtp_layer_indices(config):
         keep += [f"model.layers.{layer}.mlp.gate", f"model.layers.{layer}.eh_proj"]
+    return keep
+
+
+def quantization_config(config: dict[str, Any], fmt: str = "fp8") -> dict[str, Any]:
+    """The quantization_config of the official FP8 repos: block FP8 (`fp8`, Qwen's -FP8 form)
+    or compressed-tensors per-channel FP8 (`fp8-channel`, GLM-4.5-FP8's form)."""
+    if fmt == "fp8-channel":
+        return compressed_tensors_config(config)
+    keep = _unquantised_modules(config, embeddings=True)
     return {
         "activation_scheme": "dynamic",
         "fmt": "e4m3",
         "modules_to_not_convert": keep,
         "quant_method": "fp8",
         "weight_block_size": list(FP8_BLOCK),
+    }
+
+
+def compressed_tensors_config(config: dict[str, Any]) -> dict[str, Any]:
+    """compressed-tensors "float-quantized" config: FP8 E4M3 weights with one static scale per
+    output channel, activations quantised dynamically per token (which the engine ignores: it
+    multiplies fp32 activations), every Linear layer except the `ignore` list."""
+    fp8_args = {"actorder": None, "block_structure": None, "group_size": None, "num_bits": 8,
+                "observer_kwargs": {}, "symmetric": True, "type": "float"}
+    return {
+        "config_groups": {
+            "group_0": {
+                "input_activations": {**fp8_args, "dynamic": True, "observer": None, "strategy": "token"},
+                "output_activations": None,
+                "targets": ["Linear"],
+                "weights": {**fp8_args, "dynamic": False, "observer": "minmax", "strategy": "channel"},
+            }
+        },
+        "format": "float-quantized",
+        "global_compression_ratio": None,
+        "ignore": _unquantised_modules(config, embeddings=False),
+        "kv_cache_scheme": None,
+        "quant_method": "compressed-tensors",
+        "quantization_status": "compressed",
     }
 
 
@@ -359,8 +394,8 @@ def write_checkpoint(arch_name: str, size: str, fmt: str, out_dir: Path, seed: i
     on_disk = dict(config)
     on_disk["torch_dtype"] = "float32" if fmt == "f32" else "bfloat16"
     on_disk["transformers_version"] = TRANSFORMERS_VERSION_WRITTEN
-    if fmt == "fp8":
-        on_disk["quantization_config"] = quantization_config(config)
+    if fmt in FP8_FORMATS:
+        on_disk["quantization_config"] = quantization_config(config, fmt)
     write_json(out_dir / "config.json", dict(sorted(on_disk.items())))
     write_json(out_dir / "generation_config.json", generation_config(arch, config, tokenizer))
     return out_dir

@@ -107,6 +107,27 @@ def dequantize_fp8_blocks(bits: np.ndarray, scale: np.ndarray, block: tuple[int,
     return (values * expanded).astype(np.float32)
 
 
+def quantize_fp8_channel(weight: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per-output-channel FP8 (compressed-tensors "channel" strategy, the GLM-4.5-FP8 form):
+    one scale per row = amax/448, rounded to bf16 (the dtype the scale is stored in) before
+    dividing, so that q * stored scale is what the engine and the oracle both compute.  Returns
+    (q bits uint8 [O, K], scale float32 [O, 1] holding bf16-exact values); an all-zero row gets
+    scale 1.  A value pushed past 448 by the scale's rounding saturates at 448.
+    """
+    w = weight.astype(np.float32)
+    amax = np.abs(w).max(axis=1, keepdims=True) if w.shape[1] else np.zeros((w.shape[0], 1), np.float32)
+    scale = np.where(amax > 0, amax / np.float32(FP8_E4M3_MAX), np.float32(1.0)).astype(np.float32)
+    scale = bf16_bits_to_f32(f32_to_bf16_bits(scale))
+    scale = np.where(scale > 0, scale, np.float32(1.0)).astype(np.float32)  # underflow guard
+    return f32_to_fp8_e4m3_bits(w / scale), scale
+
+
+def dequantize_fp8_channel(bits: np.ndarray, scale: np.ndarray) -> np.ndarray:
+    """Inverse of `quantize_fp8_channel`: float32(q) * scale of its row ([O, 1] or [O])."""
+    values = FP8_E4M3_VALUES[bits.astype(np.intp)]
+    return (values * np.asarray(scale, np.float32).reshape(-1, 1)).astype(np.float32)
+
+
 # ----------------------------------------------------------------------------------------------
 # ue8m0-scaled fp8 / fp4 (the DeepSeek-V4 release)
 

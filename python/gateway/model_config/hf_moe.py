@@ -95,7 +95,53 @@ def _common(raw: dict[str, Any], arch: str, *, default_partial: float, default_m
         "moe_intermediate_size": _int(raw, "moe_intermediate_size"),
         "num_experts_per_tok": _int(raw, "num_experts_per_tok"),
         "norm_topk_prob": _bool(raw, "norm_topk_prob", False),
+        "weight_quant": _weight_quant(raw),
     }
+
+
+def _weight_quant(raw: dict[str, Any]) -> str:
+    """Which quantised weight layout quantization_config announces ("none", "fp8_block128" or
+    "fp8_channel").  The tensors themselves decide how each matrix is bound (and a bf16 router
+    or head next to FP8 projections is normal: the configs' ignore lists); this check turns a
+    layout the engine cannot read into one clear error instead of a missing-tensor one."""
+    quant = raw.get("quantization_config")
+    if quant is None:
+        return "none"
+    if not isinstance(quant, dict):
+        raise ConfigError("config field 'quantization_config' must be an object")
+    method = quant.get("quant_method")
+    if method == "fp8":
+        # transformers' fine-grained FP8 (Qwen -FP8 repos): weight + weight_scale_inv per 128x128 block.
+        block = quant.get("weight_block_size")
+        if block is not None and list(block) != [128, 128]:
+            raise ConfigError(f"quantization_config: fp8 weight_block_size {block!r} is not supported (only [128, 128])")
+        return "fp8_block128"
+    if method == "compressed-tensors":
+        # compressed-tensors FP8 (GLM-4.5-FP8): weight + weight_scale [out, 1]; activation
+        # quantisation is ignored (the engine multiplies fp32 activations).
+        fmt = quant.get("format")
+        if fmt != "float-quantized":
+            raise ConfigError(
+                f"quantization_config: compressed-tensors format {fmt!r} is not supported (only 'float-quantized' FP8)"
+            )
+        groups = quant.get("config_groups")
+        if not isinstance(groups, dict) or not groups:
+            raise ConfigError("quantization_config: compressed-tensors config_groups is missing or empty")
+        for name, group in groups.items():
+            weights = group.get("weights") if isinstance(group, dict) else None
+            if not isinstance(weights, dict):
+                raise ConfigError(f"quantization_config: config group {name!r} has no weights scheme")
+            scheme = (weights.get("num_bits"), weights.get("type"), weights.get("strategy"))
+            if scheme != (8, "float", "channel"):
+                raise ConfigError(
+                    f"quantization_config: config group {name!r} quantises weights as num_bits={scheme[0]!r} "
+                    f"type={scheme[1]!r} strategy={scheme[2]!r}; only 8-bit float per-channel FP8 is supported"
+                )
+        return "fp8_channel"
+    raise ConfigError(
+        f"quantization_config: quant_method {method!r} is not supported "
+        "(supported: 'fp8' with 128x128 blocks, 'compressed-tensors' per-channel FP8)"
+    )
 
 
 def _check_experts(cfg: dict[str, Any]) -> None:
