@@ -18,6 +18,12 @@ and the stop token; when `remaining` comes within that need plus the cost of ope
 structure (another call or item), only "inert" tokens (which cannot open new structure) and the
 plan's next token stay allowed, and at the end the plan itself is followed.  So a
 reply is cut with finish_reason "length" only when even the shortest completion cannot fit.
+
+"Inert" is judged by characters, which is only true of free text (a string's or a number's body,
+where many tokens are allowed).  Where few tokens are allowed the output is at a branch of the
+markup or a value's alternatives, and a token made of plain letters may still commit to new
+structure (after DSML's "<", "｜" opens another invoke or parameter where "/" closes): there
+each candidate is checked by planning from the state it leads to.
 """
 from __future__ import annotations
 
@@ -45,6 +51,8 @@ STEER_WINDOW = 8      # tokens of slack before the plan is followed strictly
 REPLAN_EVERY = 16     # replan at least this often, wherever the budget stands
 MAX_PLAN = 2048       # tokens; a plan longer than this is not found (treated as unsatisfiable)
 REOPEN_PAD = 16       # tokens of opener text a new call / item adds beyond its body
+VERIFY_MAX = 32       # calm candidates at most to check one by one (more: free text)
+FALLBACK_TRIES = 256  # shortest allowed tokens the planner tries when no closer makes progress
 
 
 @dataclass
@@ -193,31 +201,47 @@ class Constraint:
             else:
                 self._fresh = False  # keep the length as an estimate until the next replan
                 self._following = False
+        else:
+            # No plan was found from an earlier state: try again from this one (a failed plan
+            # must not switch budget steering off for the rest of the reply).
+            self._fresh = False
 
     # ----------------------------------------------------------------- budget
     def closing_plan(self) -> list[int] | None:
-        """A short token sequence (stop token included) that completes the output from here.
-
-        Greedy: forced tokens first, then the grammar's closers ('"', '}', closing tags...) in
-        order, else the shortest allowed token.  llguidance never offers a dead end, so the only
-        failure is a plan longer than MAX_PLAN."""
+        """A short token sequence (stop token included) that completes the output from here."""
         t0 = time.perf_counter()
-        m = self.matcher.deep_copy()
+        plan = self._plan_from(self.matcher.deep_copy(), MAX_PLAN)
+        self.stats.plans += 1
+        self.stats.plan_seconds += time.perf_counter() - t0
+        self._plan = plan
+        self._plan_at = len(self.tokens)
+        self._fresh = True
+        return self._plan
+
+    def _plan_from(self, m: llg.LLMatcher, limit: int) -> list[int] | None:
+        """Completes `m` (consumed) greedily: forced tokens first, then the grammar's closers ('"',
+        '}', closing tags...) in order, else the shortest allowed token that makes progress.
+        None when no completion of at most `limit` tokens was found.
+
+        A step makes progress when it changes the allowed set.  Closers are only taken then, and
+        the fallback prefers a token leading to an allowed set not seen yet in this plan: a
+        negative JSON number admits no "-0", "-0.0", "-0.00"..., so the "0" closer and the
+        shortest digit would extend the fraction for ever, where "1" ends it."""
         plan: list[int] = []
-        found = False
-        while len(plan) < MAX_PLAN:
+        seen: set[bytes] = set()
+        while len(plan) < limit:
             if m.is_accepting():
                 plan.append(self.ctx.stop_ids[0])
-                found = True
-                break
+                return plan
             if m.is_error() or m.is_stopped():
-                break
+                return None
             ff = m.compute_ff_tokens()
             if ff:
                 m.consume_tokens(ff)
                 plan.extend(ff)
                 continue
             before = m.compute_bitmask()
+            seen.add(before)
             for ids in self._closers:
                 if m.validate_tokens(ids) == len(ids):
                     m.consume_tokens(ids)
@@ -228,21 +252,61 @@ class Constraint:
                     plan.extend(ids)
                     break
             else:
-                bits = np.frombuffer(before, dtype=np.uint8)
-                allowed = np.unpackbits(bits, bitorder="little", count=self.ctx.n_vocab).astype(bool)
-                allowed[list(self.ctx.stop_ids)] = False
-                candidates = self.ctx.by_length[allowed[self.ctx.by_length]]
-                if not len(candidates):
-                    break
-                tid = int(candidates[0])
+                tid = self._progress_token(m, before, seen)
+                if tid is None:
+                    return None
                 m.consume_token(tid)
                 plan.append(tid)
+        return None
+
+    def _progress_token(self, m: llg.LLMatcher, before: bytes, seen: set[bytes]) -> int | None:
+        """The shortest allowed token leading to an allowed set not seen yet, else the shortest
+        one that changes it, else the shortest (None: nothing but the stop is allowed)."""
+        bits = np.frombuffer(before, dtype=np.uint8)
+        allowed = np.unpackbits(bits, bitorder="little", count=self.ctx.n_vocab).astype(bool)
+        allowed[list(self.ctx.stop_ids)] = False
+        candidates = self.ctx.by_length[allowed[self.ctx.by_length]]
+        if not len(candidates):
+            return None
+        changing: int | None = None
+        for tid in candidates[:FALLBACK_TRIES]:
+            tid = int(tid)
+            m.consume_token(tid)
+            after = m.compute_bitmask()
+            done = m.is_accepting()
+            m.rollback(1)
+            if done or after not in seen:
+                return tid
+            if changing is None and after != before:
+                changing = tid
+        return changing if changing is not None else int(candidates[0])
+
+    def _need_after(self, token_id: int, limit: int) -> int | None:
+        """Tokens the shortest known completion takes after `token_id` (None: more than limit)."""
+        t0 = time.perf_counter()
+        m = self.matcher.deep_copy()
+        plan = self._plan_from(m, limit) if m.consume_token(token_id) else None
         self.stats.plans += 1
         self.stats.plan_seconds += time.perf_counter() - t0
-        self._plan = plan if found else None
-        self._plan_at = len(self.tokens)
-        self._fresh = True
-        return self._plan
+        return None if plan is None else len(plan)
+
+    def _calm(self, mask: np.ndarray, remaining: int) -> np.ndarray:
+        """The inert allowed tokens that keep the shortest completion within the budget left
+        after them.  Many of them: free text, where inert tokens are content.  Few: a branch
+        point, where each is checked (the plan's own next token needs no check)."""
+        calm = mask & self.ctx.inert
+        calm[list(self.ctx.stop_ids)] = False
+        ids = np.flatnonzero(calm)
+        if len(ids) > VERIFY_MAX:
+            return calm
+        assert self._plan
+        for tid in ids:
+            if int(tid) == self._plan[0]:
+                continue
+            need = self._need_after(int(tid), remaining - 1)
+            if need is None or need > remaining - 1:
+                calm[tid] = False
+        return calm
 
     def need(self) -> int | None:
         """Tokens the current shortest known completion takes (stop token included)."""
@@ -256,8 +320,10 @@ class Constraint:
         mask = self._grammar_mask()
         if remaining is None:
             return mask
-        due = (self._plan is None or len(self.tokens) - self._plan_at >= REPLAN_EVERY
-               or remaining <= len(self._plan) + self._reopen_cost + STEER_WINDOW + REPLAN_EVERY)
+        # A failed plan (longer than MAX_PLAN: costly) is retried every REPLAN_EVERY tokens too.
+        due = (len(self.tokens) - self._plan_at >= REPLAN_EVERY
+               or (self._plan is not None
+                   and remaining <= len(self._plan) + self._reopen_cost + STEER_WINDOW + REPLAN_EVERY))
         if due and not self._fresh:
             self.closing_plan()
         if not self._fresh:
@@ -275,7 +341,7 @@ class Constraint:
             self.stats.steered += 1
             return self._one_hot(self._plan[0])  # type: ignore[index]
         if remaining <= need + STEER_WINDOW:
-            calm = mask & self.ctx.inert
+            calm = self._calm(mask, remaining)
             if not calm.any():
                 self._following = True
                 self.stats.steered += 1
@@ -286,7 +352,7 @@ class Constraint:
             # Opening new structure here (another parallel call, another array item) could need
             # more than the budget holds: only inert tokens, or the plan's next step (which
             # brings the end closer), may be sampled.
-            calm = mask & self.ctx.inert
+            calm = self._calm(mask, remaining)
             calm[self._plan[0]] = True  # type: ignore[index]
             self.stats.steered += 1
             return calm
