@@ -68,16 +68,8 @@ def reference_for() -> Callable[[Path, str, str], Any]:
 @pytest.fixture(scope="session")
 def engine_for() -> Callable[[Path], Any]:
     """engine_for(ckpt) -> gateway.engine.Engine, one per checkpoint per session.
-
-    Skips only while the engine module does not exist yet; any other import failure (a broken
-    build of gateway._core, say) is an error.
-    """
-    try:
-        from gateway.engine import Engine
-    except ModuleNotFoundError as error:
-        if error.name in ("gateway", "gateway.engine"):
-            pytest.skip(f"gateway.engine is not there yet ({error})")
-        raise
+    An import failure (a broken build of gateway._core, say) is an error, never a skip."""
+    from gateway.engine import Engine
 
     engines: dict[Path, Any] = {}
 

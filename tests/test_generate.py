@@ -109,10 +109,8 @@ def test_incremental_decoder_on_random_ids(which, qwen_dir):
 
 @pytest.fixture(scope="module")
 def slot(qwen_dir) -> Slot:
-    try:
-        from gateway.engine import Engine
-    except ModuleNotFoundError as error:  # only while the engine module does not exist
-        pytest.skip(f"gateway.engine is missing ({error})")
+    from gateway.engine import Engine
+
     engine = Engine(str(qwen_dir), threads=1, max_ctx=256)  # a private engine: the Slot owns its state
     return Slot(engine, Tokenizer.from_dir(qwen_dir), max_ctx=256)
 
