@@ -193,7 +193,12 @@ def check_budgets_match_resident(ckpt: Path) -> None:
             assert st["evictions"] == 0, f"a cache holding every expert evicted: {st}"
             assert st["hits"] > 0, st
         else:
-            assert st["evictions"] > 0, f"budget {label}: no evictions with {st['slots']} slots: {st}"
+            # Slots are calibrated against this process's RSS, which drifts, so a "mid" cache may
+            # hold every expert the short sequence touches.  Without prefetch or history every
+            # miss beyond the slot count must evict exactly one expert.
+            assert st["evictions"] == max(0, st["misses"] - st["slots"]), f"budget {label}: {st}"
+            if label == "tiny":
+                assert st["evictions"] > 0, f"budget tiny: no evictions with {st['slots']} slots: {st}"
     assert total is not None and total > 3 * n_experts // 2 + 8
 
 

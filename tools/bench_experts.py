@@ -62,6 +62,9 @@ def ensure_checkpoint(args: argparse.Namespace) -> Path:
     out = Path(args.work_dir) / f"qwen3_moe-bf16-{args.size_gb:g}gb"
     if not (out / "config.json").exists():
         write_checkpoint("qwen3_moe", "bench", "bf16", out, seed=3, overrides=bench_overrides(args.size_gb))
+        # flush the just-written GB now: the kernel's delayed writeback (~30 s later) would
+        # otherwise compete with the disk probe and the decode's expert reads
+        os.sync()
     return out
 
 
