@@ -12,7 +12,7 @@ from ..generate import GenerationResult, TextEvent
 from . import sse
 from .chat_request import _int, _sampling, _stop_list, parse_json_body, parse_openai_chat
 from .errors import ApiError, bad_request
-from .pipeline import (ChatRun, Delta, Finish, JobRun, Progress, Queued, Usage, generation_request, keepalive,
+from .pipeline import (ChatRun, Delta, Finish, JobRun, Usage, generation_request, keepalive, send_waiting_comment,
                        start_chat_async)
 from .state import ServerState
 from .wire import OpenAIChunks, openai_message
@@ -58,14 +58,9 @@ async def _stream_chat(request: web.Request, state: ServerState, run: ChatRun,
     try:
         async with aclosing(keepalive(run.events(), state.keepalive_seconds)) as items:
             async for item in items:
-                if item is None:
-                    await sse.send_comment(resp, "keepalive")
-                elif isinstance(item, Queued):
-                    if item.ahead:
-                        await sse.send_comment(resp, f"queued ahead={item.ahead}")
-                elif isinstance(item, Progress):
-                    await sse.send_comment(resp, f"prefill {item.done}/{item.total}")
-                elif isinstance(item, Delta):
+                if await send_waiting_comment(resp, item):
+                    continue
+                if isinstance(item, Delta):
                     if item.delta or item.logprobs:
                         await sse.send_data(resp, chunks.delta(item.delta, item.logprobs))
                 elif isinstance(item, Finish):

@@ -397,3 +397,21 @@ async def keepalive(source: AsyncIterator[object], interval: float) -> AsyncIter
         aclose = getattr(it, "aclose", None)
         if aclose:
             await aclose()
+
+
+async def send_waiting_comment(resp, item: object) -> bool:
+    """OpenAI-style streams: while a request waits, SSE comments keep the connection alive and
+    say why (queue position, prefill progress); clients ignore them.  True if `item` was one of
+    those waiting events (None is the keepalive tick of `keepalive`)."""
+    from . import sse
+
+    if item is None:
+        await sse.send_comment(resp, "keepalive")
+    elif isinstance(item, Queued):
+        if item.ahead:
+            await sse.send_comment(resp, f"queued ahead={item.ahead}")
+    elif isinstance(item, Progress):
+        await sse.send_comment(resp, f"prefill {item.done}/{item.total}")
+    else:
+        return False
+    return True

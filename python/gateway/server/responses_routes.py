@@ -17,7 +17,7 @@ from . import sse
 from .chat_request import parse_json_body, parse_responses, responses_function_tools
 from .errors import ApiError
 from .openai_routes import STATE_KEY
-from .pipeline import ChatRun, Delta, Finish, Progress, Queued, Usage, keepalive, start_chat_async
+from .pipeline import ChatRun, Delta, Finish, Usage, keepalive, send_waiting_comment, start_chat_async
 from .responses_wire import ResponseEvents, ResponseObject, output_items, responses_usage, status_of
 from .state import ServerState
 
@@ -71,14 +71,9 @@ async def _stream_response(request: web.Request, state: ServerState, run: ChatRu
     try:
         async with aclosing(keepalive(run.events(), state.keepalive_seconds)) as items:
             async for item in items:
-                if item is None:
-                    await sse.send_comment(resp, "keepalive")
-                elif isinstance(item, Queued):
-                    if item.ahead:
-                        await sse.send_comment(resp, f"queued ahead={item.ahead}")
-                elif isinstance(item, Progress):
-                    await sse.send_comment(resp, f"prefill {item.done}/{item.total}")
-                elif isinstance(item, Delta):
+                if await send_waiting_comment(resp, item):
+                    continue
+                if isinstance(item, Delta):
                     await send(events.delta(item.delta))
                 elif isinstance(item, Finish):
                     await send(events.end(item.finish_reason, _usage(state, item.usage, item.message)))
