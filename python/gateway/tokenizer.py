@@ -12,7 +12,7 @@ from pathlib import Path
 from tokenizers import Tokenizer as _HFTokenizer
 
 
-def _token_text(value: object) -> str | None:
+def special_token_text(value: object) -> str | None:
     """tokenizer_config.json spells special tokens as a string or as an AddedToken dict."""
     if isinstance(value, str):
         return value
@@ -51,8 +51,8 @@ class Tokenizer:
             template = named.get("default") or next(iter(named.values()), None)
         return cls(
             backend=backend,
-            bos_token=_token_text(config.get("bos_token")),
-            eos_token=_token_text(config.get("eos_token")),
+            bos_token=special_token_text(config.get("bos_token")),
+            eos_token=special_token_text(config.get("eos_token")),
             chat_template=template if isinstance(template, str) else None,
             config=config,
         )

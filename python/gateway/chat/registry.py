@@ -39,6 +39,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from ..tokenizer import special_token_text
 from . import dsml, glm, qwen
 from .jinja_render import encode_jinja
 from .normalize import normalize_messages, normalize_tools, require_text_only, tool_names
@@ -186,18 +187,12 @@ _END_MARKERS = ("<|im_end|>", "<|endoftext|>", "<|user|>", "<|observation|>", "<
                 "<｜end▁of▁sentence｜>", "<|eot_id|>", "<|end|>", "<|return|>")
 
 
-def _token_text(value: Any) -> str | None:
-    if isinstance(value, str):
-        return value
-    if isinstance(value, Mapping) and isinstance(value.get("content"), str):
-        return value["content"]
-    return None
 
 
 def guess_stop_strings(template_text: str, template_vars: Mapping[str, Any]) -> tuple[str, ...]:
     """Stop strings for an unknown template: its EOS plus the end markers it writes."""
     stops: list[str] = []
-    eos = _token_text(template_vars.get("eos_token"))
+    eos = special_token_text(template_vars.get("eos_token"))
     if eos:
         stops.append(eos)
     stops.extend(m for m in _END_MARKERS if m in template_text and m not in stops)
@@ -463,7 +458,7 @@ def _read_checkpoint_template(model_dir: Path, tokenizer_config: Mapping[str, An
 def _special_token_vars(tokenizer_config: Mapping[str, Any] | None) -> dict[str, str]:
     out: dict[str, str] = {}
     for key in ("bos_token", "eos_token", "pad_token", "unk_token"):
-        text = _token_text((tokenizer_config or {}).get(key))
+        text = special_token_text((tokenizer_config or {}).get(key))
         if text is not None:
             out[key] = text
     return out

@@ -27,12 +27,7 @@ async def messages(request: web.Request) -> web.StreamResponse:
     run = await start_chat_async(state, spec, id_salt=ident)  # 400/429 here, before any response is opened
     try:
         if not spec.stream:
-            finish: Finish | None = None
-            async with aclosing(run.events()) as events:
-                async for item in events:
-                    if isinstance(item, Finish):
-                        finish = item
-            assert finish is not None
+            finish = await run.finish()
             stop_reason, stop_sequence = anthropic_stop_reason(finish.finish_reason, finish.stop_string)
             return web.json_response({"id": ident, "type": "message", "role": "assistant", "model": model,
                                       "content": anthropic_content(finish.message, spec.omit_thinking),

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator
+from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -291,6 +292,16 @@ class ChatRun:
 
     def close(self) -> None:
         self.job.close()
+
+    async def finish(self) -> "Finish":
+        """Runs to the end and returns the Finish (non-streaming replies need nothing else)."""
+        finish: Finish | None = None
+        async with aclosing(self.events()) as events:
+            async for item in events:
+                if isinstance(item, Finish):
+                    finish = item
+        assert finish is not None
+        return finish
 
     async def events(self) -> AsyncIterator[object]:
         """Yields Queued, Progress, Delta ... then exactly one Finish."""

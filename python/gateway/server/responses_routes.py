@@ -44,12 +44,7 @@ async def create_response(request: web.Request) -> web.StreamResponse:
     try:
         if spec.stream:
             return await _stream_response(request, state, run, ResponseEvents(response, namespaces))
-        finish: Finish | None = None
-        async with aclosing(run.events()) as events:
-            async for item in events:
-                if isinstance(item, Finish):
-                    finish = item
-        assert finish is not None
+        finish = await run.finish()
         status, reason = status_of(finish.finish_reason)
         return web.json_response(response.snapshot(
             status, output_items(finish.message, "incomplete" if status == "incomplete" else "completed",

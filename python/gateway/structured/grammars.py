@@ -369,6 +369,21 @@ def _check_object_schema(spec: ToolSpec) -> None:
         raise ConstraintError(f"tool {spec.name!r}: parameters must describe an object")
 
 
+
+def _call_sequence(b: "_Builder", specs: list[ToolSpec], forced: str | None, parallel: bool, lead: str,
+                   call_body, named) -> str:
+    """The calls after the prefilled opener: the first call continues the prefill (its body only
+    when the name is forced, else any declared name), and with `parallel` more calls may follow,
+    each introduced by the dialect's `lead` markup."""
+    chosen = [s for s in specs if forced is None or s.name == forced]
+    if forced is not None:
+        first = call_body(chosen[0])
+        again = f"{lead} {named(chosen[0])}"
+    else:
+        first = b.rule("anycall", " | ".join(named(s) for s in chosen))
+        again = f"{lead} {first}"
+    return f"{first} ({again})*" if parallel else first
+
 def glm_grammar(m: Markup, specs: list[ToolSpec], forced: str | None, parallel: bool,
                 newlines: bool) -> GrammarText:
     b = _Builder(m)
@@ -387,15 +402,8 @@ def glm_grammar(m: Markup, specs: list[ToolSpec], forced: str | None, parallel: 
     def named(spec: ToolSpec) -> str:
         return b.rule("call", f"{lark_string(spec.name)} {nl} {call_body(spec)}")
 
-    chosen = [s for s in specs if forced is None or s.name == forced]
     lead = m.lit("\n<tool_call>" if newlines else "<tool_call>")
-    if forced is not None:
-        first = call_body(chosen[0])
-        again = f"{lead} {named(chosen[0])}"
-    else:
-        first = b.rule("anycall", " | ".join(named(s) for s in chosen))
-        again = f"{lead} {first}"
-    start = f"{first} ({again})*" if parallel else first
+    start = _call_sequence(b, specs, forced, parallel, lead, call_body, named)
     return GrammarText(b.text(start), ["</arg_value>", "</tool_call>"])
 
 
@@ -418,15 +426,7 @@ def qwen_xml_grammar(m: Markup, specs: list[ToolSpec], forced: str | None,
     def named(spec: ToolSpec) -> str:
         return b.rule("call", f"{lark_string(spec.name + '>' + chr(10))} {call_body(spec)}")
 
-    chosen = [s for s in specs if forced is None or s.name == forced]
-    lead = m.lit("\n<tool_call>\n<function=")
-    if forced is not None:
-        first = call_body(chosen[0])
-        again = f"{lead} {named(chosen[0])}"
-    else:
-        first = b.rule("anycall", " | ".join(named(s) for s in chosen))
-        again = f"{lead} {first}"
-    start = f"{first} ({again})*" if parallel else first
+    start = _call_sequence(b, specs, forced, parallel, m.lit("\n<tool_call>\n<function="), call_body, named)
     return GrammarText(b.text(start), ["\n</parameter>", "</function>", "</tool_call>"])
 
 
@@ -443,15 +443,7 @@ def hermes_grammar(m: Markup, specs: list[ToolSpec], forced: str | None,
         head = json.dumps(spec.name, ensure_ascii=False)[1:-1] + '", "arguments": '
         return b.rule("call", f"{lark_string(head)} {call_body(spec)}")
 
-    chosen = [s for s in specs if forced is None or s.name == forced]
-    lead = m.lit('\n<tool_call>\n{"name": "')
-    if forced is not None:
-        first = call_body(chosen[0])
-        again = f"{lead} {named(chosen[0])}"
-    else:
-        first = b.rule("anycall", " | ".join(named(s) for s in chosen))
-        again = f"{lead} {first}"
-    start = f"{first} ({again})*" if parallel else first
+    start = _call_sequence(b, specs, forced, parallel, m.lit('\n<tool_call>\n{"name": "'), call_body, named)
     return GrammarText(b.text(start), ['"', "}", "]", "\n</tool_call>"])
 
 
@@ -491,15 +483,7 @@ def dsml_grammar(m: Markup, specs: list[ToolSpec], forced: str | None,
     def named(spec: ToolSpec) -> str:
         return b.rule("call", f"{lark_string(spec.name + chr(34) + '>' + chr(10))} {call_body(spec)}")
 
-    chosen = [s for s in specs if forced is None or s.name == forced]
-    lead = m.lit(f'\n<{_DSML}invoke name="')
-    if forced is not None:
-        first = call_body(chosen[0])
-        again = f"{lead} {named(chosen[0])}"
-    else:
-        first = b.rule("anycall", " | ".join(named(s) for s in chosen))
-        again = f"{lead} {first}"
-    calls = f"{first} ({again})*" if parallel else first
+    calls = _call_sequence(b, specs, forced, parallel, m.lit(f'\n<{_DSML}invoke name="'), call_body, named)
     start = f"{calls} {m.lit(f'{chr(10)}</{_DSML}tool_calls>')}"
     return GrammarText(b.text(start), [p_close, f"\n</{_DSML}invoke>", f"\n</{_DSML}tool_calls>"])
 
