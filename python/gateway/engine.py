@@ -92,7 +92,7 @@ class Engine:
         self.config: dict[str, Any] = load_config(self.path)
         started = time.perf_counter()
         try:
-            self._model = _core.Model(
+            self._handle: Any = _core.Model(
                 str(self.path),
                 json.dumps(self.config),
                 threads=threads or 0,
@@ -113,6 +113,7 @@ class Engine:
             if routing_trace is not None:
                 self._model.trace_routing(str(routing_trace))
         except (RuntimeError, OSError) as exc:
+            self._handle = None
             raise EngineError(str(exc)) from None
         self.load_seconds = time.perf_counter() - started
         self.info: dict[str, Any] = dict(self._model.info())
@@ -125,6 +126,31 @@ class Engine:
             "prefill_tokens": 0, "prefill_seconds": 0.0, "prefill_calls": 0,
             "decode_tokens": 0, "decode_seconds": 0.0,
         }
+
+    # ---- lifetime ------------------------------------------------------------------------
+
+    @property
+    def _model(self) -> Any:
+        if self._handle is None:
+            raise EngineError("the engine is closed")
+        return self._handle
+
+    @property
+    def closed(self) -> bool:
+        return self._handle is None
+
+    def close(self) -> None:
+        """Releases the model now (mapped files, expert cache, worker threads) and writes the
+        routing history of a budgeted run, instead of whenever the garbage collector runs;
+        later calls raise EngineError.  Closing twice is harmless."""
+        with self._lock:
+            self._handle = None
+
+    def __enter__(self) -> "Engine":
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
 
     # ---- sequence slot -------------------------------------------------------------------
 
@@ -222,7 +248,8 @@ class Engine:
         return ids
 
     def __repr__(self) -> str:
-        return f"Engine({str(self.path)!r}, arch={self.info['arch']}, n_past={self.n_past})"
+        state = "closed" if self.closed else f"n_past={self.n_past}"
+        return f"Engine({str(self.path)!r}, arch={self.info['arch']}, {state})"
 
 
 __all__ = ["Engine", "EngineError", "ConfigError", "KV_DTYPES"]

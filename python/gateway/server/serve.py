@@ -138,7 +138,10 @@ def serve(opts: ServeOptions) -> None:
         opts.model_id = opts.model_id or "moegate-demo"
         demo = True
     state = build_state(opts, demo=demo)
-    asyncio.run(_serve_until_signal(create_app(state), state, opts.host, opts.port))
+    try:
+        asyncio.run(_serve_until_signal(create_app(state), state, opts.host, opts.port))
+    finally:
+        state.engine.close()  # writes a budgeted run's routing history before the process exits
 
 
 async def _serve_until_signal(app: web.Application, state: ServerState, host: str, port: int) -> None:
