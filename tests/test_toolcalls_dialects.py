@@ -286,68 +286,115 @@ def test_start_in_call_refusal_hides_prefill() -> None:
 
 
 # ---------------------------------------------------------------------- streaming policy
-@pytest.mark.parametrize("dialect,head,tail", [
-    ("glm", "<tool_call>write_file\n<arg_key>content</arg_key>\n<arg_value>", "</arg_value>\n</tool_call>"),
-    ("qwen_xml", "<tool_call>\n<function=write_file>\n<parameter=content>\n", "\n</parameter>\n</function>\n</tool_call>"),
-    ("hermes", '<tool_call>\n{"name": "write_file", "arguments": {"content": "', '"}}\n</tool_call>'),
-    ("dsml", f'<{D}tool_calls>\n<{D}invoke name="write_file">\n<{D}parameter name="content" string="true">',
-     f"</{D}parameter>\n</{D}invoke>\n</{D}tool_calls>"),
-])
-def test_string_arguments_stream_before_the_call_closes(dialect: str, head: str, tail: str) -> None:
+# core.py's commit point: a call streams once a raw string value passes STREAM_AFTER_CHARS, or
+# when the block is complete; before that a failing block is the contract's raw text.
+LONG = "line one\nline two \"q\" " * 8  # 184 characters: past the commit point
+SHORT = "partial tex"
+HEADS = {
+    "glm": "<tool_call>write_file\n<arg_key>content</arg_key>\n<arg_value>",
+    "qwen_xml": "<tool_call>\n<function=write_file>\n<parameter=content>\n",
+    "hermes": '<tool_call>\n{"name": "write_file", "arguments": {"content": "',
+    "dsml": f'<{D}tool_calls>\n<{D}invoke name="write_file">\n<{D}parameter name="content" string="true">',
+}
+TAILS = {
+    "glm": "</arg_value>\n</tool_call>",
+    "qwen_xml": "\n</parameter>\n</function>\n</tool_call>",
+    "hermes": '"}}\n</tool_call>',
+    "dsml": f"</{D}parameter>\n</{D}invoke>\n</{D}tool_calls>",
+}
+
+
+def typed_value(dialect: str, value: str) -> str:
+    return json.dumps(value)[1:-1] if dialect == "hermes" else value  # hermes values are JSON text
+
+
+def test_commit_point_is_a_named_constant() -> None:
+    from gateway.toolcalls.core import STREAM_AFTER_CHARS
+    assert 16 <= STREAM_AFTER_CHARS < len(LONG) - 40 and len(SHORT) < STREAM_AFTER_CHARS
+
+
+@pytest.mark.parametrize("dialect", sorted(HEADS))
+def test_long_string_arguments_stream_before_the_call_closes(dialect: str) -> None:
+    from gateway.toolcalls.core import STREAM_AFTER_CHARS
     parser = make_parser(dialect, TOOLS)
-    body = "line one\nline two \"q\" " * 20
-    typed = json.dumps(body)[1:-1] if dialect == "hermes" else body  # hermes values are JSON text
-    first = parser.feed("Writing.\n" + head)
-    header = [d for d in first if "tool_calls" in d]
-    assert header and header[0]["tool_calls"][0]["function"]["name"] == "write_file"
-    assert header[0]["tool_calls"][0]["id"].startswith("call_")
-    pieces = []
+    typed = typed_value(dialect, LONG)
+    assert parser.feed("Writing.\n" + HEADS[dialect]) == [{"content": "Writing."}]
+    headers, pieces, fed = [], [], 0
     for i in range(0, len(typed), 10):
         out = parser.feed(typed[i:i + 10])
-        frags = [d["tool_calls"][0]["function"]["arguments"] for d in out if "tool_calls" in d]
-        assert frags, "each new piece of the value streams out at once"
-        assert all("name" not in d["tool_calls"][0]["function"] and "id" not in d["tool_calls"][0]
-                   for d in out if "tool_calls" in d)
-        pieces += frags
-    parser.feed(tail)
+        fed += 10
+        calls = [d["tool_calls"][0] for d in out if "tool_calls" in d]
+        headers += [c for c in calls if "id" in c]
+        if not headers:
+            assert not calls and fed <= STREAM_AFTER_CHARS + 10, "held while the value is short"
+            continue
+        assert calls, "once committed, each new piece of the value streams out at once"
+        pieces += [c["function"]["arguments"] for c in calls]
+    assert len(headers) == 1 and headers[0]["function"]["name"] == "write_file"
+    assert headers[0]["id"].startswith("call_")
+    parser.feed(TAILS[dialect])
     parser.finish("stop")
     args = parser.message()["tool_calls"][0]["function"]["arguments"]
-    assert json.loads(args) == {"content": body}
+    assert json.loads(args) == {"content": LONG}
     assert "".join(pieces) in args
 
 
-@pytest.mark.parametrize("dialect,text,expected_args,content", [
-    ("glm", "Hi <tool_call>write_file\n<arg_key>content</arg_key>\n<arg_value>partial tex",
-     {"content": "partial tex"}, "Hi"),
-    ("qwen_xml", "<tool_call>\n<function=write_file>\n<parameter=content>\npartial\n", {"content": "partial"}, None),
-    ("hermes", '<tool_call>{"name": "write_file", "arguments": {"path": "a", "content": "par\\',
-     {"path": "a", "content": "par"}, None),
-    ("dsml", f'<{D}tool_calls><{D}invoke name="write_file"><{D}parameter name="content" string="true">par</{D}para',
-     {"content": "par"}, None),
-])
-def test_truncated_after_commit_is_a_closed_call(dialect: str, text: str, expected_args: dict, content) -> None:
-    """Policy (core.py docstring): once a string value streams, a cut-off call is closed and kept."""
-    r = run_all_ways(f"trunc-{dialect}", dialect, text, finish="length")
-    assert calls_of(r.message) == [("write_file", expected_args)]
-    assert r.message["content"] == content
+@pytest.mark.parametrize("dialect", sorted(HEADS))
+def test_short_string_arguments_arrive_with_the_checked_call(dialect: str) -> None:
+    parser = make_parser(dialect, TOOLS)
+    out = parser.feed(HEADS[dialect] + typed_value(dialect, SHORT))
+    assert out == []
+    out = parser.feed(TAILS[dialect])
+    calls = [d["tool_calls"][0] for d in out if "tool_calls" in d]
+    assert calls and calls[0]["function"]["name"] == "write_file"
+    assert json.loads("".join(c["function"]["arguments"] for c in calls)) == {"content": SHORT}
 
 
-@pytest.mark.parametrize("dialect,text,expected_args,content", [
-    ("glm", "<tool_call>write_file<arg_key>path</arg_key><arg_value>a.txt</arg_value>oops</tool_call> ok",
-     {"path": "a.txt"}, "oops</tool_call> ok"),
-    ("qwen_xml", "<tool_call><function=write_file><parameter=path>a.txt</parameter></function> oops",
-     {"path": "a.txt"}, "</function> oops"),
+@pytest.mark.parametrize("dialect", sorted(HEADS))
+def test_truncated_before_commit_stays_text(dialect: str) -> None:
+    """The contract's rule, exactly: the cut-off block's raw text is the content."""
+    text = "Hi " + HEADS[dialect] + typed_value(dialect, SHORT)
+    r = run_all_ways(f"trunc-short-{dialect}", dialect, text, finish="length")
+    assert "tool_calls" not in r.message
+    assert r.message["content"] == text.strip()
+
+
+@pytest.mark.parametrize("dialect", sorted(HEADS))
+def test_truncated_after_commit_is_a_closed_call(dialect: str) -> None:
+    """Past the commit point the client holds fragments: a cut-off call is closed and kept."""
+    text = "Hi " + HEADS[dialect] + typed_value(dialect, LONG + "partial")
+    r = run_all_ways(f"trunc-long-{dialect}", dialect, text, finish="length")
+    assert calls_of(r.message) == [("write_file", {"content": LONG + "partial"})]
+    assert r.message["content"] == "Hi"
+
+
+@pytest.mark.parametrize("dialect,text", [
+    ("glm", "<tool_call>write_file<arg_key>path</arg_key><arg_value>a.txt</arg_value>oops</tool_call> ok"),
+    ("qwen_xml", "<tool_call><function=write_file><parameter=path>a.txt</parameter></function> oops"),
     ("dsml", f'<{D}tool_calls><{D}invoke name="write_file">{dsml_param("path", "a.txt")}{dsml_param("path", "b")}'
-             f"</{D}invoke></{D}tool_calls>", {"path": "a.txt"},
-     f'{dsml_param("path", "b")}</{D}invoke></{D}tool_calls>'),
-    ("hermes", '<tool_call>{"name": "write_file", "arguments": {"path": "a.txt"} junk</tool_call>',
-     {"path": "a.txt"}, "junk</tool_call>"),
+             f"</{D}invoke></{D}tool_calls>"),
+    ("hermes", '<tool_call>{"name": "write_file", "arguments": {"path": "a.txt"} junk</tool_call>'),
 ])
-def test_malformed_after_commit_keeps_call_and_shows_rest(dialect: str, text: str, expected_args: dict,
-                                                          content: str) -> None:
-    r = run_all_ways(f"mal-{dialect}", dialect, text)
-    assert calls_of(r.message) == [("write_file", expected_args)]
-    assert r.message["content"] == content
+def test_malformed_before_commit_stays_text(dialect: str, text: str) -> None:
+    r = run_all_ways(f"mal-short-{dialect}", dialect, text)
+    assert "tool_calls" not in r.message
+    assert r.message["content"] == text
+
+
+@pytest.mark.parametrize("dialect,text,rest", [
+    ("glm", f"<tool_call>write_file<arg_key>path</arg_key><arg_value>{LONG}</arg_value>oops</tool_call> ok",
+     "oops</tool_call> ok"),
+    ("qwen_xml", f"<tool_call><function=write_file><parameter=path>{LONG}</parameter></function> oops",
+     "</function> oops"),
+    ("dsml", f'<{D}tool_calls><{D}invoke name="write_file">{dsml_param("path", LONG)}{dsml_param("path", "b")}'
+             f"</{D}invoke></{D}tool_calls>", f'{dsml_param("path", "b")}</{D}invoke></{D}tool_calls>'),
+    ("hermes", f'<tool_call>{{"name": "write_file", "arguments": {{"path": {json.dumps(LONG)}}} junk</tool_call>',
+     "junk</tool_call>"),
+])
+def test_malformed_after_commit_keeps_call_and_shows_rest(dialect: str, text: str, rest: str) -> None:
+    r = run_all_ways(f"mal-long-{dialect}", dialect, text)
+    assert calls_of(r.message) == [("write_file", {"path": LONG})]
+    assert r.message["content"] == rest
 
 
 @pytest.mark.parametrize("dialect", sorted(DIALECTS))

@@ -12,16 +12,24 @@ still turn into a marker (a suffix like `<tool_` or `</thi`) is held back and ne
 
 Calls in the answer, and the "malformed block degrades to text" rule
 --------------------------------------------------------------------
-A block's text is held (nothing streamed) while the parser reads it.  It becomes a streamed call
-at the *commit point*: the moment the first raw string value starts (a schema-`string` value of
-glm/qwen_xml, a `string="true"` value of DSML, the first string inside hermes arguments), i.e.
-once the opener, the function name and that parameter's header are all well formed.  From there
-the value streams character by character as JSON-escaped text.  Blocks that end before any such
-value (numbers, booleans, objects, zero-argument calls, values converted by the schema) are only
-emitted once complete and validated, so for them the contract holds exactly: a malformed or
-truncated block stays in `content`, unchanged.
+Two rules meet here: "arguments stream as fragments as they are generated" and "a malformed or
+truncated block stays visible text" (contract §3).  Once a fragment has left, the call cannot be
+taken back, so they cannot both hold for a block that fails after streaming began.  The parser
+keeps the zone where they conflict as small as it can:
 
-After the commit point the call cannot be taken back (the client has its fragments), so:
+A block's text is held (nothing streamed) while the parser reads it.  It becomes a streamed call
+at the *commit point*, whichever comes first:
+
+* the block is complete and valid (the common case: short arguments arrive a few tokens late);
+* a raw string value (a schema-`string` value of glm/qwen_xml, a `string="true"` value of DSML,
+  a string inside hermes arguments) has grown past STREAM_AFTER_CHARS characters after a
+  well-formed opener, name and parameter header.  From there the call streams character by
+  character as JSON-escaped text: long values (a `write_file` body) grow on the client's screen
+  instead of arriving minutes later in one piece.
+
+So every block that fails before its commit point (every truncated or malformed block whose raw
+string values are all short, and every block with no raw string value) follows the text rule
+exactly: its raw text stays in `content`, unchanged.  After the commit point:
 
 * if the output ends inside the block (e.g. `max_tokens`), the call is closed with valid JSON
   (`"` and `}` as needed) and delivered; the unfinished rest of the block is dropped;
@@ -30,7 +38,7 @@ After the commit point the call cannot be taken back (the client has its fragmen
   read again as ordinary answer text (so it stays visible in `content`).
 
 Either way the stream and `message()` agree: the argument fragments concatenate to the final
-arguments, which are always valid JSON.
+arguments, which are always valid JSON, and the finish reason (`length`) tells the client.
 
 Calls inside the reasoning (contract §5) are never streamed: from a candidate opener on, the
 reasoning is held until the turn ends, then delivered (finish "stop" and every gate passed) or
@@ -47,6 +55,9 @@ from .codetrack import CodeTracker
 from .schema_coerce import ToolCatalog
 
 THINK_OPEN = "<think>"
+# A raw string value longer than this streams as it is generated; shorter ones wait for the
+# block to be checked (see the module docstring).  ~30-40 tokens: under 5 s of decode here.
+STREAM_AFTER_CHARS = 128
 THINK_CLOSE = "</think>"
 
 BlockFactory = Callable[[ToolCatalog, int], BlockParser]
@@ -115,6 +126,7 @@ class StreamParser:
         self._block: BlockParser | None = None
         self._committed = False
         self._queued: list[Event] = []
+        self._armed = -1  # argument characters queued since a raw string value began (-1: none)
         self._skip_space = False
         self._tail: _Tail | None = None
         self._calls: list[_Call] = []
@@ -290,7 +302,7 @@ class StreamParser:
             self._pos = opener + len(self._marker)
         else:
             self._block = self._new_block(opener)
-            self._committed, self._queued = False, []
+            self._committed, self._queued, self._armed = False, [], -1
             self._pos = opener
         return True
 
@@ -300,13 +312,17 @@ class StreamParser:
         block.advance(self._buf, final)
         for event in block.take_events():
             if event[0] == "reset":
-                self._queued = []
+                self._queued, self._armed = [], -1
             elif self._committed:
                 self._apply(event, block.start)
             else:
                 self._queued.append(event)
-                if event[0] == "commit":
-                    self._commit(block.start)
+                if event[0] == "commit" and self._armed < 0:
+                    self._armed = 0
+                elif event[0] == "args" and self._armed >= 0:
+                    self._armed += len(event[1])
+                    if self._armed > STREAM_AFTER_CHARS:
+                        self._commit(block.start)
         if block.status == "open":
             return False
         self._block = None
