@@ -77,7 +77,7 @@ class Engine:
         is what one position costs; a ram_gb budget counts max_ctx of it)."""
         from . import _core  # imported here so config errors surface even without a built core
 
-        self.path = Path(path)
+        self.path = Path(path).expanduser()
         if not self.path.is_dir():
             raise EngineError(f"{self.path}: not a model folder")
         if threads is not None and (not isinstance(threads, int) or threads < 1):
