@@ -114,6 +114,38 @@ def test_seed_is_reproducible(client):
     assert a != c  # 12 tokens from a 1024-token vocabulary: a collision would be a bug
 
 
+def test_n_choices_run_one_after_another(client):
+    kwargs = dict(model="m", messages=[{"role": "user", "content": "Three takes."}], max_tokens=8,
+                  temperature=1.0, n=3)
+    r = client.chat.completions.create(seed=77, **kwargs)
+    assert [c.index for c in r.choices] == [0, 1, 2]
+    texts = [c.message.content for c in r.choices]
+    assert len(set(texts)) == 3, texts  # choice i samples with seed + i
+    single = client.chat.completions.create(seed=77, **dict(kwargs, n=1))
+    assert single.choices[0].message.content == texts[0]
+    assert r.choices[1].message.content == client.chat.completions.create(
+        seed=78, **dict(kwargs, n=1)).choices[0].message.content
+    # The prompt counts once; completion tokens add up over the choices.
+    assert r.usage.prompt_tokens == single.usage.prompt_tokens
+    assert r.usage.completion_tokens >= 3 and r.usage.completion_tokens <= 24
+    # Streamed: every choice comes with its index, role first, its own finish; usage at the end.
+    stream = client.chat.completions.create(seed=77, stream=True, stream_options={"include_usage": True}, **kwargs)
+    parts: dict[int, list[str]] = {0: [], 1: [], 2: []}
+    finishes, roles, usage = {}, [], None
+    for chunk in stream:
+        if chunk.usage is not None:
+            usage = chunk.usage
+        for c in chunk.choices:
+            if c.delta.role:
+                roles.append(c.index)
+            parts[c.index].append(c.delta.content or "")
+            if c.finish_reason:
+                finishes[c.index] = c.finish_reason
+    assert roles == [0, 1, 2] and set(finishes) == {0, 1, 2}
+    assert ["".join(parts[i]) for i in range(3)] == texts
+    assert usage is not None and usage.completion_tokens == r.usage.completion_tokens
+
+
 def test_greedy_is_reproducible(client):
     kwargs = dict(model="m", messages=[{"role": "user", "content": "Greedy."}], max_tokens=8, temperature=0)
     assert (client.chat.completions.create(**kwargs).choices[0].message.content
@@ -302,7 +334,8 @@ def test_tool_history_round_trip_is_accepted(client):
     ({"messages": []}, "messages"),
     ({"messages": [{"role": "wizard", "content": "x"}]}, "messages"),
     ({"messages": HI, "temperature": 7}, "temperature"),
-    ({"messages": HI, "n": 2}, "n"),
+    ({"messages": HI, "n": 9}, "n"),
+    ({"messages": HI, "n": 0}, "n"),
     ({"messages": HI, "max_tokens": 0}, "max_tokens"),
     ({"messages": HI, "max_tokens": "ten"}, "max_tokens"),
     ({"messages": HI, "tool_choice": "required"}, "tool_choice"),

@@ -18,6 +18,10 @@ MAX_STOP_STRINGS = 16
 MAX_TOOLS = 256
 
 
+# n > 1 runs the choices one after another: bounded so one request cannot hold the slot forever.
+MAX_CHOICES = 8
+
+
 @dataclass
 class ChatSpec:
     messages: list[dict]
@@ -36,6 +40,7 @@ class ChatSpec:
     model: str = ""
     ignore_eos: bool = False  # llama.cpp/vLLM extension: generate through end-of-turn tokens
     omit_thinking: bool = False  # Anthropic thinking.display "omitted": thinking blocks carry no text
+    n: int = 1  # OpenAI choices: generated one after another in the single slot (prompt reused)
 
     @property
     def active_tools(self) -> list[dict]:
@@ -211,8 +216,9 @@ def parse_openai_chat(body: Any) -> ChatSpec:
     opts = {} if opts is None else _expect(opts, dict, "stream_options")
     spec.include_usage = bool(opts.get("include_usage", False))
     n = _int(body, "n", 1)
-    if n != 1:
-        raise bad_request("only n=1 is supported (one sequence slot)", "n")
+    if n is None or not 1 <= n <= MAX_CHOICES:
+        raise bad_request(f"'n' must be between 1 and {MAX_CHOICES}", "n")
+    spec.n = n
     effort = body.get("reasoning_effort")
     if effort is not None:
         spec.reasoning_effort = _expect(effort, str, "reasoning_effort")

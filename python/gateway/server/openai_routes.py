@@ -4,13 +4,15 @@ from __future__ import annotations
 import logging
 import time
 import uuid
+from collections.abc import AsyncIterator
 from contextlib import aclosing
+from dataclasses import replace
 
 from aiohttp import web
 
 from ..generate import GenerationResult, TextEvent
 from . import sse
-from .chat_request import _int, _sampling, _stop_list, parse_json_body, parse_openai_chat
+from .chat_request import ChatSpec, _int, _sampling, _stop_list, parse_json_body, parse_openai_chat
 from .errors import ApiError, bad_request
 from .pipeline import (ChatRun, Delta, Finish, JobRun, Usage, generation_request, keepalive, send_waiting_comment,
                        start_chat_async)
@@ -27,46 +29,81 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     ident = f"chatcmpl-{uuid.uuid4().hex[:24]}"
     created = int(time.time())
     model = spec.model or state.model_id
-    run = await start_chat_async(state, spec, id_salt=ident)  # 400/429 here, before any response is opened
+    first = await start_chat_async(state, spec, id_salt=ident)  # 400/429 here, before any response is opened
+    runs = _choice_runs(state, spec, ident, first)
     try:
         if spec.stream:
-            return await _stream_chat(request, state, run, OpenAIChunks(ident, created, model,
-                                                                         state.reasoning_field_mirror))
-        logprobs: list[dict] = []
-        finish: Finish | None = None
-        async with aclosing(run.events()) as events:
-            async for item in events:
-                if isinstance(item, Delta):
-                    logprobs += item.logprobs
-                elif isinstance(item, Finish):
-                    finish = item
-        assert finish is not None
-        body = {"id": ident, "object": "chat.completion", "created": created, "model": model,
-                "choices": [{"index": 0, "message": openai_message(finish.message, state.reasoning_field_mirror),
-                             "finish_reason": finish.finish_reason,
-                             "logprobs": {"content": logprobs} if spec.sampling.logprobs else None}],
-                "usage": finish.usage.openai()}
-        return web.json_response(body)
+            return await _stream_chat(request, state, spec, runs, OpenAIChunks(ident, created, model,
+                                                                             state.reasoning_field_mirror))
+        choices: list[dict] = []
+        usage = Usage()
+        async with aclosing(runs) as numbered:
+            async for index, run in numbered:
+                logprobs: list[dict] = []
+                finish: Finish | None = None
+                async with aclosing(run.events()) as events:
+                    async for item in events:
+                        if isinstance(item, Delta):
+                            logprobs += item.logprobs
+                        elif isinstance(item, Finish):
+                            finish = item
+                assert finish is not None
+                choices.append({"index": index,
+                                "message": openai_message(finish.message, state.reasoning_field_mirror),
+                                "finish_reason": finish.finish_reason,
+                                "logprobs": {"content": logprobs} if spec.sampling.logprobs else None})
+                usage = _add_choice_usage(usage, finish.usage, index)
+        return web.json_response({"id": ident, "object": "chat.completion", "created": created, "model": model,
+                                  "choices": choices, "usage": usage.openai()})
     finally:
-        run.close()
+        first.close()
 
 
-async def _stream_chat(request: web.Request, state: ServerState, run: ChatRun,
-                       chunks: OpenAIChunks) -> web.StreamResponse:
+async def _choice_runs(state: ServerState, spec: ChatSpec, ident: str,
+                       first: ChatRun) -> AsyncIterator[tuple[int, ChatRun]]:
+    """The n choices, one after another in the single slot: each later one is queued only when
+    the one before has finished (the slot still holds the prompt, so it prefills nothing new).
+    With a seed, choice i samples with seed + i: the choices differ and each one reproduces."""
+    yield 0, first
+    for index in range(1, spec.n):
+        sampling = spec.sampling
+        if sampling.seed is not None:
+            sampling = replace(sampling, seed=sampling.seed + index)
+        run = await start_chat_async(state, replace(spec, sampling=sampling), id_salt=f"{ident}-{index}")
+        try:
+            yield index, run
+        finally:
+            run.close()
+
+
+def _add_choice_usage(total: Usage, choice: Usage, index: int) -> Usage:
+    """The prompt counts once (as OpenAI reports n > 1); completion tokens add up."""
+    if index == 0:
+        return Usage(choice.prompt_tokens, choice.completion_tokens, choice.cached_tokens)
+    return Usage(total.prompt_tokens, total.completion_tokens + choice.completion_tokens, total.cached_tokens)
+
+
+async def _stream_chat(request: web.Request, state: ServerState, spec: ChatSpec,
+                       runs: AsyncIterator[tuple[int, ChatRun]], chunks: OpenAIChunks) -> web.StreamResponse:
     resp = await sse.open_stream(request)
-    await sse.send_data(resp, chunks.role())
+    usage = Usage()
     try:
-        async with aclosing(keepalive(run.events(), state.keepalive_seconds)) as items:
-            async for item in items:
-                if await send_waiting_comment(resp, item):
-                    continue
-                if isinstance(item, Delta):
-                    if item.delta or item.logprobs:
-                        await sse.send_data(resp, chunks.delta(item.delta, item.logprobs))
-                elif isinstance(item, Finish):
-                    await sse.send_data(resp, chunks.finish(item.finish_reason))
-                    if run.spec.include_usage:
-                        await sse.send_data(resp, chunks.usage(item.usage.openai()))
+        async with aclosing(runs) as numbered:
+            async for index, run in numbered:
+                chunks.index = index
+                await sse.send_data(resp, chunks.role())
+                async with aclosing(keepalive(run.events(), state.keepalive_seconds)) as items:
+                    async for item in items:
+                        if await send_waiting_comment(resp, item):
+                            continue
+                        if isinstance(item, Delta):
+                            if item.delta or item.logprobs:
+                                await sse.send_data(resp, chunks.delta(item.delta, item.logprobs))
+                        elif isinstance(item, Finish):
+                            await sse.send_data(resp, chunks.finish(item.finish_reason))
+                            usage = _add_choice_usage(usage, item.usage, index)
+        if spec.include_usage:
+            await sse.send_data(resp, chunks.usage(usage.openai()))
     except ApiError as exc:  # the status line is gone: the error travels in the stream (§2.3)
         await sse.send_data(resp, exc.openai_body())
     except ConnectionResetError:

@@ -19,6 +19,7 @@ class OpenAIChunks:
     def __init__(self, ident: str, created: int, model: str, mirror_reasoning: bool = False) -> None:
         self.ident, self.created, self.model = ident, created, model
         self.mirror_reasoning = mirror_reasoning
+        self.index = 0  # the choice being streamed (n > 1 streams the choices one after another)
 
     def _base(self, choices: list[dict]) -> dict:
         return {"id": self.ident, "object": "chat.completion.chunk", "created": self.created,
@@ -30,11 +31,11 @@ class OpenAIChunks:
     def delta(self, delta: dict, logprobs: list[dict] | None = None) -> dict:
         if self.mirror_reasoning and "reasoning_content" in delta:
             delta = dict(delta, reasoning=delta["reasoning_content"])
-        return self._base([{"index": 0, "delta": delta,
+        return self._base([{"index": self.index, "delta": delta,
                             "logprobs": {"content": logprobs} if logprobs else None, "finish_reason": None}])
 
     def finish(self, finish_reason: str) -> dict:
-        return self._base([{"index": 0, "delta": {}, "logprobs": None, "finish_reason": finish_reason}])
+        return self._base([{"index": self.index, "delta": {}, "logprobs": None, "finish_reason": finish_reason}])
 
     def usage(self, usage: dict) -> dict:
         return dict(self._base([]), usage=usage)
