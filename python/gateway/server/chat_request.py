@@ -236,7 +236,54 @@ def parse_openai_chat(body: Any) -> ChatSpec:
             spec.response_format = _json_format(inner.get("schema"), "response_format")
         else:
             spec.response_format = _json_format(None, "response_format") if fmt["type"] == "json_object" else None
+    extension = _extension_format(body)
+    if extension is not None:
+        if spec.response_format is not None or spec.forces_call:
+            raise bad_request(f"'{extension['param']}' cannot be combined with response_format or a forced "
+                              "tool_choice: one constraint per request", extension["param"])
+        spec.response_format = extension
     return spec
+
+
+# Constraint parameters that clients of other servers send: vLLM's guided_* and
+# structured_outputs, llama.cpp's grammar (GBNF) and json_schema.  (param, kind) in the order
+# they are looked for; "json" is a JSON Schema, "regex" a pattern the whole reply matches,
+# "choice" a list of strings, "grammar" GBNF or Lark text.
+_EXTENSIONS = (("guided_json", "json"), ("guided_regex", "regex"), ("guided_choice", "choice"),
+               ("guided_grammar", "grammar"), ("grammar", "grammar"), ("json_schema", "json"))
+
+
+def _extension_format(body: dict) -> dict | None:
+    """The one extension constraint a request carries, normalised like response_format:
+    {"type": "json_schema" | "json_object" | "regex" | "choice" | "grammar", ..., "param": name}."""
+    found: list[tuple[str, str, Any]] = []
+    outputs = body.get("structured_outputs")
+    if outputs is not None:
+        _expect(outputs, dict, "structured_outputs")
+        found += [(f"structured_outputs.{k}", k, outputs[k]) for k in ("json", "regex", "choice", "grammar")
+                  if outputs.get(k) is not None]
+    found += [(param, kind, body[param]) for param, kind in _EXTENSIONS if body.get(param) is not None]
+    if not found:
+        return None
+    if len(found) > 1:
+        raise bad_request(f"'{found[0][0]}' and '{found[1][0]}' both constrain the reply: one constraint "
+                          "per request", found[1][0])
+    param, kind, value = found[0]
+    if kind == "json":
+        if isinstance(value, str):
+            try:
+                value = json.loads(value)
+            except ValueError:
+                raise bad_request(f"'{param}' is not valid JSON", param) from None
+        return dict(_json_format(value, param), param=param)
+    if kind == "choice":
+        if not isinstance(value, list) or not value or not all(isinstance(c, str) and c for c in value):
+            raise bad_request(f"'{param}' must be a non-empty list of non-empty strings", param)
+        return {"type": "choice", "choices": value, "param": param}
+    if not isinstance(value, str) or not value.strip():
+        raise bad_request(f"'{param}' must be a non-empty string", param)
+    key = "pattern" if kind == "regex" else "grammar"
+    return {"type": kind, key: value, "param": param}
 
 
 def _json_format(schema: Any, param: str) -> dict:

@@ -4,6 +4,9 @@ With tool_choice required / a named function, or response_format json_object / j
 (Anthropic output_config.format), every generated token is sampled under a grammar
 (gateway.structured), so the reply is always a complete call in the model's own dialect whose
 arguments validate against the tool schema, or a JSON value that validates against the schema.
+Other servers' constraint parameters work too (chat_request._EXTENSIONS: vLLM's guided_json /
+guided_regex / guided_choice / guided_grammar and structured_outputs, llama.cpp's GBNF grammar
+and json_schema): the reply then matches the regex, is one of the choices, or follows the grammar.
 
 The constraint and the generation loop must agree on two things, checked here:
 * the stop tokens: the grammar allows them exactly when the structure is complete, and the loop
@@ -74,23 +77,41 @@ def build_for_request(state: "ServerState", spec: "ChatSpec", *, chat_format: st
     be satisfied or the format has nothing to force."""
     if not wants_constraint(spec):
         return None
+    if not spec.forces_call:
+        return build_reply_constraint(state, spec.response_format or {}, stop_ids, in_reasoning=in_reasoning)
     from ..structured import ConstraintError, build_constraint
 
     if not stop_ids:
         raise bad_request("structured output needs an end-of-turn token, and this checkpoint declares none",
-                          "tool_choice" if spec.forces_call else "response_format")
-    common = dict(stop_token_ids=sorted(stop_ids), n_vocab=engine_vocab(state))
+                          "tool_choice")
     try:
-        if spec.forces_call:
-            return build_constraint(state.tokenizer, kind="tool_call", chat_format=chat_format, dialect=dialect,
-                                    tools=spec.active_tools, forced_name=spec.forced_name,
-                                    parallel=spec.parallel_tool_calls, start_in_call_text=start_in_call,
-                                    **common)
-        fmt = spec.response_format or {}
-        if fmt.get("type") == "json_schema":
-            return build_constraint(state.tokenizer, kind="json_schema", json_schema=fmt.get("schema"),
-                                    reasoning_open=in_reasoning, **common)
-        return build_constraint(state.tokenizer, kind="json_object", reasoning_open=in_reasoning, **common)
+        return build_constraint(state.tokenizer, kind="tool_call", chat_format=chat_format, dialect=dialect,
+                                tools=spec.active_tools, forced_name=spec.forced_name,
+                                parallel=spec.parallel_tool_calls, start_in_call_text=start_in_call,
+                                stop_token_ids=sorted(stop_ids), n_vocab=engine_vocab(state))
     except ConstraintError as exc:
-        param = "tools" if spec.forces_call else "response_format"
-        raise bad_request(f"this schema cannot be enforced: {exc}", param) from None
+        raise bad_request(f"this schema cannot be enforced: {exc}", "tools") from None
+
+
+def build_reply_constraint(state: "ServerState", fmt: dict, stop_ids: frozenset[int], *,
+                           in_reasoning: bool = False) -> "Constraint":
+    """A constraint on the whole reply from a normalised format (chat_request: response_format
+    and the other servers' parameters): json_object, json_schema, regex, choice or grammar."""
+    from ..structured import ConstraintError, build_constraint
+
+    param = fmt.get("param", "response_format")
+    if not stop_ids:
+        raise bad_request("structured output needs an end-of-turn token, and this checkpoint declares none "
+                          "(or ignore_eos dropped it)", param)
+    common = dict(stop_token_ids=sorted(stop_ids), n_vocab=engine_vocab(state), reasoning_open=in_reasoning)
+    kind = fmt.get("type")
+    try:
+        if kind == "json_schema":
+            return build_constraint(state.tokenizer, kind="json_schema", json_schema=fmt.get("schema"), **common)
+        if kind in ("regex", "choice", "grammar"):
+            return build_constraint(state.tokenizer, kind=kind, pattern=fmt.get("pattern"),
+                                    choices=fmt.get("choices"), grammar=fmt.get("grammar"), **common)
+        return build_constraint(state.tokenizer, kind="json_object", **common)
+    except ConstraintError as exc:
+        what = "schema" if str(kind).startswith("json") else str(kind)
+        raise bad_request(f"this {what} cannot be enforced: {exc}", param) from None

@@ -1,6 +1,7 @@
 """OpenAI-compatible endpoints: /v1/chat/completions, /v1/completions, /v1/models."""
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 import uuid
@@ -12,7 +13,8 @@ from aiohttp import web
 
 from ..generate import GenerationResult, TextEvent
 from . import sse
-from .chat_request import ChatSpec, _int, _sampling, _stop_list, parse_json_body, parse_openai_chat
+from . import constrained
+from .chat_request import ChatSpec, _extension_format, _int, _sampling, _stop_list, parse_json_body, parse_openai_chat
 from .errors import ApiError, bad_request
 from .pipeline import (ChatRun, Delta, Finish, JobRun, Usage, generation_request, keepalive, send_waiting_comment,
                        start_chat_async)
@@ -149,6 +151,11 @@ async def completions(request: web.Request) -> web.StreamResponse:
         sampling.logprobs, sampling.top_logprobs = True, min(logprobs_n, 20)
     req = generation_request(state, ids, max_tokens, sampling, _stop_list(body.get("stop"), "stop"),
                              ignore_eos=bool(body.get("ignore_eos", False)))
+    fmt = _extension_format(body)
+    if fmt is not None:  # vLLM's guided_* / llama.cpp's grammar: the continuation follows it
+        constraint = await asyncio.to_thread(constrained.build_reply_constraint, state, fmt, req.stop_token_ids)
+        req.stop_strings = ()  # the grammar decides where the text ends
+        req.token_mask = constraint.token_mask_hook(req.max_tokens)
     echo = bool(body.get("echo", False))
     ident = f"cmpl-{uuid.uuid4().hex[:24]}"
     created, model = int(time.time()), str(body.get("model") or state.model_id)

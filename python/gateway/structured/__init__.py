@@ -32,14 +32,15 @@ import json
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import llguidance as llg
 import numpy as np
 
-from .grammars import ConstraintError, GrammarText, Markup, json_grammar, tool_call_grammar
+from .grammars import (ConstraintError, GrammarText, Markup, choice_grammar, json_grammar, regex_grammar,
+                       tool_call_grammar, user_grammar)
 
 __all__ = ["Constraint", "ConstraintError", "TokenizerContext", "build_constraint",
            "tokenizer_context"]
@@ -148,7 +149,11 @@ class Constraint:
         self.kind = kind
         self.prefix = prefix
         self.grammar = grammar.lark
-        compiled = llg.LLMatcher.grammar_from_lark(grammar.lark)
+        if grammar.subgrammars:
+            compiled = json.dumps({"grammars": [{"lark_grammar": grammar.lark}] + [
+                {"name": name, "lark_grammar": text} for name, text in grammar.subgrammars.items()]})
+        else:
+            compiled = llg.LLMatcher.grammar_from_lark(grammar.lark)
         error = llg.LLMatcher.validate_grammar(compiled, ctx.lltok)
         if error:
             raise ConstraintError(_clean_error(error))
@@ -382,17 +387,21 @@ def build_constraint(tokenizer: Any, *, kind: str, dialect: str | None = None,
                      forced_name: str | None = None, parallel: bool = True,
                      start_in_call_text: str | None = None, json_schema: Any = None,
                      reasoning_open: bool = False, stop_token_ids: Sequence[int] | None = None,
-                     n_vocab: int | None = None) -> Constraint:
+                     n_vocab: int | None = None, pattern: str | None = None,
+                     choices: Sequence[str] | None = None, grammar: str | None = None) -> Constraint:
     """A Constraint for one request.
 
     tokenizer        path to tokenizer.json, a tokenizers.Tokenizer or gateway.tokenizer.Tokenizer
-    kind             "tool_call" | "json_schema" | "json_object"
+    kind             "tool_call" | "json_schema" | "json_object" | "regex" | "choice" | "grammar"
     dialect          tool-call dialect (default: the chat format's)
     chat_format      gateway.chat format name ("dsml", "glm45", "glm47", "qwen3", ...)
     forced_name      tool_choice's function (None: any declared tool)
     parallel         False: exactly one call
     start_in_call_text  the text the server prefilled; checked against the format's own opener
-    reasoning_open   JSON kinds only: the prompt opened <think>, reasoning comes first
+    reasoning_open   reply kinds (all but tool_call): the prompt opened <think>, reasoning first
+    pattern          kind "regex": the whole reply matches it (Rust regex syntax)
+    choices          kind "choice": the reply is exactly one of these strings
+    grammar          kind "grammar": GBNF or llguidance Lark text
     stop_token_ids   tokens that end the reply (what the server stops on)
     n_vocab          the model's vocabulary size (the logits row length)
     """
@@ -418,4 +427,10 @@ def build_constraint(tokenizer: Any, *, kind: str, dialect: str | None = None,
     if kind == "json_object":
         return Constraint(ctx, json_grammar(ctx.markup, {"type": "object"}, reasoning_open),
                           kind=kind, prefix=None)
+    if kind == "regex":
+        return Constraint(ctx, regex_grammar(ctx.markup, pattern, reasoning_open), kind=kind, prefix=None)
+    if kind == "choice":
+        return Constraint(ctx, choice_grammar(ctx.markup, choices or [], reasoning_open), kind=kind, prefix=None)
+    if kind == "grammar":
+        return Constraint(ctx, user_grammar(ctx.markup, grammar, reasoning_open), kind=kind, prefix=None)
     raise ValueError(f"unknown constraint kind {kind!r}")

@@ -237,6 +237,9 @@ class GrammarText:
 
     lark: str
     closers: list[str]  # tag texts that end a value / call / block, most local first
+    # Named grammars the main one refers to as `@name` (a client's own grammar, kept apart so
+    # its rule names cannot collide with ours).
+    subgrammars: dict[str, str] = field(default_factory=dict)
 
 
 class _Builder:
@@ -488,16 +491,65 @@ def dsml_grammar(m: Markup, specs: list[ToolSpec], forced: str | None,
     return GrammarText(b.text(start), [p_close, f"\n</{_DSML}invoke>", f"\n</{_DSML}tool_calls>"])
 
 
+def _reply(b: "_Builder", body: str, reasoning_open: bool) -> str:
+    """The start rule of a constrained reply: `body`, after free reasoning when the prompt
+    opened <think> (reasoning never holding </think>, so the parser's split agrees)."""
+    if not reasoning_open:
+        return body
+    think = b.terminal(f"{_ANY} & ~({_contains('</think>')})")
+    return f"{think} {b.m.lit('</think>')} {lark_string(chr(10) + chr(10))}? {body}"
+
+
 def json_grammar(m: Markup, schema: Any, reasoning_open: bool) -> GrammarText:
     b = _Builder(m)
     body = b.rule("json", json_embed(schema))
-    if reasoning_open:
-        # The prompt opened <think>: free reasoning (never holding </think>), then the JSON.
-        think = b.terminal(f"{_ANY} & ~({_contains('</think>')})")
-        start = f"{think} {m.lit('</think>')} {lark_string(chr(10) + chr(10))}? {body}"
-    else:
-        start = body
-    return GrammarText(b.text(start), ["</think>", '"', "}", "]"])
+    return GrammarText(b.text(_reply(b, body, reasoning_open)), ["</think>", '"', "}", "]"])
+
+
+# Bounds on what a client's pattern / choice list / grammar may cost us to compile.
+MAX_PATTERN_CHARS = 4096
+MAX_CHOICES = 256
+MAX_GRAMMAR_CHARS = 32768
+
+
+def regex_grammar(m: Markup, pattern: str, reasoning_open: bool) -> GrammarText:
+    """The reply matches `pattern` as a whole (Rust regex syntax, as vLLM's guided_regex)."""
+    if not isinstance(pattern, str) or not pattern:
+        raise ConstraintError("the regex must be a non-empty string")
+    if len(pattern) > MAX_PATTERN_CHARS:
+        raise ConstraintError(f"the regex is longer than {MAX_PATTERN_CHARS} characters")
+    b = _Builder(m)
+    body = b.terminal(_re(pattern))
+    return GrammarText(b.text(_reply(b, body, reasoning_open)), ["</think>"])
+
+
+def choice_grammar(m: Markup, choices: Sequence[str], reasoning_open: bool) -> GrammarText:
+    """The reply is exactly one of `choices`."""
+    if (not isinstance(choices, (list, tuple)) or not choices
+            or not all(isinstance(c, str) and c for c in choices)):
+        raise ConstraintError("choices must be a non-empty list of non-empty strings")
+    if len(choices) > MAX_CHOICES:
+        raise ConstraintError(f"more than {MAX_CHOICES} choices")
+    b = _Builder(m)
+    body = b.rule("choice", " | ".join(m.lit(c) for c in dict.fromkeys(choices)))
+    return GrammarText(b.text(_reply(b, body, reasoning_open)), ["</think>"])
+
+
+def user_grammar(m: Markup, grammar: str, reasoning_open: bool) -> GrammarText:
+    """The reply follows the client's own grammar: GBNF (llama.cpp's `grammar`) or Lark
+    (llguidance's dialect, vLLM's guided_grammar), told apart by llguidance's converter."""
+    from llguidance.gbnf_to_lark import any_to_lark
+
+    if not isinstance(grammar, str) or not grammar.strip():
+        raise ConstraintError("the grammar must be a non-empty string")
+    if len(grammar) > MAX_GRAMMAR_CHARS:
+        raise ConstraintError(f"the grammar is longer than {MAX_GRAMMAR_CHARS} characters")
+    try:
+        lark = any_to_lark(grammar)
+    except Exception as exc:  # the converter raises its own error types, all of them 400s
+        raise ConstraintError(f"cannot read the grammar: {exc}") from None
+    b = _Builder(m)
+    return GrammarText(b.text(_reply(b, "@client", reasoning_open)), ["</think>"], {"client": lark})
 
 
 GRAMMARS = {"glm", "qwen_xml", "hermes", "dsml"}
