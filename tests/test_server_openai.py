@@ -259,6 +259,27 @@ def test_second_turn_reuses_the_prefix(client, qwen_server):
     assert after["moegate_prompt_tokens_cached_total"] - before["moegate_prompt_tokens_cached_total"] >= cached
 
 
+def test_interleaved_conversations_resume_from_snapshots(client, qwen_server):
+    """A side request between two turns of a long conversation (what Claude Code does) does not
+    make the next turn prefill the conversation again: the slot kept a snapshot of it."""
+    long_system = "You are a careful assistant. " + " ".join(f"Rule {i}: be precise." for i in range(60))
+    main = [{"role": "system", "content": long_system}, {"role": "user", "content": "Main question?"}]
+    r1 = client.chat.completions.create(model="m", messages=main, max_tokens=4, seed=1)
+    assert r1.usage.prompt_tokens > 300
+    side = [{"role": "system", "content": "Write a title. " * 40}, {"role": "user", "content": "Title?"}]
+    client.chat.completions.create(model="m", messages=side, max_tokens=2, seed=1)
+    before = qwen_server.metrics()
+    turn2 = main + [{"role": "assistant", "content": r1.choices[0].message.content or ""},
+                    {"role": "user", "content": "Follow-up?"}]
+    r2 = client.chat.completions.create(model="m", messages=turn2, max_tokens=2, seed=1)
+    assert r2.usage.prompt_tokens_details.cached_tokens >= r1.usage.prompt_tokens - 3
+    after = qwen_server.metrics()
+    assert after["moegate_prefix_snapshot_restores_total"] == before["moegate_prefix_snapshot_restores_total"] + 1
+    assert after["moegate_prefix_snapshots"] >= 1 and after["moegate_prefix_snapshot_bytes"] > 0
+    props = qwen_server.get_json("/props")["prefix_snapshots"]
+    assert props["restores"] >= 1 and props["capacity_bytes"] > 0
+
+
 # ------------------------------------------------------------------------------ tool_choice
 
 def _prompt_tokens(server, body: dict) -> tuple[list[int], str]:

@@ -83,6 +83,46 @@ class Model {
         if (rc != 0) throw std::runtime_error(err.msg);
     }
 
+    // The slot's first n tokens as one snapshot buffer (numpy uint8, filled without the GIL).
+    py::array_t<uint8_t> save_prefix(int64_t n) {
+        mg_error err{};
+        uint64_t bytes;
+        {
+            py::gil_scoped_release nogil;
+            std::lock_guard<std::mutex> lock(mu_);
+            bytes = mg_model_prefix_bytes(m_, n, &err);
+        }
+        if (!bytes) throw std::runtime_error(err.msg);
+        py::array_t<uint8_t> out(static_cast<py::ssize_t>(bytes));
+        uint8_t *dst = out.mutable_data();
+        int rc;
+        {
+            py::gil_scoped_release nogil;
+            std::lock_guard<std::mutex> lock(mu_);
+            rc = mg_model_save_prefix(m_, n, dst, bytes, &err);
+        }
+        if (rc != 0) throw std::runtime_error(err.msg);
+        return out;
+    }
+
+    // Replaces the slot with a snapshot's prefix; returns its length in tokens.
+    int64_t restore_prefix(py::buffer snapshot) {
+        py::buffer_info info = snapshot.request();
+        if (info.ndim != 1 || info.itemsize != 1 || (info.ndim == 1 && info.strides[0] != 1))
+            throw std::invalid_argument("a prefix snapshot is a contiguous 1-D byte buffer");
+        mg_error err{};
+        int rc;
+        int64_t n;
+        {
+            py::gil_scoped_release nogil;
+            std::lock_guard<std::mutex> lock(mu_);
+            rc = mg_model_restore_prefix(m_, info.ptr, static_cast<uint64_t>(info.size), &err);
+            n = mg_model_n_past(m_);
+        }
+        if (rc != 0) throw std::runtime_error(err.msg);
+        return n;
+    }
+
     void reset() {
         py::gil_scoped_release nogil;
         std::lock_guard<std::mutex> lock(mu_);
@@ -187,6 +227,8 @@ void register_model(py::module_ &m) {
              "Appends tokens; returns float32 logits [n, vocab] ([1, vocab] with last_only).")
         .def("truncate", &Model::truncate, py::arg("n"))
         .def("reset", &Model::reset)
+        .def("save_prefix", &Model::save_prefix, py::arg("n"))
+        .def("restore_prefix", &Model::restore_prefix, py::arg("snapshot"))
         .def_property_readonly("n_past", &Model::n_past)
         .def("info", &Model::info)
         .def("expert_stats", &Model::expert_stats)

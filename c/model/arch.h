@@ -12,6 +12,9 @@
  *   truncate  forgets positions >= n (n <= current n_past, already validated)
  *   free      releases the state (NULL-safe)
  *   info      fixed facts about the loaded model (filled once after load)
+ *   prefix_regions  the memory positions [0, n) left in the state, for prefix snapshots
+ *             (model.c copies them out; to restore it copies them back and calls truncate(n),
+ *             which rebuilds whatever else derives from them)
  *
  * Registering an architecture = one `extern const mg_arch` below + one line in model.c's
  * registry.  The name is the "arch" field of the normalised config. */
@@ -54,6 +57,9 @@ typedef struct mg_arch_info {
     uint64_t kv_bytes_per_token; /* what one more position of context costs (what --ram counts) */
 } mg_arch_info;
 
+/* Called once per region, in a fixed order; non-zero stops the walk (and is returned). */
+typedef int (*mg_region_fn)(void *ctx, void *ptr, uint64_t bytes);
+
 typedef struct mg_arch {
     const char *name;
     void *(*load)(const mg_arch_env *env, mg_error *err);            /* NULL + err on failure */
@@ -64,6 +70,8 @@ typedef struct mg_arch {
     int (*truncate)(void *state, int64_t n, mg_error *err);
     void (*free)(void *state);
     void (*info)(const void *state, mg_arch_info *out);
+    /* With `reserve`, first makes room for n positions (a restore writes into the regions). */
+    int (*prefix_regions)(void *state, int64_t n, int reserve, mg_region_fn fn, void *ctx, mg_error *err);
 } mg_arch;
 
 extern const mg_arch mg_arch_qwen3_moe;   /* moe_transformer.c */

@@ -192,6 +192,19 @@ int mg_kv_reserve(mg_kv_cache *kv, int64_t n_pos, mg_error *err) {
     return 0;
 }
 
+int mg_kv_regions(mg_kv_cache *kv, int64_t n, int reserve, int (*fn)(void *, void *, uint64_t), void *ctx,
+                  mg_error *err) {
+    if (reserve && mg_kv_reserve(kv, n, err)) return -1;
+    if (n > kv->cap) return mg_fail(err, "kv cache: %lld positions asked, %lld held", (long long)n, (long long)kv->cap);
+    const uint64_t es = mg_kv_type_bytes(kv->type);
+    for (int l = 0; l < kv->n_layers; l++) {
+        int rc = 0;
+        if (kv->k_row && (rc = fn(ctx, kv->k[l], (uint64_t)n * (uint64_t)kv->k_row * es))) return rc;
+        if (kv->v_row && (rc = fn(ctx, kv->v[l], (uint64_t)n * (uint64_t)kv->v_row * es))) return rc;
+    }
+    return 0;
+}
+
 void mg_kv_store(const mg_kv_cache *kv, int layer, int64_t pos, int64_t n, const float *k, const float *v) {
     if (kv->k_row) mg_kv_put(kv->type, kv->k[layer], pos * kv->k_row, k, n * kv->k_row);
     if (kv->v_row) mg_kv_put(kv->type, kv->v[layer], pos * kv->v_row, v, n * kv->v_row);

@@ -134,6 +134,10 @@ void mg_kv_free(mg_kv_cache *kv);
 /* Writes n consecutive positions from pos of layer `layer`: k [n, k_row], v [n, v_row] (v may
  * be NULL when v_row is 0). */
 void mg_kv_store(const mg_kv_cache *kv, int layer, int64_t pos, int64_t n, const float *k, const float *v);
+/* Reports K and V of positions [0, n) of every layer (layer by layer, K then V) to fn; with
+ * `reserve` makes them addressable first.  Returns fn's first non-zero result, or -1 + err. */
+int mg_kv_regions(mg_kv_cache *kv, int64_t n, int reserve, int (*fn)(void *, void *, uint64_t), void *ctx,
+                  mg_error *err);
 /* Bytes one position costs across all layers (K and V). */
 static inline uint64_t mg_kv_bytes_per_pos(int n_layers, int64_t k_row, int64_t v_row, mg_kv_type t) {
     return (uint64_t)n_layers * (uint64_t)(k_row + v_row) * mg_kv_type_bytes(t);

@@ -790,4 +790,20 @@ static void info(const void *p, mg_arch_info *out) {
     out->kv_bytes_per_token = slot_bytes_per_token(s);
 }
 
-const mg_arch mg_arch_deepseek_v4 = {"deepseek_v4", load, eval, truncate_state, state_free, info};
+/* Positions [0, n) left: every layer's K=V rows, the token ids (truncate replays the tail
+ * from them), each compressor's rows and snapshots.  The compressors' open windows and carries
+ * are not reported: truncate(n) after a restore rewinds to L * floor(n / L) and replays. */
+static int prefix_regions(void *p, int64_t n, int reserve, mg_region_fn fn, void *ctx, mg_error *err) {
+    state *s = p;
+    int rc = mg_kv_regions(&s->kv, n, reserve, fn, ctx, err);
+    if (rc) return rc;
+    if ((rc = fn(ctx, s->tokens, (uint64_t)n * sizeof(int32_t)))) return rc;
+    for (int64_t i = 0; i < s->c.n_layers; i++) {
+        layer *L = &s->layers[i];
+        if (L->kind != ATTN_SWA && (rc = dsv4_comp_regions(&L->comp, n, reserve, fn, ctx, err))) return rc;
+        if (L->kind == ATTN_CSA && (rc = dsv4_comp_regions(&L->icomp, n, reserve, fn, ctx, err))) return rc;
+    }
+    return 0;
+}
+
+const mg_arch mg_arch_deepseek_v4 = {"deepseek_v4", load, eval, truncate_state, state_free, info, prefix_regions};

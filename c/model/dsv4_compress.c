@@ -135,3 +135,14 @@ void dsv4_comp_rewind(dsv4_compressor *c, int64_t t0) {
         memcpy(c->prev_gate, c->snaps + k * sz + r * D, sizeof(float) * (size_t)(r * D));
     }
 }
+
+int dsv4_comp_regions(dsv4_compressor *c, int64_t n, int reserve, int (*fn)(void *, void *, uint64_t),
+                      void *ctx, mg_error *err) {
+    if (reserve && dsv4_comp_reserve(c, n, err)) return -1;
+    const int64_t rows = n / c->ratio, snaps = c->overlap ? n / c->snap_every + 1 : 0;
+    if (rows > c->cap_rows || snaps > c->cap_snaps)
+        return mg_fail(err, "compressor: %lld positions asked, fewer held", (long long)n);
+    int rc = fn(ctx, c->rows, (uint64_t)rows * (uint64_t)c->dim * mg_kv_type_bytes(c->row_type));
+    if (rc || !snaps) return rc;
+    return fn(ctx, c->snaps, (uint64_t)snaps * 2 * (uint64_t)c->ratio * (uint64_t)c->dim * sizeof(float));
+}

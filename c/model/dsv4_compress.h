@@ -57,4 +57,10 @@ int dsv4_comp_push(dsv4_compressor *c, const float *kv, const float *gate, int64
 /* Restores the state as of position t0 (a multiple of snap_every, <= the current position). */
 void dsv4_comp_rewind(dsv4_compressor *c, int64_t t0);
 
+/* Reports what positions [0, n) left: the emitted rows and, for overlapping compressors, the
+ * snapshots up to position n (with `reserve`, room is made first).  Enough for
+ * dsv4_comp_rewind to any multiple of snap_every <= n after the regions are written back. */
+int dsv4_comp_regions(dsv4_compressor *c, int64_t n, int reserve, int (*fn)(void *, void *, uint64_t),
+                      void *ctx, mg_error *err);
+
 #endif

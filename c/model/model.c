@@ -217,3 +217,102 @@ void mg_model_expert_prefetch(mg_model *m, int depth) {
     mg_expert_store *s = expert_store(m);
     if (s) mg_expert_store_set_prefetch(s, depth);
 }
+
+/* ---- prefix snapshots ------------------------------------------------------------------------
+ * A snapshot is a header plus the arch's prefix regions for positions [0, n), in walk order.
+ * The fingerprint keeps a snapshot from being restored into a different model or KV type. */
+#define PREFIX_MAGIC "MGPREFX1"
+
+typedef struct prefix_header {
+    char magic[8];
+    uint64_t n, payload, fingerprint;
+} prefix_header;
+
+static uint64_t mix64(uint64_t h, uint64_t v) { return (h ^ v) * 0x100000001b3ULL; }
+
+static uint64_t fingerprint(const mg_model *m) {
+    uint64_t h = 0xcbf29ce484222325ULL;
+    for (const char *c = m->arch->name; *c; c++) h = mix64(h, (unsigned char)*c);
+    h = mix64(h, (uint64_t)m->info.vocab);
+    h = mix64(h, (uint64_t)m->info.n_layers);
+    h = mix64(h, (uint64_t)m->info.kv_type);
+    h = mix64(h, m->info.kv_bytes_per_token);
+    return mix64(h, m->checkpoint_bytes);
+}
+
+typedef struct region_copy {
+    char *at;
+    uint64_t left, total;
+    int restore; /* 1: regions <- buffer, 0: buffer <- regions, -1: count only */
+} region_copy;
+
+static int copy_region(void *ctx, void *ptr, uint64_t bytes) {
+    region_copy *c = ctx;
+    c->total += bytes;
+    if (c->restore < 0) return 0;
+    if (bytes > c->left) return 1;
+    if (c->restore) memcpy(ptr, c->at, (size_t)bytes);
+    else memcpy(c->at, ptr, (size_t)bytes);
+    c->at += bytes;
+    c->left -= bytes;
+    return 0;
+}
+
+static int check_prefix_support(const mg_model *m, mg_error *err) {
+    return m->arch->prefix_regions ? 0 : mg_fail(err, "architecture '%s' has no prefix snapshots", m->arch->name);
+}
+
+uint64_t mg_model_prefix_bytes(mg_model *m, int64_t n, mg_error *err) {
+    if (check_prefix_support(m, err)) return 0;
+    if (n < 0 || n > m->n_past) {
+        mg_fail(err, "cannot snapshot %lld tokens: the slot holds %lld", (long long)n, (long long)m->n_past);
+        return 0;
+    }
+    region_copy c = {NULL, 0, 0, -1};
+    if (m->arch->prefix_regions(m->state, n, 0, copy_region, &c, err)) return 0;
+    return sizeof(prefix_header) + c.total;
+}
+
+int mg_model_save_prefix(mg_model *m, int64_t n, void *out, uint64_t cap, mg_error *err) {
+    uint64_t need = mg_model_prefix_bytes(m, n, err);
+    if (!need) return -1;
+    if (cap < need) return mg_fail(err, "prefix snapshot needs %llu bytes, got %llu", (unsigned long long)need,
+                                   (unsigned long long)cap);
+    prefix_header h;
+    memcpy(h.magic, PREFIX_MAGIC, 8);
+    h.n = (uint64_t)n;
+    h.payload = need - sizeof h;
+    h.fingerprint = fingerprint(m);
+    memcpy(out, &h, sizeof h);
+    region_copy c = {(char *)out + sizeof h, h.payload, 0, 0};
+    int rc = m->arch->prefix_regions(m->state, n, 0, copy_region, &c, err);
+    if (rc > 0 || (rc == 0 && c.left)) return mg_fail(err, "prefix snapshot: the state changed size while copied");
+    return rc ? -1 : 0;
+}
+
+int mg_model_restore_prefix(mg_model *m, const void *in, uint64_t bytes, mg_error *err) {
+    if (check_prefix_support(m, err)) return -1;
+    prefix_header h;
+    if (bytes < sizeof h) return mg_fail(err, "prefix snapshot: %llu bytes is too short", (unsigned long long)bytes);
+    memcpy(&h, in, sizeof h);
+    if (memcmp(h.magic, PREFIX_MAGIC, 8) != 0) return mg_fail(err, "prefix snapshot: not a snapshot");
+    if (h.fingerprint != fingerprint(m))
+        return mg_fail(err, "prefix snapshot: taken from a different model or KV dtype");
+    if (h.payload != bytes - sizeof h) return mg_fail(err, "prefix snapshot: truncated or padded");
+    if (h.n > (uint64_t)m->max_ctx)
+        return mg_fail(err, "prefix snapshot of %llu tokens exceeds max_ctx %lld", (unsigned long long)h.n,
+                       (long long)m->max_ctx);
+    const int64_t n = (int64_t)h.n;
+    /* From here on the slot is overwritten: on any failure it is left empty, never half old. */
+    region_copy c = {(char *)in + sizeof h, h.payload, 0, 1};
+    int rc = m->arch->prefix_regions(m->state, n, 1, copy_region, &c, err);
+    if (rc > 0 || (rc == 0 && c.left)) rc = mg_fail(err, "prefix snapshot: its size does not match this model's state");
+    if (rc == 0) rc = m->arch->truncate(m->state, n, err);
+    if (rc) {
+        m->arch->truncate(m->state, 0, NULL);
+        m->n_past = 0;
+        return -1;
+    }
+    m->n_past = n;
+    return 0;
+}

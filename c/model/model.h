@@ -40,4 +40,12 @@ uint64_t mg_model_kv_bytes_per_token(const mg_model *m); /* KV state bytes per p
 int mg_model_truncate(mg_model *m, int64_t n, mg_error *err);
 void mg_model_reset(mg_model *m);
 
+/* Prefix snapshots: the slot's state for its first n tokens as one self-checking buffer, so a
+ * conversation the slot had to leave can come back without prefilling it again.  Restoring
+ * replaces the slot with exactly that prefix (n_past = n); evaluating after it gives the same
+ * logits as a fresh run.  prefix_bytes returns 0 (+ err) on error. */
+uint64_t mg_model_prefix_bytes(mg_model *m, int64_t n, mg_error *err);
+int mg_model_save_prefix(mg_model *m, int64_t n, void *out, uint64_t cap, mg_error *err);
+int mg_model_restore_prefix(mg_model *m, const void *in, uint64_t bytes, mg_error *err);
+
 #endif

@@ -374,5 +374,11 @@ static void info(const void *p, mg_arch_info *out) {
     out->kv_bytes_per_token = kv_bytes_per_token(&s->c, s->kv.type);
 }
 
-const mg_arch mg_arch_qwen3_moe = {"qwen3_moe", load, eval, truncate_state, state_free, info};
-const mg_arch mg_arch_glm4_moe = {"glm4_moe", load, eval, truncate_state, state_free, info};
+/* The KV rows are the whole per-position state. */
+static int prefix_regions(void *p, int64_t n, int reserve, mg_region_fn fn, void *ctx, mg_error *err) {
+    state *s = p;
+    return mg_kv_regions(&s->kv, n, reserve, fn, ctx, err);
+}
+
+const mg_arch mg_arch_qwen3_moe = {"qwen3_moe", load, eval, truncate_state, state_free, info, prefix_regions};
+const mg_arch mg_arch_glm4_moe = {"glm4_moe", load, eval, truncate_state, state_free, info, prefix_regions};

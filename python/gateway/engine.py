@@ -195,6 +195,30 @@ class Engine:
             except RuntimeError as exc:
                 raise EngineError(str(exc)) from None
 
+    def save_prefix(self, n: int | None = None) -> np.ndarray:
+        """The slot's state for its first n tokens (default: all it holds) as one snapshot
+        (uint8 array).  restore_prefix(snapshot) brings exactly that prefix back later, in this
+        engine or another one on the same checkpoint and KV dtype, without prefilling again."""
+        n = self.n_past if n is None else n
+        if isinstance(n, bool) or not isinstance(n, (int, np.integer)):
+            raise TypeError(f"save_prefix needs an integer, got {type(n).__name__}")
+        with self._lock:
+            try:
+                return self._model.save_prefix(int(n))
+            except RuntimeError as exc:
+                raise EngineError(str(exc)) from None
+
+    def restore_prefix(self, snapshot: Any) -> int:
+        """Replaces the slot with a snapshot from save_prefix; returns its length in tokens.
+        Evaluating after it gives the same logits as a fresh run on those tokens.  A snapshot
+        of another model or KV dtype, or a damaged one, is an EngineError (the slot is then
+        empty)."""
+        with self._lock:
+            try:
+                return int(self._model.restore_prefix(snapshot))
+            except (RuntimeError, ValueError, TypeError) as exc:
+                raise EngineError(str(exc)) from None
+
     def reset(self) -> None:
         """Empties the slot."""
         with self._lock:

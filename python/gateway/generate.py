@@ -8,6 +8,7 @@ it reports goes through the `emit` callback.
 """
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -15,8 +16,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .prefix_cache import PrefixCache, common_prefix
 from .sampling import Sampler, SampledToken, SamplingParams
 from .tokenizer import IncrementalDecoder, Tokenizer
+
+log = logging.getLogger("moegate.generate")
 
 PREFILL_CHUNK = 256
 
@@ -96,10 +100,15 @@ class StopStringFilter:
         return out
 
 
-class Slot:
-    """The engine plus the token ids its KV state holds."""
+# Restore a snapshot only when it saves at least this many prefill tokens over the slot itself.
+MIN_RESTORE_GAIN = 64
 
-    def __init__(self, engine, tokenizer: Tokenizer, max_ctx: int) -> None:
+
+class Slot:
+    """The engine plus the token ids its KV state holds (and, optionally, snapshots of the
+    conversations it left: gateway.prefix_cache)."""
+
+    def __init__(self, engine, tokenizer: Tokenizer, max_ctx: int, prefix_cache: PrefixCache | None = None) -> None:
         self.engine = engine
         self.tokenizer = tokenizer
         self.max_ctx = max_ctx
@@ -107,13 +116,46 @@ class Slot:
         self.lock = threading.Lock()
         self.prefix_hits = 0
         self.cached_tokens_total = 0
+        self.prefix_cache = prefix_cache if prefix_cache is not None and prefix_cache.enabled else None
 
     def _common_prefix(self, ids: Sequence[int]) -> int:
-        n = min(len(self.tokens), len(ids))
-        i = 0
-        while i < n and self.tokens[i] == ids[i]:
-            i += 1
-        return i
+        return common_prefix(self.tokens, ids)
+
+    def _stash(self) -> None:
+        """Keeps the slot's state as a snapshot before it is overwritten (best effort: a
+        snapshot that cannot be taken only costs a later prefill)."""
+        cache = self.prefix_cache
+        if cache is None or not cache.worth_saving(self.tokens):
+            return
+        try:
+            cache.add(self.tokens, self.engine.save_prefix(len(self.tokens)))
+        except Exception as exc:  # noqa: BLE001 - e.g. out of memory for the copy
+            log.warning("prefix snapshot of %d tokens not kept: %s", len(self.tokens), exc)
+
+    def _switch_conversation(self, prompt: Sequence[int], common: int) -> int:
+        """Before the slot truncates to `common`: restore a snapshot that shares more with the
+        prompt, or keep the slot's state when it is leaving a long conversation.  Returns the
+        tokens the slot now shares with the prompt."""
+        cache = self.prefix_cache
+        if cache is None:
+            return common
+        key, shared = cache.best_match(prompt)
+        if key is not None and shared >= common + MIN_RESTORE_GAIN:
+            self._stash()
+            snap = cache.take(key)
+            try:
+                self.engine.restore_prefix(snap.state)
+            except Exception:
+                self.tokens = []
+                self.engine.reset()
+                raise
+            self.tokens = list(snap.tokens)
+            cache.restored_tokens += shared
+            return shared
+        dropped = len(self.tokens) - common
+        if dropped >= cache.min_tokens and common < len(self.tokens) // 2:
+            self._stash()  # leaving this conversation rather than editing its tail
+        return common
 
     def _eval(self, ids: list[int]) -> np.ndarray:
         try:
@@ -129,7 +171,7 @@ class Slot:
     def prefill(self, prompt: list[int], cancel: threading.Event,
                 progress: Callable[[int, int], None] | None = None) -> tuple[np.ndarray, int]:
         """Brings the slot to exactly `prompt`; returns (logits of the last token, cached tokens)."""
-        common = self._common_prefix(prompt)
+        common = self._switch_conversation(prompt, self._common_prefix(prompt))
         if common == len(prompt):
             common -= 1  # the last token must be evaluated again to get its logits
         cached = max(common, 0)

@@ -48,6 +48,14 @@ async def metrics(request: web.Request) -> web.Response:
     metric("completion_tokens_total", "counter", "Tokens generated", [("", m.completion_tokens)])
     metric("prefix_cache_hits_total", "counter", "Requests that reused a cached prefix",
            [("", state.slot.prefix_hits)])
+    snapshots = state.slot.prefix_cache.stats() if state.slot.prefix_cache is not None else {}
+    metric("prefix_snapshots", "gauge", "Conversation snapshots held (the slot left them)",
+           [("", snapshots.get("snapshots", 0))])
+    metric("prefix_snapshot_bytes", "gauge", "RAM held by conversation snapshots", [("", snapshots.get("bytes", 0))])
+    metric("prefix_snapshot_restores_total", "counter", "Requests that resumed a conversation from a snapshot",
+           [("", snapshots.get("restores", 0))])
+    metric("prefix_snapshot_restored_tokens_total", "counter", "Prompt tokens a snapshot restore saved from prefill",
+           [("", snapshots.get("restored_tokens", 0))])
     metric("decode_tokens_per_second", "gauge", "Decode speed of the last request", [("", m.last_decode_tps)])
     metric("prefill_tokens_per_second", "gauge", "Prefill speed of the last request", [("", m.last_prefill_tps)])
     metric("queue_depth", "gauge", "Requests waiting for the slot", [("", state.scheduler.queue_depth)])
@@ -82,7 +90,9 @@ async def props(request: web.Request) -> web.Response:
     info = getattr(state.engine, "info", {}) or {}
     return web.json_response({"model": state.model_id, "model_path": state.model_path, "chat_format": state.chat.format,
                               "n_ctx": state.max_ctx, "default_max_tokens": state.default_max_tokens,
-                              "demo": state.demo, "engine": info, "chat_template": state.chat.chat_template})
+                              "demo": state.demo, "engine": info, "chat_template": state.chat.chat_template,
+                              "prefix_snapshots": (state.slot.prefix_cache.stats()
+                                                   if state.slot.prefix_cache is not None else None)})
 
 
 async def tokenize(request: web.Request) -> web.Response:

@@ -13,6 +13,7 @@ from pathlib import Path
 from aiohttp import web
 
 from ..generate import Slot
+from ..prefix_cache import PrefixCache
 from ..scheduler import Scheduler
 from ..tokenizer import Tokenizer
 from . import constrained
@@ -40,6 +41,17 @@ class ServeOptions:
     kernels: str | None = None
     keepalive_seconds: float = 10.0
     retry_after_seconds: int = 5
+    prefix_cache_gb: float | None = None  # None: auto (prefix_cache_budget)
+
+
+def prefix_cache_budget(opts: ServeOptions) -> float:
+    """GB of conversation snapshots (gateway.prefix_cache).  Auto: a tenth of --ram up to 2 GB,
+    1 GB without --ram.  Under --ram it comes out of the budget, so the process stays within it."""
+    if opts.prefix_cache_gb is not None:
+        return max(0.0, opts.prefix_cache_gb)
+    if opts.ram_gb is None:
+        return 1.0
+    return min(2.0, 0.1 * opts.ram_gb)
 
 
 def _read_json(path: Path) -> dict:
@@ -51,14 +63,26 @@ def _read_json(path: Path) -> dict:
 
 def build_state(opts: ServeOptions, *, demo: bool = False) -> ServerState:
     from ..chat import load_chat_setup
-    from ..engine import Engine
+    from ..engine import Engine, EngineError
 
     path = Path(opts.model).expanduser()
     if not (path / "config.json").is_file():
         raise FileNotFoundError(f"{path}: not a checkpoint folder (no config.json)")
     tokenizer = Tokenizer.from_dir(path)
-    engine = Engine(str(path), ram_gb=opts.ram_gb, threads=opts.threads, max_ctx=opts.ctx, kernels=opts.kernels,
-                    kv_dtype=opts.kv_dtype)
+    snapshots_gb = prefix_cache_budget(opts)
+    engine_ram = opts.ram_gb
+    if opts.ram_gb is not None:
+        if snapshots_gb >= opts.ram_gb:
+            raise ValueError(f"--prefix-cache {snapshots_gb:g} GB leaves nothing of --ram {opts.ram_gb:g} GB")
+        engine_ram = opts.ram_gb - snapshots_gb
+    try:
+        engine = Engine(str(path), ram_gb=engine_ram, threads=opts.threads, max_ctx=opts.ctx, kernels=opts.kernels,
+                        kv_dtype=opts.kv_dtype)
+    except EngineError as exc:
+        if opts.ram_gb is not None and snapshots_gb > 0 and "too small" in str(exc):
+            raise EngineError(f"{exc} (of --ram {opts.ram_gb:g} GB, {snapshots_gb:g} GB went to the prefix "
+                              "cache: lower it with --prefix-cache)") from None
+        raise
     max_ctx = int(engine.info.get("max_ctx") or opts.ctx or 4096)
     chat = load_chat_setup(path)
     if chat.note:
@@ -70,7 +94,7 @@ def build_state(opts: ServeOptions, *, demo: bool = False) -> ServerState:
             stop_ids.add(tid)
     for tid in _generation_eos(path):
         stop_ids.add(tid)
-    slot = Slot(engine, tokenizer, max_ctx)
+    slot = Slot(engine, tokenizer, max_ctx, PrefixCache(int(snapshots_gb * 1e9)))
     metrics = Metrics()
     scheduler = Scheduler(slot, opts.max_queue, on_result=metrics.record_job, on_dropped=metrics.record_dropped)
     state = ServerState(
@@ -79,7 +103,7 @@ def build_state(opts: ServeOptions, *, demo: bool = False) -> ServerState:
         stop_token_ids=frozenset(stop_ids), default_max_tokens=opts.default_max_tokens, api_key=opts.api_key,
         cors_origins=opts.cors, reasoning_field_mirror=opts.reasoning_mirror,
         keepalive_seconds=opts.keepalive_seconds,
-        retry_after_seconds=opts.retry_after_seconds, demo=demo, metrics=metrics)
+        retry_after_seconds=opts.retry_after_seconds, demo=demo, ram_gb=opts.ram_gb, metrics=metrics)
     # Forced calls and JSON replies sample under a grammar whose token trie takes seconds to
     # build on a large vocabulary: build it now rather than in the first such request.
     seconds = constrained.warm_up(state)
@@ -109,6 +133,29 @@ def _kv_summary(info: dict, max_ctx: int) -> str:
             f"({per_token * max_ctx / 1e9:.2f} GB at {max_ctx} tokens)")
 
 
+def _memory_summary(state: ServerState) -> str:
+    """The RAM plan: what is resident, what the expert cache holds, under which budget."""
+    info = state.engine.info
+    weights = int(info.get("model_bytes") or 0) / 1e9
+    kv = int(info.get("kv_bytes_per_token") or 0) * state.max_ctx / 1e9
+    if state.ram_gb is None:
+        return f"no --ram budget: {weights:.2f} GB of weights memory-mapped, KV up to {kv:.2f} GB"
+    experts = state.engine.stats().get("experts") or {}
+    slots, slot_bytes = int(experts.get("slots") or 0), int(experts.get("slot_bytes") or 0)
+    if not slots:
+        return f"--ram {state.ram_gb:g} GB: everything resident ({weights:.2f} GB of weights, KV {kv:.2f} GB)"
+    return (f"--ram {state.ram_gb:g} GB: routed experts cached ({slots} slots x {slot_bytes / 1e6:.1f} MB = "
+            f"{slots * slot_bytes / 1e9:.2f} GB, misses read from disk), the rest resident, KV {kv:.2f} GB")
+
+
+def _snapshot_summary(state: ServerState) -> str:
+    cache = state.slot.prefix_cache
+    if cache is None:
+        return "off (a conversation the slot leaves is prefilled again when it returns)"
+    return (f"{cache.capacity_bytes / 1e9:.2f} GB for conversations the slot leaves "
+            "(switching back costs no prefill)")
+
+
 def startup_summary(state: ServerState, url: str) -> str:
     info = state.engine.info
     formats = info.get("weights") or info.get("formats") or {}
@@ -120,10 +167,11 @@ def startup_summary(state: ServerState, url: str) -> str:
         f"  model      {state.model_id}  ({state.model_path})",
         f"  arch       {info.get('arch')}  layers={info.get('n_layers')}  vocab={info.get('vocab_size')}",
         f"  weights    {formats}",
-        f"  memory     {info.get('ram_plan', 'all weights memory-mapped (no --ram budget)')}",
+        f"  memory     {_memory_summary(state)}",
         f"  SIMD       {info.get('simd')}   threads {info.get('threads')}",
         f"  context    {state.max_ctx} tokens   chat format {state.chat.format}",
         f"  KV cache   {_kv_summary(info, state.max_ctx)}",
+        f"  snapshots  {_snapshot_summary(state)}",
         f"  auth       {_auth_summary(state, url)}",
         f"  listening  {url}/v1   (OpenAI: /v1/chat/completions, Anthropic: /v1/messages)",
     ]

@@ -82,5 +82,6 @@ class ServerState:
     keepalive_seconds: float = 10.0  # SSE comment / Anthropic ping while queued or prefilling
     retry_after_seconds: int = 5
     demo: bool = False
+    ram_gb: float | None = None  # --ram (the whole process), for the startup summary
     metrics: Metrics = field(default_factory=Metrics)
     ready: bool = True

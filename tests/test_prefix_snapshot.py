@@ -1,0 +1,157 @@
+"""Prefix snapshots (Engine.save_prefix / restore_prefix) and the slot's conversation cache
+(gateway.prefix_cache) on all three architectures.
+
+The contract: restoring a snapshot of n tokens and evaluating more gives bitwise the logits the
+engine gives after truncate(n) on the same history, whatever the slot held in between (like
+truncate, DeepSeek-V4 replays the tokens after the last multiple of its compression period); a
+snapshot of another model, of another KV dtype, or a damaged one is refused with the slot
+usable.  The slot keeps a long conversation it leaves and resumes it without prefill.
+"""
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from gateway.engine import Engine, EngineError
+from gateway.generate import GenerationRequest, Slot
+from gateway.prefix_cache import PrefixCache
+from gateway.sampling import SamplingParams
+from gateway.tokenizer import Tokenizer
+
+ARCHS = [("qwen3_moe", "bf16"), ("glm4_moe", "fp8"), ("deepseek_v4", "native")]
+
+
+@pytest.fixture(scope="module", params=ARCHS, ids=[a for a, _ in ARCHS])
+def ckpt(request, build_checkpoint) -> Path:
+    arch, fmt = request.param
+    return build_checkpoint(arch, fmt)
+
+
+def tokens_for(engine: Engine, n: int, seed: int) -> list[int]:
+    rng = np.random.default_rng(seed)
+    return [int(t) for t in rng.integers(1, min(engine.vocab_size, 1000), n)]
+
+
+# DeepSeek-V4's tiny config compresses every 4 / 8 tokens and snapshots its carries every 8:
+# cut inside and on those boundaries.
+CUTS = [0, 1, 7, 8, 29, 64, 90]
+
+
+@pytest.mark.parametrize("kv_dtype", ["f32", "bf16"])
+def test_restore_equals_truncate_bitwise(ckpt, kv_dtype):
+    engine = Engine(str(ckpt), kv_dtype=kv_dtype, max_ctx=256)
+    history = tokens_for(engine, 96, 1)
+    tail = tokens_for(engine, 12, 2)
+    other = tokens_for(engine, 40, 3)
+    for n in CUTS:
+        engine.reset()
+        engine.eval(history)
+        snap = engine.save_prefix(n)
+        engine.truncate(n)
+        want = engine.eval(tail)
+        engine.reset()
+        engine.eval(other)  # the slot moves on to something else entirely
+        assert engine.restore_prefix(snap) == n and engine.n_past == n
+        got = engine.eval(tail)
+        assert np.array_equal(got, want), f"n={n}: max |diff| {np.abs(got - want).max()}"
+    engine.close()
+
+
+def test_snapshot_moves_between_engines_of_one_checkpoint(ckpt):
+    a, b = Engine(str(ckpt), max_ctx=256), Engine(str(ckpt), max_ctx=256)
+    history, tail = tokens_for(a, 70, 4), tokens_for(a, 5, 5)
+    a.eval(history)
+    snap = a.save_prefix()
+    a.truncate(70)  # DeepSeek-V4 replays the open compression window, as a restore does
+    want = a.eval(tail)
+    assert b.restore_prefix(snap) == 70
+    assert np.array_equal(b.eval(tail), want)
+
+
+def test_bad_snapshots_are_refused_and_the_slot_stays_usable(ckpt, build_checkpoint):
+    engine = Engine(str(ckpt), max_ctx=256)
+    history = tokens_for(engine, 40, 6)
+    engine.eval(history)
+    snap = engine.save_prefix()
+    for bad, why in ((snap[:-1], "truncated"), (np.concatenate([snap, snap[:1]]), "padded"),
+                     (np.zeros(4, np.uint8), "too short"), (np.zeros(64, np.uint8), "not a snapshot")):
+        with pytest.raises(EngineError, match=why):
+            engine.restore_prefix(bad)
+        assert engine.n_past == 40  # refused before the slot was touched
+    with pytest.raises(EngineError, match="different model or KV dtype"):
+        Engine(str(ckpt), max_ctx=256, kv_dtype="bf16").restore_prefix(snap)
+    foreign_arch = "glm4_moe" if "qwen3" not in ckpt.name else "deepseek_v4"
+    foreign = Engine(str(build_checkpoint(foreign_arch, "bf16" if foreign_arch == "glm4_moe" else "native")),
+                     max_ctx=256)
+    with pytest.raises(EngineError, match="different model"):
+        foreign.restore_prefix(snap)
+    with pytest.raises(EngineError, match="exceeds max_ctx"):
+        small = Engine(str(ckpt), max_ctx=16)
+        small.restore_prefix(snap)
+    with pytest.raises(EngineError, match="slot holds"):
+        engine.save_prefix(41)
+    engine.truncate(10)
+    assert engine.eval(history[10:12]).shape == (2, engine.vocab_size)
+
+
+# ---------------------------------------------------------------------- the slot's cache
+
+def run(slot: Slot, prompt: list[int]) -> tuple[list[int], int]:
+    req = GenerationRequest(prompt_ids=prompt, max_tokens=6, sampling=SamplingParams(temperature=0.0))
+    res = slot.generate(req, threading.Event(), lambda _event: None)
+    return res.token_ids, res.cached_tokens
+
+
+def test_slot_resumes_a_conversation_it_left(ckpt):
+    engine = Engine(str(ckpt), max_ctx=1024)
+    tok = Tokenizer.from_dir(ckpt)
+    cache = PrefixCache(64 << 20, min_tokens=256)
+    slot = Slot(engine, tok, 1024, cache)
+    main = tokens_for(engine, 400, 7)
+    side = tokens_for(engine, 300, 8)
+    first, _ = run(slot, main)
+    assert len(cache) == 0
+    _, cached = run(slot, side)  # leaving the main conversation: it is kept
+    assert cached == 0 and len(cache) == 1
+    follow_up = main + first + tokens_for(engine, 20, 9)
+    out, cached = run(slot, follow_up)  # back: restored, only the new tokens are evaluated
+    assert cache.restores == 1 and cached >= len(main) + len(first) - 1, (cached, cache.stats())
+    assert len(cache) == 2  # the side conversation was kept in turn (the main one stays too)
+    fresh = Slot(Engine(str(ckpt), max_ctx=1024), tok, 1024)
+    run(fresh, main)  # same history as the resumed slot (prefill chunks included), then the turn
+    want, _ = run(fresh, follow_up)
+    assert out == want
+    _, cached = run(slot, side + [5])  # and the side conversation comes back the same way
+    assert cache.restores == 2 and cached >= len(side) - 1
+    # The main conversation, grown since, was kept again: its longer snapshot replaced the old one.
+    assert len(cache) == 2 and not cache.worth_saving(follow_up)
+
+
+def test_short_or_edited_conversations_are_not_snapshotted(ckpt):
+    engine = Engine(str(ckpt), max_ctx=1024)
+    cache = PrefixCache(64 << 20, min_tokens=256)
+    slot = Slot(engine, Tokenizer.from_dir(ckpt), 1024, cache)
+    convo = tokens_for(engine, 300, 10)
+    run(slot, convo)
+    run(slot, convo[:290] + tokens_for(engine, 30, 11))  # an edited tail: same conversation
+    run(slot, tokens_for(engine, 100, 12))  # leaves a long one: kept
+    assert len(cache) == 1
+    run(slot, tokens_for(engine, 50, 13))  # leaves a short one: not worth a snapshot
+    assert len(cache) == 1
+
+
+def test_cache_budget_evicts_the_least_recently_used():
+    cache = PrefixCache(1000, min_tokens=2)
+    assert cache.add([1, 2, 3], np.zeros(400, np.uint8))
+    assert cache.add([4, 5, 6], np.zeros(400, np.uint8))
+    key, shared = cache.best_match([1, 2, 3, 9])
+    assert shared == 3
+    cache.take(key)  # [1, 2, 3] is now the most recent
+    assert cache.add([7, 8], np.zeros(400, np.uint8))
+    assert cache.best_match([4, 5, 6])[1] == 0 and cache.evictions == 1
+    assert not cache.add([9, 9], np.zeros(2000, np.uint8))  # alone over the budget
+    assert cache.add([1, 2, 3, 4], np.zeros(100, np.uint8))  # extends [1, 2, 3]: replaces it
+    assert len(cache) == 2 and not cache.worth_saving([1, 2, 3])
