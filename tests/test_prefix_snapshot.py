@@ -76,6 +76,7 @@ def test_bad_snapshots_are_refused_and_the_slot_stays_usable(ckpt, build_checkpo
     history = tokens_for(engine, 40, 6)
     engine.eval(history)
     snap = engine.save_prefix()
+    assert engine.prefix_bytes() == snap.nbytes and engine.prefix_bytes(10) < snap.nbytes
     for bad, why in ((snap[:-1], "truncated"), (np.concatenate([snap, snap[:1]]), "padded"),
                      (np.zeros(4, np.uint8), "too short"), (np.zeros(64, np.uint8), "not a snapshot")):
         with pytest.raises(EngineError, match=why):
@@ -153,5 +154,8 @@ def test_cache_budget_evicts_the_least_recently_used():
     assert cache.add([7, 8], np.zeros(400, np.uint8))
     assert cache.best_match([4, 5, 6])[1] == 0 and cache.evictions == 1
     assert not cache.add([9, 9], np.zeros(2000, np.uint8))  # alone over the budget
+    assert not cache.make_room(2000) and len(cache) == 2
+    assert cache.make_room(900) and len(cache) == 0 and cache.evictions == 3
+    assert cache.add([1, 2, 3], np.zeros(100, np.uint8))
     assert cache.add([1, 2, 3, 4], np.zeros(100, np.uint8))  # extends [1, 2, 3]: replaces it
-    assert len(cache) == 2 and not cache.worth_saving([1, 2, 3])
+    assert len(cache) == 1 and not cache.worth_saving([1, 2, 3])

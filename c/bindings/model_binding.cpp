@@ -83,6 +83,18 @@ class Model {
         if (rc != 0) throw std::runtime_error(err.msg);
     }
 
+    uint64_t prefix_bytes(int64_t n) {
+        mg_error err{};
+        uint64_t bytes;
+        {
+            py::gil_scoped_release nogil;
+            std::lock_guard<std::mutex> lock(mu_);
+            bytes = mg_model_prefix_bytes(m_, n, &err);
+        }
+        if (!bytes) throw std::runtime_error(err.msg);
+        return bytes;
+    }
+
     // The slot's first n tokens as one snapshot buffer (numpy uint8, filled without the GIL).
     py::array_t<uint8_t> save_prefix(int64_t n) {
         mg_error err{};
@@ -227,6 +239,7 @@ void register_model(py::module_ &m) {
              "Appends tokens; returns float32 logits [n, vocab] ([1, vocab] with last_only).")
         .def("truncate", &Model::truncate, py::arg("n"))
         .def("reset", &Model::reset)
+        .def("prefix_bytes", &Model::prefix_bytes, py::arg("n"))
         .def("save_prefix", &Model::save_prefix, py::arg("n"))
         .def("restore_prefix", &Model::restore_prefix, py::arg("snapshot"))
         .def_property_readonly("n_past", &Model::n_past)

@@ -208,6 +208,15 @@ class Engine:
             except RuntimeError as exc:
                 raise EngineError(str(exc)) from None
 
+    def prefix_bytes(self, n: int | None = None) -> int:
+        """The size save_prefix(n) will have (to make room before taking it)."""
+        n = self.n_past if n is None else n
+        with self._lock:
+            try:
+                return int(self._model.prefix_bytes(int(n)))
+            except RuntimeError as exc:
+                raise EngineError(str(exc)) from None
+
     def restore_prefix(self, snapshot: Any) -> int:
         """Replaces the slot with a snapshot from save_prefix; returns its length in tokens.
         Evaluating after it gives the same logits as a fresh run on those tokens.  A snapshot

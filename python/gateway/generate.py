@@ -128,7 +128,8 @@ class Slot:
         if cache is None or not cache.worth_saving(self.tokens):
             return
         try:
-            cache.add(self.tokens, self.engine.save_prefix(len(self.tokens)))
+            if cache.make_room(self.engine.prefix_bytes(len(self.tokens))):
+                cache.add(self.tokens, self.engine.save_prefix(len(self.tokens)))
         except Exception as exc:  # noqa: BLE001 - e.g. out of memory for the copy
             log.warning("prefix snapshot of %d tokens not kept: %s", len(self.tokens), exc)
 

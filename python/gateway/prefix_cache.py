@@ -97,6 +97,18 @@ class PrefixCache:
         return not any(len(s.tokens) >= len(tokens) and common_prefix(s.tokens, tokens) == len(tokens)
                        for s in held)
 
+    def make_room(self, nbytes: int) -> bool:
+        """Evicts least recently used snapshots until `nbytes` more fit, before the new one is
+        even allocated (so the process never holds more than the budget); False when it cannot
+        fit at all."""
+        if nbytes > self.capacity_bytes:
+            return False
+        with self._lock:
+            while self._entries and self._bytes() + nbytes > self.capacity_bytes:
+                self._entries.popitem(last=False)
+                self.evictions += 1
+        return True
+
     def add(self, tokens: Sequence[int], state: np.ndarray) -> bool:
         """Keeps a snapshot (dropping held ones it extends, then the least recently used until it
         fits); False when it alone is over the budget."""
