@@ -5,6 +5,8 @@ stop reasons, error envelopes, SDK helpers), never prose.
 """
 from __future__ import annotations
 
+import json
+
 import anthropic
 import pytest
 
@@ -107,6 +109,37 @@ def test_tool_use_history_with_thinking_and_tool_result(client):
                                thinking={"type": "enabled", "budget_tokens": 1024},
                                metadata={"user_id": "u1"})
     assert m.stop_reason in ("end_turn", "max_tokens", "tool_use")
+
+
+def test_agent_shaped_extras_do_not_fail_the_turn(client, glm_server):
+    """What agents send besides plain text: a tool result holding a screenshot (a text-only model
+    gets a note instead of a 400 that would end the loop), cache_control marks, and server tools
+    (left out: nothing here runs them)."""
+    image = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="}}
+    messages = HI + [
+        {"role": "assistant", "content": [
+            {"type": "tool_use", "id": "toolu_9", "name": "get_weather", "input": {"city": "Oslo"}}]},
+        {"role": "user", "content": [
+            {"type": "tool_result", "tool_use_id": "toolu_9",
+             "content": [{"type": "text", "text": "radar:"}, image], "cache_control": {"type": "ephemeral"}},
+            {"type": "text", "text": "Go on.", "cache_control": {"type": "ephemeral"}}]}]
+    tools = [WEATHER, {"type": "web_search_20250305", "name": "web_search", "max_uses": 2}]
+    m = client.messages.create(model="m", max_tokens=3, messages=messages, tools=tools,
+                               system=[{"type": "text", "text": "Be brief.", "cache_control": {"type": "ephemeral"}}])
+    assert m.stop_reason in ("end_turn", "max_tokens", "tool_use")
+    status, out, _ = glm_server.post_json("/v1/messages/count_tokens", {"model": "m", "messages": messages,
+                                                                        "tools": tools})
+    assert status == 200 and out["input_tokens"] > 0
+    # The model saw the note where the picture was.
+    noted = json.loads(json.dumps(messages))
+    noted[2]["content"][0]["content"][1] = {"type": "text", "text": "[image omitted: this model reads text only]"}
+    status, same, _ = glm_server.post_json("/v1/messages/count_tokens", {"model": "m", "messages": noted,
+                                                                         "tools": tools})
+    assert same["input_tokens"] == out["input_tokens"]
+    # A picture the user sends is still refused: the user can act on that.
+    status, err, _ = glm_server.post_json("/v1/messages", {"model": "m", "max_tokens": 2, "messages": [
+        {"role": "user", "content": [image]}]})
+    assert status == 400 and "image" in err["error"]["message"]
 
 
 @pytest.mark.parametrize("choice", [{"type": "any"}, {"type": "tool", "name": "get_time"}])

@@ -308,7 +308,14 @@ def _thinking_switch(body: dict) -> bool | None:
 
 # ---- Anthropic Messages -> OpenAI form ---------------------------------------------------------
 
-def _text_of_blocks(content: Any, where: str) -> str:
+# What a text-only model is told in place of a picture or a file a tool returned: an agent's
+# tool (Claude Code's Read on a screenshot, say) must not fail the whole loop with a 400.
+_OMITTED_BLOCK = "[{kind} omitted: this model reads text only]"
+
+
+def _text_of_blocks(content: Any, where: str, placeholders: bool = False) -> str:
+    """The text of a string or a list of text blocks.  With `placeholders` (tool results),
+    image and document blocks become a short note instead of an error."""
     if isinstance(content, str):
         return content
     if content is None:
@@ -316,9 +323,13 @@ def _text_of_blocks(content: Any, where: str) -> str:
     _expect(content, list, where)
     parts = []
     for block in content:
-        if not isinstance(block, dict) or block.get("type") != "text":
+        kind = block.get("type") if isinstance(block, dict) else None
+        if kind == "text":
+            parts.append(_expect(block.get("text", ""), str, where))
+        elif placeholders and kind in ("image", "document"):
+            parts.append(_OMITTED_BLOCK.format(kind=kind))
+        else:
             raise bad_request(f"{where}: only text blocks are supported here", where)
-        parts.append(_expect(block.get("text", ""), str, where))
     return "".join(parts)
 
 
@@ -346,7 +357,7 @@ def anthropic_messages_to_openai(body: dict) -> list[dict]:
                     text.append(_expect(block.get("text", ""), str, "messages"))
                 elif kind == "tool_result":
                     result = block.get("content", "")
-                    body_text = _text_of_blocks(result, f"messages[{i}].content.tool_result")
+                    body_text = _text_of_blocks(result, f"messages[{i}].content.tool_result", placeholders=True)
                     if block.get("is_error"):
                         body_text = f"Error: {body_text}"
                     out.append({"role": "tool", "tool_call_id": str(block.get("tool_use_id", "")),
@@ -391,6 +402,8 @@ def parse_anthropic(body: Any) -> ChatSpec:
     for i, tool in enumerate(_expect([] if body.get("tools") is None else body["tools"], list, "tools")):
         if not isinstance(tool, dict) or not isinstance(tool.get("name"), str):
             raise bad_request(f"tools[{i}].name is required", "tools")
+        if tool.get("type") not in (None, "custom"):
+            continue  # a server tool (web_search_..., code_execution_...): nothing here runs it
         tools.append({"type": "function", "function": {
             "name": tool["name"], "description": tool.get("description", ""),
             "parameters": tool.get("input_schema") or {"type": "object", "properties": {}}}})
