@@ -97,14 +97,8 @@ class Model {
 
     // The slot's first n tokens as one snapshot buffer (numpy uint8, filled without the GIL).
     py::array_t<uint8_t> save_prefix(int64_t n) {
+        const uint64_t bytes = prefix_bytes(n);
         mg_error err{};
-        uint64_t bytes;
-        {
-            py::gil_scoped_release nogil;
-            std::lock_guard<std::mutex> lock(mu_);
-            bytes = mg_model_prefix_bytes(m_, n, &err);
-        }
-        if (!bytes) throw std::runtime_error(err.msg);
         py::array_t<uint8_t> out(static_cast<py::ssize_t>(bytes));
         uint8_t *dst = out.mutable_data();
         int rc;
