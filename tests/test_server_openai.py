@@ -146,6 +146,20 @@ def test_n_choices_run_one_after_another(client):
     assert usage is not None and usage.completion_tokens == r.usage.completion_tokens
 
 
+def test_legacy_completions_n_choices(client):
+    kwargs = dict(model="m", prompt="Once upon", max_tokens=5, temperature=1.0, n=2, seed=5)
+    r = client.completions.create(**kwargs)
+    assert [c.index for c in r.choices] == [0, 1] and r.choices[0].text != r.choices[1].text
+    assert r.choices[0].text == client.completions.create(**dict(kwargs, n=1)).choices[0].text
+    parts: dict[int, str] = {0: "", 1: ""}
+    for chunk in client.completions.create(stream=True, **kwargs):
+        for c in chunk.choices:
+            parts[c.index] += c.text
+    assert [parts[0], parts[1]] == [c.text for c in r.choices]
+    with pytest.raises(openai.BadRequestError):
+        client.completions.create(**dict(kwargs, n=9))
+
+
 def test_greedy_is_reproducible(client):
     kwargs = dict(model="m", messages=[{"role": "user", "content": "Greedy."}], max_tokens=8, temperature=0)
     assert (client.chat.completions.create(**kwargs).choices[0].message.content

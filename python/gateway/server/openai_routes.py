@@ -14,7 +14,7 @@ from aiohttp import web
 from ..generate import GenerationResult, TextEvent
 from . import sse
 from . import constrained
-from .chat_request import ChatSpec, _extension_format, _int, _sampling, _stop_list, parse_json_body, parse_openai_chat
+from .chat_request import MAX_CHOICES, ChatSpec, _extension_format, _int, _sampling, _stop_list, parse_json_body, parse_openai_chat
 from .errors import ApiError, bad_request
 from .pipeline import (ChatRun, Delta, Finish, JobRun, Usage, generation_request, keepalive, send_waiting_comment,
                        start_chat_async)
@@ -140,8 +140,9 @@ async def completions(request: web.Request) -> web.StreamResponse:
     if len(ids) >= state.max_ctx:
         raise bad_request(f"the prompt has {len(ids)} tokens but the context holds {state.max_ctx}",
                           "prompt", code="context_length_exceeded")
-    if _int(body, "n", 1) != 1:
-        raise bad_request("only n=1 is supported", "n")
+    n = _int(body, "n", 1)
+    if n is None or not 1 <= n <= MAX_CHOICES:
+        raise bad_request(f"'n' must be between 1 and {MAX_CHOICES}", "n")
     max_tokens = _int(body, "max_tokens", 16)
     if max_tokens is None or max_tokens < 1:
         raise bad_request("'max_tokens' must be at least 1", "max_tokens")
@@ -149,56 +150,87 @@ async def completions(request: web.Request) -> web.StreamResponse:
     logprobs_n = body.get("logprobs")
     if isinstance(logprobs_n, int) and not isinstance(logprobs_n, bool) and logprobs_n > 0:
         sampling.logprobs, sampling.top_logprobs = True, min(logprobs_n, 20)
-    req = generation_request(state, ids, max_tokens, sampling, _stop_list(body.get("stop"), "stop"),
-                             ignore_eos=bool(body.get("ignore_eos", False)))
+    stop = _stop_list(body.get("stop"), "stop")
     fmt = _extension_format(body)
-    if fmt is not None:  # vLLM's guided_* / llama.cpp's grammar: the continuation follows it
-        constraint = await asyncio.to_thread(constrained.build_reply_constraint, state, fmt, req.stop_token_ids)
-        req.stop_strings = ()  # the grammar decides where the text ends
-        req.token_mask = constraint.token_mask_hook(req.max_tokens)
-    echo = bool(body.get("echo", False))
+
+    async def job(index: int) -> JobRun:
+        """Choice `index` (seed + index, its own grammar state), queued now."""
+        choice_sampling = sampling if sampling.seed is None else replace(sampling, seed=sampling.seed + index)
+        req = generation_request(state, ids, max_tokens, choice_sampling, stop,
+                                 ignore_eos=bool(body.get("ignore_eos", False)))
+        if fmt is not None:  # vLLM's guided_* / llama.cpp's grammar: the continuation follows it
+            constraint = await asyncio.to_thread(constrained.build_reply_constraint, state, fmt, req.stop_token_ids)
+            req.stop_strings = ()  # the grammar decides where the text ends
+            req.token_mask = constraint.token_mask_hook(req.max_tokens)
+        return JobRun(state, req)
+
+    async def later_runs() -> AsyncIterator[tuple[int, JobRun]]:
+        """Choices 1..n-1, each queued when the one before has finished (one slot)."""
+        for index in range(1, n):
+            run = await job(index)
+            try:
+                yield index, run
+            finally:
+                run.close()
+
+    echo_text = state.tokenizer.decode(ids) if body.get("echo") else ""
     ident = f"cmpl-{uuid.uuid4().hex[:24]}"
     created, model = int(time.time()), str(body.get("model") or state.model_id)
     want_logprobs = sampling.logprobs
 
-    def choice(text: str, finish: str | None, lps: list[TextEvent] | None = None) -> dict:
-        return {"index": 0, "text": text, "logprobs": _completion_logprobs(state, lps) if want_logprobs else None,
-                "finish_reason": finish}
+    def choice(index: int, text: str, finish: str | None, lps: list[TextEvent] | None = None) -> dict:
+        return {"index": index, "text": text,
+                "logprobs": _completion_logprobs(state, lps) if want_logprobs else None, "finish_reason": finish}
 
     def finish_of(r: GenerationResult) -> str:
         return "length" if r.finish_reason == "length" else "stop"
 
-    run = JobRun(state, req)
+    first = await job(0)  # 400/429 here, before any response is opened
+
+    async def all_runs() -> AsyncIterator[tuple[int, JobRun]]:
+        yield 0, first
+        async with aclosing(later_runs()) as rest:
+            async for item in rest:
+                yield item
+
     try:
         if not body.get("stream"):
-            text, events, result = [state.tokenizer.decode(ids)] if echo else [], [], None
-            async with aclosing(run.events()) as items:
-                async for item in items:
-                    if isinstance(item, TextEvent):
-                        text.append(item.text)
-                        events.append(item)
-                    elif isinstance(item, GenerationResult):
-                        result = item
-            assert result is not None
+            choices, usage = [], Usage()
+            async with aclosing(all_runs()) as runs:
+                async for index, run in runs:
+                    text, events, result = [echo_text], [], None
+                    async with aclosing(run.events()) as items:
+                        async for item in items:
+                            if isinstance(item, TextEvent):
+                                text.append(item.text)
+                                events.append(item)
+                            elif isinstance(item, GenerationResult):
+                                result = item
+                    assert result is not None
+                    choices.append(choice(index, "".join(text), finish_of(result), events))
+                    usage = _add_choice_usage(usage, Usage.of(result), index)
             return web.json_response({"id": ident, "object": "text_completion", "created": created, "model": model,
-                                      "choices": [choice("".join(text), finish_of(result), events)],
-                                      "usage": Usage.of(result).openai()})
+                                      "choices": choices, "usage": usage.openai()})
         resp = await sse.open_stream(request)
         base = {"id": ident, "object": "text_completion", "created": created, "model": model}
+        usage = Usage()
         try:
-            if echo:
-                await sse.send_data(resp, dict(base, choices=[choice(state.tokenizer.decode(ids), None, [])]))
-            async with aclosing(keepalive(run.events(), state.keepalive_seconds)) as items:
-                async for item in items:
-                    if item is None:
-                        await sse.send_comment(resp, "keepalive")
-                    elif isinstance(item, TextEvent) and (item.text or want_logprobs):
-                        await sse.send_data(resp, dict(base, choices=[choice(item.text, None, [item])]))
-                    elif isinstance(item, GenerationResult):
-                        await sse.send_data(resp, dict(base, choices=[choice("", finish_of(item), [])]))
-                        opts = body.get("stream_options") or {}
-                        if isinstance(opts, dict) and opts.get("include_usage"):
-                            await sse.send_data(resp, dict(base, choices=[], usage=Usage.of(item).openai()))
+            async with aclosing(all_runs()) as runs:
+                async for index, run in runs:
+                    if echo_text:
+                        await sse.send_data(resp, dict(base, choices=[choice(index, echo_text, None, [])]))
+                    async with aclosing(keepalive(run.events(), state.keepalive_seconds)) as items:
+                        async for item in items:
+                            if item is None:
+                                await sse.send_comment(resp, "keepalive")
+                            elif isinstance(item, TextEvent) and (item.text or want_logprobs):
+                                await sse.send_data(resp, dict(base, choices=[choice(index, item.text, None, [item])]))
+                            elif isinstance(item, GenerationResult):
+                                await sse.send_data(resp, dict(base, choices=[choice(index, "", finish_of(item), [])]))
+                                usage = _add_choice_usage(usage, Usage.of(item), index)
+            opts = body.get("stream_options") or {}
+            if isinstance(opts, dict) and opts.get("include_usage"):
+                await sse.send_data(resp, dict(base, choices=[], usage=usage.openai()))
         except ApiError as exc:
             await sse.send_data(resp, exc.openai_body())
         except ConnectionResetError:
@@ -210,7 +242,7 @@ async def completions(request: web.Request) -> web.StreamResponse:
         await resp.write_eof()
         return resp
     finally:
-        run.close()
+        first.close()
 
 
 def _completion_logprobs(state: ServerState, events: list[TextEvent] | None) -> dict:
