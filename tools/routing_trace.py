@@ -16,7 +16,8 @@ layer's experts.
 
   python tools/routing_trace.py record --model DIR --out run.trace [--tokens 64] [--prompt ...]
   python tools/routing_trace.py replay run.trace [--budgets 0.05,0.1,0.25,0.5] [--history old.trace]
-  python tools/routing_trace.py synth --out synth.trace --layers 8 --experts 64 --k 8 --tokens 500
+  python tools/routing_trace.py synth --out synth.trace --layers 8 --experts 64 --k 8 --tokens 500 \
+      [--skew 1.0 --reuse 0.3 --drift 0.15 --drift-tokens 50]
 """
 
 from __future__ import annotations
@@ -95,24 +96,37 @@ def write_trace(path: str | os.PathLike[str], trace: Trace) -> None:
 
 
 def synthesize(n_layers: int, n_experts: int, k: int, n_tokens: int, seed: int = 0,
-               skew: float = 1.0, reuse: float = 0.3) -> Trace:
-    """Decode-like routing: per layer a Zipf-like popularity over a random permutation of the
-    experts, and with probability `reuse` a choice repeats one of the previous token's."""
+               skew: float = 1.0, reuse: float = 0.3, drift: float = 0.0, drift_tokens: float = 50.0) -> Trace:
+    """Decode-like routing.  Per layer a Zipf popularity (weight of the r-th most popular expert
+    ~ 1 / r**skew) over a random permutation of the experts; each of a token's k choices
+    repeats one of the previous token's experts of that layer with probability `reuse`, else
+    draws from the popularity.  drift > 0 lets popularity wander: before each token every
+    expert's log-weight takes a step of an Ornstein-Uhlenbeck walk, offset += -offset /
+    drift_tokens + drift * N(0, 1), so the hot set changes over ~drift_tokens tokens while the
+    skew stays (stationary spread of the offsets: drift * sqrt(drift_tokens / 2)).  With
+    drift = 0 the random stream is the same as before drift existed."""
     rng = np.random.default_rng(seed)
     weights = []
     for _ in range(n_layers):
         w = 1.0 / np.arange(1, n_experts + 1) ** skew
         weights.append(rng.permutation(w / w.sum()))
+    offsets = [np.zeros(n_experts) for _ in range(n_layers)]
     trace = Trace(n_layers, n_experts)
     prev: list[np.ndarray] = [np.empty(0, dtype=np.int32) for _ in range(n_layers)]
     for _ in range(n_tokens):
         for layer in range(n_layers):
+            p = weights[layer]
+            if drift > 0:
+                off = offsets[layer]
+                off += -off / drift_tokens + drift * rng.standard_normal(n_experts)
+                p = p * np.exp(off - off.max())
+                p = p / p.sum()
             chosen: list[int] = []
             while len(chosen) < k:
                 if len(prev[layer]) and rng.random() < reuse:
                     e = int(rng.choice(prev[layer]))
                 else:
-                    e = int(rng.choice(n_experts, p=weights[layer]))
+                    e = int(rng.choice(n_experts, p=p))
                 if e not in chosen:
                     chosen.append(e)
             ids = np.array(sorted(chosen), dtype=np.int32)
@@ -144,10 +158,87 @@ class Result:
 
 
 STICKY_DECAY = 0.99  # per fetch, for the stickiness sums (expert_policy.c)
+BANK_TOKENS = (16.0, 8.0, 32.0, 64.0, 128.0)  # the default bank of half-lives (expert_policy.c)
+ERR_HALF_LIFE_TOKENS = 8.0  # memory of the bank's prediction errors
+
+
+class _NextUse:
+    """The NEXT_USE policy of expert_policy.c, operation for operation (same order of floating
+    point additions), so that a replay reproduces the store's hits and misses exactly.
+    half_life (fetches) runs one model; None the bank of BANK_TOKENS, where the model whose
+    visit predictions had the lowest decayed squared error ranks."""
+
+    def __init__(self, n_layers: int, n_experts: int, half_life: float | None) -> None:
+        self.n_layers, self.n_experts = n_layers, n_experts
+        n_keys = n_layers * n_experts
+        lives = [half_life] if half_life else [t * n_layers for t in BANK_TOKENS]
+        self.alpha = [1.0 - math.exp2(-n_layers / h) for h in lives]
+        self.f = [np.zeros(n_keys) for _ in lives]
+        self.reused = [0.0] * len(lives)
+        self.expected = [0.0] * len(lives)
+        self.trials = [0.0] * len(lives)
+        self.w = [0.0] * len(lives)
+        self.err = [0.0] * len(lives)
+        self.err_decay = math.exp2(-1.0 / (ERR_HALF_LIFE_TOKENS * n_layers))
+        self.used = np.zeros(n_keys, dtype=bool)
+        self.best = 0
+        self.chosen: list[int] = []  # the ranking model after each fetch (for tests and plots)
+
+    def seed(self, history: np.ndarray) -> None:
+        hist = np.asarray(history, dtype=np.float64).reshape(self.n_layers, self.n_experts)
+        top = hist.max(axis=1, keepdims=True)
+        seeded = (hist > 0) & (top > 0)
+        f = np.where(seeded, hist / np.where(top > 0, top, 1.0), 0.0).reshape(-1)
+        self.f = [f.copy() for _ in self.f]
+
+    def request(self, layer: int, keys: np.ndarray) -> None:
+        E = self.n_experts
+        base = layer * E
+        req = np.zeros(E, dtype=bool)
+        req[keys - base] = True
+        used = self.used[base : base + E]
+        prev = np.flatnonzero(used)
+        target = req.astype(np.float64)
+        for i in range(len(self.f)):
+            seg = self.f[i][base : base + E]
+            w = self.w[i]
+            prob = np.where(used, seg + w * (1.0 - seg), (1.0 - w) * seg)
+            d = prob - target
+            sq = float(np.cumsum(d * d)[-1])  # sequential, in expert order, as the C loop adds
+            r = e = 0.0
+            for j in prev:
+                e += seg[j]
+                r += 1.0 if req[j] else 0.0
+            self.err[i] = self.err[i] * self.err_decay + sq
+            self.reused[i] = self.reused[i] * STICKY_DECAY + r
+            self.expected[i] = self.expected[i] * STICKY_DECAY + e
+            self.trials[i] = self.trials[i] * STICKY_DECAY + float(len(prev))
+            keep = 1.0 - self.alpha[i]
+            self.f[i][base : base + E] = np.where(req, seg * keep + self.alpha[i], seg * keep)
+            room = self.trials[i] - self.expected[i]
+            self.w[i] = min(1.0, max(0.0, (self.reused[i] - self.expected[i]) / room)) if room > 0 else 0.0
+        self.used[base : base + E] = req
+        best = 0
+        for i in range(1, len(self.err)):
+            if self.err[i] < self.err[best]:
+                best = i
+        self.best = best
+        self.chosen.append(best)
+
+    def score(self, k: np.ndarray, layer: int) -> np.ndarray:
+        """Minus the predicted fetches until each key's next request (-inf: nothing known)."""
+        L = self.n_layers
+        f, w = self.f[self.best][k], self.w[self.best]
+        prob = np.where(self.used[k], f + w * (1.0 - f), (1.0 - w) * f)
+        delta = (k // self.n_experts - layer) % L
+        delta = np.where(delta == 0, L, delta)
+        safe = np.where(prob > 0, prob, 1.0)
+        return np.where(prob > 0, -(delta + L * (1.0 / safe - 1.0)), -math.inf)
 
 
 def simulate(trace: Trace, policy: str, n_slots: int, *, half_life: float | None = None,
-             history: np.ndarray | None = None, pin_fraction: float = 0.5, warm: int = 0) -> Result:
+             history: np.ndarray | None = None, pin_fraction: float = 0.5, warm: int = 0,
+             model: _NextUse | None = None) -> Result:
     """Replays the trace through one policy with n_slots expert slots.  Fetches before `warm`
     fill the cache without being counted.  history: per-key request counts of earlier runs
     (ours only): seeds f (count over the layer's largest count) and pins the top
@@ -155,31 +246,26 @@ def simulate(trace: Trace, policy: str, n_slots: int, *, half_life: float | None
     ours = predicted next use (expert_policy.h, replayed to the bit): evict the expert whose
     next request is predicted furthest away, delta + L * (1/p - 1), where delta is the
     distance in fetches to the next visit of its layer and p mixes f (moving share of the
-    layer's visits that requested it; half-life `half_life` fetches, default 16 tokens) with
-    whether the layer's latest visit requested it, weighted by the measured stickiness w."""
+    layer's visits that requested it) with whether the layer's latest visit requested it,
+    weighted by the measured stickiness w.  half_life (fetches) fixes f's half-life; None (the
+    store's default) runs the bank of half-lives and ranks by the one predicting best.
+    model: a fresh _NextUse to use (and inspect afterwards), else one is made."""
     if policy not in ("lru", "ours", "belady"):
         raise ValueError(f"unknown policy {policy!r}")
     if n_slots < 1:
         raise ValueError("n_slots must be >= 1")
     n_layers, n_experts = trace.n_layers, trace.n_experts
-    h = half_life if half_life else 16.0 * n_layers
-    alpha = 1.0 - math.exp2(-n_layers / h)
-    keep = 1.0 - alpha
     last = np.full(trace.n_keys, -math.inf)  # tick of the last request
-    f = np.zeros(trace.n_keys)  # ours: moving share of the layer's visits requesting the key
-    used = np.zeros(trace.n_keys, dtype=bool)  # ours: requested at the layer's latest visit
-    reused = expected = trials = w = 0.0  # ours: stickiness sums and estimate
-    layer_of = np.arange(trace.n_keys) // n_experts
     pinned = np.zeros(trace.n_keys, dtype=bool)
-    if policy == "ours" and history is not None:
-        hist = np.asarray(history, dtype=np.float64).reshape(n_layers, n_experts)
-        top = hist.max(axis=1, keepdims=True)
-        seeded = (hist > 0) & (top > 0)
-        f = np.where(seeded, hist / np.where(top > 0, top, 1.0), 0.0).reshape(-1)
-        seen = history > 0
-        n_pin = min(int(pin_fraction * n_slots), int(seen.sum()))
-        if n_pin > 0:
-            pinned[np.lexsort((np.arange(trace.n_keys), -history))[:n_pin]] = True
+    nu = None
+    if policy == "ours":
+        nu = model if model is not None else _NextUse(n_layers, n_experts, half_life)
+        if history is not None:
+            nu.seed(history)
+            seen = history > 0
+            n_pin = min(int(pin_fraction * n_slots), int(seen.sum()))
+            if n_pin > 0:
+                pinned[np.lexsort((np.arange(trace.n_keys), -history))[:n_pin]] = True
     next_use = _next_uses(trace) if policy == "belady" else None
     nxt = np.full(trace.n_keys, math.inf)  # belady: next request of each key
     slot_key = np.full(n_slots, -1, dtype=np.int64)
@@ -189,23 +275,8 @@ def simulate(trace: Trace, policy: str, n_slots: int, *, half_life: float | None
         keys = trace.keys(t)
         layer = trace.layers[t]
         now = float(t + 1)
-        if policy == "ours":
-            base = layer * n_experts
-            req = np.zeros(n_experts, dtype=bool)
-            req[keys - base] = True
-            prev = np.flatnonzero(used[base : base + n_experts])
-            r = e = 0.0
-            for i in prev:  # sequential sums, in expert order, as the C loop adds them
-                e += f[base + i]
-                r += 1.0 if req[i] else 0.0
-            reused = reused * STICKY_DECAY + r
-            expected = expected * STICKY_DECAY + e
-            trials = trials * STICKY_DECAY + float(len(prev))
-            seg = f[base : base + n_experts]
-            f[base : base + n_experts] = np.where(req, seg * keep + alpha, seg * keep)
-            used[base : base + n_experts] = req
-            room = trials - expected
-            w = min(1.0, max(0.0, (reused - expected) / room)) if room > 0 else 0.0
+        if nu is not None:
+            nu.request(layer, keys)
         elif policy == "belady":
             nxt[keys] = next_use[t]
         last[keys] = now
@@ -223,11 +294,7 @@ def simulate(trace: Trace, policy: str, n_slots: int, *, half_life: float | None
         elif policy == "belady":
             score = -nxt[k]
         else:
-            prob = np.where(used[k], f[k] + w * (1.0 - f[k]), (1.0 - w) * f[k])
-            delta = (layer_of[k] - layer) % n_layers
-            delta = np.where(delta == 0, n_layers, delta)
-            safe = np.where(prob > 0, prob, 1.0)
-            score = np.where(prob > 0, -(delta + n_layers * (1.0 / safe - 1.0)), -math.inf)
+            score = nu.score(k, layer)
         primary = np.where(occupied, 0.0, -math.inf)
         secondary = np.where(occupied, score, 0.0)
         excluded = occupied & np.isin(k, keys)
@@ -271,10 +338,10 @@ def replay_table(trace: Trace, budgets: list[float], *, history: np.ndarray | No
 
 
 def format_table(rows: list[dict[str, float]]) -> str:
-    lines = [f"{'budget':>8} {'slots':>7} {'lru':>7} {'ours':>7} {'belady':>7}"]
-    for r in rows:
+    lines = [f"{'budget':>8} {'slots':>7} {'lru':>7} {'ours':>7} {'belady':>7} {'gap':>6}"]
+    for r in rows:  # gap: how far ours is below the optimum, in points of hit rate
         lines.append(f"{r['budget']:>8.3f} {int(r['slots']):>7d} {r['lru']:>7.3f} {r['ours']:>7.3f} "
-                     f"{r['belady']:>7.3f}")
+                     f"{r['belady']:>7.3f} {100 * (r['belady'] - r['ours']):>6.1f}")
     return "\n".join(lines)
 
 
@@ -319,7 +386,10 @@ def main(argv: list[str] | None = None) -> int:
     syn.add_argument("--k", type=int, default=8)
     syn.add_argument("--tokens", type=int, default=300)
     syn.add_argument("--seed", type=int, default=0)
-    syn.add_argument("--skew", type=float, default=1.0)
+    syn.add_argument("--skew", type=float, default=1.0, help="Zipf exponent of each layer's popularity")
+    syn.add_argument("--reuse", type=float, default=0.3, help="chance a choice repeats the previous token's")
+    syn.add_argument("--drift", type=float, default=0.0, help="per-token step of the log-popularity walk")
+    syn.add_argument("--drift-tokens", type=float, default=50.0, help="mean-reversion time of the walk")
     args = ap.parse_args(argv)
     if args.cmd == "record":
         ids = [int(x) for x in args.prompt_ids.split(",") if x.strip()]
@@ -335,7 +405,8 @@ def main(argv: list[str] | None = None) -> int:
               "(budget = share of the expert pool)")
         print(format_table(replay_table(tr, budgets, history=hist, warm=args.warm, half_life=args.half_life)))
     else:
-        write_trace(args.out, synthesize(args.layers, args.experts, args.k, args.tokens, args.seed, args.skew))
+        write_trace(args.out, synthesize(args.layers, args.experts, args.k, args.tokens, args.seed, args.skew,
+                                         args.reuse, args.drift, args.drift_tokens))
     return 0
 
 

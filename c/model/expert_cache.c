@@ -235,7 +235,7 @@ int mg_expert_cache_measure(const mg_checkpoint *ck, const mg_expert *table, con
 }
 
 uint64_t mg_expert_cache_table_bytes(int n_keys, uint64_t n_slots, int io_threads) {
-    uint64_t per_key = sizeof(piece_src) * N_PIECES + sizeof(int) + sizeof(double) + 1 + 2 * sizeof(float);
+    uint64_t per_key = sizeof(piece_src) * N_PIECES + sizeof(int) + mg_policy_bytes_per_key() + 1 + 2 * sizeof(float);
     uint64_t per_slot = sizeof(int) * 5 + sizeof(mg_expert) + sizeof(uint32_t) + 1 +
                         sizeof(mg_io_job) * N_PIECES;
     /* thread stacks only count as far as touched: a few pages each */
@@ -431,7 +431,7 @@ mg_expert_cache *mg_expert_cache_create(const mg_checkpoint *ck, const mg_expert
         }
     }
 
-    double half_life = o.half_life > 0 ? o.half_life : 16.0 * n_layers;
+    double half_life = o.half_life > 0 ? o.half_life : 0; /* 0: the policy's bank of half-lives */
     if (!(c->pol = mg_policy_create(o.policy, n_layers, n_experts, half_life, err))) goto fail;
     if (!(c->io = mg_io_pool_create(c->io_threads, c->n_slots, c->n_slots * N_PIECES, err))) goto fail;
     if (o.usage_path && mg_expert_cache_use_history(c, o.usage_path, o.pin_fraction, err)) goto fail;

@@ -94,7 +94,7 @@ typedef struct mg_expert_cache_opts {
     int policy;             /* mg_expert_policy_kind */
     int io_threads;         /* reads in flight at once; 0: 4 */
     int buffered_only;      /* 1: never try O_DIRECT */
-    double half_life;       /* aging half-life in fetches; 0: 16 tokens (16 * n_layers fetches) */
+    double half_life;       /* aging half-life in fetches; 0: a bank of half-lives (expert_policy.h) */
     double pin_fraction;    /* share of the slots the usage history may pin; 0: 0.5, < 0: none */
     const char *usage_path; /* routing history: read at configure (seeds the policy and the
                                pinned set), rewritten at free; NULL: none */

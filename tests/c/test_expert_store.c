@@ -407,6 +407,77 @@ static void test_policy(void) {
     mg_policy_free(p);
 }
 
+/* Requests of one layer of 16 experts, 4 per visit: 3 of 4 choices near a hot expert that
+ * moves to a random place every `phase` visits, the rest uniform (a deterministic LCG). */
+static uint32_t g_lcg = 12345;
+static uint32_t lcg(void) {
+    g_lcg = g_lcg * 1103515245u + 12345u;
+    return (g_lcg & 0x7fffffffu) >> 8;
+}
+/* n tokens over n_layers layers (layer l's hot expert sits 5 l further on).  trail (may be
+ * NULL) sums (i % 97 + 1) * the ranking half-life in tokens after the i-th request. */
+static long g_visit; /* requests made by hot_visits_layers */
+static void hot_visits_layers(mg_policy *p, int n_layers, int phase, int n, double *trail) {
+    int hot = 0;
+    for (int t = 0; t < n; t++) {
+        if (t % phase == 0) hot = (int)(lcg() % 16);
+        for (int l = 0; l < n_layers; l++) {
+            int keys[4], got = 0;
+            while (got < 4) {
+                int e = lcg() % 4 < 3 ? (hot + 5 * l + (int)(lcg() % 3)) % 16 : (int)(lcg() % 16);
+                int dup = 0;
+                for (int i = 0; i < got; i++) dup |= keys[i] == 16 * l + e;
+                if (!dup) keys[got++] = 16 * l + e;
+            }
+            mg_policy_request(p, l, 4, keys);
+            if (trail) *trail += (double)(g_visit % 97 + 1) * (mg_policy_half_life(p) / n_layers);
+            g_visit++;
+        }
+    }
+}
+static void hot_visits(mg_policy *p, int phase, int n) { hot_visits_layers(p, 1, phase, n, NULL); }
+
+#define REPLAY_GOLDEN "-0x1.2be67c0ecea78p+11 930240"
+
+/* The default bank: steady routing hands the ranking to a long half-life (less noise), a hot
+ * set that keeps moving to a short one; an explicit half-life stays what it was set to. */
+static void test_policy_bank(void) {
+    mg_error err = {{0}};
+    mg_policy *p = mg_policy_create(MG_EXPERT_POLICY_LFRU, 1, 16, 0, &err);
+    CHECK(p != NULL, "%s", err.msg);
+    if (!p) return;
+    CHECK(mg_policy_half_life(p) == 16, "the bank starts at 16 tokens: %g", mg_policy_half_life(p));
+    hot_visits(p, 1 << 30, 800);
+    CHECK(mg_policy_half_life(p) >= 64, "steady routing: long half-life, got %g", mg_policy_half_life(p));
+    hot_visits(p, 20, 400);
+    CHECK(mg_policy_half_life(p) <= 16, "drifting routing: short half-life, got %g", mg_policy_half_life(p));
+    mg_policy_free(p);
+    p = mg_policy_create(MG_EXPERT_POLICY_LFRU, 1, 16, 24, &err);
+    hot_visits(p, 20, 100);
+    CHECK(fabs(mg_policy_half_life(p) - 24) < 1e-9, "explicit half-life: %g", mg_policy_half_life(p));
+    mg_policy_free(p);
+    CHECK(mg_policy_create(MG_EXPERT_POLICY_LFRU, 1, 16, -1, &err) == NULL && strstr(err.msg, "half-life"),
+          "%s", err.msg);
+
+    /* tools/routing_trace.py replays this policy to the bit: the same requests (this LCG) give
+     * the same scores there (tests/test_routing_trace.py checks the same two numbers) */
+    g_lcg = 777;
+    g_visit = 0;
+    p = mg_policy_create(MG_EXPERT_POLICY_LFRU, 3, 16, 0, &err);
+    double trail = 0;
+    hot_visits_layers(p, 3, 1 << 30, 120, &trail);
+    hot_visits_layers(p, 3, 15, 180, &trail);
+    double sum = 0;
+    for (int key = 0; key < 48; key++) {
+        double v = mg_policy_score(p, key);
+        if (isfinite(v)) sum += v;
+    }
+    char got[64];
+    snprintf(got, sizeof got, "%a %.0f", sum, trail);
+    CHECK(!strcmp(got, REPLAY_GOLDEN), "scores %s, the replay's %s", got, REPLAY_GOLDEN);
+    mg_policy_free(p);
+}
+
 static void test_trace_usage_prefetch(const char *dir) {
     mg_error err = {{0}};
     mg_checkpoint *ck = mg_checkpoint_open(dir, &err);
@@ -606,6 +677,7 @@ int main(void) {
     snprintf(dir, sizeof dir, "%s/ck", g_root);
     write_small_checkpoint(dir);
     test_policy();
+    test_policy_bank();
     test_bitwise(dir);
     test_trace_usage_prefetch(dir);
     test_rss();
