@@ -173,6 +173,21 @@ def test_history_warms_a_cold_cache() -> None:
     cold = rt.simulate(new, "ours", slots)
     warm = rt.simulate(new, "ours", slots, history=rt.usage_counts(old))
     assert warm.hit_rate > cold.hit_rate
+    # with the visits the counts came from (what the store's history keeps), f starts at rates
+    rates = rt.simulate(new, "ours", slots, history=rt.usage_counts(old), history_visits=rt.usage_visits(old))
+    assert rates.hit_rate > cold.hit_rate
+
+
+def test_seeding_matches_the_c_policy() -> None:
+    # the numbers tests/c/test_expert_store.c checks for mg_policy_seed: 10 and 5 requests in
+    # 20 visits -> f 0.5 and 0.25; without visits, relative to the top count
+    counts = np.array([10, 5, 0, 0, 0, 0, 0, 0], dtype=np.float64)
+    model = rt._NextUse(1, 8, None)
+    model.seed(counts, np.array([20.0]))
+    assert model.score(np.array([0, 1]), 0).tolist() == [-2.0, -4.0]
+    model = rt._NextUse(1, 8, None)
+    model.seed(counts)
+    assert model.score(np.array([0, 1]), 0).tolist() == [-1.0, -2.0]
 
 
 def test_cli_synth_and_replay(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -146,6 +146,11 @@ def usage_counts(trace: Trace) -> np.ndarray:
     return counts
 
 
+def usage_visits(trace: Trace) -> np.ndarray:
+    """Fetches of each layer: what the store's routing history keeps beside the counts."""
+    return np.bincount(np.asarray(trace.layers, dtype=np.int64), minlength=trace.n_layers).astype(np.float64)
+
+
 @dataclass
 class Result:
     hits: int = 0
@@ -184,11 +189,15 @@ class _NextUse:
         self.best = 0
         self.chosen: list[int] = []  # the ranking model after each fetch (for tests and plots)
 
-    def seed(self, history: np.ndarray) -> None:
+    def seed(self, history: np.ndarray, visits: np.ndarray | None = None) -> None:
+        """f = each key's count over its layer's visits (over the layer's top count when the
+        visits are unknown or fewer than it), as mg_policy_seed."""
         hist = np.asarray(history, dtype=np.float64).reshape(self.n_layers, self.n_experts)
         top = hist.max(axis=1, keepdims=True)
-        seeded = (hist > 0) & (top > 0)
-        f = np.where(seeded, hist / np.where(top > 0, top, 1.0), 0.0).reshape(-1)
+        v = np.zeros((self.n_layers, 1)) if visits is None else np.asarray(visits, np.float64).reshape(-1, 1)
+        per = np.where(np.isfinite(v) & (v >= top) & (v > 0), v, top)
+        seeded = (hist > 0) & (per > 0)
+        f = np.where(seeded, hist / np.where(per > 0, per, 1.0), 0.0).reshape(-1)
         self.f = [f.copy() for _ in self.f]
 
     def request(self, layer: int, keys: np.ndarray) -> None:
@@ -237,12 +246,12 @@ class _NextUse:
 
 
 def simulate(trace: Trace, policy: str, n_slots: int, *, half_life: float | None = None,
-             history: np.ndarray | None = None, pin_fraction: float = 0.5, warm: int = 0,
-             model: _NextUse | None = None) -> Result:
+             history: np.ndarray | None = None, history_visits: np.ndarray | None = None,
+             pin_fraction: float = 0.5, warm: int = 0, model: _NextUse | None = None) -> Result:
     """Replays the trace through one policy with n_slots expert slots.  Fetches before `warm`
     fill the cache without being counted.  history: per-key request counts of earlier runs
-    (ours only): seeds f (count over the layer's largest count) and pins the top
-    pin_fraction * n_slots keys.
+    (ours only): seeds f (count over its layer's visits, history_visits; without them, over
+    the layer's largest count) and pins the top pin_fraction * n_slots keys.
     ours = predicted next use (expert_policy.h, replayed to the bit): evict the expert whose
     next request is predicted furthest away, delta + L * (1/p - 1), where delta is the
     distance in fetches to the next visit of its layer and p mixes f (moving share of the
@@ -261,7 +270,7 @@ def simulate(trace: Trace, policy: str, n_slots: int, *, half_life: float | None
     if policy == "ours":
         nu = model if model is not None else _NextUse(n_layers, n_experts, half_life)
         if history is not None:
-            nu.seed(history)
+            nu.seed(history, history_visits)
             seen = history > 0
             n_pin = min(int(pin_fraction * n_slots), int(seen.sum()))
             if n_pin > 0:
@@ -323,7 +332,8 @@ def _next_uses(trace: Trace) -> list[list[float]]:
 
 
 def replay_table(trace: Trace, budgets: list[float], *, history: np.ndarray | None = None,
-                 warm: int = 0, half_life: float | None = None) -> list[dict[str, float]]:
+                 history_visits: np.ndarray | None = None, warm: int = 0,
+                 half_life: float | None = None) -> list[dict[str, float]]:
     """Hit rates of the three policies at each budget (a fraction of the expert pool)."""
     rows = []
     for b in budgets:
@@ -331,7 +341,7 @@ def replay_table(trace: Trace, budgets: list[float], *, history: np.ndarray | No
         row: dict[str, float] = {"budget": b, "slots": float(slots)}
         for policy in ("lru", "ours", "belady"):
             res = simulate(trace, policy, slots, history=history if policy == "ours" else None,
-                           warm=warm, half_life=half_life)
+                           history_visits=history_visits, warm=warm, half_life=half_life)
             row[policy] = res.hit_rate
         rows.append(row)
     return rows
@@ -399,11 +409,14 @@ def main(argv: list[str] | None = None) -> int:
             print(f"engine cache: {st['slots']} slots, hit rate {st['hit_rate']:.3f}")
     elif args.cmd == "replay":
         tr = read_trace(args.trace)
-        hist = usage_counts(read_trace(args.history)) if args.history else None
+        old = read_trace(args.history) if args.history else None
+        hist = usage_counts(old) if old is not None else None
+        visits = usage_visits(old) if old is not None else None
         budgets = [float(x) for x in args.budgets.split(",") if x.strip()]
         print(f"{args.trace}: {len(tr)} fetches, {tr.n_layers} layers x {tr.n_experts} experts "
               "(budget = share of the expert pool)")
-        print(format_table(replay_table(tr, budgets, history=hist, warm=args.warm, half_life=args.half_life)))
+        print(format_table(replay_table(tr, budgets, history=hist, history_visits=visits, warm=args.warm,
+                                        half_life=args.half_life)))
     else:
         write_trace(args.out, synthesize(args.layers, args.experts, args.k, args.tokens, args.seed, args.skew,
                                          args.reuse, args.drift, args.drift_tokens))

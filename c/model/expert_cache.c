@@ -19,7 +19,8 @@
 
 #define N_PIECES 6                   /* gate, gate scale, up, up scale, down, down scale */
 #define MERGE_GAP ((uint64_t)64 << 10) /* read through gaps this small rather than split */
-#define USAGE_MAGIC "MGUSAGE1"
+#define USAGE_MAGIC_V1 "MGUSAGE1" /* counts only */
+#define USAGE_MAGIC "MGUSAGE2"    /* counts, then visits of each layer */
 
 typedef struct piece_src {
     uint64_t file_off, nbytes;
@@ -64,7 +65,8 @@ struct mg_expert_cache {
     mg_policy *pol;
     unsigned char *pinned; /* [n_keys] */
     int n_pinned;
-    float *usage_old, *usage_new; /* [n_keys] request counts: earlier runs (aged), this run */
+    float *usage_old, *usage_new; /* [n_keys + n_layers] request counts, then visits of each
+                                     layer: earlier runs (aged), this run */
     char *usage_path;
     int io_threads;
     mg_io_pool *io;
@@ -250,15 +252,18 @@ static void usage_load(mg_expert_cache *c) {
     if (!f) return; /* first run */
     char magic[8];
     uint32_t dims[2];
-    int ok = fread(magic, 1, 8, f) == 8 && !memcmp(magic, USAGE_MAGIC, 8) && fread(dims, 4, 2, f) == 2 &&
-             dims[0] == (uint32_t)c->n_layers && dims[1] == (uint32_t)c->n_experts &&
-             fread(c->usage_old, sizeof(float), (size_t)c->n_keys, f) == (size_t)c->n_keys;
+    const size_t n = (size_t)c->n_keys + (size_t)c->n_layers;
+    int ok = fread(magic, 1, 8, f) == 8 && fread(dims, 4, 2, f) == 2 && dims[0] == (uint32_t)c->n_layers &&
+             dims[1] == (uint32_t)c->n_experts;
+    int v1 = ok && !memcmp(magic, USAGE_MAGIC_V1, 8); /* no visits: they stay 0 */
+    ok = ok && (v1 || !memcmp(magic, USAGE_MAGIC, 8)) &&
+         fread(c->usage_old, sizeof(float), v1 ? (size_t)c->n_keys : n, f) == (v1 ? (size_t)c->n_keys : n);
     fclose(f);
     if (!ok) { /* another model's or a damaged history: start afresh (it is only a hint) */
-        memset(c->usage_old, 0, sizeof(float) * (size_t)c->n_keys);
+        memset(c->usage_old, 0, sizeof(float) * n);
         return;
     }
-    for (int k = 0; k < c->n_keys; k++)
+    for (size_t k = 0; k < n; k++)
         if (!isfinite(c->usage_old[k]) || c->usage_old[k] < 0) c->usage_old[k] = 0;
 }
 
@@ -273,7 +278,7 @@ static int by_count_desc(const void *a, const void *b, void *arg) {
 static int usage_apply(mg_expert_cache *c, double pin_fraction, mg_error *err) {
     int n_hist = 0;
     for (int k = 0; k < c->n_keys; k++) n_hist += c->usage_old[k] > 0;
-    mg_policy_seed(c->pol, c->usage_old);
+    mg_policy_seed(c->pol, c->usage_old, c->usage_old + c->n_keys);
     int n_pin = pin_fraction > 0 ? (int)(pin_fraction * c->n_slots) : 0;
     if (n_pin > n_hist) n_pin = n_hist;
     if (n_pin <= 0) return 0;
@@ -301,7 +306,7 @@ int mg_expert_cache_save_usage(mg_expert_cache *c, mg_error *err) {
     }
     uint32_t dims[2] = {(uint32_t)c->n_layers, (uint32_t)c->n_experts};
     int ok = fwrite(USAGE_MAGIC, 1, 8, f) == 8 && fwrite(dims, 4, 2, f) == 2;
-    for (int k = 0; k < c->n_keys && ok; k++) {
+    for (int k = 0; k < c->n_keys + c->n_layers && ok; k++) {
         float v = 0.5f * c->usage_old[k] + c->usage_new[k]; /* earlier runs count half */
         ok = fwrite(&v, sizeof v, 1, f) == 1;
     }
@@ -401,8 +406,8 @@ mg_expert_cache *mg_expert_cache_create(const mg_checkpoint *ck, const mg_expert
     c->loading = calloc(S, 1);
     c->key_slot = malloc(sizeof(int) * K);
     c->pinned = calloc(K, 1);
-    c->usage_old = calloc(K, sizeof(float));
-    c->usage_new = calloc(K, sizeof(float));
+    c->usage_old = calloc(K + (size_t)n_layers, sizeof(float));
+    c->usage_new = calloc(K + (size_t)n_layers, sizeof(float));
     c->batch_slot = malloc(sizeof(int) * S);
     c->ready = malloc(sizeof(int) * S);
     c->victims = malloc(sizeof(int) * S);
@@ -595,6 +600,7 @@ int mg_expert_cache_begin(mg_expert_cache *c, int layer, int n, const int *ids, 
     const int base_key = layer * c->n_experts;
     for (int i = 0; i < n; i++) c->victims[i] = base_key + ids[i]; /* (scratch until the victims) */
     mg_policy_request(c->pol, layer, n, c->victims);
+    c->usage_new[c->n_keys + layer] += 1.0f; /* one visit of the layer */
     int n_miss = 0;
     for (int i = 0; i < n; i++) {
         int key = base_key + ids[i];
@@ -795,7 +801,7 @@ int mg_expert_cache_use_history(mg_expert_cache *c, const char *path, double pin
     if (!copy) return mg_fail(err, "expert cache: out of memory");
     free(c->usage_path);
     c->usage_path = copy;
-    memset(c->usage_old, 0, sizeof(float) * (size_t)c->n_keys);
+    memset(c->usage_old, 0, sizeof(float) * ((size_t)c->n_keys + (size_t)c->n_layers));
     memset(c->pinned, 0, (size_t)c->n_keys);
     c->n_pinned = 0;
     usage_load(c);

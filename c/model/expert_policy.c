@@ -150,7 +150,7 @@ void mg_policy_request(mg_policy *p, int layer, int n, const int *keys) {
     if (p->kind == MG_EXPERT_POLICY_LFRU) next_use_update(p, layer);
 }
 
-void mg_policy_seed(mg_policy *p, const float *counts) {
+void mg_policy_seed(mg_policy *p, const float *counts, const float *visits) {
     if (p->kind != MG_EXPERT_POLICY_LFRU || !counts) return;
     const int E = p->n_experts;
     for (int l = 0; l < p->n_layers; l++) {
@@ -159,11 +159,15 @@ void mg_policy_seed(mg_policy *p, const float *counts) {
             double c = counts[l * E + e];
             if (isfinite(c) && c > top) top = c;
         }
-        if (!(top > 0)) continue;
+        /* the share of the layer's visits that requested the expert, what f estimates; a
+         * history without visits: relative to the most requested expert (an overestimate) */
+        double v = visits ? visits[l] : 0;
+        double per = isfinite(v) && v >= top && v > 0 ? v : top;
+        if (!(per > 0)) continue;
         for (int e = 0; e < E; e++) {
             double c = counts[l * E + e];
             if (isfinite(c) && c > 0)
-                for (int i = 0; i < p->n_models; i++) p->m[i].f[l * E + e] = c / top;
+                for (int i = 0; i < p->n_models; i++) p->m[i].f[l * E + e] = c / per;
         }
     }
 }

@@ -50,9 +50,11 @@ void mg_policy_free(mg_policy *p);
 size_t mg_policy_bytes_per_key(void);
 /* A fetch batch of `layer` requested keys[0..n) (full keys; repeats count once). */
 void mg_policy_request(mg_policy *p, int layer, int n, const int *keys);
-/* Seeds the statistics from request counts of earlier runs (counts[n_keys], >= 0): each key's
- * f becomes its count over the largest count of its layer.  NEXT_USE only. */
-void mg_policy_seed(mg_policy *p, const float *counts);
+/* Seeds the statistics from request counts of earlier runs (counts[n_keys], >= 0) and the
+ * number of visits of each layer they came from (visits[n_layers], may be NULL): each key's f
+ * becomes its count over its layer's visits (over the largest count of its layer when visits
+ * are unknown, 0, or fewer than that count).  NEXT_USE only. */
+void mg_policy_seed(mg_policy *p, const float *counts, const float *visits);
 /* NEXT_USE: the half-life (fetches) of the model that ranks now; 0 for LRU. */
 double mg_policy_half_life(const mg_policy *p);
 /* How much the policy wants to keep key now (higher: keep); -inf when it knows nothing of it. */

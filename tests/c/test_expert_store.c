@@ -380,8 +380,24 @@ static void test_policy(void) {
           "next-use ages the old key out: %d", out[0]);
     CHECK(mg_policy_score(p, 6) == -INFINITY, "never requested: nothing known");
     float counts[8] = {0, 0, 0, 0, 0, 1000, 0, 0};
-    mg_policy_seed(p, counts);
+    mg_policy_seed(p, counts, NULL);
     CHECK(mg_policy_score(p, 5) > mg_policy_score(p, 1), "seeded history counts");
+    {
+        /* with the visits they came from, counts become rates: 10 and 5 of 20 visits -> f 0.5
+         * and 0.25 (nothing learned yet: p = f, predicted distance 1 + (1/p - 1) fetches);
+         * without, relative to the top count (1 and 0.5) */
+        mg_policy *q = mg_policy_create(MG_EXPERT_POLICY_LFRU, 1, 8, 0, &err);
+        float c2[8] = {10, 5, 0, 0, 0, 0, 0, 0}, v2[1] = {20};
+        mg_policy_seed(q, c2, v2);
+        CHECK(mg_policy_score(q, 0) == -2.0 && mg_policy_score(q, 1) == -4.0, "rates %g %g",
+              mg_policy_score(q, 0), mg_policy_score(q, 1));
+        mg_policy_free(q);
+        q = mg_policy_create(MG_EXPERT_POLICY_LFRU, 1, 8, 0, &err);
+        mg_policy_seed(q, c2, NULL);
+        CHECK(mg_policy_score(q, 0) == -1.0 && mg_policy_score(q, 1) == -2.0, "legacy %g %g",
+              mg_policy_score(q, 0), mg_policy_score(q, 1));
+        mg_policy_free(q);
+    }
     /* pinned keys go last, and only when allowed */
     unsigned char pinned[8] = {1, 0, 0, 0, 0, 0, 0, 0};
     CHECK(mg_policy_victims(p, slot_key, 4, mark, 1, pinned, 1, 4, out, heap) == 4 && out[3] == 0, "pinned last");
@@ -535,6 +551,38 @@ static void test_trace_usage_prefetch(const char *dir) {
             mg_expert_store_fetch(c, t % L, 1, &other, out, &err);
         }
         mg_expert_store_free(c);
+    }
+    {
+        /* the history holds the counts, then each layer's visits (aged: earlier runs half) */
+        FILE *uf = fopen(usage, "rb");
+        char magic[8] = {0};
+        uint32_t dims[2] = {0};
+        float *v = malloc(sizeof(float) * (L * E + L));
+        size_t nv = 0;
+        if (uf && fread(magic, 1, 8, uf) == 8 && fread(dims, 4, 2, uf) == 2) nv = fread(v, sizeof(float), L * E + L + 1, uf);
+        if (uf) fclose(uf);
+        CHECK(!memcmp(magic, "MGUSAGE2", 8) && dims[0] == L && dims[1] == E && nv == (size_t)(L * E + L),
+              "history layout %.8s %u %u %zu", magic, dims[0], dims[1], nv);
+        /* three runs of 21 fetches of layer 1 (expert 6 each time) and 7 or 6 visits of others */
+        CHECK(nv == (size_t)(L * E + L) && v[L * E + 1] >= v[E + 6] && v[E + 6] > 0, "visits %g count %g",
+              v[L * E + 1], v[E + 6]);
+        free(v);
+        /* a history of the first format (counts only) still seeds and pins */
+        uf = fopen(usage, "wb");
+        float counts[L * E] = {0};
+        counts[3] = 50;
+        uint32_t d1[2] = {L, E};
+        CHECK(uf && fwrite("MGUSAGE1", 1, 8, uf) == 8 && fwrite(d1, 4, 2, uf) == 2 &&
+                  fwrite(counts, sizeof(float), L * E, uf) == L * E,
+              "write v1");
+        if (uf) fclose(uf);
+        mg_expert_store *c1 = mg_expert_store_create(L, E, &err);
+        bind_all(ck, c1, &err);
+        mg_expert_cache_opts o1 = {.usage_path = usage, .pin_fraction = 0.1};
+        CHECK(mg_expert_store_configure(c1, ck, slot * 2 * E, &o1, &err) == 0, "%s", err.msg);
+        CHECK(mg_expert_store_stats(c1).pinned == 1, "v1 history pins %llu",
+              (unsigned long long)mg_expert_store_stats(c1).pinned);
+        mg_expert_store_free(c1);
     }
     /* prefetch: only into empty or lower-valued slots, when idle; then a hit with the same bytes */
     mg_expert_store *res = mg_expert_store_create(L, E, &err), *c = mg_expert_store_create(L, E, &err);
