@@ -190,6 +190,20 @@ def test_seeding_matches_the_c_policy() -> None:
     assert model.score(np.array([0, 1]), 0).tolist() == [-1.0, -2.0]
 
 
+def test_reads_the_store_history(tmp_path: Path) -> None:
+    p = tmp_path / "usage"
+    p.write_bytes(b"MGUSAGE2" + struct.pack("<II", 2, 3) + struct.pack("<8f", 1, 0, 4, 2, float("nan"), 0, 5, 6))
+    counts, visits, n_layers, n_experts = rt.read_history(p)
+    assert (n_layers, n_experts) == (2, 3)
+    assert counts.tolist() == [1, 0, 4, 2, 0, 0] and visits.tolist() == [5, 6]
+    p.write_bytes(b"MGUSAGE1" + struct.pack("<II", 1, 2) + struct.pack("<2f", 3, 1))
+    counts, visits, _, _ = rt.read_history(p)
+    assert counts.tolist() == [3, 1] and visits is None
+    p.write_bytes(b"MGUSAGE2" + struct.pack("<II", 1, 2) + struct.pack("<2f", 3, 1))
+    with pytest.raises(ValueError, match="expected 3"):
+        rt.read_history(p)
+
+
 def test_cli_synth_and_replay(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     p = tmp_path / "s.trace"
     assert rt.main(["synth", "--out", str(p), "--layers", "3", "--experts", "16", "--k", "2", "--tokens", "40"]) == 0
@@ -273,3 +287,18 @@ def test_replay_reproduces_the_cache_under_pressure(tmp_path: Path) -> None:
     assert (replay.hits, replay.misses) == (st["hits"], st["misses"])
     switches = sum(a != b for a, b in zip(bank.chosen, bank.chosen[1:]))
     assert switches >= 3 and len(set(bank.chosen)) >= 3
+
+    # a second run with the routing history the first one wrote: seeded, pinned, preloaded
+    history = tmp_path / "usage"
+    rt.record(str(model), str(tmp_path / "first.trace"), 40, [5, 17, 42, 99, 3, 250], minimum,
+              expert_history=str(history), expert_prefetch=False)
+    counts, visits, n_layers, n_experts = rt.read_history(history)
+    assert (n_layers, n_experts) == (tr.n_layers, tr.n_experts) and visits is not None
+    assert visits.tolist() == [41.0] * n_layers  # the prompt and 40 tokens
+    tr2, st2 = rt.record(str(model), str(tmp_path / "second.trace"), 60, [7, 8, 9, 200, 301], minimum,
+                         expert_history=str(history), expert_prefetch=False)
+    assert st2["pinned"] > 0 and st2["preloaded"] == st2["pinned"]
+    replay = rt.simulate(tr2, "ours", int(st2["slots"]), history=counts, history_visits=visits)
+    assert (replay.hits, replay.misses) == (st2["hits"], st2["misses"])
+    cold = rt.simulate(tr2, "ours", int(st2["slots"]))
+    assert (cold.hits, cold.misses) != (replay.hits, replay.misses)

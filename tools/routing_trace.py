@@ -15,7 +15,7 @@ experts are never evicted to make room for each other), and the cache needs at l
 layer's experts.
 
   python tools/routing_trace.py record --model DIR --out run.trace [--tokens 64] [--prompt ...]
-  python tools/routing_trace.py replay run.trace [--budgets 0.05,0.1,0.25,0.5] [--history old.trace]
+  python tools/routing_trace.py replay run.trace [--budgets 0.05,0.1,0.25,0.5] [--history old.trace|usage-file]
   python tools/routing_trace.py synth --out synth.trace --layers 8 --experts 64 --k 8 --tokens 500 \
       [--skew 1.0 --reuse 0.3 --drift 0.15 --drift-tokens 50]
 """
@@ -146,6 +146,25 @@ def usage_counts(trace: Trace) -> np.ndarray:
     return counts
 
 
+USAGE_MAGICS = (b"MGUSAGE1", b"MGUSAGE2")  # the store's routing history (expert_cache.c)
+
+
+def read_history(path: str | os.PathLike[str]) -> tuple[np.ndarray, np.ndarray | None, int, int]:
+    """The store's routing-history file: (counts per key, visits per layer or None for the
+    first format, n_layers, n_experts), as float32 values widened like the store does."""
+    data = Path(path).read_bytes()
+    if len(data) < 16 or data[:8] not in USAGE_MAGICS:
+        raise ValueError(f"{path}: not a routing history")
+    n_layers, n_experts = struct.unpack_from("<II", data, 8)
+    n_keys = n_layers * n_experts
+    n = n_keys + (n_layers if data[:8] == b"MGUSAGE2" else 0)
+    values = np.frombuffer(data, dtype="<f4", offset=16)
+    if len(values) != n:
+        raise ValueError(f"{path}: routing history of {len(values)} values, expected {n}")
+    values = np.where(np.isfinite(values) & (values >= 0), values, 0).astype(np.float64)
+    return values[:n_keys], (values[n_keys:] if n > n_keys else None), n_layers, n_experts
+
+
 def usage_visits(trace: Trace) -> np.ndarray:
     """Fetches of each layer: what the store's routing history keeps beside the counts."""
     return np.bincount(np.asarray(trace.layers, dtype=np.int64), minlength=trace.n_layers).astype(np.float64)
@@ -251,7 +270,8 @@ def simulate(trace: Trace, policy: str, n_slots: int, *, half_life: float | None
     """Replays the trace through one policy with n_slots expert slots.  Fetches before `warm`
     fill the cache without being counted.  history: per-key request counts of earlier runs
     (ours only): seeds f (count over its layer's visits, history_visits; without them, over
-    the layer's largest count) and pins the top pin_fraction * n_slots keys.
+    the layer's largest count) and pins the top pin_fraction * n_slots keys, which start in
+    the cache (the store reads them before the first token).
     ours = predicted next use (expert_policy.h, replayed to the bit): evict the expert whose
     next request is predicted furthest away, delta + L * (1/p - 1), where delta is the
     distance in fetches to the next visit of its layer and p mixes f (moving share of the
@@ -279,6 +299,9 @@ def simulate(trace: Trace, policy: str, n_slots: int, *, half_life: float | None
     nxt = np.full(trace.n_keys, math.inf)  # belady: next request of each key
     slot_key = np.full(n_slots, -1, dtype=np.int64)
     key_slot = np.full(trace.n_keys, -1, dtype=np.int64)
+    preload = np.flatnonzero(pinned)  # in key order into the first slots, as usage_preload
+    slot_key[: len(preload)] = preload
+    key_slot[preload] = np.arange(len(preload))
     result = Result()
     for t in range(len(trace)):
         keys = trace.keys(t)
@@ -386,7 +409,7 @@ def main(argv: list[str] | None = None) -> int:
     rep = sub.add_parser("replay", help="hit rates of lru / ours / belady at several budgets")
     rep.add_argument("trace")
     rep.add_argument("--budgets", default="0.05,0.1,0.25,0.5")
-    rep.add_argument("--history", help="an earlier trace: seeds and pins 'ours'")
+    rep.add_argument("--history", help="an earlier trace or the store's routing-history file: seeds and pins 'ours'")
     rep.add_argument("--warm", type=int, default=0, help="fetches replayed before counting")
     rep.add_argument("--half-life", type=float, default=None, help="in fetches (default 16 tokens)")
     syn = sub.add_parser("synth", help="write a synthetic decode-like trace")
@@ -409,9 +432,12 @@ def main(argv: list[str] | None = None) -> int:
             print(f"engine cache: {st['slots']} slots, hit rate {st['hit_rate']:.3f}")
     elif args.cmd == "replay":
         tr = read_trace(args.trace)
-        old = read_trace(args.history) if args.history else None
-        hist = usage_counts(old) if old is not None else None
-        visits = usage_visits(old) if old is not None else None
+        hist = visits = None
+        if args.history and Path(args.history).read_bytes()[:8] in USAGE_MAGICS:
+            hist, visits, _, _ = read_history(args.history)
+        elif args.history:
+            old = read_trace(args.history)
+            hist, visits = usage_counts(old), usage_visits(old)
         budgets = [float(x) for x in args.budgets.split(",") if x.strip()]
         print(f"{args.trace}: {len(tr)} fetches, {tr.n_layers} layers x {tr.n_experts} experts "
               "(budget = share of the expert pool)")
