@@ -7,7 +7,7 @@ synthesise one, and replays it through three replacement policies at several cac
   lru     least recently requested expert is evicted
   ours    predicted next use (the store's default, expert_policy.h): evicts the expert whose
           next request is furthest away by the layer cycle of decode and a sticky-frequency
-          estimate; optionally seeded and pinned from routing history (--history)
+          estimate; optionally seeded and warmed from routing history (--history)
   belady  offline optimum: evict the expert whose next request is furthest away
 
 The replay follows the store's rules: all experts of a fetch are looked up first (a fetch's own
@@ -270,8 +270,8 @@ def simulate(trace: Trace, policy: str, n_slots: int, *, half_life: float | None
     """Replays the trace through one policy with n_slots expert slots.  Fetches before `warm`
     fill the cache without being counted.  history: per-key request counts of earlier runs
     (ours only): seeds f (count over its layer's visits, history_visits; without them, over
-    the layer's largest count) and pins the top pin_fraction * n_slots keys, which start in
-    the cache (the store reads them before the first token).
+    the layer's largest count), and the top pin_fraction * n_slots keys start in the cache (the
+    store reads them before the first token; they are not pinned).
     ours = predicted next use (expert_policy.h, replayed to the bit): evict the expert whose
     next request is predicted furthest away, delta + L * (1/p - 1), where delta is the
     distance in fetches to the next visit of its layer and p mixes f (moving share of the
@@ -285,7 +285,7 @@ def simulate(trace: Trace, policy: str, n_slots: int, *, half_life: float | None
         raise ValueError("n_slots must be >= 1")
     n_layers, n_experts = trace.n_layers, trace.n_experts
     last = np.full(trace.n_keys, -math.inf)  # tick of the last request
-    pinned = np.zeros(trace.n_keys, dtype=bool)
+    hot = np.zeros(trace.n_keys, dtype=bool)  # the history's hot set, read in before the first fetch
     nu = None
     if policy == "ours":
         nu = model if model is not None else _NextUse(n_layers, n_experts, half_life)
@@ -294,12 +294,12 @@ def simulate(trace: Trace, policy: str, n_slots: int, *, half_life: float | None
             seen = history > 0
             n_pin = min(int(pin_fraction * n_slots), int(seen.sum()))
             if n_pin > 0:
-                pinned[np.lexsort((np.arange(trace.n_keys), -history))[:n_pin]] = True
+                hot[np.lexsort((np.arange(trace.n_keys), -history))[:n_pin]] = True
     next_use = _next_uses(trace) if policy == "belady" else None
     nxt = np.full(trace.n_keys, math.inf)  # belady: next request of each key
     slot_key = np.full(n_slots, -1, dtype=np.int64)
     key_slot = np.full(trace.n_keys, -1, dtype=np.int64)
-    preload = np.flatnonzero(pinned)  # in key order into the first slots, as usage_preload
+    preload = np.flatnonzero(hot)  # in key order into the first slots, as usage_preload
     slot_key[: len(preload)] = preload
     key_slot[preload] = np.arange(len(preload))
     result = Result()
@@ -330,8 +330,7 @@ def simulate(trace: Trace, policy: str, n_slots: int, *, half_life: float | None
         primary = np.where(occupied, 0.0, -math.inf)
         secondary = np.where(occupied, score, 0.0)
         excluded = occupied & np.isin(k, keys)
-        pin_rank = (occupied & pinned[k]).astype(float)
-        order = np.lexsort((np.arange(n_slots), secondary, primary, pin_rank, excluded))
+        order = np.lexsort((np.arange(n_slots), secondary, primary, excluded))
         victims = order[: len(missing)]
         if len(victims) < len(missing) or excluded[victims].any():
             raise ValueError(f"fetch {t}: {len(keys)} experts do not fit {n_slots} slots")
@@ -409,7 +408,7 @@ def main(argv: list[str] | None = None) -> int:
     rep = sub.add_parser("replay", help="hit rates of lru / ours / belady at several budgets")
     rep.add_argument("trace")
     rep.add_argument("--budgets", default="0.05,0.1,0.25,0.5")
-    rep.add_argument("--history", help="an earlier trace or the store's routing-history file: seeds and pins 'ours'")
+    rep.add_argument("--history", help="an earlier trace or the store's routing-history file: seeds and warms 'ours'")
     rep.add_argument("--warm", type=int, default=0, help="fetches replayed before counting")
     rep.add_argument("--half-life", type=float, default=None, help="in fetches (default 16 tokens)")
     syn = sub.add_parser("synth", help="write a synthetic decode-like trace")
