@@ -232,11 +232,10 @@ class _NextUse:
             w = self.w[i]
             prob = np.where(used, seg + w * (1.0 - seg), (1.0 - w) * seg)
             d = prob - target
-            sq = float(np.cumsum(d * d)[-1])  # sequential, in expert order, as the C loop adds
-            r = e = 0.0
-            for j in prev:
-                e += seg[j]
-                r += 1.0 if req[j] else 0.0
+            # sums in expert order, one addition at a time (accumulate), as the C loops add
+            sq = float(np.add.accumulate(d * d)[-1])
+            e = float(np.add.accumulate(seg[prev])[-1]) if len(prev) else 0.0
+            r = float(np.count_nonzero(req[prev]))
             self.err[i] = self.err[i] * self.err_decay + sq
             self.reused[i] = self.reused[i] * STICKY_DECAY + r
             self.expected[i] = self.expected[i] * STICKY_DECAY + e
