@@ -102,6 +102,68 @@ def test_next_use_beats_lru_at_one_layer_of_slots() -> None:
     assert ours > lru + 0.08 and belady >= ours
 
 
+def test_the_bank_follows_how_fast_routing_drifts() -> None:
+    # Steady popularity: the bank ranks with long half-lives (less noise) and beats the single
+    # 16-token model; popularity that wanders quickly moves it to shorter ones.
+    def run(**kw: float) -> tuple[float, float, float]:
+        tr = rt.synthesize(n_layers=6, n_experts=32, k=4, n_tokens=300, seed=11, **kw)
+        model = rt._NextUse(tr.n_layers, tr.n_experts, None)
+        slots = tr.n_keys // 4
+        bank = rt.simulate(tr, "ours", slots, model=model).hit_rate
+        fixed = rt.simulate(tr, "ours", slots, half_life=16 * tr.n_layers).hit_rate
+        later = model.chosen[len(model.chosen) // 2 :]
+        return bank, fixed, float(np.mean([rt.BANK_TOKENS[c] for c in later]))
+
+    bank, fixed, steady_life = run()
+    assert bank > fixed and steady_life >= 40
+    _, _, drifting_life = run(drift=0.3, drift_tokens=20)
+    assert drifting_life < 0.75 * steady_life
+
+
+def test_replay_matches_the_c_policy_to_the_bit() -> None:
+    # tests/c/test_expert_store.c (test_policy_bank) drives mg_policy with the same requests
+    # (same LCG) and checks the same two numbers: the sum of the final scores (hex) and a
+    # weighted trail of the half-life the bank ranked with after every request
+    state = [777]
+
+    def lcg() -> int:
+        state[0] = (state[0] * 1103515245 + 12345) % 2**32
+        return (state[0] & 0x7FFFFFFF) >> 8
+
+    model = rt._NextUse(3, 16, None)
+
+    def visits(phase: int, n: int) -> None:
+        hot = 0
+        for t in range(n):
+            if t % phase == 0:
+                hot = lcg() % 16
+            for layer in range(3):
+                keys: list[int] = []
+                while len(keys) < 4:
+                    e = (hot + 5 * layer + lcg() % 3) % 16 if lcg() % 4 < 3 else lcg() % 16
+                    if 16 * layer + e not in keys:
+                        keys.append(16 * layer + e)
+                model.request(layer, np.array(keys))
+
+    visits(1 << 30, 120)
+    visits(15, 180)
+    total = 0.0
+    for v in model.score(np.arange(48), 2):
+        if np.isfinite(v):
+            total += float(v)
+    trail = sum((i % 97 + 1) * rt.BANK_TOKENS[c] for i, c in enumerate(model.chosen))
+    assert f"{total.hex()} {trail:.0f}" == "-0x1.2be67c0ecea78p+11 930240"
+    assert len(set(model.chosen)) >= 3
+
+
+def test_drift_keeps_the_stream_without_it() -> None:
+    a = rt.synthesize(n_layers=3, n_experts=16, k=2, n_tokens=30, seed=2)
+    b = rt.synthesize(n_layers=3, n_experts=16, k=2, n_tokens=30, seed=2, drift=0.0, drift_tokens=5)
+    c = rt.synthesize(n_layers=3, n_experts=16, k=2, n_tokens=30, seed=2, drift=0.5, drift_tokens=5)
+    assert all((x == y).all() for x, y in zip(a.batches, b.batches))
+    assert any((x != y).any() for x, y in zip(a.batches, c.batches))
+
+
 def test_history_warms_a_cold_cache() -> None:
     old = rt.synthesize(n_layers=4, n_experts=32, k=4, n_tokens=150, seed=3, reuse=0.0)
     new = rt.synthesize(n_layers=4, n_experts=32, k=4, n_tokens=150, seed=3, reuse=0.0)
@@ -111,6 +173,35 @@ def test_history_warms_a_cold_cache() -> None:
     cold = rt.simulate(new, "ours", slots)
     warm = rt.simulate(new, "ours", slots, history=rt.usage_counts(old))
     assert warm.hit_rate > cold.hit_rate
+    # with the visits the counts came from (what the store's history keeps), f starts at rates
+    rates = rt.simulate(new, "ours", slots, history=rt.usage_counts(old), history_visits=rt.usage_visits(old))
+    assert rates.hit_rate > cold.hit_rate
+
+
+def test_seeding_matches_the_c_policy() -> None:
+    # the numbers tests/c/test_expert_store.c checks for mg_policy_seed: 10 and 5 requests in
+    # 20 visits -> f 0.5 and 0.25; without visits, relative to the top count
+    counts = np.array([10, 5, 0, 0, 0, 0, 0, 0], dtype=np.float64)
+    model = rt._NextUse(1, 8, None)
+    model.seed(counts, np.array([20.0]))
+    assert model.score(np.array([0, 1]), 0).tolist() == [-2.0, -4.0]
+    model = rt._NextUse(1, 8, None)
+    model.seed(counts)
+    assert model.score(np.array([0, 1]), 0).tolist() == [-1.0, -2.0]
+
+
+def test_reads_the_store_history(tmp_path: Path) -> None:
+    p = tmp_path / "usage"
+    p.write_bytes(b"MGUSAGE2" + struct.pack("<II", 2, 3) + struct.pack("<8f", 1, 0, 4, 2, float("nan"), 0, 5, 6))
+    counts, visits, n_layers, n_experts = rt.read_history(p)
+    assert (n_layers, n_experts) == (2, 3)
+    assert counts.tolist() == [1, 0, 4, 2, 0, 0] and visits.tolist() == [5, 6]
+    p.write_bytes(b"MGUSAGE1" + struct.pack("<II", 1, 2) + struct.pack("<2f", 3, 1))
+    counts, visits, _, _ = rt.read_history(p)
+    assert counts.tolist() == [3, 1] and visits is None
+    p.write_bytes(b"MGUSAGE2" + struct.pack("<II", 1, 2) + struct.pack("<2f", 3, 1))
+    with pytest.raises(ValueError, match="expected 3"):
+        rt.read_history(p)
 
 
 def test_cli_synth_and_replay(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -171,3 +262,43 @@ def test_replay_of_the_engine_trace_reproduces_its_cache(small_model: Path, tmp_
     replay = rt.simulate(tr, "ours", int(st["slots"]))
     assert (replay.hits, replay.misses) == (st["hits"], st["misses"])
     assert rt.simulate(tr, "belady", int(st["slots"])).hits >= replay.hits
+
+
+CACHED = {**QWEN_SMALL, "moe_intermediate_size": 512, "num_experts": 32, "num_hidden_layers": 4}
+
+
+def test_replay_reproduces_the_cache_under_pressure(tmp_path: Path) -> None:
+    """As above with experts large enough that the smallest budget holds about half of them,
+    over a run long enough that the bank hands the ranking from model to model: every eviction
+    the store makes, the replay makes too."""
+    from gateway.engine import Engine, EngineError
+    from tools.ckpt import write_checkpoint
+
+    model = write_checkpoint("qwen3_moe", "bench", "bf16", tmp_path / "q", seed=4, overrides=CACHED)
+    with pytest.raises(EngineError) as info:
+        Engine(str(model), ram_gb=0.001)
+    minimum = float(re.search(r"minimum is ([0-9.]+) GB", str(info.value)).group(1))
+    tr, st = rt.record(str(model), str(tmp_path / "run.trace"), 200, [5, 17, 42, 99, 3, 250], minimum,
+                       expert_history=False, expert_prefetch=False)
+    distinct = int((rt.usage_counts(tr) > 0).sum())
+    assert st["slots"] < distinct and st["evictions"] > 0 and st["misses"] > distinct
+    bank = rt._NextUse(tr.n_layers, tr.n_experts, None)
+    replay = rt.simulate(tr, "ours", int(st["slots"]), model=bank)
+    assert (replay.hits, replay.misses) == (st["hits"], st["misses"])
+    switches = sum(a != b for a, b in zip(bank.chosen, bank.chosen[1:]))
+    assert switches >= 3 and len(set(bank.chosen)) >= 3
+
+    # a second run with the routing history the first one wrote: seeded, pinned, preloaded
+    history = tmp_path / "usage"
+    rt.record(str(model), str(tmp_path / "first.trace"), 40, [5, 17, 42, 99, 3, 250], minimum,
+              expert_history=str(history), expert_prefetch=False)
+    counts, visits, n_layers, n_experts = rt.read_history(history)
+    assert (n_layers, n_experts) == (tr.n_layers, tr.n_experts) and visits is not None
+    assert visits.tolist() == [41.0] * n_layers  # the prompt and 40 tokens
+    tr2, st2 = rt.record(str(model), str(tmp_path / "second.trace"), 60, [7, 8, 9, 200, 301], minimum,
+                         expert_history=str(history), expert_prefetch=False)
+    assert st2["pinned"] > 0 and st2["preloaded"] == st2["pinned"]
+    replay = rt.simulate(tr2, "ours", int(st2["slots"]), history=counts, history_visits=visits)
+    assert (replay.hits, replay.misses) == (st2["hits"], st2["misses"])
+    cold = rt.simulate(tr2, "ours", int(st2["slots"]))
+    assert (cold.hits, cold.misses) != (replay.hits, replay.misses)

@@ -7,7 +7,7 @@ synthesise one, and replays it through three replacement policies at several cac
   lru     least recently requested expert is evicted
   ours    predicted next use (the store's default, expert_policy.h): evicts the expert whose
           next request is furthest away by the layer cycle of decode and a sticky-frequency
-          estimate; optionally seeded and pinned from routing history (--history)
+          estimate; optionally seeded and warmed from routing history (--history)
   belady  offline optimum: evict the expert whose next request is furthest away
 
 The replay follows the store's rules: all experts of a fetch are looked up first (a fetch's own
@@ -15,8 +15,9 @@ experts are never evicted to make room for each other), and the cache needs at l
 layer's experts.
 
   python tools/routing_trace.py record --model DIR --out run.trace [--tokens 64] [--prompt ...]
-  python tools/routing_trace.py replay run.trace [--budgets 0.05,0.1,0.25,0.5] [--history old.trace]
-  python tools/routing_trace.py synth --out synth.trace --layers 8 --experts 64 --k 8 --tokens 500
+  python tools/routing_trace.py replay run.trace [--budgets 0.05,0.1,0.25,0.5] [--history old.trace|usage-file]
+  python tools/routing_trace.py synth --out synth.trace --layers 8 --experts 64 --k 8 --tokens 500 \
+      [--skew 1.0 --reuse 0.3 --drift 0.15 --drift-tokens 50]
 """
 
 from __future__ import annotations
@@ -95,24 +96,37 @@ def write_trace(path: str | os.PathLike[str], trace: Trace) -> None:
 
 
 def synthesize(n_layers: int, n_experts: int, k: int, n_tokens: int, seed: int = 0,
-               skew: float = 1.0, reuse: float = 0.3) -> Trace:
-    """Decode-like routing: per layer a Zipf-like popularity over a random permutation of the
-    experts, and with probability `reuse` a choice repeats one of the previous token's."""
+               skew: float = 1.0, reuse: float = 0.3, drift: float = 0.0, drift_tokens: float = 50.0) -> Trace:
+    """Decode-like routing.  Per layer a Zipf popularity (weight of the r-th most popular expert
+    ~ 1 / r**skew) over a random permutation of the experts; each of a token's k choices
+    repeats one of the previous token's experts of that layer with probability `reuse`, else
+    draws from the popularity.  drift > 0 lets popularity wander: before each token every
+    expert's log-weight takes a step of an Ornstein-Uhlenbeck walk, offset += -offset /
+    drift_tokens + drift * N(0, 1), so the hot set changes over ~drift_tokens tokens while the
+    skew stays (stationary spread of the offsets: drift * sqrt(drift_tokens / 2)).  With
+    drift = 0 the random stream is the same as before drift existed."""
     rng = np.random.default_rng(seed)
     weights = []
     for _ in range(n_layers):
         w = 1.0 / np.arange(1, n_experts + 1) ** skew
         weights.append(rng.permutation(w / w.sum()))
+    offsets = [np.zeros(n_experts) for _ in range(n_layers)]
     trace = Trace(n_layers, n_experts)
     prev: list[np.ndarray] = [np.empty(0, dtype=np.int32) for _ in range(n_layers)]
     for _ in range(n_tokens):
         for layer in range(n_layers):
+            p = weights[layer]
+            if drift > 0:
+                off = offsets[layer]
+                off += -off / drift_tokens + drift * rng.standard_normal(n_experts)
+                p = p * np.exp(off - off.max())
+                p = p / p.sum()
             chosen: list[int] = []
             while len(chosen) < k:
                 if len(prev[layer]) and rng.random() < reuse:
                     e = int(rng.choice(prev[layer]))
                 else:
-                    e = int(rng.choice(n_experts, p=weights[layer]))
+                    e = int(rng.choice(n_experts, p=p))
                 if e not in chosen:
                     chosen.append(e)
             ids = np.array(sorted(chosen), dtype=np.int32)
@@ -132,6 +146,30 @@ def usage_counts(trace: Trace) -> np.ndarray:
     return counts
 
 
+USAGE_MAGICS = (b"MGUSAGE1", b"MGUSAGE2")  # the store's routing history (expert_cache.c)
+
+
+def read_history(path: str | os.PathLike[str]) -> tuple[np.ndarray, np.ndarray | None, int, int]:
+    """The store's routing-history file: (counts per key, visits per layer or None for the
+    first format, n_layers, n_experts), as float32 values widened like the store does."""
+    data = Path(path).read_bytes()
+    if len(data) < 16 or data[:8] not in USAGE_MAGICS:
+        raise ValueError(f"{path}: not a routing history")
+    n_layers, n_experts = struct.unpack_from("<II", data, 8)
+    n_keys = n_layers * n_experts
+    n = n_keys + (n_layers if data[:8] == b"MGUSAGE2" else 0)
+    values = np.frombuffer(data, dtype="<f4", offset=16)
+    if len(values) != n:
+        raise ValueError(f"{path}: routing history of {len(values)} values, expected {n}")
+    values = np.where(np.isfinite(values) & (values >= 0), values, 0).astype(np.float64)
+    return values[:n_keys], (values[n_keys:] if n > n_keys else None), n_layers, n_experts
+
+
+def usage_visits(trace: Trace) -> np.ndarray:
+    """Fetches of each layer: what the store's routing history keeps beside the counts."""
+    return np.bincount(np.asarray(trace.layers, dtype=np.int64), minlength=trace.n_layers).astype(np.float64)
+
+
 @dataclass
 class Result:
     hits: int = 0
@@ -144,68 +182,132 @@ class Result:
 
 
 STICKY_DECAY = 0.99  # per fetch, for the stickiness sums (expert_policy.c)
+BANK_TOKENS = (16.0, 8.0, 32.0, 64.0, 128.0)  # the default bank of half-lives (expert_policy.c)
+ERR_HALF_LIFE_TOKENS = 8.0  # memory of the bank's prediction errors
+
+
+class _NextUse:
+    """The NEXT_USE policy of expert_policy.c, operation for operation (same order of floating
+    point additions), so that a replay reproduces the store's hits and misses exactly.
+    half_life (fetches) runs one model; None the bank of BANK_TOKENS, where the model whose
+    visit predictions had the lowest decayed squared error ranks."""
+
+    def __init__(self, n_layers: int, n_experts: int, half_life: float | None) -> None:
+        self.n_layers, self.n_experts = n_layers, n_experts
+        n_keys = n_layers * n_experts
+        lives = [half_life] if half_life else [t * n_layers for t in BANK_TOKENS]
+        self.alpha = [1.0 - math.exp2(-n_layers / h) for h in lives]
+        self.f = [np.zeros(n_keys) for _ in lives]
+        self.reused = [0.0] * len(lives)
+        self.expected = [0.0] * len(lives)
+        self.trials = [0.0] * len(lives)
+        self.w = [0.0] * len(lives)
+        self.err = [0.0] * len(lives)
+        self.err_decay = math.exp2(-1.0 / (ERR_HALF_LIFE_TOKENS * n_layers))
+        self.used = np.zeros(n_keys, dtype=bool)
+        self.best = 0
+        self.chosen: list[int] = []  # the ranking model after each fetch (for tests and plots)
+
+    def seed(self, history: np.ndarray, visits: np.ndarray | None = None) -> None:
+        """f = each key's count over its layer's visits (over the layer's top count when the
+        visits are unknown or fewer than it), as mg_policy_seed."""
+        hist = np.asarray(history, dtype=np.float64).reshape(self.n_layers, self.n_experts)
+        top = hist.max(axis=1, keepdims=True)
+        v = np.zeros((self.n_layers, 1)) if visits is None else np.asarray(visits, np.float64).reshape(-1, 1)
+        per = np.where(np.isfinite(v) & (v >= top) & (v > 0), v, top)
+        seeded = (hist > 0) & (per > 0)
+        f = np.where(seeded, hist / np.where(per > 0, per, 1.0), 0.0).reshape(-1)
+        self.f = [f.copy() for _ in self.f]
+
+    def request(self, layer: int, keys: np.ndarray) -> None:
+        E = self.n_experts
+        base = layer * E
+        req = np.zeros(E, dtype=bool)
+        req[keys - base] = True
+        used = self.used[base : base + E]
+        prev = np.flatnonzero(used)
+        target = req.astype(np.float64)
+        for i in range(len(self.f)):
+            seg = self.f[i][base : base + E]
+            w = self.w[i]
+            prob = np.where(used, seg + w * (1.0 - seg), (1.0 - w) * seg)
+            d = prob - target
+            # sums in expert order, one addition at a time (accumulate), as the C loops add
+            sq = float(np.add.accumulate(d * d)[-1])
+            e = float(np.add.accumulate(seg[prev])[-1]) if len(prev) else 0.0
+            r = float(np.count_nonzero(req[prev]))
+            self.err[i] = self.err[i] * self.err_decay + sq
+            self.reused[i] = self.reused[i] * STICKY_DECAY + r
+            self.expected[i] = self.expected[i] * STICKY_DECAY + e
+            self.trials[i] = self.trials[i] * STICKY_DECAY + float(len(prev))
+            keep = 1.0 - self.alpha[i]
+            self.f[i][base : base + E] = np.where(req, seg * keep + self.alpha[i], seg * keep)
+            room = self.trials[i] - self.expected[i]
+            self.w[i] = min(1.0, max(0.0, (self.reused[i] - self.expected[i]) / room)) if room > 0 else 0.0
+        self.used[base : base + E] = req
+        best = 0
+        for i in range(1, len(self.err)):
+            if self.err[i] < self.err[best]:
+                best = i
+        self.best = best
+        self.chosen.append(best)
+
+    def score(self, k: np.ndarray, layer: int) -> np.ndarray:
+        """Minus the predicted fetches until each key's next request (-inf: nothing known)."""
+        L = self.n_layers
+        f, w = self.f[self.best][k], self.w[self.best]
+        prob = np.where(self.used[k], f + w * (1.0 - f), (1.0 - w) * f)
+        delta = (k // self.n_experts - layer) % L
+        delta = np.where(delta == 0, L, delta)
+        safe = np.where(prob > 0, prob, 1.0)
+        return np.where(prob > 0, -(delta + L * (1.0 / safe - 1.0)), -math.inf)
 
 
 def simulate(trace: Trace, policy: str, n_slots: int, *, half_life: float | None = None,
-             history: np.ndarray | None = None, pin_fraction: float = 0.5, warm: int = 0) -> Result:
+             history: np.ndarray | None = None, history_visits: np.ndarray | None = None,
+             pin_fraction: float = 0.5, warm: int = 0, model: _NextUse | None = None) -> Result:
     """Replays the trace through one policy with n_slots expert slots.  Fetches before `warm`
     fill the cache without being counted.  history: per-key request counts of earlier runs
-    (ours only): seeds f (count over the layer's largest count) and pins the top
-    pin_fraction * n_slots keys.
+    (ours only): seeds f (count over its layer's visits, history_visits; without them, over
+    the layer's largest count), and the top pin_fraction * n_slots keys start in the cache (the
+    store reads them before the first token; they are not pinned).
     ours = predicted next use (expert_policy.h, replayed to the bit): evict the expert whose
     next request is predicted furthest away, delta + L * (1/p - 1), where delta is the
     distance in fetches to the next visit of its layer and p mixes f (moving share of the
-    layer's visits that requested it; half-life `half_life` fetches, default 16 tokens) with
-    whether the layer's latest visit requested it, weighted by the measured stickiness w."""
+    layer's visits that requested it) with whether the layer's latest visit requested it,
+    weighted by the measured stickiness w.  half_life (fetches) fixes f's half-life; None (the
+    store's default) runs the bank of half-lives and ranks by the one predicting best.
+    model: a fresh _NextUse to use (and inspect afterwards), else one is made."""
     if policy not in ("lru", "ours", "belady"):
         raise ValueError(f"unknown policy {policy!r}")
     if n_slots < 1:
         raise ValueError("n_slots must be >= 1")
     n_layers, n_experts = trace.n_layers, trace.n_experts
-    h = half_life if half_life else 16.0 * n_layers
-    alpha = 1.0 - math.exp2(-n_layers / h)
-    keep = 1.0 - alpha
     last = np.full(trace.n_keys, -math.inf)  # tick of the last request
-    f = np.zeros(trace.n_keys)  # ours: moving share of the layer's visits requesting the key
-    used = np.zeros(trace.n_keys, dtype=bool)  # ours: requested at the layer's latest visit
-    reused = expected = trials = w = 0.0  # ours: stickiness sums and estimate
-    layer_of = np.arange(trace.n_keys) // n_experts
-    pinned = np.zeros(trace.n_keys, dtype=bool)
-    if policy == "ours" and history is not None:
-        hist = np.asarray(history, dtype=np.float64).reshape(n_layers, n_experts)
-        top = hist.max(axis=1, keepdims=True)
-        seeded = (hist > 0) & (top > 0)
-        f = np.where(seeded, hist / np.where(top > 0, top, 1.0), 0.0).reshape(-1)
-        seen = history > 0
-        n_pin = min(int(pin_fraction * n_slots), int(seen.sum()))
-        if n_pin > 0:
-            pinned[np.lexsort((np.arange(trace.n_keys), -history))[:n_pin]] = True
+    hot = np.zeros(trace.n_keys, dtype=bool)  # the history's hot set, read in before the first fetch
+    nu = None
+    if policy == "ours":
+        nu = model if model is not None else _NextUse(n_layers, n_experts, half_life)
+        if history is not None:
+            nu.seed(history, history_visits)
+            seen = history > 0
+            n_pin = min(int(pin_fraction * n_slots), int(seen.sum()))
+            if n_pin > 0:
+                hot[np.lexsort((np.arange(trace.n_keys), -history))[:n_pin]] = True
     next_use = _next_uses(trace) if policy == "belady" else None
     nxt = np.full(trace.n_keys, math.inf)  # belady: next request of each key
     slot_key = np.full(n_slots, -1, dtype=np.int64)
     key_slot = np.full(trace.n_keys, -1, dtype=np.int64)
+    preload = np.flatnonzero(hot)  # in key order into the first slots, as usage_preload
+    slot_key[: len(preload)] = preload
+    key_slot[preload] = np.arange(len(preload))
     result = Result()
     for t in range(len(trace)):
         keys = trace.keys(t)
         layer = trace.layers[t]
         now = float(t + 1)
-        if policy == "ours":
-            base = layer * n_experts
-            req = np.zeros(n_experts, dtype=bool)
-            req[keys - base] = True
-            prev = np.flatnonzero(used[base : base + n_experts])
-            r = e = 0.0
-            for i in prev:  # sequential sums, in expert order, as the C loop adds them
-                e += f[base + i]
-                r += 1.0 if req[i] else 0.0
-            reused = reused * STICKY_DECAY + r
-            expected = expected * STICKY_DECAY + e
-            trials = trials * STICKY_DECAY + float(len(prev))
-            seg = f[base : base + n_experts]
-            f[base : base + n_experts] = np.where(req, seg * keep + alpha, seg * keep)
-            used[base : base + n_experts] = req
-            room = trials - expected
-            w = min(1.0, max(0.0, (reused - expected) / room)) if room > 0 else 0.0
+        if nu is not None:
+            nu.request(layer, keys)
         elif policy == "belady":
             nxt[keys] = next_use[t]
         last[keys] = now
@@ -223,16 +325,11 @@ def simulate(trace: Trace, policy: str, n_slots: int, *, half_life: float | None
         elif policy == "belady":
             score = -nxt[k]
         else:
-            prob = np.where(used[k], f[k] + w * (1.0 - f[k]), (1.0 - w) * f[k])
-            delta = (layer_of[k] - layer) % n_layers
-            delta = np.where(delta == 0, n_layers, delta)
-            safe = np.where(prob > 0, prob, 1.0)
-            score = np.where(prob > 0, -(delta + n_layers * (1.0 / safe - 1.0)), -math.inf)
+            score = nu.score(k, layer)
         primary = np.where(occupied, 0.0, -math.inf)
         secondary = np.where(occupied, score, 0.0)
         excluded = occupied & np.isin(k, keys)
-        pin_rank = (occupied & pinned[k]).astype(float)
-        order = np.lexsort((np.arange(n_slots), secondary, primary, pin_rank, excluded))
+        order = np.lexsort((np.arange(n_slots), secondary, primary, excluded))
         victims = order[: len(missing)]
         if len(victims) < len(missing) or excluded[victims].any():
             raise ValueError(f"fetch {t}: {len(keys)} experts do not fit {n_slots} slots")
@@ -256,7 +353,8 @@ def _next_uses(trace: Trace) -> list[list[float]]:
 
 
 def replay_table(trace: Trace, budgets: list[float], *, history: np.ndarray | None = None,
-                 warm: int = 0, half_life: float | None = None) -> list[dict[str, float]]:
+                 history_visits: np.ndarray | None = None, warm: int = 0,
+                 half_life: float | None = None) -> list[dict[str, float]]:
     """Hit rates of the three policies at each budget (a fraction of the expert pool)."""
     rows = []
     for b in budgets:
@@ -264,17 +362,17 @@ def replay_table(trace: Trace, budgets: list[float], *, history: np.ndarray | No
         row: dict[str, float] = {"budget": b, "slots": float(slots)}
         for policy in ("lru", "ours", "belady"):
             res = simulate(trace, policy, slots, history=history if policy == "ours" else None,
-                           warm=warm, half_life=half_life)
+                           history_visits=history_visits, warm=warm, half_life=half_life)
             row[policy] = res.hit_rate
         rows.append(row)
     return rows
 
 
 def format_table(rows: list[dict[str, float]]) -> str:
-    lines = [f"{'budget':>8} {'slots':>7} {'lru':>7} {'ours':>7} {'belady':>7}"]
-    for r in rows:
+    lines = [f"{'budget':>8} {'slots':>7} {'lru':>7} {'ours':>7} {'belady':>7} {'gap':>6}"]
+    for r in rows:  # gap: how far ours is below the optimum, in points of hit rate
         lines.append(f"{r['budget']:>8.3f} {int(r['slots']):>7d} {r['lru']:>7.3f} {r['ours']:>7.3f} "
-                     f"{r['belady']:>7.3f}")
+                     f"{r['belady']:>7.3f} {100 * (r['belady'] - r['ours']):>6.1f}")
     return "\n".join(lines)
 
 
@@ -309,7 +407,7 @@ def main(argv: list[str] | None = None) -> int:
     rep = sub.add_parser("replay", help="hit rates of lru / ours / belady at several budgets")
     rep.add_argument("trace")
     rep.add_argument("--budgets", default="0.05,0.1,0.25,0.5")
-    rep.add_argument("--history", help="an earlier trace: seeds and pins 'ours'")
+    rep.add_argument("--history", help="an earlier trace or the store's routing-history file: seeds and warms 'ours'")
     rep.add_argument("--warm", type=int, default=0, help="fetches replayed before counting")
     rep.add_argument("--half-life", type=float, default=None, help="in fetches (default 16 tokens)")
     syn = sub.add_parser("synth", help="write a synthetic decode-like trace")
@@ -319,7 +417,10 @@ def main(argv: list[str] | None = None) -> int:
     syn.add_argument("--k", type=int, default=8)
     syn.add_argument("--tokens", type=int, default=300)
     syn.add_argument("--seed", type=int, default=0)
-    syn.add_argument("--skew", type=float, default=1.0)
+    syn.add_argument("--skew", type=float, default=1.0, help="Zipf exponent of each layer's popularity")
+    syn.add_argument("--reuse", type=float, default=0.3, help="chance a choice repeats the previous token's")
+    syn.add_argument("--drift", type=float, default=0.0, help="per-token step of the log-popularity walk")
+    syn.add_argument("--drift-tokens", type=float, default=50.0, help="mean-reversion time of the walk")
     args = ap.parse_args(argv)
     if args.cmd == "record":
         ids = [int(x) for x in args.prompt_ids.split(",") if x.strip()]
@@ -329,13 +430,20 @@ def main(argv: list[str] | None = None) -> int:
             print(f"engine cache: {st['slots']} slots, hit rate {st['hit_rate']:.3f}")
     elif args.cmd == "replay":
         tr = read_trace(args.trace)
-        hist = usage_counts(read_trace(args.history)) if args.history else None
+        hist = visits = None
+        if args.history and Path(args.history).read_bytes()[:8] in USAGE_MAGICS:
+            hist, visits, _, _ = read_history(args.history)
+        elif args.history:
+            old = read_trace(args.history)
+            hist, visits = usage_counts(old), usage_visits(old)
         budgets = [float(x) for x in args.budgets.split(",") if x.strip()]
         print(f"{args.trace}: {len(tr)} fetches, {tr.n_layers} layers x {tr.n_experts} experts "
               "(budget = share of the expert pool)")
-        print(format_table(replay_table(tr, budgets, history=hist, warm=args.warm, half_life=args.half_life)))
+        print(format_table(replay_table(tr, budgets, history=hist, history_visits=visits, warm=args.warm,
+                                        half_life=args.half_life)))
     else:
-        write_trace(args.out, synthesize(args.layers, args.experts, args.k, args.tokens, args.seed, args.skew))
+        write_trace(args.out, synthesize(args.layers, args.experts, args.k, args.tokens, args.seed, args.skew,
+                                         args.reuse, args.drift, args.drift_tokens))
     return 0
 
 

@@ -8,39 +8,59 @@
 #include "model/experts.h"
 
 #define STICKY_DECAY 0.99 /* per fetch, for the stickiness sums */
+/* The default bank of half-lives, in tokens (the first one serves until the errors differ). */
+static const double BANK_TOKENS[MG_POLICY_MAX_MODELS] = {16, 8, 32, 64, 128};
+#define ERR_HALF_LIFE_TOKENS 8.0 /* memory of the bank's prediction errors */
+
+/* One estimate of the next-use model: f at one half-life, and its own stickiness. */
+typedef struct nu_model {
+    double life;                     /* half-life of f, in fetches */
+    double alpha;                    /* weight of one visit in f (from the half-life) */
+    double *f;                       /* [n_keys] moving share of its layer's visits requesting it */
+    double reused, expected, trials; /* decayed stickiness sums */
+    double w;                        /* stickiness estimate in [0, 1] */
+    double err;                      /* decayed squared error of its visit predictions */
+} nu_model;
 
 struct mg_policy {
     int kind;
     int n_layers, n_experts, n_keys;
-    double alpha;         /* NEXT_USE: weight of one visit in f (from the half-life) */
     uint64_t now;         /* fetch batches so far */
     int layer;            /* layer of the latest batch (-1: none yet) */
     double *last;         /* [n_keys] tick of the last request; -inf: never */
-    double *f;            /* [n_keys] NEXT_USE: moving share of its layer's visits requesting it */
     unsigned char *used;  /* [n_keys] NEXT_USE: requested at its layer's latest visit */
     unsigned char *req;   /* [n_experts] scratch: requested by the current batch */
-    double reused, expected, trials; /* NEXT_USE: decayed stickiness sums */
-    double w;             /* NEXT_USE: stickiness estimate in [0, 1] */
+    int n_models, best;   /* NEXT_USE: the bank, and the model that ranks (lowest err) */
+    double err_decay;     /* per fetch */
+    nu_model m[MG_POLICY_MAX_MODELS];
 };
+
+size_t mg_policy_bytes_per_key(void) {
+    return sizeof(double) * (1 + MG_POLICY_MAX_MODELS) + 1; /* last, f of each model, used */
+}
 
 mg_policy *mg_policy_create(int kind, int n_layers, int n_experts, double half_life, mg_error *err) {
     if (kind != MG_EXPERT_POLICY_LFRU && kind != MG_EXPERT_POLICY_LRU) {
         mg_fail(err, "expert cache: unknown policy %d", kind);
         return NULL;
     }
-    if (n_layers <= 0 || n_experts <= 0 || !(half_life > 0) || !isfinite(half_life)) {
+    if (n_layers <= 0 || n_experts <= 0 || !(half_life >= 0) || !isfinite(half_life)) {
         mg_fail(err, "expert cache: invalid policy size %d x %d or half-life %g", n_layers, n_experts, half_life);
         return NULL;
     }
     int n_keys = n_layers * n_experts;
+    int n_models = kind == MG_EXPERT_POLICY_LRU ? 0 : half_life > 0 ? 1 : MG_POLICY_MAX_MODELS;
     mg_policy *p = calloc(1, sizeof *p);
-    if (p) {
+    int ok = p != NULL;
+    if (ok) {
         p->last = malloc(sizeof(double) * (size_t)n_keys);
-        p->f = calloc((size_t)n_keys, sizeof(double));
         p->used = calloc((size_t)n_keys, 1);
         p->req = calloc((size_t)n_experts, 1);
+        ok = p->last && p->used && p->req;
+        p->n_models = n_models;
+        for (int i = 0; i < n_models && ok; i++) ok = (p->m[i].f = calloc((size_t)n_keys, sizeof(double))) != NULL;
     }
-    if (!p || !p->last || !p->f || !p->used || !p->req) {
+    if (!ok) {
         mg_policy_free(p);
         mg_fail(err, "expert cache: out of memory (policy)");
         return NULL;
@@ -49,8 +69,13 @@ mg_policy *mg_policy_create(int kind, int n_layers, int n_experts, double half_l
     p->n_layers = n_layers;
     p->n_experts = n_experts;
     p->n_keys = n_keys;
-    /* half_life fetches = half_life / n_layers visits of a layer */
-    p->alpha = 1.0 - exp2(-(double)n_layers / half_life);
+    /* a half-life of h fetches = h / n_layers visits of a layer */
+    for (int i = 0; i < n_models; i++) {
+        double h = half_life > 0 ? half_life : BANK_TOKENS[i] * n_layers;
+        p->m[i].life = h;
+        p->m[i].alpha = 1.0 - exp2(-(double)n_layers / h);
+    }
+    p->err_decay = exp2(-1.0 / (ERR_HALF_LIFE_TOKENS * n_layers));
     p->layer = -1;
     for (int i = 0; i < n_keys; i++) p->last[i] = -INFINITY;
     return p;
@@ -59,35 +84,55 @@ mg_policy *mg_policy_create(int kind, int n_layers, int n_experts, double half_l
 void mg_policy_free(mg_policy *p) {
     if (!p) return;
     free(p->last);
-    free(p->f);
+    for (int i = 0; i < MG_POLICY_MAX_MODELS; i++) free(p->m[i].f);
     free(p->used);
     free(p->req);
     free(p);
 }
 
-/* The visit of `layer` requested req[]: stickiness first (against f and used of the previous
- * visit), then f and used move on. */
-static void next_use_update(mg_policy *p, int layer) {
+/* Probability that a visit of its layer requests the key, by one model. */
+static double visit_prob(const nu_model *m, double f, int used) {
+    return used ? f + m->w * (1.0 - f) : (1.0 - m->w) * f;
+}
+
+/* One model learns from the visit of `layer` (req[]): first the squared error of what it
+ * predicted for this visit and the stickiness sums (against f and used of the previous visit),
+ * then f moves on. */
+static void model_update(mg_policy *p, nu_model *m, int layer, double err_decay) {
     const int E = p->n_experts, base = layer * E;
-    double reused = 0, expected = 0, trials = 0;
+    const unsigned char *used = p->used + base;
+    double *f = m->f + base;
+    double sq = 0, reused = 0, expected = 0, trials = 0;
+    for (int e = 0; e < E; e++) {
+        double d = visit_prob(m, f[e], used[e]) - (p->req[e] ? 1.0 : 0.0);
+        sq += d * d;
+    }
     for (int e = 0; e < E; e++)
-        if (p->used[base + e]) {
+        if (used[e]) {
             trials += 1.0;
-            expected += p->f[base + e];
+            expected += f[e];
             reused += p->req[e] ? 1.0 : 0.0;
         }
-    p->reused = p->reused * STICKY_DECAY + reused;
-    p->expected = p->expected * STICKY_DECAY + expected;
-    p->trials = p->trials * STICKY_DECAY + trials;
-    const double keep = 1.0 - p->alpha;
-    for (int e = 0; e < E; e++) {
-        double *f = &p->f[base + e];
-        *f = p->req[e] ? *f * keep + p->alpha : *f * keep;
-        p->used[base + e] = p->req[e];
-    }
-    double room = p->trials - p->expected;
-    double w = room > 0 ? (p->reused - p->expected) / room : 0.0;
-    p->w = w < 0 ? 0.0 : w > 1 ? 1.0 : w;
+    m->err = m->err * err_decay + sq;
+    m->reused = m->reused * STICKY_DECAY + reused;
+    m->expected = m->expected * STICKY_DECAY + expected;
+    m->trials = m->trials * STICKY_DECAY + trials;
+    const double keep = 1.0 - m->alpha;
+    for (int e = 0; e < E; e++) f[e] = p->req[e] ? f[e] * keep + m->alpha : f[e] * keep;
+    double room = m->trials - m->expected;
+    double w = room > 0 ? (m->reused - m->expected) / room : 0.0;
+    m->w = w < 0 ? 0.0 : w > 1 ? 1.0 : w;
+}
+
+/* Every model of the bank learns from the visit; then used moves on and the model with the
+ * lowest error (the first on ties) ranks from now on. */
+static void next_use_update(mg_policy *p, int layer) {
+    for (int i = 0; i < p->n_models; i++) model_update(p, &p->m[i], layer, p->err_decay);
+    memcpy(p->used + (size_t)layer * p->n_experts, p->req, (size_t)p->n_experts);
+    int best = 0;
+    for (int i = 1; i < p->n_models; i++)
+        if (p->m[i].err < p->m[best].err) best = i;
+    p->best = best;
 }
 
 void mg_policy_request(mg_policy *p, int layer, int n, const int *keys) {
@@ -105,7 +150,7 @@ void mg_policy_request(mg_policy *p, int layer, int n, const int *keys) {
     if (p->kind == MG_EXPERT_POLICY_LFRU) next_use_update(p, layer);
 }
 
-void mg_policy_seed(mg_policy *p, const float *counts) {
+void mg_policy_seed(mg_policy *p, const float *counts, const float *visits) {
     if (p->kind != MG_EXPERT_POLICY_LFRU || !counts) return;
     const int E = p->n_experts;
     for (int l = 0; l < p->n_layers; l++) {
@@ -114,23 +159,33 @@ void mg_policy_seed(mg_policy *p, const float *counts) {
             double c = counts[l * E + e];
             if (isfinite(c) && c > top) top = c;
         }
-        if (!(top > 0)) continue;
+        /* the share of the layer's visits that requested the expert, what f estimates; a
+         * history without visits: relative to the most requested expert (an overestimate) */
+        double v = visits ? visits[l] : 0;
+        double per = isfinite(v) && v >= top && v > 0 ? v : top;
+        if (!(per > 0)) continue;
         for (int e = 0; e < E; e++) {
             double c = counts[l * E + e];
-            if (isfinite(c) && c > 0) p->f[l * E + e] = c / top;
+            if (isfinite(c) && c > 0)
+                for (int i = 0; i < p->n_models; i++) p->m[i].f[l * E + e] = c / per;
         }
     }
 }
 
 /* NEXT_USE: predicted fetches until key is requested again (+inf: no estimate). */
 static double next_use(const mg_policy *p, int key) {
-    const double f = p->f[key], w = p->w;
-    const double prob = p->used[key] ? f + w * (1.0 - f) : (1.0 - w) * f;
+    const nu_model *m = &p->m[p->best];
+    const double prob = visit_prob(m, m->f[key], p->used[key]);
     if (!(prob > 0)) return INFINITY;
     const int L = p->n_layers;
     int delta = p->layer < 0 ? L : ((key / p->n_experts - p->layer) % L + L) % L;
     if (delta == 0) delta = L;
     return (double)delta + (double)L * (1.0 / prob - 1.0);
+}
+
+double mg_policy_half_life(const mg_policy *p) {
+    if (p->kind != MG_EXPERT_POLICY_LFRU) return 0;
+    return p->m[p->best].life;
 }
 
 double mg_policy_score(const mg_policy *p, int key) {

@@ -13,33 +13,50 @@
  *                 delta + L * (1/p - 1)           (geometric number of missed visits)
  *             and the largest is evicted first (p = 0: never, or long ago: first).
  *             p mixes two estimates, per key:  f, the share of m's visits that requested it
- *             (exponential moving average over visits, half-life `half_life` fetches), and
- *             whether the last visit of m requested it (routing is sticky from one token to
- *             the next), weighted by w, the measured stickiness: p = f + w (1 - f) after a
- *             request at the last visit, (1 - w) f otherwise (a two-state Markov model).  w
- *             is estimated online from how often last visit's experts come back beyond what
- *             f predicts: w = (reused - expected) / (trials - expected), clamped to [0, 1],
- *             sums decayed by 0.99 per fetch.  At a cache of one layer's experts LRU only
- *             keeps last token's routing; this keeps the experts likely to be asked for next.
+ *             (exponential moving average over visits), and whether the last visit of m
+ *             requested it (routing is sticky from one token to the next), weighted by w, the
+ *             measured stickiness: p = f + w (1 - f) after a request at the last visit,
+ *             (1 - w) f otherwise (a two-state Markov model).  w is estimated online from how
+ *             often last visit's experts come back beyond what f predicts:
+ *             w = (reused - expected) / (trials - expected), clamped to [0, 1], sums decayed by
+ *             0.99 per fetch.  At a cache of one layer's experts LRU only keeps last token's
+ *             routing; this keeps the experts likely to be asked for next.
+ *             How fast f should forget depends on the run: routing that drifts wants a short
+ *             half-life, steady routing a long one (less noise in the ranking).  By default a
+ *             bank of models runs side by side, f at half-lives of 16, 8, 32, 64 and 128 tokens
+ *             (each with its own w), each scored on every visit by the squared error of the
+ *             p it predicted for each expert of the layer (decayed, half-life 8 tokens); the
+ *             model with the lowest error ranks (the first on ties, 16 tokens at the start).
+ *             An explicit half-life runs that one model alone.
  * tools/routing_trace.py replays the same rules (and Belady's optimum) in Python, to the bit:
  * change both together. */
 #ifndef MG_EXPERT_POLICY_H
 #define MG_EXPERT_POLICY_H
 
+#include <stddef.h>
 #include <stdint.h>
 #include "core/status.h"
 
 typedef struct mg_policy mg_policy;
 
-/* kind: MG_EXPERT_POLICY_* (experts.h).  half_life (> 0) in fetches (NEXT_USE only). */
+#define MG_POLICY_MAX_MODELS 5 /* NEXT_USE: models in the default bank */
+
+/* kind: MG_EXPERT_POLICY_* (experts.h).  half_life in fetches (NEXT_USE only): > 0 runs that
+ * one model, 0 the default bank. */
 mg_policy *mg_policy_create(int kind, int n_layers, int n_experts, double half_life, mg_error *err);
 void mg_policy_free(mg_policy *p);
 
+/* Bytes the policy keeps per key (at most), for the budget plan. */
+size_t mg_policy_bytes_per_key(void);
 /* A fetch batch of `layer` requested keys[0..n) (full keys; repeats count once). */
 void mg_policy_request(mg_policy *p, int layer, int n, const int *keys);
-/* Seeds the statistics from request counts of earlier runs (counts[n_keys], >= 0): each key's
- * f becomes its count over the largest count of its layer.  NEXT_USE only. */
-void mg_policy_seed(mg_policy *p, const float *counts);
+/* Seeds the statistics from request counts of earlier runs (counts[n_keys], >= 0) and the
+ * number of visits of each layer they came from (visits[n_layers], may be NULL): each key's f
+ * becomes its count over its layer's visits (over the largest count of its layer when visits
+ * are unknown, 0, or fewer than that count).  NEXT_USE only. */
+void mg_policy_seed(mg_policy *p, const float *counts, const float *visits);
+/* NEXT_USE: the half-life (fetches) of the model that ranks now; 0 for LRU. */
+double mg_policy_half_life(const mg_policy *p);
 /* How much the policy wants to keep key now (higher: keep); -inf when it knows nothing of it. */
 double mg_policy_score(const mg_policy *p, int key);
 /* 1 when key was requested at the latest visit of its layer (LRU: by the latest batch). */

@@ -10,7 +10,7 @@
  *                       buffered pread otherwise; never page faults through the mapping).
  *                       Bytes keep their on-disk format, so a cached expert's matrices are
  *                       bitwise the resident ones.  Replacement: frequency with aging (or LRU),
- *                       plus an optional hot set pinned from the routing history of earlier
+ *                       plus an optional hot set read at start from the routing history of earlier
  *                       runs.
  *
  * Integration (an arch loader, after every mg_expert_store_set):
@@ -75,8 +75,8 @@ typedef struct mg_expert_stats {
     uint64_t prefetches;      /* experts read by mg_expert_store_prefetch */
     uint64_t slots;           /* cache slots (0: resident mode) */
     uint64_t slot_bytes;
-    uint64_t pinned;          /* experts in the pinned hot set */
-    uint64_t preloaded;       /* pinned experts read into the cache at start (history) */
+    uint64_t pinned;          /* experts in the history's hot set (read at start, then evictable) */
+    uint64_t preloaded;       /* of those, read into the cache at start */
     uint64_t auto_prefetches; /* of prefetches: started by the store itself (next layer) */
 } mg_expert_stats;
 
@@ -94,8 +94,8 @@ typedef struct mg_expert_cache_opts {
     int policy;             /* mg_expert_policy_kind */
     int io_threads;         /* reads in flight at once; 0: 4 */
     int buffered_only;      /* 1: never try O_DIRECT */
-    double half_life;       /* aging half-life in fetches; 0: 16 tokens (16 * n_layers fetches) */
-    double pin_fraction;    /* share of the slots the usage history may pin; 0: 0.5, < 0: none */
+    double half_life;       /* aging half-life in fetches; 0: a bank of half-lives (expert_policy.h) */
+    double pin_fraction;    /* share of the slots the history's hot set may fill at start; 0: 0.5, < 0: none */
     const char *usage_path; /* routing history: read at configure (seeds the policy and the
                                pinned set), rewritten at free; NULL: none */
 } mg_expert_cache_opts;
@@ -125,8 +125,8 @@ int mg_expert_store_trace(mg_expert_store *s, const char *path, mg_error *err);
 /* Attaches a routing history file to a configured cache (resident mode: returns 0, nothing
  * happens; call once, before the first fetch).  As opts.usage_path at configure: the file is
  * read if it exists (another model's or a damaged one is ignored: only a hint), it seeds the
- * policy, pins the most requested experts (up to pin_fraction of the slots; 0: 0.5, < 0: none)
- * and reads those pinned experts into the cache now, and it is rewritten at free. */
+ * policy, reads the most requested experts (up to pin_fraction of the slots; 0: 0.5, < 0: none)
+ * into the cache now (not pinned: the policy may evict them later), and it is rewritten at free. */
 int mg_expert_store_use_history(mg_expert_store *s, const char *path, double pin_fraction, mg_error *err);
 
 /* Cache mode: when a fetch of layer l has all its bytes and no read is queued or running, the

@@ -380,8 +380,24 @@ static void test_policy(void) {
           "next-use ages the old key out: %d", out[0]);
     CHECK(mg_policy_score(p, 6) == -INFINITY, "never requested: nothing known");
     float counts[8] = {0, 0, 0, 0, 0, 1000, 0, 0};
-    mg_policy_seed(p, counts);
+    mg_policy_seed(p, counts, NULL);
     CHECK(mg_policy_score(p, 5) > mg_policy_score(p, 1), "seeded history counts");
+    {
+        /* with the visits they came from, counts become rates: 10 and 5 of 20 visits -> f 0.5
+         * and 0.25 (nothing learned yet: p = f, predicted distance 1 + (1/p - 1) fetches);
+         * without, relative to the top count (1 and 0.5) */
+        mg_policy *q = mg_policy_create(MG_EXPERT_POLICY_LFRU, 1, 8, 0, &err);
+        float c2[8] = {10, 5, 0, 0, 0, 0, 0, 0}, v2[1] = {20};
+        mg_policy_seed(q, c2, v2);
+        CHECK(mg_policy_score(q, 0) == -2.0 && mg_policy_score(q, 1) == -4.0, "rates %g %g",
+              mg_policy_score(q, 0), mg_policy_score(q, 1));
+        mg_policy_free(q);
+        q = mg_policy_create(MG_EXPERT_POLICY_LFRU, 1, 8, 0, &err);
+        mg_policy_seed(q, c2, NULL);
+        CHECK(mg_policy_score(q, 0) == -1.0 && mg_policy_score(q, 1) == -2.0, "legacy %g %g",
+              mg_policy_score(q, 0), mg_policy_score(q, 1));
+        mg_policy_free(q);
+    }
     /* pinned keys go last, and only when allowed */
     unsigned char pinned[8] = {1, 0, 0, 0, 0, 0, 0, 0};
     CHECK(mg_policy_victims(p, slot_key, 4, mark, 1, pinned, 1, 4, out, heap) == 4 && out[3] == 0, "pinned last");
@@ -404,6 +420,77 @@ static void test_policy(void) {
     CHECK(mg_policy_victims(p, keys4, 4, mark, 1, NULL, 1, 4, out, heap) == 4 && out[0] == 0 && out[1] == 3 &&
               out[2] == 2 && out[3] == 1,
           "layer distance order %d %d %d %d", out[0], out[1], out[2], out[3]);
+    mg_policy_free(p);
+}
+
+/* Requests of one layer of 16 experts, 4 per visit: 3 of 4 choices near a hot expert that
+ * moves to a random place every `phase` visits, the rest uniform (a deterministic LCG). */
+static uint32_t g_lcg = 12345;
+static uint32_t lcg(void) {
+    g_lcg = g_lcg * 1103515245u + 12345u;
+    return (g_lcg & 0x7fffffffu) >> 8;
+}
+/* n tokens over n_layers layers (layer l's hot expert sits 5 l further on).  trail (may be
+ * NULL) sums (i % 97 + 1) * the ranking half-life in tokens after the i-th request. */
+static long g_visit; /* requests made by hot_visits_layers */
+static void hot_visits_layers(mg_policy *p, int n_layers, int phase, int n, double *trail) {
+    int hot = 0;
+    for (int t = 0; t < n; t++) {
+        if (t % phase == 0) hot = (int)(lcg() % 16);
+        for (int l = 0; l < n_layers; l++) {
+            int keys[4], got = 0;
+            while (got < 4) {
+                int e = lcg() % 4 < 3 ? (hot + 5 * l + (int)(lcg() % 3)) % 16 : (int)(lcg() % 16);
+                int dup = 0;
+                for (int i = 0; i < got; i++) dup |= keys[i] == 16 * l + e;
+                if (!dup) keys[got++] = 16 * l + e;
+            }
+            mg_policy_request(p, l, 4, keys);
+            if (trail) *trail += (double)(g_visit % 97 + 1) * (mg_policy_half_life(p) / n_layers);
+            g_visit++;
+        }
+    }
+}
+static void hot_visits(mg_policy *p, int phase, int n) { hot_visits_layers(p, 1, phase, n, NULL); }
+
+#define REPLAY_GOLDEN "-0x1.2be67c0ecea78p+11 930240"
+
+/* The default bank: steady routing hands the ranking to a long half-life (less noise), a hot
+ * set that keeps moving to a short one; an explicit half-life stays what it was set to. */
+static void test_policy_bank(void) {
+    mg_error err = {{0}};
+    mg_policy *p = mg_policy_create(MG_EXPERT_POLICY_LFRU, 1, 16, 0, &err);
+    CHECK(p != NULL, "%s", err.msg);
+    if (!p) return;
+    CHECK(mg_policy_half_life(p) == 16, "the bank starts at 16 tokens: %g", mg_policy_half_life(p));
+    hot_visits(p, 1 << 30, 800);
+    CHECK(mg_policy_half_life(p) >= 64, "steady routing: long half-life, got %g", mg_policy_half_life(p));
+    hot_visits(p, 20, 400);
+    CHECK(mg_policy_half_life(p) <= 16, "drifting routing: short half-life, got %g", mg_policy_half_life(p));
+    mg_policy_free(p);
+    p = mg_policy_create(MG_EXPERT_POLICY_LFRU, 1, 16, 24, &err);
+    hot_visits(p, 20, 100);
+    CHECK(fabs(mg_policy_half_life(p) - 24) < 1e-9, "explicit half-life: %g", mg_policy_half_life(p));
+    mg_policy_free(p);
+    CHECK(mg_policy_create(MG_EXPERT_POLICY_LFRU, 1, 16, -1, &err) == NULL && strstr(err.msg, "half-life"),
+          "%s", err.msg);
+
+    /* tools/routing_trace.py replays this policy to the bit: the same requests (this LCG) give
+     * the same scores there (tests/test_routing_trace.py checks the same two numbers) */
+    g_lcg = 777;
+    g_visit = 0;
+    p = mg_policy_create(MG_EXPERT_POLICY_LFRU, 3, 16, 0, &err);
+    double trail = 0;
+    hot_visits_layers(p, 3, 1 << 30, 120, &trail);
+    hot_visits_layers(p, 3, 15, 180, &trail);
+    double sum = 0;
+    for (int key = 0; key < 48; key++) {
+        double v = mg_policy_score(p, key);
+        if (isfinite(v)) sum += v;
+    }
+    char got[64];
+    snprintf(got, sizeof got, "%a %.0f", sum, trail);
+    CHECK(!strcmp(got, REPLAY_GOLDEN), "scores %s, the replay's %s", got, REPLAY_GOLDEN);
     mg_policy_free(p);
 }
 
@@ -464,6 +551,38 @@ static void test_trace_usage_prefetch(const char *dir) {
             mg_expert_store_fetch(c, t % L, 1, &other, out, &err);
         }
         mg_expert_store_free(c);
+    }
+    {
+        /* the history holds the counts, then each layer's visits (aged: earlier runs half) */
+        FILE *uf = fopen(usage, "rb");
+        char magic[8] = {0};
+        uint32_t dims[2] = {0};
+        float *v = malloc(sizeof(float) * (L * E + L));
+        size_t nv = 0;
+        if (uf && fread(magic, 1, 8, uf) == 8 && fread(dims, 4, 2, uf) == 2) nv = fread(v, sizeof(float), L * E + L + 1, uf);
+        if (uf) fclose(uf);
+        CHECK(!memcmp(magic, "MGUSAGE2", 8) && dims[0] == L && dims[1] == E && nv == (size_t)(L * E + L),
+              "history layout %.8s %u %u %zu", magic, dims[0], dims[1], nv);
+        /* three runs of 21 fetches of layer 1 (expert 6 each time) and 7 or 6 visits of others */
+        CHECK(nv == (size_t)(L * E + L) && v[L * E + 1] >= v[E + 6] && v[E + 6] > 0, "visits %g count %g",
+              v[L * E + 1], v[E + 6]);
+        free(v);
+        /* a history of the first format (counts only) still seeds and pins */
+        uf = fopen(usage, "wb");
+        float counts[L * E] = {0};
+        counts[3] = 50;
+        uint32_t d1[2] = {L, E};
+        CHECK(uf && fwrite("MGUSAGE1", 1, 8, uf) == 8 && fwrite(d1, 4, 2, uf) == 2 &&
+                  fwrite(counts, sizeof(float), L * E, uf) == L * E,
+              "write v1");
+        if (uf) fclose(uf);
+        mg_expert_store *c1 = mg_expert_store_create(L, E, &err);
+        bind_all(ck, c1, &err);
+        mg_expert_cache_opts o1 = {.usage_path = usage, .pin_fraction = 0.1};
+        CHECK(mg_expert_store_configure(c1, ck, slot * 2 * E, &o1, &err) == 0, "%s", err.msg);
+        CHECK(mg_expert_store_stats(c1).pinned == 1, "v1 history pins %llu",
+              (unsigned long long)mg_expert_store_stats(c1).pinned);
+        mg_expert_store_free(c1);
     }
     /* prefetch: only into empty or lower-valued slots, when idle; then a hit with the same bytes */
     mg_expert_store *res = mg_expert_store_create(L, E, &err), *c = mg_expert_store_create(L, E, &err);
@@ -606,6 +725,7 @@ int main(void) {
     snprintf(dir, sizeof dir, "%s/ck", g_root);
     write_small_checkpoint(dir);
     test_policy();
+    test_policy_bank();
     test_bitwise(dir);
     test_trace_usage_prefetch(dir);
     test_rss();
