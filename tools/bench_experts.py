@@ -32,7 +32,7 @@ for _p in (REPO_ROOT, REPO_ROOT / "python"):
     if str(_p) not in sys.path:
         sys.path.insert(0, str(_p))
 
-from tools.routing_trace import read_trace, simulate  # noqa: E402
+from tools.routing_trace import read_history, read_trace, simulate  # noqa: E402
 
 EXPERT_MARK = ".mlp.experts."
 PROMPT = [5, 17, 42, 99, 3, 250, 7, 600, 31, 8, 77, 512, 64, 128, 9, 2]
@@ -167,15 +167,23 @@ class DecodeResult:
     trace_path: Path | None
     n_prefill_fetches: int
     n_moe_layers: int
+    # the routing history the engine started from (its file is rewritten when the engine
+    # closes): the replay must start from the same one to be the engine's policy
+    history: Any = None
+    history_visits: Any = None
 
 
 def decode_at_budget(ckpt: Path, ram_gb: float, tokens: int, threads: int | None, trace_path: Path,
                      prefetch: bool = False) -> DecodeResult:
     if trace_path.exists():
         trace_path.unlink()
-    from gateway.engine import Engine
+    from gateway.engine import Engine, default_expert_history
 
-    # the routing history beside the checkpoint (kept from earlier runs) seeds and pins the cache
+    # the routing history beside the checkpoint (kept from earlier runs) seeds the cache
+    history = visits = None
+    history_file = default_expert_history(ckpt)
+    if history_file.exists():
+        history, visits, _, _ = read_history(history_file)
     engine = Engine(str(ckpt), ram_gb=ram_gb, threads=threads, routing_trace=trace_path,
                     expert_prefetch=prefetch)
     logits = engine.eval(PROMPT, last_only=True)
@@ -187,9 +195,9 @@ def decode_at_budget(ckpt: Path, ram_gb: float, tokens: int, threads: int | None
     end = dict(engine.stats()["experts"])
     n_moe = int(engine.info.get("n_layers", 0))
     engine.set_routing_trace(None)  # flush and close the trace
-    del engine
+    engine.close()
     return DecodeResult(tokens / seconds, after_prefill, end, trace_path if trace_path.exists() else None,
-                        int(after_prefill["fetches"]), n_moe)
+                        int(after_prefill["fetches"]), n_moe, history, visits)
 
 
 # ---- report ----------------------------------------------------------------------------------
@@ -256,7 +264,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     trace = read_trace(dec.trace_path)
     warm = dec.n_prefill_fetches  # the prefill fills the cache; decode fetches are counted
     belady = simulate(trace, "belady", slots, warm=warm).hit_rate
-    ours = simulate(trace, "ours", slots, warm=warm).hit_rate
+    ours = simulate(trace, "ours", slots, warm=warm, history=dec.history, history_visits=dec.history_visits).hit_rate
     lru = simulate(trace, "lru", slots, warm=warm).hit_rate
     print_table(
         ["hit rate (decode)", "engine", "ours replay", "lru replay", "belady", "engine - belady"],
