@@ -68,8 +68,8 @@ class Engine:
     ) -> None:
         """ram_gb: budget for the whole process (experts are then cached and read from disk).
         routing_trace: record every expert fetch to this file (tools/routing_trace.py reads it).
-        expert_history: with ram_gb, the routing-history file that seeds and pins the cache and
-        is rewritten at exit; None: beside the model (or a cache folder when that is read-only),
+        expert_history: with ram_gb, the routing-history file that seeds the cache policy and
+        its hot set read in at start, rewritten at exit; None: beside the model (or a cache folder when that is read-only),
         False: none.  expert_prefetch: with ram_gb, the store reads the next layer's likely
         experts while the disk is idle (off by default: on tools/bench_experts.py's checkpoint,
         a cache of ~1 layer, it read 60% more bytes and lowered the hit rate).
