@@ -159,3 +159,111 @@ def test_cache_budget_evicts_the_least_recently_used():
     assert cache.add([1, 2, 3], np.zeros(100, np.uint8))
     assert cache.add([1, 2, 3, 4], np.zeros(100, np.uint8))  # extends [1, 2, 3]: replaces it
     assert len(cache) == 1 and not cache.worth_saving([1, 2, 3])
+
+
+# ---------------------------------------------------------------------- on disk
+
+def test_disk_snapshots_outlive_the_slot(ckpt, tmp_path):
+    """What a restart looks like: a conversation kept on disk by one slot is resumed by a new
+    engine and slot (a new process), with the same greedy tokens as a slot that never left."""
+    from gateway.prefix_disk import DiskSnapshots
+
+    tok = Tokenizer.from_dir(ckpt)
+    first = Slot(Engine(str(ckpt), max_ctx=1024), tok, 1024, None, DiskSnapshots(tmp_path, 1 << 30, 256))
+    system = tokens_for(first.engine, 350, 20)  # the long prefix every session starts with
+    reply, _ = run(first, system)
+    first.persist()  # what the server does when it stops
+    assert len(first.prefix_disk) == 1
+    first.engine.close()
+
+    disk = DiskSnapshots(tmp_path, 1 << 30, 256)  # a new process indexes the folder
+    assert len(disk) == 1
+    second = Slot(Engine(str(ckpt), max_ctx=1024), tok, 1024, None, disk)
+    new_session = system + tokens_for(second.engine, 15, 21)
+    out, cached = run(second, new_session)
+    assert second.snapshot_restores == 1 and cached >= len(system) - 1, (cached, disk.stats())
+    fresh = Slot(Engine(str(ckpt), max_ctx=1024), tok, 1024)
+    run(fresh, system)
+    fresh.engine.truncate(len(system))  # the same history as the restored slot: the system prompt
+    fresh.tokens = list(system)
+    want, _ = run(fresh, new_session)
+    assert out == want
+
+
+def test_damaged_disk_snapshots_are_dropped_not_used(ckpt, tmp_path, caplog):
+    from gateway.prefix_disk import DiskSnapshots
+
+    tok = Tokenizer.from_dir(ckpt)
+    slot = Slot(Engine(str(ckpt), max_ctx=1024), tok, 1024, None, DiskSnapshots(tmp_path, 1 << 30, 256))
+    convo = tokens_for(slot.engine, 300, 22)
+    run(slot, convo)
+    slot.persist()
+    (path,) = tmp_path.glob("*.snap")
+    data = bytearray(path.read_bytes())
+    data[-10] ^= 0x40  # one flipped bit in the state
+    path.write_bytes(bytes(data))
+    disk = DiskSnapshots(tmp_path, 1 << 30, 256)
+    assert len(disk) == 1  # the header is fine: only reading finds the damage
+    slot = Slot(Engine(str(ckpt), max_ctx=1024), tok, 1024, None, disk)
+    _, cached = run(slot, convo + [3, 4])
+    assert cached == 0 and slot.snapshot_restores == 0 and len(disk) == 0 and not path.exists()
+    assert "checksum" in caplog.text
+    # a truncated file is dropped when the folder is indexed
+    run(slot, tokens_for(slot.engine, 300, 23))  # leaves convo: kept again
+    (path,) = tmp_path.glob("*.snap")
+    path.write_bytes(path.read_bytes()[:-1])
+    assert len(DiskSnapshots(tmp_path, 1 << 30, 256)) == 0 and not path.exists()
+
+
+def test_disk_budget_drops_the_least_recently_used(tmp_path):
+    from gateway.prefix_disk import DiskSnapshots
+
+    disk = DiskSnapshots(tmp_path, 3000, 2)
+    assert disk.save([1, 2], np.ones(1000, np.uint8)) and disk.save([3, 4], np.ones(1000, np.uint8))
+    entry, shared = disk.best_match([1, 2, 9])
+    assert shared == 2 and disk.read(entry).sum() == 1000
+    import os
+    import time
+    os.utime(entry.path, (time.time() + 5, time.time() + 5))  # [1, 2] was used last
+    assert disk.save([5, 6], np.ones(1000, np.uint8))
+    assert disk.best_match([3, 4])[1] == 0 and disk.best_match([1, 2])[1] == 2 and len(disk) == 2
+    assert not disk.save([7, 8], np.ones(5000, np.uint8))  # alone over the budget
+    assert disk.save([1, 2, 3], np.ones(10, np.uint8)) and len(disk) == 2  # extends [1, 2]: replaces it
+    names = {p.name for p in tmp_path.iterdir()}
+    assert all(len(n) == 37 and n.endswith(".snap") for n in names), names  # hashes, never request text
+
+
+def test_server_restart_resumes_from_the_snapshot_folder(build_checkpoint, tmp_path):
+    """--prefix-cache-dir end to end: the server keeps its slot on disk when it stops, and the
+    next server starts a conversation with the same long system prompt without prefilling it."""
+    import openai
+    from server_fixtures import start_server, stop_server
+
+    model = build_checkpoint("qwen3_moe", "bf16")
+    folder = tmp_path / "snapshots"
+    system = "You are a coding agent. " + " ".join(f"Tool rule {i}: check twice." for i in range(70))
+    turn = [{"role": "system", "content": system}, {"role": "user", "content": "Session one."}]
+
+    server = start_server(model, "--prefix-cache-dir", str(folder))
+    try:
+        client = openai.OpenAI(base_url=server.url("/v1"), api_key="x", max_retries=0, timeout=60)
+        first = client.chat.completions.create(model="m", messages=turn, max_tokens=3, seed=1)
+        assert first.usage.prompt_tokens > 300
+    finally:
+        stop_server(server)
+    assert len(list(folder.rglob("*.snap"))) == 1
+
+    server = start_server(model, "--prefix-cache-dir", str(folder))
+    try:
+        assert "1 on disk" in server.log()
+        client = openai.OpenAI(base_url=server.url("/v1"), api_key="x", max_retries=0, timeout=60)
+        turn[1]["content"] = "Session two, another question."
+        second = client.chat.completions.create(model="m", messages=turn, max_tokens=3, seed=1)
+        # everything up to the user message came from disk
+        assert second.usage.prompt_tokens_details.cached_tokens >= first.usage.prompt_tokens - 12
+        metrics = server.metrics()
+        assert metrics["moegate_prefix_snapshot_restores_total"] == 1
+    finally:
+        stop_server(server)
+    files = [p for p in folder.rglob("*") if p.is_file()]
+    assert files and all(p.stat().st_mode & 0o077 == 0 for p in files)  # private to the user

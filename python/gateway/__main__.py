@@ -23,6 +23,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="RAM for snapshots of conversations the slot leaves, so switching back costs no "
                         "prefill (default: a tenth of --ram up to 2 GB, taken out of --ram; 1 GB without "
                         "--ram; 0: off)")
+    p.add_argument("--prefix-cache-dir", default=None, metavar="DIR",
+                   help="also keep conversation snapshots in DIR, across restarts: a new session that "
+                        "starts like an earlier one (an agent's system prompt and tools) skips that "
+                        "prefill.  The files hold conversation tokens; off by default")
+    p.add_argument("--prefix-cache-disk", type=float, default=20.0, metavar="GB",
+                   help="disk budget of --prefix-cache-dir (default 20; least recently used files go first)")
     p.add_argument("--api-key", default=None, help="require this key (Bearer or x-api-key); /health stays public")
     p.add_argument("--model-id", default=None, help="model name reported by /v1/models (default: folder name)")
     p.add_argument("--max-queue", type=int, default=16, help="requests that may wait for the slot before 429")
@@ -44,6 +50,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.prefix_cache is not None and not args.prefix_cache >= 0:
         parser.error("--prefix-cache must be >= 0")
+    if not args.prefix_cache_disk > 0:
+        parser.error("--prefix-cache-disk must be > 0")
     if args.keepalive <= 0:
         parser.error("--keepalive must be > 0")
     if not 0 <= args.port <= 65535:
@@ -59,7 +67,8 @@ def main(argv: list[str] | None = None) -> int:
             cors=tuple(o.strip() for o in args.cors.split(",") if o.strip()),
             reasoning_mirror=args.reasoning_field == "both", kernels=args.kernels,
             keepalive_seconds=args.keepalive, retry_after_seconds=args.retry_after,
-            prefix_cache_gb=args.prefix_cache))
+            prefix_cache_gb=args.prefix_cache, prefix_cache_dir=args.prefix_cache_dir,
+            prefix_cache_disk_gb=args.prefix_cache_disk))
     except KeyboardInterrupt:
         return 0
     except (OSError, ValueError, RuntimeError) as exc:

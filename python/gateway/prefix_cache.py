@@ -52,7 +52,6 @@ class PrefixCache:
         self.saves = 0
         self.restores = 0
         self.evictions = 0
-        self.restored_tokens = 0
         self._lock = threading.Lock()
 
     @property
@@ -131,5 +130,4 @@ class PrefixCache:
         with self._lock:
             count, held = len(self._entries), self._bytes()
         return {"snapshots": count, "bytes": held, "capacity_bytes": self.capacity_bytes,
-                "saves": self.saves, "restores": self.restores, "evictions": self.evictions,
-                "restored_tokens": self.restored_tokens}
+                "saves": self.saves, "restores": self.restores, "evictions": self.evictions}

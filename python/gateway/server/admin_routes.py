@@ -49,13 +49,15 @@ async def metrics(request: web.Request) -> web.Response:
     metric("prefix_cache_hits_total", "counter", "Requests that reused a cached prefix",
            [("", state.slot.prefix_hits)])
     snapshots = state.slot.prefix_cache.stats() if state.slot.prefix_cache is not None else {}
+    on_disk = state.slot.prefix_disk.stats() if state.slot.prefix_disk is not None else {}
     metric("prefix_snapshots", "gauge", "Conversation snapshots held (the slot left them)",
-           [("", snapshots.get("snapshots", 0))])
-    metric("prefix_snapshot_bytes", "gauge", "RAM held by conversation snapshots", [("", snapshots.get("bytes", 0))])
+           [('{tier="ram"}', snapshots.get("snapshots", 0)), ('{tier="disk"}', on_disk.get("files", 0))])
+    metric("prefix_snapshot_bytes", "gauge", "Bytes held by conversation snapshots",
+           [('{tier="ram"}', snapshots.get("bytes", 0)), ('{tier="disk"}', on_disk.get("bytes", 0))])
     metric("prefix_snapshot_restores_total", "counter", "Requests that resumed a conversation from a snapshot",
-           [("", snapshots.get("restores", 0))])
+           [("", state.slot.snapshot_restores)])
     metric("prefix_snapshot_restored_tokens_total", "counter", "Prompt tokens a snapshot restore saved from prefill",
-           [("", snapshots.get("restored_tokens", 0))])
+           [("", state.slot.snapshot_restored_tokens)])
     metric("decode_tokens_per_second", "gauge", "Decode speed of the last request", [("", m.last_decode_tps)])
     metric("prefill_tokens_per_second", "gauge", "Prefill speed of the last request", [("", m.last_prefill_tps)])
     metric("queue_depth", "gauge", "Requests waiting for the slot", [("", state.scheduler.queue_depth)])
@@ -91,8 +93,10 @@ async def props(request: web.Request) -> web.Response:
     return web.json_response({"model": state.model_id, "model_path": state.model_path, "chat_format": state.chat.format,
                               "n_ctx": state.max_ctx, "default_max_tokens": state.default_max_tokens,
                               "demo": state.demo, "engine": info, "chat_template": state.chat.chat_template,
-                              "prefix_snapshots": (state.slot.prefix_cache.stats()
-                                                   if state.slot.prefix_cache is not None else None)})
+                              "prefix_snapshots": {
+                                  "ram": state.slot.prefix_cache.stats() if state.slot.prefix_cache else None,
+                                  "disk": state.slot.prefix_disk.stats() if state.slot.prefix_disk else None,
+                                  "restores": state.slot.snapshot_restores}})
 
 
 async def tokenize(request: web.Request) -> web.Response:

@@ -13,7 +13,8 @@ from pathlib import Path
 from aiohttp import web
 
 from ..generate import Slot
-from ..prefix_cache import PrefixCache
+from ..prefix_cache import MIN_SNAPSHOT_TOKENS, PrefixCache
+from ..prefix_disk import DiskSnapshots, model_folder
 from ..scheduler import Scheduler
 from ..tokenizer import Tokenizer
 from . import constrained
@@ -42,6 +43,8 @@ class ServeOptions:
     keepalive_seconds: float = 10.0
     retry_after_seconds: int = 5
     prefix_cache_gb: float | None = None  # None: auto (prefix_cache_budget)
+    prefix_cache_dir: str | None = None   # snapshots on disk too (they outlive the process)
+    prefix_cache_disk_gb: float = 20.0
 
 
 def prefix_cache_budget(opts: ServeOptions) -> float:
@@ -94,7 +97,11 @@ def build_state(opts: ServeOptions, *, demo: bool = False) -> ServerState:
             stop_ids.add(tid)
     for tid in _generation_eos(path):
         stop_ids.add(tid)
-    slot = Slot(engine, tokenizer, max_ctx, PrefixCache(int(snapshots_gb * 1e9)))
+    disk = None
+    if opts.prefix_cache_dir:
+        folder = model_folder(Path(opts.prefix_cache_dir).expanduser(), path, opts.kv_dtype)
+        disk = DiskSnapshots(folder, int(opts.prefix_cache_disk_gb * 1e9), MIN_SNAPSHOT_TOKENS)
+    slot = Slot(engine, tokenizer, max_ctx, PrefixCache(int(snapshots_gb * 1e9)), disk)
     metrics = Metrics()
     scheduler = Scheduler(slot, opts.max_queue, on_result=metrics.record_job, on_dropped=metrics.record_dropped)
     state = ServerState(
@@ -149,11 +156,16 @@ def _memory_summary(state: ServerState) -> str:
 
 
 def _snapshot_summary(state: ServerState) -> str:
-    cache = state.slot.prefix_cache
-    if cache is None:
+    cache, disk = state.slot.prefix_cache, state.slot.prefix_disk
+    parts = []
+    if cache is not None:
+        parts.append(f"{cache.capacity_bytes / 1e9:.2f} GB RAM for conversations the slot leaves")
+    if disk is not None:
+        parts.append(f"{len(disk)} on disk in {disk.folder} (up to {disk.capacity_bytes / 1e9:.0f} GB, kept across "
+                     "restarts)")
+    if not parts:
         return "off (a conversation the slot leaves is prefilled again when it returns)"
-    return (f"{cache.capacity_bytes / 1e9:.2f} GB for conversations the slot leaves "
-            "(switching back costs no prefill)")
+    return "; ".join(parts)
 
 
 def startup_summary(state: ServerState, url: str) -> str:
@@ -189,6 +201,7 @@ def serve(opts: ServeOptions) -> None:
     try:
         asyncio.run(_serve_until_signal(create_app(state), state, opts.host, opts.port))
     finally:
+        state.slot.persist()  # with --prefix-cache-dir: the next process starts from this state
         state.engine.close()  # writes a budgeted run's routing history before the process exits
 
 
