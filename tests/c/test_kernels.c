@@ -241,11 +241,13 @@ static void test_linear_case(tally *t, const mg_kernels *const *tables, int n_ta
 static void test_linear(tally *t, const mg_kernels *const *tables, int n_tables, rng *g) {
     static const int64_t rows_list[] = {1, 3, 17, 130, 257};
     /* 128, 4160 and 8320: the AVX-512 decode fast paths (whole 64-byte steps, a last half fp8
-     * scale block, two x chunks); the others reach its fallback to the AVX2 table. */
+     * scale block, two x chunks); the others reach its fallback to the AVX2 table.  Row counts
+     * leave every remainder modulo 4 after the four-row fp4 / bf16 loops (17, 130, 3, 5 and 6
+     * rows: groups of 1, 2, 3 and 4 rows). */
     static const int64_t cols_list[] = {32, 96, 128, 160, 4128, 4160, 1, 7, 33, 129, 300};
     static const int64_t toks_main[] = {1, 5};
     static const int64_t toks_all[] = {1, 2, 3, 5, 8, 17};
-    static const int64_t shapes_all[][2] = {{17, 300}, {130, 160}, {3, 4128}, {257, 33}, {3, 8352}, {5, 8320}};
+    static const int64_t shapes_all[][2] = {{17, 300}, {130, 160}, {3, 4128}, {257, 33}, {3, 8352}, {5, 8320}, {6, 4096}};
     for (int f = 0; f < MG_FORMAT_COUNT; f++) {
         for (int sk = 0; sk < MG_SCALE_KIND_COUNT; sk++) {
             for (size_t ri = 0; ri < sizeof rows_list / sizeof *rows_list; ri++)
