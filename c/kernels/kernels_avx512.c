@@ -25,15 +25,16 @@
  *         other nibbles: vector k holds columns 8i + k in lane i, so lanes 4g..4g+3 hold group
  *         g's columns and one scale vector [s0 x4, s1 x4, s2 x4, s3 x4] multiplies the step's
  *         partial sum.
- * Scales: fp8 128x128 block scales are folded into x once per 128 rows (xq = xp * scale of its
- * column block), so those rows run the unscaled loop; when a product would leave the normal range
- * the block's partial sum is multiplied instead.  fp4 group scales multiply each step's partial
- * sums.  Both are exact powers of two for e8m0, so results equal the scalar twin's up to
- * summation order.  Per-row scales (F32_ROW, any format) multiply each row's unscaled dot
- * product once, as the scalar twin does.
- * fp8 (unscaled or with folded block scales) runs two rows per pass sharing the xp loads (row2_fp8),
- * fp4 and bf16 four (rows_fp4, rows_bf16); a lone last fp8 row, or fp8 blocks whose scales could not be folded, take
- * the one-row loops.
+ * Scales: fp8 128x128 block scales are folded into x once per 128 rows (xq = x * 2^120 * scale of
+ * its column block), so those rows run a loop without scales that also needs no conversion
+ * instruction (rows_fp8_folded: shifts and a mask make the fp32 bits of v * 2^-120); when a
+ * product would leave the normal range the block's partial sum is multiplied instead (f16
+ * decoding).  fp4 group scales multiply each step's partial sums.  Both are exact powers of two
+ * for e8m0, so results equal the scalar twin's up to summation order.  Per-row scales (F32_ROW,
+ * any format) multiply each row's unscaled dot product once, as the scalar twin does.
+ * Unscaled fp8 runs two rows per pass sharing the xp loads (row2_fp8); fp8 with folded block
+ * scales, fp4 and bf16 run four (rows_fp8_folded, rows_fp4, rows_bf16); a lone last unscaled fp8
+ * row, or fp8 blocks whose scales could not be folded, take the one-row loops.
  */
 #include <math.h>
 #include <string.h>
@@ -250,6 +251,35 @@ INLINE void row2_fp8(const uint8_t *pa, const uint8_t *pb, const float *xp, int6
     *yb = _mm512_reduce_add_ps(_mm512_add_ps(b0, b1));
 }
 
+/* fp8 with folded block scales, R (1..4) rows at once, decoded without vcvtph2ps: on Zen 4 the
+ * four conversions per line bounded the former loop (row2_fp8 on this data: 20 GB/s per core from
+ * L2; with the conversions replaced by shifts, 32).  In each 16-bit lane, an arithmetic shift by 4
+ * and the mask 0x87F0 turn a byte s.eeee.mmm into s << 15 | eeeemmm << 4: the upper half of an
+ * fp32 whose value is exactly v * 2^-120 (eeee = 0 lands in the fp32 denormals, still exact).  A
+ * 16-bit shift or a mask then widens the lanes as for bf16, and xq carries the 2^120 (see
+ * fold_block_scales).  NaN codes are not supported, as in the other fp8 paths. */
+INLINE void rows_fp8_folded(const int R, const uint8_t *const *p, const float *xq, int64_t nb, size_t ahead,
+                            float *out) {
+    const __m512i m = _mm512_set1_epi16((short)0x87F0), hi = _mm512_set1_epi32((int)0xFFFF0000u);
+    __m512 a0[4], a1[4];
+    for (int j = 0; j < R; j++) a0[j] = a1[j] = _mm512_setzero_ps();
+    for (int64_t i = 0; i < nb; i++, xq += 64) {
+        const __m512 x0 = _mm512_load_ps(xq), x1 = _mm512_load_ps(xq + 16);
+        const __m512 x2 = _mm512_load_ps(xq + 32), x3 = _mm512_load_ps(xq + 48);
+        for (int j = 0; j < R; j++) {
+            _mm_prefetch((const char *)p[j] + 64 * i + ahead, MG_AVX512_PREFETCH_HINT);
+            const __m512i w = _mm512_loadu_si512(p[j] + 64 * i);
+            const __m512i even = _mm512_and_si512(_mm512_srai_epi16(_mm512_slli_epi16(w, 8), 4), m);
+            const __m512i odd = _mm512_and_si512(_mm512_srai_epi16(w, 4), m);
+            a0[j] = _mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_slli_epi32(even, 16)), x0, a0[j]); /* 4i */
+            a1[j] = _mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_and_si512(even, hi)), x1, a1[j]); /* 4i + 2 */
+            a0[j] = _mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_slli_epi32(odd, 16)), x2, a0[j]);  /* 4i + 1 */
+            a1[j] = _mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_and_si512(odd, hi)), x3, a1[j]);   /* 4i + 3 */
+        }
+    }
+    for (int j = 0; j < R; j++) out[j] = _mm512_reduce_add_ps(_mm512_add_ps(a0[j], a1[j]));
+}
+
 /* fp4, R (1..4) rows at once: p[j] points at the same columns of row j, s[j] at its group scales
  * (s[0] == NULL: unscaled).  Each 64-byte line is loaded once per row and shifts by 0, 4, ..., 28
  * bring each of its eight nibbles to the bottom of the 32-bit lanes (vpermps reads only those 4
@@ -324,21 +354,23 @@ INLINE float scale_block128(const mg_matrix *w, int64_t r, int64_t c) {
     return e8m0_to_f32(((const uint8_t *)w->scale)[at]);
 }
 
-/* fp8 with 128x128 block scales: xq = xp times the scale of each 128-column block of row r, so
- * that the 128 rows sharing these scales run the unscaled loop.  Returns 0 (xq unusable) unless
- * every product x * 256 * scale is zero or a finite normal number, which keeps each weight times
- * x the same product as the scalar twin's (exactly so for power-of-two e8m0 scales).  xmax, xmin:
- * the largest and the smallest non-zero |xp| of the chunk. */
-INLINE int fold_block_scales(const mg_matrix *w, int64_t r, int64_t c0, int64_t kc, const float *xp, float xmax,
+/* fp8 with 128x128 block scales: xq = x * 2^120 times the scale of each 128-column block of row r,
+ * in the order rows_fp8_folded reads it (per 64 columns: 4i, 4i + 2, 4i + 1, 4i + 3 for i < 16),
+ * so that the 128 rows sharing these scales run without any scale.  Returns 0 (xq unusable)
+ * unless every product is zero or a finite normal number, which keeps each weight times x the
+ * same product as the scalar twin's (exactly so for power-of-two e8m0 scales).  xmax, xmin: the
+ * largest and the smallest non-zero |x * 256| of the chunk (x * 256 is exact, see linear_decode). */
+INLINE int fold_block_scales(const mg_matrix *w, int64_t r, int64_t c0, int64_t kc, const float *x, float xmax,
                              float xmin, float *xq) {
+    static const int order[4] = {0, 2, 1, 3};
     for (int64_t j = 0; j * 128 < kc; j++) {
-        const float a = fabsf(scale_block128(w, r, c0 + j * 128));
+        const float a = fabsf(scale_block128(w, r, c0 + j * 128)) * 0x1p112f;
         if (!(a == 0.0f || (a < INFINITY && xmax * a < 0x1p126f && xmin * a >= 0x1p-126f))) return 0;
     }
-    for (int64_t j = 0; j * 128 < kc; j++) {
-        const __m512 s = _mm512_set1_ps(scale_block128(w, r, c0 + j * 128));
-        const int64_t e = (j + 1) * 128 < kc ? (j + 1) * 128 : kc;
-        for (int64_t i = j * 128; i < e; i += 16) _mm512_store_ps(xq + i, _mm512_mul_ps(_mm512_load_ps(xp + i), s));
+    for (int64_t g = 0; g < kc; g += 64) {
+        const float f = scale_block128(w, r, c0 + g) * 0x1p112f; /* exact: a power-of-two multiple */
+        for (int q = 0; q < 4; q++)
+            for (int i = 0; i < 16; i++) xq[g + 16 * q + i] = (x[g + 4 * i + order[q]] * 256.0f) * f;
     }
     return 1;
 }
@@ -423,6 +455,25 @@ INLINE int64_t fp4_rows(const mg_matrix *w, int64_t r, int64_t n, int64_t c0, in
     return n;
 }
 
+/* fp8 rows [r, r + n) (n in 1..4, inside one 128-row scale block) against xq folded for that
+ * block (fold_block_scales); adds to y (c0 > 0) or writes it.  Returns n. */
+INLINE int64_t fp8_folded_rows(const mg_matrix *w, int64_t r, int64_t n, int64_t c0, int64_t kc, const float *xq,
+                               float *y) {
+    const size_t rb = mg_matrix_row_bytes(w), off = (size_t)c0;
+    const uint8_t *p[4];
+    float part[4];
+    for (int64_t j = 0; j < n; j++) p[j] = (const uint8_t *)w->data + (size_t)(r + j) * rb + off;
+    const int64_t nb = kc / 64;
+    switch (n) {
+    case 4: rows_fp8_folded(4, p, xq, nb, rows_ahead(4 * rb), part); break;
+    case 3: rows_fp8_folded(3, p, xq, nb, rows_ahead(3 * rb), part); break;
+    case 2: rows_fp8_folded(2, p, xq, nb, rows_ahead(2 * rb), part); break;
+    default: rows_fp8_folded(1, p, xq, nb, rows_ahead(rb), part); break;
+    }
+    for (int64_t j = 0; j < n; j++) y[r + j] = c0 == 0 ? part[j] : y[r + j] + part[j];
+    return n;
+}
+
 /* Decode of rows [r0, r1); returns 0 (having written nothing) when the AVX2 table must do it. */
 INLINE int linear_decode(const mg_matrix *w, mg_format f, const float *x, float *y, int64_t r0, int64_t r1) {
     if (!fast_decode(w, f)) return 0;
@@ -463,36 +514,29 @@ INLINE int linear_decode(const mg_matrix *w, mg_format f, const float *x, float 
                 r += fp4_rows(w, r, r1 - r < 4 ? r1 - r : 4, c0, kc, xs, y, sfr) - 1;
                 continue;
             }
-            if (f == MG_FP8_E4M3 && r + 1 < r1 && (r + 1) / 128 == r / 128) { /* see row2_fp8 */
-                const float *xr = xs;
-                if (block128_scaled(w)) {
-                    if (r / 128 != sf_rows) {
-                        sf_rows = r / 128;
-                        folded = fold_block_scales(w, r, c0, kc, xp, xmax, xmin, xq);
-                        if (!folded)
-                            for (int64_t j = 0; j * 128 < kc; j++) sf[j] = scale_block128(w, r, c0 + j * 128);
-                    }
-                    xr = folded ? xq : NULL;
-                }
-                if (xr) {
-                    float part1;
-                    row2_fp8(p, p + rb, xr, nb, rows_ahead(2 * rb), &part, &part1);
-                    part *= row_scale(w, r);
-                    part1 *= row_scale(w, r + 1);
-                    y[r] = c0 == 0 ? part : y[r] + part;
-                    r++;
-                    y[r] = c0 == 0 ? part1 : y[r] + part1;
-                    continue;
-                }
-            }
             if (f == MG_FP8_E4M3 && block128_scaled(w)) {
                 if (r / 128 != sf_rows) { /* one scale row serves 128 weight rows */
                     sf_rows = r / 128;
-                    folded = fold_block_scales(w, r, c0, kc, xp, xmax, xmin, xq);
+                    folded = fold_block_scales(w, r, c0, kc, x + c0, xmax, xmin, xq);
                     if (!folded)
                         for (int64_t j = 0; j * 128 < kc; j++) sf[j] = scale_block128(w, r, c0 + j * 128);
                 }
-                part = folded ? row_plain(f, p, xq, nb) : row_fp8_block128(p, xs, nb, sf);
+                if (folded) { /* up to four rows of this scale block per pass */
+                    int64_t n = r1 - r < 4 ? r1 - r : 4;
+                    if (n > 128 - r % 128) n = 128 - r % 128;
+                    r += fp8_folded_rows(w, r, n, c0, kc, xq, y) - 1;
+                    continue;
+                }
+                part = row_fp8_block128(p, xs, nb, sf);
+            } else if (f == MG_FP8_E4M3 && r + 1 < r1) { /* unscaled: see row2_fp8 */
+                float part1;
+                row2_fp8(p, p + rb, xs, nb, rows_ahead(2 * rb), &part, &part1);
+                part *= row_scale(w, r);
+                part1 *= row_scale(w, r + 1);
+                y[r] = c0 == 0 ? part : y[r] + part;
+                r++;
+                y[r] = c0 == 0 ? part1 : y[r] + part1;
+                continue;
             } else {
                 part = row_plain(f, p, xs, nb);
             }

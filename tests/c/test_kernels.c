@@ -185,7 +185,9 @@ static void run_linear(tally *t, const mg_kernels *k, const test_matrix *tm, con
         for (int64_t c = cols; c < xs; c++) xp[i * xs + c] = NAN; /* padding must never be read */
     }
     for (int64_t i = 0; i < n_tok * ys; i++) yp[i] = -12345.0f;
-    const int64_t split = rows > 16 ? 16 * ((rows / 2) / 16) : rows / 2;
+    /* Two calls per matrix, as two pool shares would make.  From 130 rows the second starts at row
+     * 126, two rows before a 128-row scale block ends: row groups must not straddle it. */
+    const int64_t split = rows >= 130 ? 126 : rows > 16 ? 16 * ((rows / 2) / 16) : rows / 2;
     mg_linear_fn fn = k->linear[m->format];
     if (split > 0) fn(m, xp, xs, n_tok, yp, ys, 0, split);
     fn(m, xp, xs, n_tok, yp, ys, split, rows);
