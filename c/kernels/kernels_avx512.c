@@ -354,23 +354,30 @@ INLINE float scale_block128(const mg_matrix *w, int64_t r, int64_t c) {
     return e8m0_to_f32(((const uint8_t *)w->scale)[at]);
 }
 
-/* fp8 with 128x128 block scales: xq = x * 2^120 times the scale of each 128-column block of row r,
- * in the order rows_fp8_folded reads it (per 64 columns: 4i, 4i + 2, 4i + 1, 4i + 3 for i < 16),
- * so that the 128 rows sharing these scales run without any scale.  Returns 0 (xq unusable)
- * unless every product is zero or a finite normal number, which keeps each weight times x the
- * same product as the scalar twin's (exactly so for power-of-two e8m0 scales).  xmax, xmin: the
- * largest and the smallest non-zero |x * 256| of the chunk (x * 256 is exact, see linear_decode). */
-INLINE int fold_block_scales(const mg_matrix *w, int64_t r, int64_t c0, int64_t kc, const float *x, float xmax,
-                             float xmin, float *xq) {
+/* fp8 with 128x128 block scales: x * 256 in the order rows_fp8_folded reads it (per 64 columns:
+ * 4i, 4i + 2, 4i + 1, 4i + 3 for i < 16), built once per call. */
+INLINE void permute_x_fp8_folded(const float *x, int64_t kc, float *xo) {
     static const int order[4] = {0, 2, 1, 3};
+    for (int64_t g = 0; g < kc; g += 64)
+        for (int q = 0; q < 4; q++)
+            for (int i = 0; i < 16; i++) xo[g + 16 * q + i] = x[g + 4 * i + order[q]] * 256.0f;
+}
+
+/* xq = xo (x * 256, permuted) times 2^112 times the scale of each 128-column block of row r, so
+ * that the 128 rows sharing these scales run rows_fp8_folded, which leaves a factor 2^-120 in each
+ * weight.  Returns 0 (xq unusable) unless every product is zero or a finite normal number, which
+ * keeps each weight times x the same product as the scalar twin's (exactly so for power-of-two
+ * e8m0 scales).  xmax, xmin: the largest and the smallest non-zero |xo| of the chunk. */
+INLINE int fold_block_scales(const mg_matrix *w, int64_t r, int64_t c0, int64_t kc, const float *xo, float xmax,
+                             float xmin, float *xq) {
     for (int64_t j = 0; j * 128 < kc; j++) {
         const float a = fabsf(scale_block128(w, r, c0 + j * 128)) * 0x1p112f;
         if (!(a == 0.0f || (a < INFINITY && xmax * a < 0x1p126f && xmin * a >= 0x1p-126f))) return 0;
     }
-    for (int64_t g = 0; g < kc; g += 64) {
-        const float f = scale_block128(w, r, c0 + g) * 0x1p112f; /* exact: a power-of-two multiple */
-        for (int q = 0; q < 4; q++)
-            for (int i = 0; i < 16; i++) xq[g + 16 * q + i] = (x[g + 4 * i + order[q]] * 256.0f) * f;
+    for (int64_t j = 0; j * 128 < kc; j++) { /* the factor is exact: a power-of-two multiple */
+        const __m512 s = _mm512_set1_ps(scale_block128(w, r, c0 + j * 128) * 0x1p112f);
+        const int64_t e = (j + 1) * 128 < kc ? (j + 1) * 128 : kc;
+        for (int64_t i = j * 128; i < e; i += 16) _mm512_store_ps(xq + i, _mm512_mul_ps(_mm512_load_ps(xo + i), s));
     }
     return 1;
 }
@@ -489,7 +496,10 @@ INLINE int linear_decode(const mg_matrix *w, mg_format f, const float *x, float 
     for (int64_t c0 = 0; c0 < w->cols; c0 += XP_COLS) {
         const int64_t kc = w->cols - c0 < XP_COLS ? w->cols - c0 : XP_COLS, nb = kc / sc;
         const float *xs = x + c0;
-        if (f != MG_F32 && f != MG_F16) {
+        if (f == MG_FP8_E4M3 && block128_scaled(w)) { /* xp in the folded loop's order */
+            permute_x_fp8_folded(x + c0, kc, xp);
+            xs = xp;
+        } else if (f != MG_F32 && f != MG_F16) {
             permute_x(f, x + c0, kc, xp);
             xs = xp;
         }
@@ -517,9 +527,11 @@ INLINE int linear_decode(const mg_matrix *w, mg_format f, const float *x, float 
             if (f == MG_FP8_E4M3 && block128_scaled(w)) {
                 if (r / 128 != sf_rows) { /* one scale row serves 128 weight rows */
                     sf_rows = r / 128;
-                    folded = fold_block_scales(w, r, c0, kc, x + c0, xmax, xmin, xq);
-                    if (!folded)
+                    folded = fold_block_scales(w, r, c0, kc, xp, xmax, xmin, xq);
+                    if (!folded) { /* xq: x * 256 in the f16-decoding order of row_fp8_block128 */
+                        permute_x(f, x + c0, kc, xq);
                         for (int64_t j = 0; j * 128 < kc; j++) sf[j] = scale_block128(w, r, c0 + j * 128);
+                    }
                 }
                 if (folded) { /* up to four rows of this scale block per pass */
                     int64_t n = r1 - r < 4 ? r1 - r : 4;
@@ -527,7 +539,7 @@ INLINE int linear_decode(const mg_matrix *w, mg_format f, const float *x, float 
                     r += fp8_folded_rows(w, r, n, c0, kc, xq, y) - 1;
                     continue;
                 }
-                part = row_fp8_block128(p, xs, nb, sf);
+                part = row_fp8_block128(p, xq, nb, sf);
             } else if (f == MG_FP8_E4M3 && r + 1 < r1) { /* unscaled: see row2_fp8 */
                 float part1;
                 row2_fp8(p, p + rb, xs, nb, rows_ahead(2 * rb), &part, &part1);
