@@ -21,19 +21,20 @@
  *         vcvtph2ps.  xp holds x * 256, which makes the products exact values again; calls whose
  *         x would overflow that go to the AVX2 table.
  *   fp4 e2m1: 128 columns; vpermps looks up the exact fp32 value of the low nibble of each
- *         32-bit lane in a 16-entry table; loads at byte offsets 0..3 and a 4-bit shift of each
- *         bring up the other nibbles: vector k holds columns 8i + k in lane i, so lanes 4g..4g+3
- *         hold group g's columns and one scale vector [s0 x4, s1 x4, s2 x4, s3 x4] multiplies
- *         the step's partial sum.
- * Scales: fp8 128x128 block scales are folded into x once per 128 rows (xq = xp * scale of its
- * column block), so those rows run the unscaled loop; when a product would leave the normal range
- * the block's partial sum is multiplied instead.  fp4 group scales multiply each step's partial
- * sums.  Both are exact powers of two for e8m0, so results equal the scalar twin's up to
- * summation order.  Per-row scales (F32_ROW, any format) multiply each row's unscaled dot
- * product once, as the scalar twin does.
- * fp8 (unscaled or with folded block scales) and fp4 run two rows per pass sharing the xp loads
- * (row2_fp8, row2_fp4); a lone last row, or fp8 blocks whose scales could not be folded, take the
- * one-row loops.
+ *         32-bit lane in a 16-entry table; shifts by 4, 8, ..., 28 of the one load bring up the
+ *         other nibbles: vector k holds columns 8i + k in lane i, so lanes 4g..4g+3 hold group
+ *         g's columns and one scale vector [s0 x4, s1 x4, s2 x4, s3 x4] multiplies the step's
+ *         partial sum.
+ * Scales: fp8 128x128 block scales are folded into x once per 128 rows (xq = x * 2^120 * scale of
+ * its column block), so those rows run a loop without scales that also needs no conversion
+ * instruction (rows_fp8_folded: shifts and a mask make the fp32 bits of v * 2^-120); when a
+ * product would leave the normal range the block's partial sum is multiplied instead (f16
+ * decoding).  fp4 group scales multiply each step's partial sums.  Both are exact powers of two
+ * for e8m0, so results equal the scalar twin's up to summation order.  Per-row scales (F32_ROW,
+ * any format) multiply each row's unscaled dot product once, as the scalar twin does.
+ * Unscaled fp8 runs two rows per pass sharing the xp loads (row2_fp8); fp8 with folded block
+ * scales, fp4 and bf16 run four (rows_fp8_folded, rows_fp4, rows_bf16); a lone last unscaled fp8
+ * row, or fp8 blocks whose scales could not be folded, take the one-row loops.
  */
 #include <math.h>
 #include <string.h>
@@ -148,38 +149,6 @@ INLINE __m512 fp4_table(void) {
                           -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f);
 }
 
-/* 128 columns at p: their partial sums, lane i holding group i / 4's.  vpermps reads only the low
- * nibble of each 32-bit index, so the even nibbles come from loads at byte offsets 0..3 (no
- * shift; over-reads up to 3 bytes past the step, see step_fp4_last) and the odd ones from a 4-bit
- * shift of those. */
-INLINE __m512 step_fp4(const uint8_t *p, const float *xp, __m512 tab) {
-    const __m512i w0 = _mm512_loadu_si512(p), w1 = _mm512_loadu_si512(p + 1);
-    const __m512i w2 = _mm512_loadu_si512(p + 2), w3 = _mm512_loadu_si512(p + 3);
-    __m512 s0 = _mm512_mul_ps(_mm512_permutexvar_ps(w0, tab), _mm512_load_ps(xp));
-    __m512 s1 = _mm512_mul_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(w0, 4), tab), _mm512_load_ps(xp + 16));
-    s0 = _mm512_fmadd_ps(_mm512_permutexvar_ps(w1, tab), _mm512_load_ps(xp + 32), s0);
-    s1 = _mm512_fmadd_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(w1, 4), tab), _mm512_load_ps(xp + 48), s1);
-    s0 = _mm512_fmadd_ps(_mm512_permutexvar_ps(w2, tab), _mm512_load_ps(xp + 64), s0);
-    s1 = _mm512_fmadd_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(w2, 4), tab), _mm512_load_ps(xp + 80), s1);
-    s0 = _mm512_fmadd_ps(_mm512_permutexvar_ps(w3, tab), _mm512_load_ps(xp + 96), s0);
-    s1 = _mm512_fmadd_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(w3, 4), tab), _mm512_load_ps(xp + 112), s1);
-    return _mm512_add_ps(s0, s1);
-}
-
-/* The same for a step that may end its buffer: one load and seven shifts. */
-INLINE __m512 step_fp4_last(const uint8_t *p, const float *xp, __m512 tab) {
-    const __m512i w = _mm512_loadu_si512(p);
-    __m512 s0 = _mm512_mul_ps(_mm512_permutexvar_ps(w, tab), _mm512_load_ps(xp));
-    __m512 s1 = _mm512_mul_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(w, 4), tab), _mm512_load_ps(xp + 16));
-    s0 = _mm512_fmadd_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(w, 8), tab), _mm512_load_ps(xp + 32), s0);
-    s1 = _mm512_fmadd_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(w, 12), tab), _mm512_load_ps(xp + 48), s1);
-    s0 = _mm512_fmadd_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(w, 16), tab), _mm512_load_ps(xp + 64), s0);
-    s1 = _mm512_fmadd_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(w, 20), tab), _mm512_load_ps(xp + 80), s1);
-    s0 = _mm512_fmadd_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(w, 24), tab), _mm512_load_ps(xp + 96), s0);
-    s1 = _mm512_fmadd_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(w, 28), tab), _mm512_load_ps(xp + 112), s1);
-    return _mm512_add_ps(s0, s1);
-}
-
 /* Writes x[0, kc) in the order the format's steps consume it (fp8: times 256, see above). */
 INLINE void permute_x(mg_format f, const float *x, int64_t kc, float *xp) {
     if (f == MG_BF16) {
@@ -250,35 +219,6 @@ INLINE float row_fp8_block128(const uint8_t *p, const float *xp, int64_t nb, con
     return _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
 }
 
-/* fp4 row; sf == NULL: unscaled, else sf[g] scales group g (32 columns) of this chunk. */
-INLINE float row_fp4(const uint8_t *p, const float *xp, int64_t nb, const float *sf) {
-    const __m512 tab = fp4_table();
-    const __m512i quad = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
-    __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
-    int64_t i = 0;
-    /* The row's last step is the one whose over-read could leave the buffer. */
-    for (; i + 2 < nb; i += 2, p += 128, xp += 256) {
-        PREFETCH(p);
-        PREFETCH(p + 64);
-        __m512 part0 = step_fp4(p, xp, tab), part1 = step_fp4(p + 64, xp + 128, tab);
-        if (sf) {
-            const __m512 s0 = _mm512_permutexvar_ps(quad, _mm512_castps128_ps512(_mm_loadu_ps(sf + 4 * i)));
-            const __m512 s1 = _mm512_permutexvar_ps(quad, _mm512_castps128_ps512(_mm_loadu_ps(sf + 4 * i + 4)));
-            acc0 = _mm512_fmadd_ps(part0, s0, acc0);
-            acc1 = _mm512_fmadd_ps(part1, s1, acc1);
-        } else {
-            acc0 = _mm512_add_ps(acc0, part0);
-            acc1 = _mm512_add_ps(acc1, part1);
-        }
-    }
-    for (; i < nb; i++, p += 64, xp += 128) {
-        __m512 part = i + 1 < nb ? step_fp4(p, xp, tab) : step_fp4_last(p, xp, tab);
-        if (sf) acc0 = _mm512_fmadd_ps(part, _mm512_permutexvar_ps(quad, _mm512_castps128_ps512(_mm_loadu_ps(sf + 4 * i))), acc0);
-        else acc0 = _mm512_add_ps(acc0, part);
-    }
-    return _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
-}
-
 /* Two rows at once (pa, pb: the same columns of rows r and r + 1), sharing each xp load between
  * them: x is half of the loads per weight line.  fp8 prefetches the same line of the next pair
  * of rows (ahead = 2 row strides) instead of a fixed distance: with two rows in flight a fixed
@@ -311,58 +251,84 @@ INLINE void row2_fp8(const uint8_t *pa, const uint8_t *pb, const float *xp, int6
     *yb = _mm512_reduce_add_ps(_mm512_add_ps(b0, b1));
 }
 
-/* fp4 two rows; sa / sb: the rows' group scales (both NULL: unscaled).  The last step of each
- * row takes the one-load path (its over-read could leave the buffer).  Here the fixed 2 KiB
- * prefetch distance measured best (0.74-0.77 of read bandwidth against 0.70-0.73 for one row at
- * a time; 4 and 8 KiB gave 0.65 and 0.64; 4096-column rows of 2 KiB). */
-INLINE void row2_fp4(const uint8_t *pa, const uint8_t *pb, const float *xp, int64_t nb, const float *sa,
-                     const float *sb, float *ya, float *yb) {
+/* fp8 with folded block scales, R (1..4) rows at once, decoded without vcvtph2ps: on Zen 4 the
+ * four conversions per line bounded the former loop (row2_fp8 on this data: 20 GB/s per core from
+ * L2; with the conversions replaced by shifts, 32).  In each 16-bit lane, an arithmetic shift by 4
+ * and the mask 0x87F0 turn a byte s.eeee.mmm into s << 15 | eeeemmm << 4: the upper half of an
+ * fp32 whose value is exactly v * 2^-120 (eeee = 0 lands in the fp32 denormals, still exact).  A
+ * 16-bit shift or a mask then widens the lanes as for bf16, and xq carries the 2^120 (see
+ * fold_block_scales).  NaN codes are not supported, as in the other fp8 paths. */
+INLINE void rows_fp8_folded(const int R, const uint8_t *const *p, const float *xq, int64_t nb, size_t ahead,
+                            float *out) {
+    const __m512i m = _mm512_set1_epi16((short)0x87F0), hi = _mm512_set1_epi32((int)0xFFFF0000u);
+    __m512 a0[4], a1[4];
+    for (int j = 0; j < R; j++) a0[j] = a1[j] = _mm512_setzero_ps();
+    for (int64_t i = 0; i < nb; i++, xq += 64) {
+        const __m512 x0 = _mm512_load_ps(xq), x1 = _mm512_load_ps(xq + 16);
+        const __m512 x2 = _mm512_load_ps(xq + 32), x3 = _mm512_load_ps(xq + 48);
+        for (int j = 0; j < R; j++) {
+            _mm_prefetch((const char *)p[j] + 64 * i + ahead, MG_AVX512_PREFETCH_HINT);
+            const __m512i w = _mm512_loadu_si512(p[j] + 64 * i);
+            const __m512i even = _mm512_and_si512(_mm512_srai_epi16(_mm512_slli_epi16(w, 8), 4), m);
+            const __m512i odd = _mm512_and_si512(_mm512_srai_epi16(w, 4), m);
+            a0[j] = _mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_slli_epi32(even, 16)), x0, a0[j]); /* 4i */
+            a1[j] = _mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_and_si512(even, hi)), x1, a1[j]); /* 4i + 2 */
+            a0[j] = _mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_slli_epi32(odd, 16)), x2, a0[j]);  /* 4i + 1 */
+            a1[j] = _mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_and_si512(odd, hi)), x3, a1[j]);   /* 4i + 3 */
+        }
+    }
+    for (int j = 0; j < R; j++) out[j] = _mm512_reduce_add_ps(_mm512_add_ps(a0[j], a1[j]));
+}
+
+/* fp4, R (1..4) rows at once: p[j] points at the same columns of row j, s[j] at its group scales
+ * (s[0] == NULL: unscaled).  Each 64-byte line is loaded once per row and shifts by 0, 4, ..., 28
+ * bring each of its eight nibbles to the bottom of the 32-bit lanes (vpermps reads only those 4
+ * bits), so vector k holds columns 8i + k in lane i; the sixteen xp loads of a line serve all R
+ * rows.  On an AMD EPYC (Zen 4) four rows ran 30 Gw/s from L2 against 23 for the former two-row
+ * loop (four unaligned loads per line, now gone: they split cache lines), and six or eight rows ran
+ * slower (register spills).  Prefetch: the same line of the next group of R rows (ahead = R row
+ * strides), as for fp8; the former fixed 2 KiB pointed inside the group being read and left the
+ * loop waiting on memory (6 GB/s streamed on one core, 14 GB/s with this distance). */
+INLINE void rows_fp4(const int R, const uint8_t *const *p, const float *xp, int64_t nb, const float *const *s,
+                     size_t ahead, float *out) {
     const __m512 tab = fp4_table();
     const __m512i quad = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
-    __m512 acca = _mm512_setzero_ps(), accb = _mm512_setzero_ps();
-    int64_t i = 0;
-    for (; i + 1 < nb; i++, pa += 64, pb += 64, xp += 128) {
-        PREFETCH(pa);
-        PREFETCH(pb);
-        __m512 sa0, sa1, sb0, sb1, x;
-        __m512i wa, wb;
-        wa = _mm512_loadu_si512(pa), wb = _mm512_loadu_si512(pb);
-        x = _mm512_load_ps(xp);
-        sa0 = _mm512_mul_ps(_mm512_permutexvar_ps(wa, tab), x);
-        sb0 = _mm512_mul_ps(_mm512_permutexvar_ps(wb, tab), x);
-        x = _mm512_load_ps(xp + 16);
-        sa1 = _mm512_mul_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(wa, 4), tab), x);
-        sb1 = _mm512_mul_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(wb, 4), tab), x);
-        for (int k = 1; k < 4; k++) {
-            wa = _mm512_loadu_si512(pa + k), wb = _mm512_loadu_si512(pb + k);
-            x = _mm512_load_ps(xp + 32 * k);
-            sa0 = _mm512_fmadd_ps(_mm512_permutexvar_ps(wa, tab), x, sa0);
-            sb0 = _mm512_fmadd_ps(_mm512_permutexvar_ps(wb, tab), x, sb0);
-            x = _mm512_load_ps(xp + 32 * k + 16);
-            sa1 = _mm512_fmadd_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(wa, 4), tab), x, sa1);
-            sb1 = _mm512_fmadd_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(wb, 4), tab), x, sb1);
+    __m512 acc[4];
+    for (int j = 0; j < R; j++) acc[j] = _mm512_setzero_ps();
+    for (int64_t i = 0; i < nb; i++, xp += 128) {
+        __m512 s0[4], s1[4];
+        __m512i w[4];
+        for (int j = 0; j < R; j++) {
+            _mm_prefetch((const char *)p[j] + 64 * i + ahead, MG_AVX512_PREFETCH_HINT);
+            w[j] = _mm512_loadu_si512(p[j] + 64 * i);
         }
-        if (sa) {
-            acca = _mm512_fmadd_ps(_mm512_add_ps(sa0, sa1),
-                                   _mm512_permutexvar_ps(quad, _mm512_castps128_ps512(_mm_loadu_ps(sa + 4 * i))), acca);
-            accb = _mm512_fmadd_ps(_mm512_add_ps(sb0, sb1),
-                                   _mm512_permutexvar_ps(quad, _mm512_castps128_ps512(_mm_loadu_ps(sb + 4 * i))), accb);
-        } else {
-            acca = _mm512_add_ps(acca, _mm512_add_ps(sa0, sa1));
-            accb = _mm512_add_ps(accb, _mm512_add_ps(sb0, sb1));
+        for (int k = 0; k < 4; k++) {
+            const __m512 x0 = _mm512_load_ps(xp + 32 * k), x1 = _mm512_load_ps(xp + 32 * k + 16);
+            for (int j = 0; j < R; j++) {
+                const __m512i lo = k == 0 ? w[j] : _mm512_srli_epi32(w[j], 8 * k);
+                const __m512i hi = _mm512_srli_epi32(w[j], 8 * k + 4);
+                if (k == 0) {
+                    s0[j] = _mm512_mul_ps(_mm512_permutexvar_ps(lo, tab), x0);
+                    s1[j] = _mm512_mul_ps(_mm512_permutexvar_ps(hi, tab), x1);
+                } else {
+                    s0[j] = _mm512_fmadd_ps(_mm512_permutexvar_ps(lo, tab), x0, s0[j]);
+                    s1[j] = _mm512_fmadd_ps(_mm512_permutexvar_ps(hi, tab), x1, s1[j]);
+                }
+            }
+        }
+        /* Lanes 4g..4g+3 hold group g of this line: one vector [s0 x4, s1 x4, s2 x4, s3 x4]. */
+        for (int j = 0; j < R; j++) {
+            const __m512 part = _mm512_add_ps(s0[j], s1[j]);
+            if (s[0])
+                acc[j] = _mm512_fmadd_ps(
+                    part, _mm512_permutexvar_ps(quad, _mm512_castps128_ps512(_mm_loadu_ps(s[j] + 4 * i))), acc[j]);
+            else
+                acc[j] = _mm512_add_ps(acc[j], part);
         }
     }
-    __m512 parta = step_fp4_last(pa, xp, tab), partb = step_fp4_last(pb, xp, tab);
-    if (sa) {
-        acca = _mm512_fmadd_ps(parta, _mm512_permutexvar_ps(quad, _mm512_castps128_ps512(_mm_loadu_ps(sa + 4 * i))), acca);
-        accb = _mm512_fmadd_ps(partb, _mm512_permutexvar_ps(quad, _mm512_castps128_ps512(_mm_loadu_ps(sb + 4 * i))), accb);
-    } else {
-        acca = _mm512_add_ps(acca, parta);
-        accb = _mm512_add_ps(accb, partb);
-    }
-    *ya = _mm512_reduce_add_ps(acca);
-    *yb = _mm512_reduce_add_ps(accb);
+    for (int j = 0; j < R; j++) out[j] = _mm512_reduce_add_ps(acc[j]);
 }
+
 
 /* e8m0 group scales of row r, groups [g0, g0 + n), as floats (n a multiple of 4, <= 256). */
 INLINE void row_scales_g32(const mg_matrix *w, int64_t r, int64_t g0, int64_t n, float *sf) {
@@ -388,23 +354,131 @@ INLINE float scale_block128(const mg_matrix *w, int64_t r, int64_t c) {
     return e8m0_to_f32(((const uint8_t *)w->scale)[at]);
 }
 
-/* fp8 with 128x128 block scales: xq = xp times the scale of each 128-column block of row r, so
- * that the 128 rows sharing these scales run the unscaled loop.  Returns 0 (xq unusable) unless
- * every product x * 256 * scale is zero or a finite normal number, which keeps each weight times
- * x the same product as the scalar twin's (exactly so for power-of-two e8m0 scales).  xmax, xmin:
- * the largest and the smallest non-zero |xp| of the chunk. */
-INLINE int fold_block_scales(const mg_matrix *w, int64_t r, int64_t c0, int64_t kc, const float *xp, float xmax,
+/* fp8 with 128x128 block scales: x * 256 in the order rows_fp8_folded reads it (per 64 columns:
+ * 4i, 4i + 2, 4i + 1, 4i + 3 for i < 16), built once per call. */
+INLINE void permute_x_fp8_folded(const float *x, int64_t kc, float *xo) {
+    static const int order[4] = {0, 2, 1, 3};
+    for (int64_t g = 0; g < kc; g += 64)
+        for (int q = 0; q < 4; q++)
+            for (int i = 0; i < 16; i++) xo[g + 16 * q + i] = x[g + 4 * i + order[q]] * 256.0f;
+}
+
+/* xq = xo (x * 256, permuted) times 2^112 times the scale of each 128-column block of row r, so
+ * that the 128 rows sharing these scales run rows_fp8_folded, which leaves a factor 2^-120 in each
+ * weight.  Returns 0 (xq unusable) unless every product is zero or a finite normal number, which
+ * keeps each weight times x the same product as the scalar twin's (exactly so for power-of-two
+ * e8m0 scales).  xmax, xmin: the largest and the smallest non-zero |xo| of the chunk. */
+INLINE int fold_block_scales(const mg_matrix *w, int64_t r, int64_t c0, int64_t kc, const float *xo, float xmax,
                              float xmin, float *xq) {
     for (int64_t j = 0; j * 128 < kc; j++) {
-        const float a = fabsf(scale_block128(w, r, c0 + j * 128));
+        const float a = fabsf(scale_block128(w, r, c0 + j * 128)) * 0x1p112f;
         if (!(a == 0.0f || (a < INFINITY && xmax * a < 0x1p126f && xmin * a >= 0x1p-126f))) return 0;
     }
-    for (int64_t j = 0; j * 128 < kc; j++) {
-        const __m512 s = _mm512_set1_ps(scale_block128(w, r, c0 + j * 128));
+    for (int64_t j = 0; j * 128 < kc; j++) { /* the factor is exact: a power-of-two multiple */
+        const __m512 s = _mm512_set1_ps(scale_block128(w, r, c0 + j * 128) * 0x1p112f);
         const int64_t e = (j + 1) * 128 < kc ? (j + 1) * 128 : kc;
-        for (int64_t i = j * 128; i < e; i += 16) _mm512_store_ps(xq + i, _mm512_mul_ps(_mm512_load_ps(xp + i), s));
+        for (int64_t i = j * 128; i < e; i += 16) _mm512_store_ps(xq + i, _mm512_mul_ps(_mm512_load_ps(xo + i), s));
     }
     return 1;
+}
+
+/* Prefetch distance of the multi-row loops: the same line of a later group of rows, at least
+ * MG_AVX512_MIN_AHEAD bytes on.  One group ahead is too close for narrow rows: fp8 with 1024
+ * columns (DeepSeek-V4's wq_b) streamed 12.5 GB/s on one Zen 4 core at 2 KiB (two rows) and
+ * 19 GB/s at 8 KiB; 16 KiB gave no more. */
+#ifndef MG_AVX512_MIN_AHEAD
+#define MG_AVX512_MIN_AHEAD 8192
+#endif
+INLINE size_t rows_ahead(size_t group) {
+    return group >= MG_AVX512_MIN_AHEAD ? group : (MG_AVX512_MIN_AHEAD + group - 1) / group * group;
+}
+
+/* bf16 (unscaled or F32_ROW), R (1..4) rows at once sharing the xp loads, prefetching the same line
+ * of a later group of rows (see rows_ahead); p[j]: row j's columns, nb 64-byte steps.  Four rows
+ * ran 62 GB/s from L2 on one Zen 4 core against 48 for one row at a time (row_plain), and
+ * streamed the DeepSeek-V4 head's shape (4096 columns) ~10% faster. */
+INLINE void rows_bf16(const int R, const uint8_t *const *p, const float *xp, int64_t nb, size_t ahead, float *out) {
+    const __m512i hi = _mm512_set1_epi32((int)0xFFFF0000u);
+    __m512 a0[4], a1[4];
+    for (int j = 0; j < R; j++) a0[j] = a1[j] = _mm512_setzero_ps();
+    for (int64_t i = 0; i < nb; i++, xp += 32) {
+        const __m512 x0 = _mm512_load_ps(xp), x1 = _mm512_load_ps(xp + 16);
+        for (int j = 0; j < R; j++) {
+            _mm_prefetch((const char *)p[j] + 64 * i + ahead, MG_AVX512_PREFETCH_HINT);
+            const __m512i w = _mm512_loadu_si512(p[j] + 64 * i);
+            a0[j] = _mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_slli_epi32(w, 16)), x0, a0[j]);
+            a1[j] = _mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_and_si512(w, hi)), x1, a1[j]);
+        }
+    }
+    for (int j = 0; j < R; j++) out[j] = _mm512_reduce_add_ps(_mm512_add_ps(a0[j], a1[j]));
+}
+
+/* bf16 rows [r, r + n) (n in 1..4), like fp4_rows. */
+INLINE int64_t bf16_rows(const mg_matrix *w, int64_t r, int64_t n, int64_t c0, int64_t kc, const float *xs, float *y) {
+    const size_t rb = mg_matrix_row_bytes(w), off = (size_t)c0 * 2;
+    const uint8_t *p[4];
+    float part[4];
+    for (int64_t j = 0; j < n; j++) p[j] = (const uint8_t *)w->data + (size_t)(r + j) * rb + off;
+    const int64_t nb = kc / 32;
+    switch (n) {
+    case 4: rows_bf16(4, p, xs, nb, rows_ahead(4 * rb), part); break;
+    case 3: rows_bf16(3, p, xs, nb, rows_ahead(3 * rb), part); break;
+    case 2: rows_bf16(2, p, xs, nb, rows_ahead(2 * rb), part); break;
+    default: rows_bf16(1, p, xs, nb, rows_ahead(rb), part); break;
+    }
+    for (int64_t j = 0; j < n; j++) {
+        const float v = part[j] * row_scale(w, r + j);
+        y[r + j] = c0 == 0 ? v : y[r + j] + v;
+    }
+    return n;
+}
+
+/* fp4 rows [r, r + n) (n in 1..4) over columns [c0, c0 + kc) against permuted xs; adds to y
+ * (c0 > 0) or writes it.  sfr: scratch for the rows' group scales.  Returns n. */
+INLINE int64_t fp4_rows(const mg_matrix *w, int64_t r, int64_t n, int64_t c0, int64_t kc, const float *xs, float *y,
+                        float (*sfr)[XP_COLS / 32]) {
+    const size_t rb = mg_matrix_row_bytes(w), off = (size_t)c0 / 2;
+    const uint8_t *p[4];
+    const float *s[4] = {NULL, NULL, NULL, NULL};
+    float part[4];
+    for (int64_t j = 0; j < n; j++) {
+        p[j] = (const uint8_t *)w->data + (size_t)(r + j) * rb + off;
+        if (w->scale_kind == MG_SCALE_E8M0_G32) {
+            row_scales_g32(w, r + j, c0 / 32, kc / 32, sfr[j]);
+            s[j] = sfr[j];
+        }
+    }
+    const int64_t nb = kc / 128;
+    switch (n) { /* constant R: the row loops unroll */
+    case 4: rows_fp4(4, p, xs, nb, s, rows_ahead(4 * rb), part); break;
+    case 3: rows_fp4(3, p, xs, nb, s, rows_ahead(3 * rb), part); break;
+    case 2: rows_fp4(2, p, xs, nb, s, rows_ahead(2 * rb), part); break;
+    default: rows_fp4(1, p, xs, nb, s, rows_ahead(rb), part); break;
+    }
+    for (int64_t j = 0; j < n; j++) {
+        const float v = part[j] * row_scale(w, r + j);
+        y[r + j] = c0 == 0 ? v : y[r + j] + v;
+    }
+    return n;
+}
+
+/* fp8 rows [r, r + n) (n in 1..4, inside one 128-row scale block) against xq folded for that
+ * block (fold_block_scales); adds to y (c0 > 0) or writes it.  Returns n. */
+INLINE int64_t fp8_folded_rows(const mg_matrix *w, int64_t r, int64_t n, int64_t c0, int64_t kc, const float *xq,
+                               float *y) {
+    const size_t rb = mg_matrix_row_bytes(w), off = (size_t)c0;
+    const uint8_t *p[4];
+    float part[4];
+    for (int64_t j = 0; j < n; j++) p[j] = (const uint8_t *)w->data + (size_t)(r + j) * rb + off;
+    const int64_t nb = kc / 64;
+    switch (n) {
+    case 4: rows_fp8_folded(4, p, xq, nb, rows_ahead(4 * rb), part); break;
+    case 3: rows_fp8_folded(3, p, xq, nb, rows_ahead(3 * rb), part); break;
+    case 2: rows_fp8_folded(2, p, xq, nb, rows_ahead(2 * rb), part); break;
+    default: rows_fp8_folded(1, p, xq, nb, rows_ahead(rb), part); break;
+    }
+    for (int64_t j = 0; j < n; j++) y[r + j] = c0 == 0 ? part[j] : y[r + j] + part[j];
+    return n;
 }
 
 /* Decode of rows [r0, r1); returns 0 (having written nothing) when the AVX2 table must do it. */
@@ -412,7 +486,7 @@ INLINE int linear_decode(const mg_matrix *w, mg_format f, const float *x, float 
     if (!fast_decode(w, f)) return 0;
     float xp[XP_COLS] __attribute__((aligned(64)));
     float xq[XP_COLS] __attribute__((aligned(64))); /* fp8: xp with block scales folded in */
-    float sf[XP_COLS / 32], sf2[XP_COLS / 32];
+    float sf[XP_COLS / 32], sfr[4][XP_COLS / 32]; /* sfr: fp4 group scales of up to four rows */
     const size_t rb = mg_matrix_row_bytes(w);
     const int64_t sc = step_cols(f);
     if (f == MG_FP8_E4M3) { /* x * 256 must be exact for the whole row before any y is written */
@@ -422,7 +496,10 @@ INLINE int linear_decode(const mg_matrix *w, mg_format f, const float *x, float 
     for (int64_t c0 = 0; c0 < w->cols; c0 += XP_COLS) {
         const int64_t kc = w->cols - c0 < XP_COLS ? w->cols - c0 : XP_COLS, nb = kc / sc;
         const float *xs = x + c0;
-        if (f != MG_F32 && f != MG_F16) {
+        if (f == MG_FP8_E4M3 && block128_scaled(w)) { /* xp in the folded loop's order */
+            permute_x_fp8_folded(x + c0, kc, xp);
+            xs = xp;
+        } else if (f != MG_F32 && f != MG_F16) {
             permute_x(f, x + c0, kc, xp);
             xs = xp;
         }
@@ -439,59 +516,39 @@ INLINE int linear_decode(const mg_matrix *w, mg_format f, const float *x, float 
         for (int64_t r = r0; r < r1; r++) {
             const uint8_t *p = (const uint8_t *)w->data + (size_t)r * rb + off;
             float part;
-            if (f == MG_FP4_E2M1 && r + 1 < r1) { /* two rows per pass, see row2_fp4 */
-                float part1;
-                if (w->scale_kind == MG_SCALE_E8M0_G32) {
-                    row_scales_g32(w, r, c0 / 32, kc / 32, sf);
-                    row_scales_g32(w, r + 1, c0 / 32, kc / 32, sf2);
-                    row2_fp4(p, p + rb, xs, nb, sf, sf2, &part, &part1);
-                } else {
-                    row2_fp4(p, p + rb, xs, nb, NULL, NULL, &part, &part1);
+            if (f == MG_BF16) { /* up to four rows per pass, see rows_bf16 */
+                r += bf16_rows(w, r, r1 - r < 4 ? r1 - r : 4, c0, kc, xs, y) - 1;
+                continue;
+            }
+            if (f == MG_FP4_E2M1) { /* up to four rows per pass, see rows_fp4 */
+                r += fp4_rows(w, r, r1 - r < 4 ? r1 - r : 4, c0, kc, xs, y, sfr) - 1;
+                continue;
+            }
+            if (f == MG_FP8_E4M3 && block128_scaled(w)) {
+                if (r / 128 != sf_rows) { /* one scale row serves 128 weight rows */
+                    sf_rows = r / 128;
+                    folded = fold_block_scales(w, r, c0, kc, xp, xmax, xmin, xq);
+                    if (!folded) { /* xq: x * 256 in the f16-decoding order of row_fp8_block128 */
+                        permute_x(f, x + c0, kc, xq);
+                        for (int64_t j = 0; j * 128 < kc; j++) sf[j] = scale_block128(w, r, c0 + j * 128);
+                    }
                 }
+                if (folded) { /* up to four rows of this scale block per pass */
+                    int64_t n = r1 - r < 4 ? r1 - r : 4;
+                    if (n > 128 - r % 128) n = 128 - r % 128;
+                    r += fp8_folded_rows(w, r, n, c0, kc, xq, y) - 1;
+                    continue;
+                }
+                part = row_fp8_block128(p, xq, nb, sf);
+            } else if (f == MG_FP8_E4M3 && r + 1 < r1) { /* unscaled: see row2_fp8 */
+                float part1;
+                row2_fp8(p, p + rb, xs, nb, rows_ahead(2 * rb), &part, &part1);
                 part *= row_scale(w, r);
                 part1 *= row_scale(w, r + 1);
                 y[r] = c0 == 0 ? part : y[r] + part;
                 r++;
                 y[r] = c0 == 0 ? part1 : y[r] + part1;
                 continue;
-            }
-            if (f == MG_FP8_E4M3 && r + 1 < r1 && (r + 1) / 128 == r / 128) { /* see row2_fp8 */
-                const float *xr = xs;
-                if (block128_scaled(w)) {
-                    if (r / 128 != sf_rows) {
-                        sf_rows = r / 128;
-                        folded = fold_block_scales(w, r, c0, kc, xp, xmax, xmin, xq);
-                        if (!folded)
-                            for (int64_t j = 0; j * 128 < kc; j++) sf[j] = scale_block128(w, r, c0 + j * 128);
-                    }
-                    xr = folded ? xq : NULL;
-                }
-                if (xr) {
-                    float part1;
-                    row2_fp8(p, p + rb, xr, nb, 2 * rb, &part, &part1);
-                    part *= row_scale(w, r);
-                    part1 *= row_scale(w, r + 1);
-                    y[r] = c0 == 0 ? part : y[r] + part;
-                    r++;
-                    y[r] = c0 == 0 ? part1 : y[r] + part1;
-                    continue;
-                }
-            }
-            if (f == MG_FP4_E2M1) {
-                if (w->scale_kind == MG_SCALE_E8M0_G32) {
-                    row_scales_g32(w, r, c0 / 32, kc / 32, sf);
-                    part = row_fp4(p, xs, nb, sf);
-                } else {
-                    part = row_fp4(p, xs, nb, NULL);
-                }
-            } else if (f == MG_FP8_E4M3 && block128_scaled(w)) {
-                if (r / 128 != sf_rows) { /* one scale row serves 128 weight rows */
-                    sf_rows = r / 128;
-                    folded = fold_block_scales(w, r, c0, kc, xp, xmax, xmin, xq);
-                    if (!folded)
-                        for (int64_t j = 0; j * 128 < kc; j++) sf[j] = scale_block128(w, r, c0 + j * 128);
-                }
-                part = folded ? row_plain(f, p, xq, nb) : row_fp8_block128(p, xs, nb, sf);
             } else {
                 part = row_plain(f, p, xs, nb);
             }
