@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .prefix_cache import MIN_SNAPSHOT_TOKENS, PrefixCache, common_prefix
+from .prefix_cache import MIN_SNAPSHOT_TOKENS, ConversationSnapshots, PrefixCache, common_prefix
 from .prefix_disk import DiskSnapshots
 from .sampling import Sampler, SampledToken, SamplingParams
 from .tokenizer import IncrementalDecoder, Tokenizer
@@ -107,7 +107,7 @@ MIN_RESTORE_GAIN = 64
 
 class Slot:
     """The engine plus the token ids its KV state holds (and, optionally, snapshots of the
-    conversations it left: in RAM, gateway.prefix_cache, and on disk, gateway.prefix_disk)."""
+    conversations it left: gateway.prefix_cache.ConversationSnapshots)."""
 
     def __init__(self, engine, tokenizer: Tokenizer, max_ctx: int, prefix_cache: PrefixCache | None = None,
                  prefix_disk: DiskSnapshots | None = None) -> None:
@@ -118,78 +118,44 @@ class Slot:
         self.lock = threading.Lock()
         self.prefix_hits = 0
         self.cached_tokens_total = 0
-        self.prefix_cache = prefix_cache if prefix_cache is not None and prefix_cache.enabled else None
-        self.prefix_disk = prefix_disk
-        self.snapshot_restores = 0          # from RAM or disk
-        self.snapshot_restored_tokens = 0   # prompt tokens those restores saved from prefill
+        self.snapshots = ConversationSnapshots(prefix_cache, prefix_disk)
 
     @property
-    def _snapshots_on(self) -> bool:
-        return self.prefix_cache is not None or self.prefix_disk is not None
+    def prefix_cache(self) -> PrefixCache | None:
+        return self.snapshots.ram
+
+    @property
+    def prefix_disk(self) -> DiskSnapshots | None:
+        return self.snapshots.disk
+
+    @property
+    def snapshot_restores(self) -> int:
+        return self.snapshots.restores
+
+    @property
+    def snapshot_restored_tokens(self) -> int:
+        return self.snapshots.restored_tokens
 
     def _common_prefix(self, ids: Sequence[int]) -> int:
         return common_prefix(self.tokens, ids)
-
-    def _stash(self) -> None:
-        """Keeps the slot's state as a snapshot before it is overwritten (best effort: a
-        snapshot that cannot be taken only costs a later prefill)."""
-        ram, disk = self.prefix_cache, self.prefix_disk
-        to_ram = ram is not None and ram.worth_saving(self.tokens)
-        to_disk = disk is not None and disk.worth_saving(self.tokens)
-        if not (to_ram or to_disk):
-            return
-        try:
-            n = len(self.tokens)
-            to_ram = to_ram and ram.make_room(self.engine.prefix_bytes(n))
-            if not (to_ram or to_disk):
-                return
-            state = self.engine.save_prefix(n)
-            if to_ram:
-                ram.add(self.tokens, state)
-            if to_disk:
-                disk.save(self.tokens, state)
-        except Exception as exc:  # noqa: BLE001 - e.g. out of memory for the copy
-            log.warning("prefix snapshot of %d tokens not kept: %s", len(self.tokens), exc)
 
     def persist(self) -> None:
         """Writes the slot's own state to the disk snapshots (at shutdown: the next process
         starts from it)."""
         if self.prefix_disk is not None:
             with self.lock:
-                ram, self.prefix_cache = self.prefix_cache, None
-                try:
-                    self._stash()
-                finally:
-                    self.prefix_cache = ram
-
-    def _best_snapshot(self, prompt: Sequence[int]) -> tuple[Callable[[], tuple[Sequence[int], np.ndarray]] | None, int]:
-        """(loader of the snapshot sharing the most with the prompt, tokens shared); RAM first."""
-        best, shared = None, 0
-        if self.prefix_cache is not None:
-            key, n = self.prefix_cache.best_match(prompt)
-            if key is not None:
-                cache = self.prefix_cache
-
-                def from_ram() -> tuple[Sequence[int], np.ndarray]:
-                    snap = cache.take(key)
-                    return snap.tokens, snap.state
-                best, shared = from_ram, n
-        if self.prefix_disk is not None:
-            entry, n = self.prefix_disk.best_match(prompt)
-            if entry is not None and n > shared:
-                disk = self.prefix_disk
-                best, shared = (lambda: (entry.tokens, disk.read(entry))), n
-        return best, shared
+                self.snapshots.keep(self.engine, self.tokens, to_ram=False)
 
     def _switch_conversation(self, prompt: Sequence[int], common: int) -> int:
         """Before the slot truncates to `common`: restore a snapshot that shares more with the
         prompt, or keep the slot's state when it is leaving a long conversation.  Returns the
         tokens the slot now shares with the prompt."""
-        if not self._snapshots_on:
+        snapshots = self.snapshots
+        if not snapshots.enabled:
             return common
-        load, shared = self._best_snapshot(prompt)
+        load, shared = snapshots.best(prompt)
         if load is not None and shared >= common + MIN_RESTORE_GAIN:
-            self._stash()
+            snapshots.keep(self.engine, self.tokens)
             try:
                 tokens, state = load()
             except (OSError, ValueError) as exc:  # a disk snapshot went bad: prefill instead
@@ -202,12 +168,12 @@ class Slot:
                 self.engine.reset()
                 raise
             self.tokens = list(tokens)
-            self.snapshot_restores += 1
-            self.snapshot_restored_tokens += shared
+            snapshots.restores += 1
+            snapshots.restored_tokens += shared
             return shared
         dropped = len(self.tokens) - common
         if dropped >= MIN_SNAPSHOT_TOKENS and common < len(self.tokens) // 2:
-            self._stash()  # leaving this conversation rather than editing its tail
+            snapshots.keep(self.engine, self.tokens)  # leaving this conversation, not editing its tail
         return common
 
     def _eval(self, ids: list[int]) -> np.ndarray:
