@@ -236,7 +236,7 @@ def parse_openai_chat(body: Any) -> ChatSpec:
             spec.response_format = _json_format(inner.get("schema"), "response_format")
         else:
             spec.response_format = _json_format(None, "response_format") if fmt["type"] == "json_object" else None
-    extension = _extension_format(body)
+    extension = extension_format(body)
     if extension is not None:
         if spec.response_format is not None or spec.forces_call:
             raise bad_request(f"'{extension['param']}' cannot be combined with response_format or a forced "
@@ -253,7 +253,7 @@ _EXTENSIONS = (("guided_json", "json"), ("guided_regex", "regex"), ("guided_choi
                ("guided_grammar", "grammar"), ("grammar", "grammar"), ("json_schema", "json"))
 
 
-def _extension_format(body: dict) -> dict | None:
+def extension_format(body: dict) -> dict | None:
     """The one extension constraint a request carries, normalised like response_format:
     {"type": "json_schema" | "json_object" | "regex" | "choice" | "grammar", ..., "param": name}."""
     found: list[tuple[str, str, Any]] = []

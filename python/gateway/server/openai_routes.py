@@ -14,7 +14,7 @@ from aiohttp import web
 from ..generate import GenerationResult, TextEvent
 from . import sse
 from . import constrained
-from .chat_request import MAX_CHOICES, ChatSpec, _extension_format, _int, _sampling, _stop_list, parse_json_body, parse_openai_chat
+from .chat_request import MAX_CHOICES, ChatSpec, extension_format, _int, _sampling, _stop_list, parse_json_body, parse_openai_chat
 from .errors import ApiError, bad_request
 from .pipeline import (ChatRun, Delta, Finish, JobRun, Usage, generation_request, keepalive, send_waiting_comment,
                        start_chat_async)
@@ -151,7 +151,7 @@ async def completions(request: web.Request) -> web.StreamResponse:
     if isinstance(logprobs_n, int) and not isinstance(logprobs_n, bool) and logprobs_n > 0:
         sampling.logprobs, sampling.top_logprobs = True, min(logprobs_n, 20)
     stop = _stop_list(body.get("stop"), "stop")
-    fmt = _extension_format(body)
+    fmt = extension_format(body)
 
     async def job(index: int) -> JobRun:
         """Choice `index` (seed + index, its own grammar state), queued now."""
