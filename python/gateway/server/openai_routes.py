@@ -14,7 +14,8 @@ from aiohttp import web
 from ..generate import GenerationResult, TextEvent
 from . import sse
 from . import constrained
-from .chat_request import MAX_CHOICES, ChatSpec, extension_format, _int, _sampling, _stop_list, parse_json_body, parse_openai_chat
+from .chat_request import (MAX_CHOICES, ChatSpec, _int, _sampling, _stop_list, extension_format, parse_json_body,
+                           parse_openai_chat)
 from .errors import ApiError, bad_request
 from .pipeline import (ChatRun, Delta, Finish, JobRun, Usage, generation_request, keepalive, send_waiting_comment,
                        start_chat_async)
