@@ -267,3 +267,28 @@ def test_server_restart_resumes_from_the_snapshot_folder(build_checkpoint, tmp_p
         stop_server(server)
     files = [p for p in folder.rglob("*") if p.is_file()]
     assert files and all(p.stat().st_mode & 0o077 == 0 for p in files)  # private to the user
+
+
+def test_under_a_budget_snapshot_buffers_fit_the_ram_share(build_checkpoint, tmp_path):
+    """With --ram every snapshot buffer, even one only passing to disk, must fit the RAM tier's
+    share; without a RAM tier the disk tier is off."""
+    from gateway.prefix_disk import DiskSnapshots
+
+    ckpt = build_checkpoint("qwen3_moe", "bf16")
+    tok = Tokenizer.from_dir(ckpt)
+    engine = Engine(str(ckpt), max_ctx=1024)
+    convo, other = tokens_for(engine, 400, 30), tokens_for(engine, 300, 31)
+    need = None
+    for budgeted, ram_bytes, folder in ((True, 0, "a"), (True, 100_000, "b"), (False, 100_000, "c")):
+        disk = DiskSnapshots(tmp_path / folder, 1 << 30, 256)
+        slot = Slot(engine, tok, 1024, PrefixCache(ram_bytes), disk, budgeted=budgeted)
+        run(slot, convo)
+        need = need or engine.prefix_bytes()
+        run(slot, other)  # leaves convo
+        written = len(list((tmp_path / folder).glob("*.snap")))
+        if budgeted and ram_bytes == 0:
+            assert slot.prefix_disk is None and written == 0
+        elif budgeted:
+            assert need > ram_bytes and written == 0  # the buffer would not fit the RAM share
+        else:
+            assert written == 1  # no budget: the disk tier takes what RAM cannot hold

@@ -110,7 +110,7 @@ class Slot:
     conversations it left: gateway.prefix_cache.ConversationSnapshots)."""
 
     def __init__(self, engine, tokenizer: Tokenizer, max_ctx: int, prefix_cache: PrefixCache | None = None,
-                 prefix_disk: DiskSnapshots | None = None) -> None:
+                 prefix_disk: DiskSnapshots | None = None, budgeted: bool = False) -> None:
         self.engine = engine
         self.tokenizer = tokenizer
         self.max_ctx = max_ctx
@@ -118,7 +118,7 @@ class Slot:
         self.lock = threading.Lock()
         self.prefix_hits = 0
         self.cached_tokens_total = 0
-        self.snapshots = ConversationSnapshots(prefix_cache, prefix_disk)
+        self.snapshots = ConversationSnapshots(prefix_cache, prefix_disk, budgeted)
 
     @property
     def prefix_cache(self) -> PrefixCache | None:

@@ -148,11 +148,22 @@ class ConversationSnapshots:
     (gateway.prefix_disk.DiskSnapshots).  `keep` writes to every tier that wants the state;
     `best` finds the snapshot sharing the most with a prompt, RAM first on a tie."""
 
-    def __init__(self, ram: PrefixCache | None = None, disk: "DiskSnapshots | None" = None) -> None:
+    def __init__(self, ram: PrefixCache | None = None, disk: "DiskSnapshots | None" = None,
+                 budgeted: bool = False) -> None:
+        """budgeted (--ram): every snapshot buffer, also one only passing to or from disk, must
+        fit in the RAM tier's share of the budget (room is made by evicting RAM snapshots), so
+        the disk tier needs a RAM tier."""
         self.ram = ram if ram is not None and ram.enabled else None
-        self.disk = disk
+        self.disk = disk if disk is not None and (self.ram is not None or not budgeted) else None
+        self.budgeted = budgeted
         self.restores = 0          # from either tier (counted by the slot when a restore succeeds)
         self.restored_tokens = 0   # prompt tokens those restores saved from prefill
+
+    def _room_for(self, nbytes: int) -> bool:
+        """Whether a buffer of nbytes may be allocated now (RAM snapshots evicted for it)."""
+        if self.ram is None:
+            return not self.budgeted
+        return self.ram.make_room(nbytes) or not self.budgeted
 
     @property
     def enabled(self) -> bool:
@@ -166,7 +177,10 @@ class ConversationSnapshots:
         if ram is None and disk is None:
             return
         try:
-            if ram is not None and not ram.make_room(engine.prefix_bytes(len(tokens))):
+            nbytes = engine.prefix_bytes(len(tokens))
+            if not self._room_for(nbytes):
+                return
+            if ram is not None and nbytes > ram.capacity_bytes:
                 ram = None
             if ram is None and disk is None:
                 return
@@ -194,5 +208,9 @@ class ConversationSnapshots:
             disk = self.disk
             entry, n = disk.best_match(prompt)
             if entry is not None and n > shared:
-                best, shared = (lambda: (entry.tokens, disk.read(entry))), n
+                def from_disk() -> tuple[Sequence[int], np.ndarray]:
+                    if not self._room_for(entry.state_bytes):
+                        raise ValueError(f"no room under --ram for a {entry.state_bytes / 1e9:.2f} GB snapshot")
+                    return entry.tokens, disk.read(entry)
+                best, shared = from_disk, n
         return best, shared

@@ -101,7 +101,11 @@ def build_state(opts: ServeOptions, *, demo: bool = False) -> ServerState:
     if opts.prefix_cache_dir:
         folder = model_folder(Path(opts.prefix_cache_dir).expanduser(), path, opts.kv_dtype)
         disk = DiskSnapshots(folder, int(opts.prefix_cache_disk_gb * 1e9), MIN_SNAPSHOT_TOKENS)
-    slot = Slot(engine, tokenizer, max_ctx, PrefixCache(int(snapshots_gb * 1e9)), disk)
+    if disk is not None and opts.ram_gb is not None and snapshots_gb <= 0:
+        log.warning("--prefix-cache-dir is off: under --ram, snapshots pass through RAM, so it needs "
+                    "--prefix-cache > 0")
+    slot = Slot(engine, tokenizer, max_ctx, PrefixCache(int(snapshots_gb * 1e9)), disk,
+                budgeted=opts.ram_gb is not None)
     metrics = Metrics()
     scheduler = Scheduler(slot, opts.max_queue, on_result=metrics.record_job, on_dropped=metrics.record_dropped)
     state = ServerState(
