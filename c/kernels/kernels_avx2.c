@@ -532,37 +532,48 @@ INLINE void permute_x_fp8_folded(const float *x, int64_t kc, float *xo) {
             for (int q = 0; q < 8; q++) xo[g + 8 * k + q] = x[g + 4 * q + order[k]] * 256.0f;
 }
 
-/* xq = xo (x * 256, permuted) times 2^112 times the scale of each 128-column block of row r (one
- * for unscaled and F32_ROW matrices), so that the rows sharing these scales run rows_fp8_folded,
- * which leaves 2^-120 in each weight.  Returns 0 (xq unusable) unless every product is zero or a
- * finite normal number, which keeps each weight times x the same product as the scalar twin's
- * (exactly so for power-of-two scales).  xmax, xmin: the largest and the smallest non-zero |xo|. */
+/* xq = xo (x * 256, permuted) times 2^(112 - k) times the scale of each 128-column block of row r
+ * (one for unscaled and F32_ROW matrices), so that the rows sharing these scales run
+ * rows_fp8_folded, which leaves 2^-120 in each weight; their sums are multiplied by *unfold = 2^k
+ * afterwards.  k > 0 only when x * scale is too large for k = 0: unscaled and per-row-scaled fp8
+ * would otherwise need |x| < 64.  Returns 0 (xq unusable) unless every xq is zero or a finite
+ * normal number, which keeps each weight times x the same product as the scalar twin's (exactly
+ * so for power-of-two scales).  xmax, xmin: the largest and the smallest non-zero |xo|. */
 INLINE int fold_scales(const mg_matrix *w, int64_t r, int64_t c0, int64_t kc, const float *xo, float xmax, float xmin,
-                       float *xq) {
+                       float *xq, float *unfold) {
+    double amax = 0.0, amin = INFINITY;
     for (int64_t j = 0; j * 128 < kc; j++) {
-        const float a = fabsf(scale_block128(w, r, c0 + j * 128)) * 0x1p112f;
-        if (!(a == 0.0f || (a < INFINITY && xmax * a < 0x1p126f && xmin * a >= 0x1p-126f))) return 0;
+        const double a = fabs((double)scale_block128(w, r, c0 + j * 128));
+        if (!(a < INFINITY)) return 0; /* inf or NaN scales: the one-row loop */
+        amax = a > amax ? a : amax;
+        amin = a > 0.0 && a < amin ? a : amin;
     }
+    const double hi = (double)xmax * amax * 0x1p112, lo = (double)xmin * amin * 0x1p112;
+    const int k = hi < 0x1p126 ? 0 : ilogb(hi) - 125; /* hi * 2^-k < 2^126 */
+    if (xmin < INFINITY && amin < INFINITY && !(ldexp(lo, -k) >= 0x1p-126)) return 0;
     for (int64_t j = 0; j * 128 < kc; j++) { /* the factor is exact: a power-of-two multiple */
-        const __m256 s = _mm256_set1_ps(scale_block128(w, r, c0 + j * 128) * 0x1p112f);
+        const __m256 s = _mm256_set1_ps(ldexpf(scale_block128(w, r, c0 + j * 128), 112 - k));
         const int64_t e = (j + 1) * 128 < kc ? (j + 1) * 128 : kc;
         for (int64_t i = j * 128; i < e; i += 8) _mm256_store_ps(xq + i, _mm256_mul_ps(_mm256_load_ps(xo + i), s));
     }
+    *unfold = ldexpf(1.0f, k);
     return 1;
 }
 
 /* Writes (c0 == 0) or adds the R row sums part[] times their row scales to y[r..]. */
-INLINE void store_rows(const mg_matrix *w, int64_t r, int64_t n, int64_t c0, const float *part, float *y) {
+INLINE void store_rows(const mg_matrix *w, int64_t r, int64_t n, int64_t c0, const float *part, float unfold,
+                       float *y) {
     for (int64_t j = 0; j < n; j++) {
-        const float v = part[j] * row_scale(w, r + j);
+        const float v = part[j] * unfold * row_scale(w, r + j);
         y[r + j] = c0 == 0 ? v : y[r + j] + v;
     }
 }
 
 /* Rows [r, r + n) (n in 1..4) of one fast format over columns [c0, c0 + kc) against xs (permuted
- * x; fp8: xq folded for these rows); sfr: scratch for fp4 group scales.  Returns n. */
+ * x; fp8: xq folded for these rows, whose sums are multiplied by unfold); sfr: scratch for fp4
+ * group scales.  Returns n. */
 INLINE int64_t fast_rows(const mg_matrix *w, mg_format f, int64_t r, int64_t n, int64_t c0, int64_t kc,
-                         const float *xs, float *y, float (*sfr)[XP_COLS / 32]) {
+                         const float *xs, float unfold, float *y, float (*sfr)[XP_COLS / 32]) {
     const size_t rb = mg_matrix_row_bytes(w), off = col_bytes(f, c0);
     const uint8_t *p[4];
     const float *s[4] = {NULL, NULL, NULL, NULL};
@@ -589,7 +600,7 @@ INLINE int64_t fast_rows(const mg_matrix *w, mg_format f, int64_t r, int64_t n, 
     default: FAST_ROWS(1) break;
     }
 #undef FAST_ROWS
-    store_rows(w, r, n, c0, part, y);
+    store_rows(w, r, n, c0, part, unfold, y);
     return n;
 }
 
@@ -621,7 +632,7 @@ INLINE int linear_decode_fast(const mg_matrix *w, mg_format f, const float *x, f
         const int64_t kc = w->cols - c0 < XP_COLS ? w->cols - c0 : XP_COLS;
         if (f != MG_FP8_E4M3) {
             permute_x(f, x + c0, kc, xp);
-            for (int64_t r = r0; r < r1;) r += fast_rows(w, f, r, r1 - r < 4 ? r1 - r : 4, c0, kc, xp, y, sfr);
+            for (int64_t r = r0; r < r1;) r += fast_rows(w, f, r, r1 - r < 4 ? r1 - r : 4, c0, kc, xp, 1.0f, y, sfr);
             continue;
         }
         permute_x_fp8_folded(x + c0, kc, xp);
@@ -632,10 +643,11 @@ INLINE int linear_decode_fast(const mg_matrix *w, mg_format f, const float *x, f
             xmin = a > 0.0f && a < xmin ? a : xmin;
         }
         /* Scale blocks of 128 rows (unscaled and F32_ROW: one fold serves every row). */
-        const int64_t blk = (w->scale_kind == MG_SCALE_F32_BLOCK128 || w->scale_kind == MG_SCALE_E8M0_BLOCK128) ? 128 : r1;
+        const int blocks = w->scale_kind == MG_SCALE_F32_BLOCK128 || w->scale_kind == MG_SCALE_E8M0_BLOCK128;
         for (int64_t r = r0; r < r1;) {
-            const int64_t e = blk == r1 ? r1 : ((r / 128 + 1) * 128 < r1 ? (r / 128 + 1) * 128 : r1);
-            if (!fold_scales(w, r, c0, kc, xp, xmax, xmin, xq)) {
+            const int64_t e = !blocks || (r / 128 + 1) * 128 >= r1 ? r1 : (r / 128 + 1) * 128;
+            float unfold;
+            if (!fold_scales(w, r, c0, kc, xp, xmax, xmin, xq, &unfold)) {
                 permute_x(f, x + c0, kc, xq); /* the one-row loop's order, see row_dot_chunk */
                 for (; r < e; r++) { /* e.g. scales too large to fold */
                     const float part = row_dot_chunk(w, f, r, c0, kc, xq, x) * row_scale(w, r);
@@ -643,7 +655,7 @@ INLINE int linear_decode_fast(const mg_matrix *w, mg_format f, const float *x, f
                 }
                 continue;
             }
-            while (r < e) r += fast_rows(w, f, r, e - r < 4 ? e - r : 4, c0, kc, xq, y, sfr);
+            while (r < e) r += fast_rows(w, f, r, e - r < 4 ? e - r : 4, c0, kc, xq, unfold, y, sfr);
         }
     }
     return 1;
