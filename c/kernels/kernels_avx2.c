@@ -385,12 +385,21 @@ INLINE float row_dot_chunk(const mg_matrix *w, mg_format f, int64_t r, int64_t c
 
 /* ---- decode fast paths: several rows per pass ------------------------------------------------
  *
- * The one-row loop above ran at 0.30-0.37 of read bandwidth for fp4 / fp8 on one Zen 4 core: each
- * step's partial sums formed one FMA chain of four (latency bound), and the 2 KiB prefetch pointed
- * inside the row being read.  The loops below take up to four rows per pass (independent chains),
- * start each step's partial sums with a multiply (a new chain per step), and prefetch the same
- * line of a later group of rows (rows_ahead), as the AVX-512 table does.  They need whole steps
- * (fp8, bf16: 32 columns; fp4: 64), otherwise the calls take the one-row loop. */
+ * The one-row loop above ran fp4 / fp8 at 0.30-0.37 of read bandwidth on one Zen 4 core (fp8 with
+ * 128x128 block scales: 13 GB/s from L2).  The loops below take two to four rows per pass sharing
+ * the x loads, start each step's partial sums afresh where a long FMA chain would bound them,
+ * prefetch the same line of a later group of rows (rows_ahead) into L2, and decode fp8 without
+ * vcvtph2ps (folded scales, as the AVX-512 table does): fp8 22 GB/s from L2 per core, streamed
+ * 0.9+ of read bandwidth on one core (thread CPU time).  Rows per pass (group_rows), Zen 4: fp8
+ * and fp4 two (four: 5% slower from L2 and 0.84 instead of 0.95 streamed; three: 0.61 streamed),
+ * bf16 four (two: 50 instead of 57 GB/s from L2).  Prefetch into L2 (T1): 0.70-0.78 streamed
+ * against 0.51-0.54 into L1 (T0), with 4, 8 or 16 KiB ahead alike.
+ *
+ * fp4 stays bound by its decoding (10.5 GB/s of codes per core from L2, about 0.35 of one core's
+ * read bandwidth): per 64 codes four vpshufb, four unpacks and five shifts share the two shuffle
+ * pipes with part of the eight FMAs; a single FMA chain per step, four chains, or fewer rows per
+ * pass did not change that.  Needs whole steps (fp8, bf16: 32 columns; fp4: 64), otherwise the
+ * call takes the one-row loop. */
 
 /* Prefetch distance of the multi-row loops: the same line of a later group of rows, at least
  * MG_AVX2_MIN_AHEAD bytes on (narrow rows would otherwise prefetch too close, see the AVX-512
@@ -399,7 +408,7 @@ INLINE float row_dot_chunk(const mg_matrix *w, mg_format f, int64_t r, int64_t c
 #define MG_AVX2_MIN_AHEAD 8192
 #endif
 #ifndef MG_AVX2_ROWS_HINT
-#define MG_AVX2_ROWS_HINT _MM_HINT_T0
+#define MG_AVX2_ROWS_HINT _MM_HINT_T1
 #endif
 INLINE size_t rows_ahead(size_t group) {
     return group >= MG_AVX2_MIN_AHEAD ? group : (MG_AVX2_MIN_AHEAD + group - 1) / group * group;
@@ -604,6 +613,15 @@ INLINE int64_t fast_rows(const mg_matrix *w, mg_format f, int64_t r, int64_t n, 
     return n;
 }
 
+/* Rows per pass (Zen 4, one core: see "decode fast paths" above). */
+#ifndef MG_AVX2_GROUP_BF16
+#define MG_AVX2_GROUP_BF16 4
+#endif
+#ifndef MG_AVX2_GROUP_Q
+#define MG_AVX2_GROUP_Q 2
+#endif
+INLINE int64_t group_rows(mg_format f) { return f == MG_BF16 ? MG_AVX2_GROUP_BF16 : MG_AVX2_GROUP_Q; }
+
 /* Whether the multi-row loops take this matrix (x is checked separately for fp8). */
 INLINE int fast_decode(const mg_matrix *w, mg_format f) {
     switch (f) {
@@ -627,12 +645,13 @@ INLINE int linear_decode_fast(const mg_matrix *w, mg_format f, const float *x, f
     float xp[XP_COLS] __attribute__((aligned(32)));
     float xq[XP_COLS] __attribute__((aligned(32))); /* fp8: xp with scales folded in */
     float sfr[5][XP_COLS / 32]; /* fp4: four rows' group scales, and ones for unscaled rows */
+    const int64_t G = group_rows(f);
     for (int64_t i = 0; i < XP_COLS / 32; i++) sfr[4][i] = 1.0f;
     for (int64_t c0 = 0; c0 < w->cols; c0 += XP_COLS) {
         const int64_t kc = w->cols - c0 < XP_COLS ? w->cols - c0 : XP_COLS;
         if (f != MG_FP8_E4M3) {
             permute_x(f, x + c0, kc, xp);
-            for (int64_t r = r0; r < r1;) r += fast_rows(w, f, r, r1 - r < 4 ? r1 - r : 4, c0, kc, xp, 1.0f, y, sfr);
+            for (int64_t r = r0; r < r1;) r += fast_rows(w, f, r, r1 - r < G ? r1 - r : G, c0, kc, xp, 1.0f, y, sfr);
             continue;
         }
         permute_x_fp8_folded(x + c0, kc, xp);
@@ -655,7 +674,7 @@ INLINE int linear_decode_fast(const mg_matrix *w, mg_format f, const float *x, f
                 }
                 continue;
             }
-            while (r < e) r += fast_rows(w, f, r, e - r < 4 ? e - r : 4, c0, kc, xq, unfold, y, sfr);
+            while (r < e) r += fast_rows(w, f, r, e - r < G ? e - r : G, c0, kc, xq, unfold, y, sfr);
         }
     }
     return 1;
