@@ -398,7 +398,9 @@ INLINE float row_dot_chunk(const mg_matrix *w, mg_format f, int64_t r, int64_t c
  * fp4 stays bound by its decoding (10.5 GB/s of codes per core from L2, about 0.35 of one core's
  * read bandwidth): per 64 codes four vpshufb, four unpacks and five shifts share the two shuffle
  * pipes with part of the eight FMAs; a single FMA chain per step, four chains, or fewer rows per
- * pass did not change that.  Needs whole steps (fp8, bf16: 32 columns; fp4: 64), otherwise the
+ * pass did not change that, and two other decodings were slower (8.0 GB/s each): the codes as
+ * int8 in the top byte of each 32-bit lane through vcvtdq2ps, and f16 high bytes through
+ * vcvtph2ps (one scale broadcast per group, no permute).  Needs whole steps (fp8, bf16: 32 columns; fp4: 64), otherwise the
  * call takes the one-row loop. */
 
 /* Prefetch distance of the multi-row loops: the same line of a later group of rows, at least
