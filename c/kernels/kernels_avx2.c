@@ -4,7 +4,8 @@
  * Decode (n_tok == 1) streams each weight row once: a block of raw codes is widened to fp32
  * "raw" values (a power-of-two multiple of the true value, see RAW_FACTOR), dotted with x, and
  * the block's partial sum is multiplied by its scale (a per-row scale, F32_ROW, multiplies the
- * row's whole sum once).  Prefill (n_tok > 1) dequantises a tile of
+ * row's whole sum once); bf16, fp8 and fp4 matrices of whole 32- / 64-column steps take the
+ * multi-row loops instead ("decode fast paths").  Prefill (n_tok > 1) dequantises a tile of
  * rows x columns exactly into an L1-resident fp32 buffer and runs a 4-row x 3-token register
  * blocked micro-kernel over it, so the decoding cost is paid once per tile, not per token (row
  * scales are left out of the tile and multiply each output instead).
