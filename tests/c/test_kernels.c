@@ -276,6 +276,32 @@ static void test_linear_fp8_unfoldable(tally *t, const mg_kernels *const *tables
     }
 }
 
+/* fp8 decode with activations far from 1: the AVX2 table folds x * 2^120 * scale into one vector
+ * and takes 2^k back out of the row sums when that would overflow (|x| >= 64 for unscaled and
+ * per-row-scaled rows), and hands a row block to the one-row loop when x spans more binades than
+ * the fold can hold.  Every scale kind of fp8, whole and half 64-byte lines (4160, 4128 columns). */
+static void test_linear_fp8_wide_x(tally *t, const mg_kernels *const *tables, int n_tables, rng *g) {
+    static const mg_scale_kind kinds[] = {MG_SCALE_NONE, MG_SCALE_F32_BLOCK128, MG_SCALE_E8M0_BLOCK128,
+                                          MG_SCALE_F32_ROW};
+    static const int64_t shapes[][2] = {{257, 4160}, {6, 4128}, {3, 96}};
+    static const float amps[] = {1e3f, 3e6f, 0x1p100f, -1.0f}; /* -1: a few huge and tiny values */
+    for (size_t ki = 0; ki < sizeof kinds / sizeof *kinds; ki++)
+        for (size_t si = 0; si < sizeof shapes / sizeof *shapes; si++) {
+            test_matrix tm;
+            make_matrix(&tm, MG_FP8_E4M3, kinds[ki], shapes[si][0], shapes[si][1], g);
+            const int64_t rows = tm.m.rows, cols = tm.m.cols;
+            float *x = malloc((size_t)cols * sizeof(float)), *y = malloc((size_t)rows * sizeof(float));
+            for (size_t ai = 0; ai < sizeof amps / sizeof *amps; ai++) {
+                for (int64_t c = 0; c < cols; c++) x[c] = rng_sym(g) * (amps[ai] > 0 ? amps[ai] : 1.0f);
+                if (amps[ai] < 0) x[1] = 0x1p90f, x[2] = 0x1p-90f; /* 180 binades: no fold holds both */
+                run_linear(t, tables[0], &tm, x, 1, NULL, y);
+                for (int k = 1; k < n_tables; k++) run_linear(t, tables[k], &tm, x, 1, y, NULL);
+            }
+            free(x), free(y);
+            free_matrix(&tm);
+        }
+}
+
 static void test_linear(tally *t, const mg_kernels *const *tables, int n_tables, rng *g) {
     static const int64_t rows_list[] = {1, 3, 17, 130, 257};
     /* 128, 4160 and 8320: the AVX-512 decode fast paths (whole 64-byte steps, a last half fp8
@@ -388,6 +414,7 @@ int main(void) {
     printf("\n");
     test_linear(&t, tables, n, &g);
     test_linear_fp8_unfoldable(&t, tables, n, &g);
+    test_linear_fp8_wide_x(&t, tables, n, &g);
     for (int i = 0; i < n; i++) test_vector_ops(&t, tables[i], tables[0], &g);
     printf("%d passed, %d failed\n", t.passed, t.failed);
     return t.failed ? 1 : 0;
