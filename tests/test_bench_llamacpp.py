@@ -61,7 +61,7 @@ def test_llama_bench_result_becomes_a_ratio(bench_dir: Path, no_llama: Path, tmp
     monkeypatch.setenv("MOEGATE_LLAMA_BENCH", str(fake))
     opts = bench_llamacpp.parse_args(quick_args(bench_dir))
     ckpt = bench_llamacpp.bench_models.ensure_checkpoint("qwen3_moe", bench_llamacpp.bench_models.model_options(opts))
-    gguf = bench_llamacpp.gguf_path(ckpt, "bf16")
+    gguf = bench_llamacpp.gguf_path(ckpt)
     gguf.write_bytes(b"GGUF")
     try:
         rows = bench_llamacpp.run_llamacpp_benches(opts)
@@ -80,7 +80,7 @@ def test_failing_llama_bench_gives_na_with_its_error(bench_dir: Path, no_llama: 
     monkeypatch.setenv("MOEGATE_LLAMA_BENCH", str(fake))
     opts = bench_llamacpp.parse_args(quick_args(bench_dir))
     ckpt = bench_llamacpp.bench_models.ensure_checkpoint("qwen3_moe", bench_llamacpp.bench_models.model_options(opts))
-    gguf = bench_llamacpp.gguf_path(ckpt, "bf16")
+    gguf = bench_llamacpp.gguf_path(ckpt)
     gguf.write_bytes(b"GGUF")
     try:
         rows = bench_llamacpp.run_llamacpp_benches(opts)

@@ -197,16 +197,21 @@ def find_llama_bench(opts: argparse.Namespace) -> Path:
 
 # ---- GGUF conversion ------------------------------------------------------------------------
 
-def gguf_path(ckpt: Path, fmt: str) -> Path:
-    return ckpt.parent / f"{ckpt.name}.{OUTTYPE[fmt]}.gguf"
+def gguf_path(ckpt: Path) -> Path:
+    """Next to the checkpoint, named after it (its name carries the format)."""
+    return ckpt.parent / f"{ckpt.name}.gguf"
 
 
 def ensure_gguf(name: str, ckpt: Path, fmt: str, opts: argparse.Namespace) -> Path:
     """The checkpoint converted by llama.cpp's converter, cached next to it (redone if older)."""
-    out = gguf_path(ckpt, fmt)
+    out = gguf_path(ckpt)
     if out.is_file() and out.stat().st_mtime >= (ckpt / "config.json").stat().st_mtime:
         return out
     src = fetch_source(llama_dir(opts), opts)
+    need = sum(f.stat().st_size for f in ckpt.glob("*.safetensors")) * 1.1  # a GGUF is about as large
+    free = shutil.disk_usage(ckpt.parent).free
+    if free < need:
+        raise Unavailable(f"{ckpt.parent}: {free / 1e9:.1f} GB free, its GGUF needs {need / 1e9:.1f} GB")
     log = out.with_name(out.name + ".log")
     tmp = out.with_name(out.name + ".partial")
     print(f"  converting {ckpt.name} to GGUF ({OUTTYPE[fmt]}) with llama.cpp's convert_hf_to_gguf.py "
@@ -237,18 +242,34 @@ def llama_decode(binary: Path, model: Path, threads: int, tokens: int, depth: in
     """One llama-bench tg run (after its own warm-up): N tokens decoded after `depth` of context."""
     base = [str(binary), "-m", str(model), "-p", "0", "-n", str(tokens), "-t", str(threads), "-r", "1", "-o", "json"]
     for extra in (["-d", str(depth)], []):  # -d (context depth) is missing in older llama-bench
-        done = subprocess.run(base + extra, capture_output=True, text=True, timeout=3600)
-        if done.returncode == 0 or "-d" not in extra or "invalid parameter" not in done.stderr:
+        try:
+            done = subprocess.run(base + extra, capture_output=True, text=True, errors="replace", timeout=3600)
+        except subprocess.TimeoutExpired:
+            raise Unavailable(f"llama-bench on {model.name} did not finish within an hour") from None
+        if done.returncode == 0 or "-d" not in extra or "invalid parameter for argument: -d" not in done.stderr:
             break
     if done.returncode != 0:
-        lines = [ln for ln in done.stderr.splitlines() if ln.strip()]
-        reason = next((ln for ln in reversed(lines) if "error" in ln.lower() or "fail" in ln.lower()),
-                      lines[-1] if lines else f"exit {done.returncode}")
-        raise Unavailable(f"llama-bench could not run {model.name}: {reason.strip()[:200]}")
+        raise Unavailable(f"llama-bench could not run {model.name}: {failure_reason(done, base + extra)}")
     rows = [r for r in json.loads(done.stdout) if int(r.get("n_gen", 0)) > 0]
     if not rows:
         raise Unavailable("llama-bench printed no tg result")
     return LlamaRun(float(rows[0]["avg_ts"]), str(rows[0].get("build_commit", "?")))
+
+
+def failure_reason(done: subprocess.CompletedProcess, cmd: list[str]) -> str:
+    """The line saying why llama-bench failed; without -v it hides the loader's reason, so a
+    failed run is repeated once with -v (it fails at load, in seconds) to read it."""
+    lines = [ln.strip() for ln in done.stderr.splitlines() if ln.strip()]
+    try:
+        verbose = subprocess.run(cmd + ["-v"], capture_output=True, text=True, errors="replace", timeout=600)
+        lines += [ln.strip() for ln in verbose.stderr.splitlines() if ln.strip()]
+    except (OSError, subprocess.TimeoutExpired):
+        pass
+    for marker in ("error loading model", "error", "fail"):
+        found = [ln for ln in lines if marker in ln.lower()]
+        if found:
+            return found[0 if marker == "error loading model" else -1][:240]
+    return lines[-1][:240] if lines else f"exit {done.returncode}"
 
 
 @dataclass
