@@ -88,3 +88,16 @@ def test_failing_llama_bench_gives_na_with_its_error(bench_dir: Path, no_llama: 
         gguf.unlink()
     assert rows[0].llama == [] and "unknown architecture" in rows[0].note
     assert rows[0].cells()[5] == "n/a"
+
+
+def test_missing_cmake_is_a_clear_unavailable(no_llama: Path) -> None:
+    # Sources already in the cache (no download), but no cmake on PATH: the build is refused
+    # with a message, not a crash, and nothing is fetched.
+    src = no_llama / f"llama_cpp_python-{bench_llamacpp.LLAMA_CPP_PYTHON}" / "vendor" / "llama.cpp"
+    src.mkdir(parents=True)
+    (src / "convert_hf_to_gguf.py").write_text("")
+    (src / "CMakeLists.txt").write_text("")
+    opts = bench_llamacpp.parse_args(["--models", "qwen3_moe"])
+    with pytest.raises(bench_llamacpp.Unavailable, match="cmake not found"):
+        bench_llamacpp.find_llama_bench(opts)
+    assert not (no_llama / "download").exists() and not (no_llama / "build").exists()
