@@ -10,7 +10,8 @@ native FP8/FP4 become the converter's Q8_0/MXFP4) and cached next to the checkpo
 repetition, our decode (tools/bench_models.py: single-token Engine.eval(last_only=True) steps
 after a short prompt, each paired with a memory-read-bandwidth reading) and llama.cpp's decode
 (`llama-bench -p 0 -n N -d PROMPT`: N generated tokens after a PROMPT-token context) run back to
-back with the same threads; the table shows medians over the repetitions.
+back with the same threads; both rates are tokens over the summed time of the decode steps, and
+the table shows medians over the repetitions.
 
 llama-bench is looked up in $MOEGATE_LLAMA_BENCH, then on PATH, then in the cache folder
 ($MOEGATE_LLAMA_DIR or ~/.cache/moegate/llama.cpp).  Missing, it is built there (CPU only, no
@@ -250,7 +251,10 @@ def llama_decode(binary: Path, model: Path, threads: int, tokens: int, depth: in
             break
     if done.returncode != 0:
         raise Unavailable(f"llama-bench could not run {model.name}: {failure_reason(done, base + extra)}")
-    rows = [r for r in json.loads(done.stdout) if int(r.get("n_gen", 0)) > 0]
+    try:
+        rows = [r for r in json.loads(done.stdout) if int(r.get("n_gen", 0)) > 0]
+    except (ValueError, TypeError, AttributeError):
+        raise Unavailable(f"llama-bench's output is not its JSON report: {done.stdout[:120]!r}") from None
     if not rows:
         raise Unavailable("llama-bench printed no tg result")
     return LlamaRun(float(rows[0]["avg_ts"]), str(rows[0].get("build_commit", "?")))
@@ -312,7 +316,8 @@ def bench_model(name: str, opts: argparse.Namespace, yardstick) -> Row:
         for who in order:
             if who == "ours":
                 result = bench_models.bench_decode_model(name, opts, yardstick)
-                row.ours.append(1 / statistics.median(result.step_seconds))
+                # tokens over their summed time, as llama-bench's avg_ts (a median would drop slow steps)
+                row.ours.append(len(result.step_seconds) / sum(result.step_seconds))
                 row.read_gbs.append(statistics.median(result.read_gbs) / bench_models.GB)
             elif binary and model and not row.note:
                 try:
