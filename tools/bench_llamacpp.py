@@ -284,6 +284,7 @@ class Row:
     ours: list[float] = field(default_factory=list)       # tok/s per repetition
     llama: list[float] = field(default_factory=list)
     read_gbs: list[float] = field(default_factory=list)   # memory read bandwidth next to our steps
+    busy: list[float] = field(default_factory=list)       # other runnable tasks seen around each repetition
     note: str = ""
     commit: str = ""
 
@@ -292,10 +293,29 @@ class Row:
             return fmt.format(statistics.median(xs)) if xs else "n/a"
         ratios = [o / ll for o, ll in zip(self.ours, self.llama)]
         return [self.name, self.fmt, str(self.threads), med(self.ours), med(self.llama), med(ratios),
-                med(self.read_gbs), str(len(self.ours))]
+                med(self.read_gbs), str(len(self.ours)), f"{max(self.busy):g}" if self.busy else "?"]
 
 
-HEADER = ["model", "format", "T", "ours tok/s", "llama.cpp tok/s", "ratio", "read GB/s", "reps"]
+HEADER = ["model", "format", "T", "ours tok/s", "llama.cpp tok/s", "ratio", "read GB/s", "reps", "busy"]
+
+
+def other_runnable() -> float:
+    """Tasks of other processes wanting a CPU right now (median of a few /proc/stat samples,
+    minus the sampler itself): on a shared machine another busy process makes llama.cpp's
+    spinning OpenMP barriers collapse (20x slower seen on 2 cores), far more than our pool, so
+    a ratio measured then says little.  -1 where /proc/stat is unavailable."""
+    samples = []
+    for _ in range(9):
+        try:
+            with open("/proc/stat") as f:
+                running = next((int(ln.split()[1]) for ln in f if ln.startswith("procs_running")), None)
+        except OSError:
+            return -1
+        if running is None:
+            return -1
+        samples.append(running - 1)
+        time.sleep(0.02)
+    return statistics.median(samples)
 
 
 def warm_page_cache(files: list[Path]) -> None:
@@ -329,6 +349,7 @@ def bench_model(name: str, opts: argparse.Namespace, yardstick) -> Row:
     for rep in range(opts.repeats):
         # Alternate which engine goes first: the host's share of the memory bus drifts in seconds.
         order = ("ours", "llama") if rep % 2 == 0 else ("llama", "ours")
+        row.busy.append(other_runnable())
         for who in order:
             if who == "ours":
                 result = bench_models.bench_decode_model(name, opts, yardstick)
@@ -344,7 +365,9 @@ def bench_model(name: str, opts: argparse.Namespace, yardstick) -> Row:
                     row.note = str(why)
         ours = f"{row.ours[-1]:.2f}"
         theirs = f"{row.llama[-1]:.2f}" if len(row.llama) == len(row.ours) else "n/a"
-        print(f"  {name} rep {rep + 1}/{opts.repeats}: ours {ours} tok/s, llama.cpp {theirs} tok/s", flush=True)
+        row.busy[-1] = max(row.busy[-1], other_runnable())
+        print(f"  {name} rep {rep + 1}/{opts.repeats}: ours {ours} tok/s, llama.cpp {theirs} tok/s "
+              f"(other runnable tasks: {row.busy[-1]:g})", flush=True)
     if row.note:
         row.llama.clear()  # a load that failed midway leaves no partial ratio
     return row
@@ -365,6 +388,10 @@ def print_table(rows: list[Row]) -> None:
     print(f"\nratio = our decode tok/s / llama.cpp's on the same checkpoint (GGUF from its converter), same "
           f"threads, medians over the repetitions{'; llama.cpp build ' + ', '.join(commits) if commits else ''}. "
           "read GB/s = memory read bandwidth measured between our steps.")
+    print("busy = most runnable tasks of other processes seen around a repetition: above 0 the machine "
+          "was shared and llama.cpp's spinning barriers suffer far more than our pool, so the ratio is unreliable.")
+    if any(busy > 0 for r in rows for busy in r.busy):
+        print("WARNING: the machine was busy during this run; rerun when it is idle for a meaningful ratio.")
     if any(r.name == "deepseek_v4" for r in rows):
         print("deepseek_v4 native in GGUF: BF16 kept, FP4 experts as MXFP4 (same bytes), FP8 as Q8_0 (~6 % more).")
     print()
