@@ -70,6 +70,7 @@ bench: install test-deps
 	$(PYTHON) tools/bench_models.py
 	$(PYTHON) tools/bench_experts.py
 	$(PYTHON) tools/bench_structured.py
+	$(PYTHON) tools/bench_llamacpp.py
 
 # ---- sanitizers: separate object dir so a normal build is never mixed with an instrumented one.
 # The expert cache runs under ASan in tests/c/test_expert_store.c; the Python budget tests size

@@ -1,0 +1,103 @@
+"""tools/bench_llamacpp.py without llama.cpp: the --quick path must print an n/a row (no network,
+no build), and a llama-bench stand-in must turn into a ratio.  Neither builds llama.cpp."""
+from __future__ import annotations
+
+import json
+import stat
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO_ROOT / "tools"))
+import bench_llamacpp  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def bench_dir(tmp_path_factory: pytest.TempPathFactory, build_checkpoint) -> Path:
+    """A bench folder holding the session's tiny qwen3_moe checkpoint where the bench looks for it
+    (written in-process and shared with the other tests, instead of by a make_checkpoint run)."""
+    folder = tmp_path_factory.mktemp("bench")
+    (folder / "qwen3_moe-tiny-bf16").symlink_to(build_checkpoint("qwen3_moe", "bf16"), target_is_directory=True)
+    return folder
+
+
+@pytest.fixture
+def no_llama(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
+    """An environment where no llama-bench can be found: empty cache, PATH without it."""
+    monkeypatch.delenv("MOEGATE_LLAMA_BENCH", raising=False)
+    monkeypatch.setenv("PATH", str(tmp_path / "empty-bin"))
+    cache = tmp_path / "llama-cache"
+    monkeypatch.setenv("MOEGATE_LLAMA_DIR", str(cache))
+    return cache
+
+
+def quick_args(bench_dir: Path) -> list[str]:
+    return ["--quick", "--models", "qwen3_moe", "--bench-dir", str(bench_dir), "--prompt-tokens", "8", "--threads", "2"]
+
+
+def test_quick_without_llamacpp_prints_na_row(bench_dir: Path, no_llama: Path,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    rows = bench_llamacpp.run_llamacpp_benches(bench_llamacpp.parse_args(quick_args(bench_dir)))
+    out = capsys.readouterr().out
+    assert len(rows) == 1 and rows[0].name == "qwen3_moe"
+    assert len(rows[0].ours) == 1 and rows[0].ours[0] > 0, "our side is measured even without llama.cpp"
+    assert rows[0].llama == [] and "llama-bench not found" in rows[0].note
+    cells = rows[0].cells()
+    assert cells[4] == "n/a" and cells[5] == "n/a"
+    table_row = next(ln for ln in out.splitlines() if ln.lstrip().startswith("qwen3_moe  "))
+    assert "n/a" in table_row
+    assert not no_llama.exists(), "--quick must neither download nor build"
+
+
+def test_llama_bench_result_becomes_a_ratio(bench_dir: Path, no_llama: Path, tmp_path: Path,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    # A stand-in llama-bench printing a fixed tg result; the cached GGUF makes conversion unnecessary.
+    fake = tmp_path / "llama-bench"
+    fake.write_text("#!/bin/sh\necho '" + json.dumps([
+        {"n_prompt": 0, "n_gen": 4, "avg_ts": 1000.0, "build_commit": "fake"}]) + "'\n")
+    fake.chmod(fake.stat().st_mode | stat.S_IXUSR)
+    monkeypatch.setenv("MOEGATE_LLAMA_BENCH", str(fake))
+    opts = bench_llamacpp.parse_args(quick_args(bench_dir))
+    ckpt = bench_llamacpp.bench_models.ensure_checkpoint("qwen3_moe", bench_llamacpp.bench_models.model_options(opts))
+    gguf = bench_llamacpp.gguf_path(ckpt)
+    gguf.write_bytes(b"GGUF")
+    try:
+        rows = bench_llamacpp.run_llamacpp_benches(opts)
+    finally:
+        gguf.unlink()
+    row = rows[0]
+    assert row.note == "" and row.llama == [1000.0] and row.commit == "fake"
+    assert float(row.cells()[5]) == pytest.approx(row.ours[0] / 1000.0, abs=0.01)
+
+
+def test_failing_llama_bench_gives_na_with_its_error(bench_dir: Path, no_llama: Path, tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = tmp_path / "llama-bench"
+    fake.write_text("#!/bin/sh\necho 'llama_model_load: error loading model: unknown architecture' >&2\nexit 1\n")
+    fake.chmod(fake.stat().st_mode | stat.S_IXUSR)
+    monkeypatch.setenv("MOEGATE_LLAMA_BENCH", str(fake))
+    opts = bench_llamacpp.parse_args(quick_args(bench_dir))
+    ckpt = bench_llamacpp.bench_models.ensure_checkpoint("qwen3_moe", bench_llamacpp.bench_models.model_options(opts))
+    gguf = bench_llamacpp.gguf_path(ckpt)
+    gguf.write_bytes(b"GGUF")
+    try:
+        rows = bench_llamacpp.run_llamacpp_benches(opts)
+    finally:
+        gguf.unlink()
+    assert rows[0].llama == [] and "unknown architecture" in rows[0].note
+    assert rows[0].cells()[5] == "n/a"
+
+
+def test_missing_cmake_is_a_clear_unavailable(no_llama: Path) -> None:
+    # Sources already in the cache (no download), but no cmake on PATH: the build is refused
+    # with a message, not a crash, and nothing is fetched.
+    src = no_llama / f"llama_cpp_python-{bench_llamacpp.LLAMA_CPP_PYTHON}" / "vendor" / "llama.cpp"
+    src.mkdir(parents=True)
+    (src / "convert_hf_to_gguf.py").write_text("")
+    (src / "CMakeLists.txt").write_text("")
+    opts = bench_llamacpp.parse_args(["--models", "qwen3_moe"])
+    with pytest.raises(bench_llamacpp.Unavailable, match="cmake not found"):
+        bench_llamacpp.find_llama_bench(opts)
+    assert not (no_llama / "download").exists() and not (no_llama / "build").exists()

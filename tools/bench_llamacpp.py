@@ -1,0 +1,427 @@
+"""Decode speed as a ratio to llama.cpp's on the same checkpoint, measured side by side in one run.
+
+    python tools/bench_llamacpp.py                       # qwen3_moe, glm4_moe, deepseek_v4 bench checkpoints
+    python tools/bench_llamacpp.py --models qwen3_moe    # one of them
+    python tools/bench_llamacpp.py --quick               # tiny checkpoints, never downloads or builds
+
+Each model's bench checkpoint (tools/bench_models.py writes and caches it) is converted once to
+GGUF by llama.cpp's own convert_hf_to_gguf.py at the same precision (bf16 stays bf16; DeepSeek-V4's
+native FP8/FP4 become the converter's Q8_0/MXFP4) and cached next to the checkpoint.  Then, per
+repetition, our decode (tools/bench_models.py: single-token Engine.eval(last_only=True) steps
+after a short prompt, each paired with a memory-read-bandwidth reading) and llama.cpp's decode
+(`llama-bench -p 0 -n N -d PROMPT`: N generated tokens after a PROMPT-token context) run back to
+back with the same threads; both rates are tokens over the summed time of the decode steps, and
+the table shows medians over the repetitions.
+
+llama-bench is looked up in $MOEGATE_LLAMA_BENCH, then on PATH, then in the cache folder
+($MOEGATE_LLAMA_DIR or ~/.cache/moegate/llama.cpp).  Missing, it is built there (CPU only, no
+BLAS/GPU, at low priority) from the llama.cpp sources vendored in the llama-cpp-python sdist of the
+pinned version, fetched with pip.  When that is impossible (offline, no cmake or compiler, a load
+failure) the row says n/a and why; the bench never fails because llama.cpp is missing.
+
+Our bench checkpoints carry a synthetic tokenizer whose vocabulary the converter cannot
+fingerprint, so the conversion names the pre-tokenizer of the real model family instead; both
+engines are fed token ids, so that name only labels the GGUF.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tarfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import bench_models  # noqa: E402  (sets OPENBLAS_NUM_THREADS before numpy loads)
+
+LLAMA_CPP_PYTHON = "0.3.36"       # the pinned sdist: its vendor/llama.cpp is the llama.cpp we compare with
+DEFAULT_MODELS = "qwen3_moe,glm4_moe,deepseek_v4"
+# The converter recognises a tokenizer by hashing how it splits a test string; ours are synthetic.
+PRE_TOKENIZER = {"qwen3_moe": "qwen2", "glm4_moe": "glm4", "deepseek_v4": "deepseek-v3"}
+# GGUF --outtype for our checkpoint formats (native DeepSeek-V4: the converter picks Q8_0/MXFP4
+# for the FP8/FP4 tensors itself and keeps the bf16 ones).
+OUTTYPE = {"bf16": "bf16", "native": "bf16"}
+CMAKE_FLAGS = ["-DCMAKE_BUILD_TYPE=Release", "-DBUILD_SHARED_LIBS=OFF", "-DGGML_NATIVE=ON", "-DGGML_BLAS=OFF",
+               "-DGGML_CUDA=OFF", "-DGGML_VULKAN=OFF", "-DGGML_METAL=OFF", "-DGGML_HIP=OFF", "-DGGML_SYCL=OFF",
+               "-DGGML_OPENCL=OFF", "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF",
+               "-DLLAMA_BUILD_SERVER=OFF", "-DLLAMA_BUILD_APP=OFF", "-DLLAMA_BUILD_TOOLS=ON",
+               "-DLLAMA_OPENSSL=OFF", "-DLLAMA_CURL=OFF"]
+
+# Runs convert_hf_to_gguf.py with a fallback pre-tokenizer name (argv: src, pre-tokenizer, args...).
+CONVERT_LAUNCHER = r"""
+import runpy, sys
+from pathlib import Path
+src, pre = Path(sys.argv[1]), sys.argv[2]
+sys.path[0:0] = [str(src), str(src / "gguf-py")]
+import conversion.base as base
+known = base.TextModel.get_vocab_base_pre
+def get_vocab_base_pre(self, tokenizer):
+    try:
+        return known(self, tokenizer)
+    except NotImplementedError:
+        print(f"bench_llamacpp: synthetic tokenizer, pre-tokenizer set to {pre!r}", flush=True)
+        return pre
+base.TextModel.get_vocab_base_pre = get_vocab_base_pre
+sys.argv = [str(src / "convert_hf_to_gguf.py")] + sys.argv[3:]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+class Unavailable(Exception):
+    """llama.cpp cannot be run for this row; the message says why (printed in the table's notes)."""
+
+
+# ---- options --------------------------------------------------------------------------------
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    bench_models.add_model_options(p)
+    p.set_defaults(models=DEFAULT_MODELS)
+    p.add_argument("--quick", action="store_true",
+                   help="tiny checkpoints, few steps, one repetition; never downloads or builds llama.cpp")
+    p.add_argument("--repeats", type=int, default=3, help="side-by-side repetitions (medians reported)")
+    p.add_argument("--threads", type=int, default=0, help="threads of both engines (default: all cores)")
+    p.add_argument("--table", default="", help="our kernel table (default: the best this CPU runs)")
+    p.add_argument("--llama-dir", default="", help="cache folder for llama.cpp's sources, build and GGUFs' "
+                   "tools (default $MOEGATE_LLAMA_DIR or ~/.cache/moegate/llama.cpp)")
+    p.add_argument("--no-fetch", action="store_true", help="never download or build llama.cpp (use what exists)")
+    p.add_argument("--build-jobs", type=int, default=0, help="parallel compile jobs (default: all cores)")
+    opts = p.parse_args(argv)
+    if opts.quick:
+        opts.repeats, opts.no_fetch = 1, True
+    return opts
+
+
+def all_threads() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def llama_dir(opts: argparse.Namespace) -> Path:
+    return Path(opts.llama_dir or os.environ.get("MOEGATE_LLAMA_DIR") or
+                Path.home() / ".cache" / "moegate" / "llama.cpp")
+
+
+# ---- llama.cpp: sources, build, binary ------------------------------------------------------
+
+def vendored_source(cache: Path) -> Path | None:
+    """The extracted llama.cpp tree of the pinned sdist in the cache, if there is one."""
+    src = cache / f"llama_cpp_python-{LLAMA_CPP_PYTHON}" / "vendor" / "llama.cpp"
+    return src if (src / "convert_hf_to_gguf.py").is_file() and (src / "CMakeLists.txt").is_file() else None
+
+
+def fetch_source(cache: Path, opts: argparse.Namespace) -> Path:
+    """llama.cpp's source tree, extracted from the pinned llama-cpp-python sdist (downloaded once)."""
+    src = vendored_source(cache)
+    if src:
+        return src
+    if opts.no_fetch:
+        raise Unavailable(f"no llama.cpp sources in {cache} (--no-fetch/--quick: not downloading)")
+    download = cache / "download"
+    download.mkdir(parents=True, exist_ok=True)
+    sdist = next(iter(sorted(download.glob(f"llama_cpp_python-{LLAMA_CPP_PYTHON}.tar.gz"))), None)
+    if sdist is None:
+        print(f"  fetching the llama-cpp-python {LLAMA_CPP_PYTHON} sdist (its vendor/llama.cpp, ~80 MB) with pip ...",
+              flush=True)
+        # --no-binary names the package only: with :all: pip would also compile the sdist's build
+        # dependencies (cmake, ninja ...) from source just to read its metadata.
+        cmd = [sys.executable, "-m", "pip", "download", f"llama-cpp-python=={LLAMA_CPP_PYTHON}", "--no-deps",
+               "--no-binary", "llama-cpp-python", "--disable-pip-version-check", "--progress-bar", "on",
+               "--timeout", "30", "--retries", "2", "-d", str(download)]
+        try:
+            done = subprocess.run(cmd, timeout=1800)
+        except subprocess.TimeoutExpired:
+            raise Unavailable("pip download of the llama-cpp-python sdist timed out") from None
+        sdist = next(iter(sorted(download.glob(f"llama_cpp_python-{LLAMA_CPP_PYTHON}.tar.gz"))), None)
+        if done.returncode != 0 or sdist is None:
+            raise Unavailable(f"pip could not download llama-cpp-python=={LLAMA_CPP_PYTHON} (offline?)")
+    print(f"  extracting {sdist.name} ...", flush=True)
+    with tarfile.open(sdist) as tar:
+        if hasattr(tarfile, "data_filter"):
+            tar.extractall(cache, filter="data")
+        else:  # Python < 3.11.4
+            tar.extractall(cache)  # noqa: S202 (a pinned sdist fetched by pip)
+    src = vendored_source(cache)
+    if not src:
+        raise Unavailable(f"{sdist.name} holds no vendor/llama.cpp with convert_hf_to_gguf.py")
+    return src
+
+
+def build_llama_bench(cache: Path, opts: argparse.Namespace) -> Path:
+    """Builds llama-bench (CPU only) in cache/build from the vendored sources; returns the binary."""
+    src = fetch_source(cache, opts)
+    cmake = shutil.which("cmake")
+    if not cmake:
+        raise Unavailable("cmake not found: cannot build llama.cpp (install cmake, or set MOEGATE_LLAMA_BENCH)")
+    if not (shutil.which("c++") or shutil.which("g++") or shutil.which("clang++")):
+        raise Unavailable("no C++ compiler found: cannot build llama.cpp")
+    build = cache / "build"
+    generator = ["-G", "Ninja"] if shutil.which("ninja") and not (build / "Makefile").exists() else []
+    jobs = opts.build_jobs or all_threads()
+    print(f"  building llama-bench in {build} (CPU only, {jobs} jobs, low priority; minutes) ...", flush=True)
+    # Low priority: a build on a shared machine should not skew the timings of whoever else runs.
+    low = (lambda: os.nice(19)) if hasattr(os, "nice") else None
+    for cmd in ([cmake, "-S", str(src), "-B", str(build), *generator, *CMAKE_FLAGS],
+                [cmake, "--build", str(build), "--target", "llama-bench", "-j", str(jobs)]):
+        if subprocess.run(cmd, preexec_fn=low).returncode != 0:
+            raise Unavailable(f"building llama.cpp failed ({' '.join(cmd[:3])} ...), see the output above")
+    binary = build / "bin" / "llama-bench"
+    if not binary.is_file():
+        raise Unavailable(f"the build produced no {binary}")
+    return binary
+
+
+def find_llama_bench(opts: argparse.Namespace) -> Path:
+    """$MOEGATE_LLAMA_BENCH, then PATH, then the cache's build, else a fresh build there."""
+    env = os.environ.get("MOEGATE_LLAMA_BENCH")
+    if env:
+        if not os.access(env, os.X_OK):
+            raise Unavailable(f"MOEGATE_LLAMA_BENCH={env} is not an executable")
+        return Path(env)
+    on_path = shutil.which("llama-bench")
+    if on_path:
+        return Path(on_path)
+    cache = llama_dir(opts)
+    built = cache / "build" / "bin" / "llama-bench"
+    if built.is_file():
+        return built
+    if opts.no_fetch:
+        raise Unavailable("llama-bench not found ($MOEGATE_LLAMA_BENCH, PATH, "
+                          f"{built}); --no-fetch/--quick: not building it")
+    return build_llama_bench(cache, opts)
+
+
+# ---- GGUF conversion ------------------------------------------------------------------------
+
+def gguf_path(ckpt: Path) -> Path:
+    """Next to the checkpoint, named after it (its name carries the format)."""
+    return ckpt.parent / f"{ckpt.name}.gguf"
+
+
+def ensure_gguf(name: str, ckpt: Path, fmt: str, opts: argparse.Namespace) -> Path:
+    """The checkpoint converted by llama.cpp's converter, cached next to it (redone if older)."""
+    out = gguf_path(ckpt)
+    if out.is_file() and out.stat().st_mtime >= (ckpt / "config.json").stat().st_mtime:
+        return out
+    src = fetch_source(llama_dir(opts), opts)
+    need = sum(f.stat().st_size for f in ckpt.glob("*.safetensors")) * 1.1  # a GGUF is about as large
+    free = shutil.disk_usage(ckpt.parent).free
+    if free < need:
+        raise Unavailable(f"{ckpt.parent}: {free / 1e9:.1f} GB free, its GGUF needs {need / 1e9:.1f} GB")
+    log = out.with_name(out.name + ".log")
+    tmp = out.with_name(out.name + ".partial")
+    print(f"  converting {ckpt.name} to GGUF ({OUTTYPE[fmt]}) with llama.cpp's convert_hf_to_gguf.py "
+          f"(once; log {log}) ...", flush=True)
+    t0 = time.perf_counter()
+    cmd = [sys.executable, "-c", CONVERT_LAUNCHER, str(src), PRE_TOKENIZER.get(name, "default"), str(ckpt),
+           "--outtype", OUTTYPE[fmt], "--outfile", str(tmp)]
+    with log.open("w") as f:
+        done = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONPATH": ""})
+    if done.returncode != 0 or not tmp.is_file():
+        tmp.unlink(missing_ok=True)
+        tail = log.read_text(errors="replace").strip().splitlines()[-1:] or ["(no output)"]
+        raise Unavailable(f"llama.cpp's converter rejected {ckpt.name}: {tail[0][:200]}")
+    tmp.rename(out)
+    print(f"  converted in {time.perf_counter() - t0:.0f} s: {out} ({out.stat().st_size / 1e9:.2f} GB)", flush=True)
+    return out
+
+
+# ---- measurements ---------------------------------------------------------------------------
+
+@dataclass
+class LlamaRun:
+    tok_s: float
+    commit: str
+
+
+def llama_decode(binary: Path, model: Path, threads: int, tokens: int, depth: int) -> LlamaRun:
+    """One llama-bench tg run (after its own warm-up): N tokens decoded after `depth` of context."""
+    base = [str(binary), "-m", str(model), "-p", "0", "-n", str(tokens), "-t", str(threads), "-r", "1", "-o", "json"]
+    for extra in (["-d", str(depth)], []):  # -d (context depth) is missing in older llama-bench
+        try:
+            done = subprocess.run(base + extra, capture_output=True, text=True, errors="replace", timeout=3600)
+        except subprocess.TimeoutExpired:
+            raise Unavailable(f"llama-bench on {model.name} did not finish within an hour") from None
+        if done.returncode == 0 or "-d" not in extra or "invalid parameter for argument: -d" not in done.stderr:
+            break
+    if done.returncode != 0:
+        raise Unavailable(f"llama-bench could not run {model.name}: {failure_reason(done, base + extra)}")
+    try:
+        rows = [r for r in json.loads(done.stdout) if int(r.get("n_gen", 0)) > 0]
+    except (ValueError, TypeError, AttributeError):
+        raise Unavailable(f"llama-bench's output is not its JSON report: {done.stdout[:120]!r}") from None
+    if not rows:
+        raise Unavailable("llama-bench printed no tg result")
+    return LlamaRun(float(rows[0]["avg_ts"]), str(rows[0].get("build_commit", "?")))
+
+
+def failure_reason(done: subprocess.CompletedProcess, cmd: list[str]) -> str:
+    """The line saying why llama-bench failed; without -v it hides the loader's reason, so a
+    failed run is repeated once with -v (it fails at load, in seconds) to read it."""
+    lines = [ln.strip() for ln in done.stderr.splitlines() if ln.strip()]
+    try:
+        verbose = subprocess.run(cmd + ["-v"], capture_output=True, text=True, errors="replace", timeout=600)
+        lines += [ln.strip() for ln in verbose.stderr.splitlines() if ln.strip()]
+    except (OSError, subprocess.TimeoutExpired):
+        pass
+    for marker in ("error loading model", "error", "fail"):
+        found = [ln for ln in lines if marker in ln.lower()]
+        if found:
+            return found[0 if marker == "error loading model" else -1][:240]
+    return lines[-1][:240] if lines else f"exit {done.returncode}"
+
+
+@dataclass
+class Row:
+    name: str
+    fmt: str
+    threads: int
+    ours: list[float] = field(default_factory=list)       # tok/s per repetition
+    llama: list[float] = field(default_factory=list)
+    read_gbs: list[float] = field(default_factory=list)   # memory read bandwidth next to our steps
+    busy: list[float] = field(default_factory=list)       # other runnable tasks seen around each repetition
+    note: str = ""
+    commit: str = ""
+
+    def cells(self) -> list[str]:
+        def med(xs: list[float], fmt: str = "{:.2f}") -> str:
+            return fmt.format(statistics.median(xs)) if xs else "n/a"
+        ratios = [o / ll for o, ll in zip(self.ours, self.llama)]
+        return [self.name, self.fmt, str(self.threads), med(self.ours), med(self.llama), med(ratios),
+                med(self.read_gbs), str(len(self.ours)), f"{max(self.busy):g}" if self.busy else "?"]
+
+
+HEADER = ["model", "format", "T", "ours tok/s", "llama.cpp tok/s", "ratio", "read GB/s", "reps", "busy"]
+
+
+def other_runnable() -> float:
+    """Tasks of other processes wanting a CPU right now (median of a few /proc/stat samples,
+    minus the sampler itself): on a shared machine another busy process makes llama.cpp's
+    spinning OpenMP barriers collapse (20x slower seen on 2 cores), far more than our pool, so
+    a ratio measured then says little.  -1 where /proc/stat is unavailable."""
+    samples = []
+    for _ in range(9):
+        try:
+            with open("/proc/stat") as f:
+                running = next((int(ln.split()[1]) for ln in f if ln.startswith("procs_running")), None)
+        except OSError:
+            return -1
+        if running is None:
+            return -1
+        samples.append(running - 1)
+        time.sleep(0.02)
+    return statistics.median(samples)
+
+
+def warm_page_cache(files: list[Path]) -> None:
+    """Reads the files once so both engines start from the page cache: llama.cpp prefaults its
+    mapping before timing (MAP_POPULATE) while our engine maps lazily, so a checkpoint evicted by
+    the previous model's files would otherwise be read from disk inside our timed steps only."""
+    t0 = time.perf_counter()
+    total = 0
+    buf = bytearray(16 << 20)
+    for path in files:
+        with path.open("rb", buffering=0) as f:
+            while n := f.readinto(buf):
+                total += n
+    print(f"  page cache: read {total / 1e9:.1f} GB of weights in {time.perf_counter() - t0:.1f} s", flush=True)
+
+
+def bench_model(name: str, opts: argparse.Namespace, yardstick) -> Row:
+    arch, fmt, _ = bench_models.MODELS[name]
+    threads = opts.threads or all_threads()
+    row = Row(name, fmt, threads)
+    ckpt = bench_models.ensure_checkpoint(name, opts)
+    binary = model = None
+    try:
+        binary = find_llama_bench(opts)
+        model = ensure_gguf(arch, ckpt, fmt, opts)
+        print(f"  {name}: llama-bench {binary}, GGUF {model}", flush=True)
+    except Unavailable as why:
+        row.note = str(why)
+    steps = 4 if opts.quick else opts.decode_tokens
+    warm_page_cache([*sorted(ckpt.glob("*.safetensors")), *([model] if model else [])])
+    for rep in range(opts.repeats):
+        # Alternate which engine goes first: the host's share of the memory bus drifts in seconds.
+        order = ("ours", "llama") if rep % 2 == 0 else ("llama", "ours")
+        row.busy.append(other_runnable())
+        for who in order:
+            if who == "ours":
+                result = bench_models.bench_decode_model(name, opts, yardstick)
+                # tokens over their summed time, as llama-bench's avg_ts (a median would drop slow steps)
+                row.ours.append(len(result.step_seconds) / sum(result.step_seconds))
+                row.read_gbs.append(statistics.median(result.read_gbs) / bench_models.GB)
+            elif binary and model and not row.note:
+                try:
+                    run = llama_decode(binary, model, threads, steps, opts.prompt_tokens)
+                    row.llama.append(run.tok_s)
+                    row.commit = run.commit
+                except Unavailable as why:
+                    row.note = str(why)
+        ours = f"{row.ours[-1]:.2f}"
+        theirs = f"{row.llama[-1]:.2f}" if len(row.llama) == len(row.ours) else "n/a"
+        row.busy[-1] = max(row.busy[-1], other_runnable())
+        print(f"  {name} rep {rep + 1}/{opts.repeats}: ours {ours} tok/s, llama.cpp {theirs} tok/s "
+              f"(other runnable tasks: {row.busy[-1]:g})", flush=True)
+    if row.note:
+        row.llama.clear()  # a load that failed midway leaves no partial ratio
+    return row
+
+
+def print_table(rows: list[Row]) -> None:
+    cells = [r.cells() for r in rows]
+    widths = [max(len(h), *(len(c[i]) for c in cells)) for i, h in enumerate(HEADER)]
+    line = "  ".join(h.rjust(w) for h, w in zip(HEADER, widths))
+    print(line)
+    print("-" * len(line))
+    for c in cells:
+        print("  ".join(v.rjust(w) for v, w in zip(c, widths)))
+    for r in rows:
+        if r.note:
+            print(f"  {r.name}: llama.cpp n/a: {r.note}")
+    commits = sorted({r.commit for r in rows if r.commit})
+    print(f"\nratio = our decode tok/s / llama.cpp's on the same checkpoint (GGUF from its converter), same "
+          f"threads, medians over the repetitions{'; llama.cpp build ' + ', '.join(commits) if commits else ''}. "
+          "read GB/s = memory read bandwidth measured between our steps.")
+    print("busy = most runnable tasks of other processes seen around a repetition: above 0 the machine "
+          "was shared and llama.cpp's spinning barriers suffer far more than our pool, so the ratio is unreliable.")
+    if any(busy > 0 for r in rows for busy in r.busy):
+        print("WARNING: the machine was busy during this run; rerun when it is idle for a meaningful ratio.")
+    if any(r.name == "deepseek_v4" for r in rows):
+        print("deepseek_v4 native in GGUF: BF16 kept, FP4 experts as MXFP4 (same bytes), FP8 as Q8_0 (~6 % more).")
+    print()
+
+
+def run_llamacpp_benches(opts: argparse.Namespace) -> list[Row]:
+    names = [m for m in opts.models.split(",") if m]
+    unknown = [m for m in names if m not in bench_models.MODELS]
+    if unknown:
+        raise SystemExit(f"unknown model(s) {', '.join(unknown)}; known: {', '.join(bench_models.MODELS)}")
+    opts = bench_models.model_options(opts)
+    yardstick = bench_models.yardstick_buffer(opts)
+    print(f"== decode vs llama.cpp: {', '.join(names)}, {opts.prompt_tokens}-token context then "
+          f"{4 if opts.quick else opts.decode_tokens} decoded tokens, {opts.repeats} side-by-side repetition(s)")
+    rows = []
+    for name in names:
+        try:
+            rows.append(bench_model(name, opts, yardstick))
+        except Exception as error:  # one model failing (disk space, a load error) keeps the others
+            print(f"  {name}: failed: {error}", flush=True)
+            rows.append(Row(name, bench_models.MODELS[name][1], opts.threads or all_threads(),
+                            note=f"failed: {error}"))
+    print_table(rows)
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    run_llamacpp_benches(parse_args(sys.argv[1:] if argv is None else argv))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
