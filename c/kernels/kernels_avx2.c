@@ -268,20 +268,29 @@ INLINE void step32_bf16(const uint8_t *p, const float *xp, __m256 *a0, __m256 *a
     *a1 = _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_and_si256(w1, hi)), _mm256_load_ps(xp + 24), *a1);
 }
 
+/* bf16 encodings of the 16 e2m1 codes (sign bit 3), high and low byte, in both 128-bit lanes:
+ * vpshufb tables for step64_fp4 and rows_fp4. */
+INLINE __m256i fp4_bf16_hi_table(void) {
+    return _mm256_setr_epi8(0x00, 0x3f, 0x3f, 0x3f, 0x40, 0x40, 0x40, 0x40, (char)0x80, (char)0xbf, (char)0xbf,
+                            (char)0xbf, (char)0xc0, (char)0xc0, (char)0xc0, (char)0xc0, 0x00, 0x3f, 0x3f, 0x3f, 0x40,
+                            0x40, 0x40, 0x40, (char)0x80, (char)0xbf, (char)0xbf, (char)0xbf, (char)0xc0, (char)0xc0,
+                            (char)0xc0, (char)0xc0);
+}
+
+INLINE __m256i fp4_bf16_lo_table(void) {
+    return _mm256_setr_epi8(0x00, 0x00, (char)0x80, (char)0xc0, 0x00, 0x40, (char)0x80, (char)0xc0, 0x00, 0x00,
+                            (char)0x80, (char)0xc0, 0x00, 0x40, (char)0x80, (char)0xc0, 0x00, 0x00, (char)0x80,
+                            (char)0xc0, 0x00, 0x40, (char)0x80, (char)0xc0, 0x00, 0x00, (char)0x80, (char)0xc0, 0x00,
+                            0x40, (char)0x80, (char)0xc0);
+}
+
 /* 64 fp4 columns (two groups of 32, one per 128-bit lane) against permuted x.  Each code becomes
  * the bf16 encoding of its exact value from two vpshufb tables (high and low byte; e2m1 values
  * are all normal or zero in bf16), bytes are paired into 16-bit lanes, and a 16-bit shift or
  * mask turns each pair of lanes into fp32: no conversion instructions at all.  Element i < 4 of
  * each product belongs to the first group, 4 + i to the second. */
 INLINE void step64_fp4(const uint8_t *p, const float *xp, __m256 *a0, __m256 *a1) {
-    const __m256i hi_tab = _mm256_setr_epi8(0x00, 0x3f, 0x3f, 0x3f, 0x40, 0x40, 0x40, 0x40, (char)0x80, (char)0xbf,
-                                            (char)0xbf, (char)0xbf, (char)0xc0, (char)0xc0, (char)0xc0, (char)0xc0,
-                                            0x00, 0x3f, 0x3f, 0x3f, 0x40, 0x40, 0x40, 0x40, (char)0x80, (char)0xbf,
-                                            (char)0xbf, (char)0xbf, (char)0xc0, (char)0xc0, (char)0xc0, (char)0xc0);
-    const __m256i lo_tab = _mm256_setr_epi8(0x00, 0x00, (char)0x80, (char)0xc0, 0x00, 0x40, (char)0x80, (char)0xc0,
-                                            0x00, 0x00, (char)0x80, (char)0xc0, 0x00, 0x40, (char)0x80, (char)0xc0,
-                                            0x00, 0x00, (char)0x80, (char)0xc0, 0x00, 0x40, (char)0x80, (char)0xc0,
-                                            0x00, 0x00, (char)0x80, (char)0xc0, 0x00, 0x40, (char)0x80, (char)0xc0);
+    const __m256i hi_tab = fp4_bf16_hi_table(), lo_tab = fp4_bf16_lo_table();
     const __m256i m4 = _mm256_set1_epi8(0x0f), top = _mm256_set1_epi32((int)0xFFFF0000u);
     PREFETCH(p);
     __m256i b = _mm256_loadu_si256((const __m256i *)p);
@@ -490,14 +499,7 @@ INLINE void rows_bf16(const int R, const uint8_t *const *p, const float *xp, int
  * steps' chains overlap, and meet the scales [s0 x4, s1 x4] in one FMA. */
 INLINE void rows_fp4(const int R, const uint8_t *const *p, const float *xp, int64_t nb, const float *const *s,
                      size_t ahead, float *out) {
-    const __m256i hi_tab = _mm256_setr_epi8(0x00, 0x3f, 0x3f, 0x3f, 0x40, 0x40, 0x40, 0x40, (char)0x80, (char)0xbf,
-                                            (char)0xbf, (char)0xbf, (char)0xc0, (char)0xc0, (char)0xc0, (char)0xc0,
-                                            0x00, 0x3f, 0x3f, 0x3f, 0x40, 0x40, 0x40, 0x40, (char)0x80, (char)0xbf,
-                                            (char)0xbf, (char)0xbf, (char)0xc0, (char)0xc0, (char)0xc0, (char)0xc0);
-    const __m256i lo_tab = _mm256_setr_epi8(0x00, 0x00, (char)0x80, (char)0xc0, 0x00, 0x40, (char)0x80, (char)0xc0,
-                                            0x00, 0x00, (char)0x80, (char)0xc0, 0x00, 0x40, (char)0x80, (char)0xc0,
-                                            0x00, 0x00, (char)0x80, (char)0xc0, 0x00, 0x40, (char)0x80, (char)0xc0,
-                                            0x00, 0x00, (char)0x80, (char)0xc0, 0x00, 0x40, (char)0x80, (char)0xc0);
+    const __m256i hi_tab = fp4_bf16_hi_table(), lo_tab = fp4_bf16_lo_table();
     const __m256i m4 = _mm256_set1_epi8(0x0f), top = _mm256_set1_epi32((int)0xFFFF0000u);
     const __m256i pair = _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1);
     __m256 acc[4];
