@@ -37,6 +37,23 @@ def quick_args(bench_dir: Path) -> list[str]:
     return ["--quick", "--models", "qwen3_moe", "--bench-dir", str(bench_dir), "--prompt-tokens", "8", "--threads", "2"]
 
 
+def run_with_stand_in(bench_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, script: str) -> list:
+    """The --quick bench against a shell-script llama-bench; a cached GGUF stand-in makes the
+    conversion unnecessary."""
+    fake = tmp_path / "llama-bench"
+    fake.write_text("#!/bin/sh\n" + script + "\n")
+    fake.chmod(fake.stat().st_mode | stat.S_IXUSR)
+    monkeypatch.setenv("MOEGATE_LLAMA_BENCH", str(fake))
+    opts = bench_llamacpp.parse_args(quick_args(bench_dir))
+    ckpt = bench_llamacpp.bench_models.ensure_checkpoint("qwen3_moe", bench_llamacpp.bench_models.model_options(opts))
+    gguf = bench_llamacpp.gguf_path(ckpt)
+    gguf.write_bytes(b"GGUF")
+    try:
+        return bench_llamacpp.run_llamacpp_benches(opts)
+    finally:
+        gguf.unlink()
+
+
 def test_quick_without_llamacpp_prints_na_row(bench_dir: Path, no_llama: Path,
                                               capsys: pytest.CaptureFixture[str]) -> None:
     rows = bench_llamacpp.run_llamacpp_benches(bench_llamacpp.parse_args(quick_args(bench_dir)))
@@ -53,20 +70,9 @@ def test_quick_without_llamacpp_prints_na_row(bench_dir: Path, no_llama: Path,
 
 def test_llama_bench_result_becomes_a_ratio(bench_dir: Path, no_llama: Path, tmp_path: Path,
                                             monkeypatch: pytest.MonkeyPatch) -> None:
-    # A stand-in llama-bench printing a fixed tg result; the cached GGUF makes conversion unnecessary.
-    fake = tmp_path / "llama-bench"
-    fake.write_text("#!/bin/sh\necho '" + json.dumps([
-        {"n_prompt": 0, "n_gen": 4, "avg_ts": 1000.0, "build_commit": "fake"}]) + "'\n")
-    fake.chmod(fake.stat().st_mode | stat.S_IXUSR)
-    monkeypatch.setenv("MOEGATE_LLAMA_BENCH", str(fake))
-    opts = bench_llamacpp.parse_args(quick_args(bench_dir))
-    ckpt = bench_llamacpp.bench_models.ensure_checkpoint("qwen3_moe", bench_llamacpp.bench_models.model_options(opts))
-    gguf = bench_llamacpp.gguf_path(ckpt)
-    gguf.write_bytes(b"GGUF")
-    try:
-        rows = bench_llamacpp.run_llamacpp_benches(opts)
-    finally:
-        gguf.unlink()
+    # A stand-in llama-bench printing a fixed tg result.
+    rows = run_with_stand_in(bench_dir, tmp_path, monkeypatch, "echo '" + json.dumps([
+        {"n_prompt": 0, "n_gen": 4, "avg_ts": 1000.0, "build_commit": "fake"}]) + "'")
     row = rows[0]
     assert row.note == "" and row.llama == [1000.0] and row.commit == "fake"
     assert float(row.cells()[5]) == pytest.approx(row.ours[0] / 1000.0, abs=0.01)
@@ -74,18 +80,8 @@ def test_llama_bench_result_becomes_a_ratio(bench_dir: Path, no_llama: Path, tmp
 
 def test_failing_llama_bench_gives_na_with_its_error(bench_dir: Path, no_llama: Path, tmp_path: Path,
                                                      monkeypatch: pytest.MonkeyPatch) -> None:
-    fake = tmp_path / "llama-bench"
-    fake.write_text("#!/bin/sh\necho 'llama_model_load: error loading model: unknown architecture' >&2\nexit 1\n")
-    fake.chmod(fake.stat().st_mode | stat.S_IXUSR)
-    monkeypatch.setenv("MOEGATE_LLAMA_BENCH", str(fake))
-    opts = bench_llamacpp.parse_args(quick_args(bench_dir))
-    ckpt = bench_llamacpp.bench_models.ensure_checkpoint("qwen3_moe", bench_llamacpp.bench_models.model_options(opts))
-    gguf = bench_llamacpp.gguf_path(ckpt)
-    gguf.write_bytes(b"GGUF")
-    try:
-        rows = bench_llamacpp.run_llamacpp_benches(opts)
-    finally:
-        gguf.unlink()
+    rows = run_with_stand_in(bench_dir, tmp_path, monkeypatch,
+                             "echo 'llama_model_load: error loading model: unknown architecture' >&2\nexit 1")
     assert rows[0].llama == [] and "unknown architecture" in rows[0].note
     assert rows[0].cells()[5] == "n/a"
 
