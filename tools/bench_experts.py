@@ -32,6 +32,7 @@ for _p in (REPO_ROOT, REPO_ROOT / "python"):
     if str(_p) not in sys.path:
         sys.path.insert(0, str(_p))
 
+from tools.bench_models import print_table  # noqa: E402
 from tools.routing_trace import read_history, read_trace, simulate  # noqa: E402
 
 EXPERT_MARK = ".mlp.experts."
@@ -201,13 +202,6 @@ def decode_at_budget(ckpt: Path, ram_gb: float, tokens: int, threads: int | None
 
 
 # ---- report ----------------------------------------------------------------------------------
-
-
-def print_table(header: list[str], rows: list[list[str]]) -> None:
-    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
-    print("  ".join(h.rjust(w) for h, w in zip(header, widths)))
-    for r in rows:
-        print("  ".join(c.rjust(w) for c, w in zip(r, widths)))
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:

@@ -374,13 +374,7 @@ def bench_model(name: str, opts: argparse.Namespace, yardstick) -> Row:
 
 
 def print_table(rows: list[Row]) -> None:
-    cells = [r.cells() for r in rows]
-    widths = [max(len(h), *(len(c[i]) for c in cells)) for i, h in enumerate(HEADER)]
-    line = "  ".join(h.rjust(w) for h, w in zip(HEADER, widths))
-    print(line)
-    print("-" * len(line))
-    for c in cells:
-        print("  ".join(v.rjust(w) for v, w in zip(c, widths)))
+    bench_models.print_table(HEADER, [r.cells() for r in rows], rule=True)
     for r in rows:
         if r.note:
             print(f"  {r.name}: llama.cpp n/a: {r.note}")

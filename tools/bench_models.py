@@ -32,7 +32,6 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 # numpy's BLAS threads would spin next to the engine's pool (only effective when run standalone).
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
@@ -229,6 +228,18 @@ def bench_decode_model(name: str, opts: argparse.Namespace, yardstick: np.ndarra
     return DecodeResult(name, threads, steps, bws, account.per_token(experts_per_token), experts_per_token)
 
 
+def print_table(header: list[str], rows: list[list[str]], rule: bool = False) -> None:
+    """Right-aligned columns (the bench tools' one table format); `rule`: a dashed line under
+    the header."""
+    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
+    line = "  ".join(h.rjust(w) for h, w in zip(header, widths))
+    print(line)
+    if rule:
+        print("-" * len(line))
+    for r in rows:
+        print("  ".join(c.rjust(w) for c, w in zip(r, widths)))
+
+
 def run_model_benches(opts: argparse.Namespace) -> list[DecodeResult]:
     """Decode benches of every model in opts.models; prints one table and returns the rows."""
     opts = model_options(opts)
@@ -243,13 +254,7 @@ def run_model_benches(opts: argparse.Namespace) -> list[DecodeResult]:
     for name in names:
         results.append(bench_decode_model(name, opts, yardstick))
         print("  " + "  ".join(f"{h}={v}" for h, v in zip(HEADER, results[-1].row())), flush=True)
-    rows = [r.row() for r in results]
-    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(HEADER)]
-    line = "  ".join(h.rjust(w) for h, w in zip(HEADER, widths))
-    print(line)
-    print("-" * len(line))
-    for r in rows:
-        print("  ".join(c.rjust(w) for c, w in zip(r, widths)))
+    print_table(HEADER, [r.row() for r in results], rule=True)
     print("\nGB/token = weight bytes read per decoded token (bound matrices + the routed experts fetched); "
           "ratio = weight GB/s of a step over read_sum GB/s measured right after it (same threads), "
           "median and best over the steps. Target: >= 0.75 on a resident model.\n")

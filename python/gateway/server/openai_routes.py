@@ -5,15 +5,16 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import aclosing
 from dataclasses import replace
+from typing import TypeVar
 
 from aiohttp import web
 
 from ..generate import GenerationResult, TextEvent
-from . import sse
-from . import constrained
+from ..sampling import SamplingParams
+from . import constrained, sse
 from .chat_request import (MAX_CHOICES, ChatSpec, _int, _sampling, _stop_list, extension_format, parse_json_body,
                            parse_openai_chat)
 from .errors import ApiError, bad_request
@@ -24,6 +25,7 @@ from .wire import OpenAIChunks, openai_message
 
 STATE_KEY = web.AppKey("state", ServerState)
 log = logging.getLogger("moegate.server")
+R = TypeVar("R", ChatRun, JobRun)  # a queued choice (closeable)
 
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
@@ -33,7 +35,8 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     created = int(time.time())
     model = spec.model or state.model_id
     first = await start_chat_async(state, spec, id_salt=ident)  # 400/429 here, before any response is opened
-    runs = _choice_runs(state, spec, ident, first)
+    runs = one_after_another(first, lambda i: start_chat_async(
+        state, replace(spec, sampling=choice_sampling(spec.sampling, i)), id_salt=f"{ident}-{i}"), spec.n)
     try:
         if spec.stream:
             return await _stream_chat(request, state, spec, runs, OpenAIChunks(ident, created, model,
@@ -62,17 +65,18 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         first.close()
 
 
-async def _choice_runs(state: ServerState, spec: ChatSpec, ident: str,
-                       first: ChatRun) -> AsyncIterator[tuple[int, ChatRun]]:
-    """The n choices, one after another in the single slot: each later one is queued only when
-    the one before has finished (the slot still holds the prompt, so it prefills nothing new).
-    With a seed, choice i samples with seed + i: the choices differ and each one reproduces."""
+def choice_sampling(sampling: SamplingParams, index: int) -> SamplingParams:
+    """With a seed, choice i samples with seed + i: the choices differ and each one reproduces."""
+    return sampling if sampling.seed is None else replace(sampling, seed=sampling.seed + index)
+
+
+async def one_after_another(first: R, start: Callable[[int], Awaitable[R]], n: int) -> AsyncIterator[tuple[int, R]]:
+    """The n choices of a request in the single slot: choice i > 0 is queued (`start(i)`) only
+    when the one before has finished (the slot still holds the prompt, so it prefills nothing
+    new), and closed when the consumer moves on.  `first` is the caller's to close."""
     yield 0, first
-    for index in range(1, spec.n):
-        sampling = spec.sampling
-        if sampling.seed is not None:
-            sampling = replace(sampling, seed=sampling.seed + index)
-        run = await start_chat_async(state, replace(spec, sampling=sampling), id_salt=f"{ident}-{index}")
+    for index in range(1, n):
+        run = await start(index)
         try:
             yield index, run
         finally:
@@ -156,23 +160,13 @@ async def completions(request: web.Request) -> web.StreamResponse:
 
     async def job(index: int) -> JobRun:
         """Choice `index` (seed + index, its own grammar state), queued now."""
-        choice_sampling = sampling if sampling.seed is None else replace(sampling, seed=sampling.seed + index)
-        req = generation_request(state, ids, max_tokens, choice_sampling, stop,
+        req = generation_request(state, ids, max_tokens, choice_sampling(sampling, index), stop,
                                  ignore_eos=bool(body.get("ignore_eos", False)))
         if fmt is not None:  # vLLM's guided_* / llama.cpp's grammar: the continuation follows it
             constraint = await asyncio.to_thread(constrained.build_reply_constraint, state, fmt, req.stop_token_ids)
             req.stop_strings = ()  # the grammar decides where the text ends
             req.token_mask = constraint.token_mask_hook(req.max_tokens)
         return JobRun(state, req)
-
-    async def later_runs() -> AsyncIterator[tuple[int, JobRun]]:
-        """Choices 1..n-1, each queued when the one before has finished (one slot)."""
-        for index in range(1, n):
-            run = await job(index)
-            try:
-                yield index, run
-            finally:
-                run.close()
 
     echo_text = state.tokenizer.decode(ids) if body.get("echo") else ""
     ident = f"cmpl-{uuid.uuid4().hex[:24]}"
@@ -188,16 +182,10 @@ async def completions(request: web.Request) -> web.StreamResponse:
 
     first = await job(0)  # 400/429 here, before any response is opened
 
-    async def all_runs() -> AsyncIterator[tuple[int, JobRun]]:
-        yield 0, first
-        async with aclosing(later_runs()) as rest:
-            async for item in rest:
-                yield item
-
     try:
         if not body.get("stream"):
             choices, usage = [], Usage()
-            async with aclosing(all_runs()) as runs:
+            async with aclosing(one_after_another(first, job, n)) as runs:
                 async for index, run in runs:
                     text, events, result = [echo_text], [], None
                     async with aclosing(run.events()) as items:
@@ -216,7 +204,7 @@ async def completions(request: web.Request) -> web.StreamResponse:
         base = {"id": ident, "object": "text_completion", "created": created, "model": model}
         usage = Usage()
         try:
-            async with aclosing(all_runs()) as runs:
+            async with aclosing(one_after_another(first, job, n)) as runs:
                 async for index, run in runs:
                     if echo_text:
                         await sse.send_data(resp, dict(base, choices=[choice(index, echo_text, None, [])]))
