@@ -18,6 +18,7 @@ CFLAGS_BASE := -std=c11 -O2 -g -Wall -Wextra -Wno-unused-parameter -Ic
 ifeq ($(ARCH),x86_64)
 ISA_avx2 := -mavx2 -mfma -mf16c
 ISA_avx512 := -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx2 -mfma -mf16c
+ISA_avx512bf16 := $(ISA_avx512) -mavx512bf16
 endif
 
 .SECONDARY:
@@ -46,7 +47,7 @@ TESTDIR ?= build/tests
 
 $(OBJDIR)/%.o: c/%.c $(C_HDRS)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS_BASE) $(SAN) $(if $(findstring _avx2.c,$<),$(ISA_avx2)) $(if $(findstring _avx512.c,$<),$(ISA_avx512)) -c $< -o $@
+	$(CC) $(CFLAGS_BASE) $(SAN) $(if $(findstring _avx2.c,$<),$(ISA_avx2)) $(if $(findstring _avx512.c,$<),$(ISA_avx512)) $(if $(findstring _avx512bf16.c,$<),$(ISA_avx512bf16)) -c $< -o $@
 
 C_OBJS = $(patsubst c/%.c,$(OBJDIR)/%.o,$(C_SRCS))
 

@@ -1,7 +1,8 @@
 """Build the gateway._core extension from c/.
 
 Every C source is compiled for the baseline of the target (x86-64 or arm64). Files named
-*_avx2.c hold the AVX2/FMA/F16C kernels and *_avx512.c the AVX-512 (F/BW/VL/DQ) ones; only they
+*_avx2.c hold the AVX2/FMA/F16C kernels, *_avx512.c the AVX-512 (F/BW/VL/DQ) ones and
+*_avx512bf16.c those that also use AVX512_BF16; only they
 get those instruction-set flags, and the runtime dispatcher (c/core/cpu.c) picks them only on a
 CPU that has the features. This keeps one shipped binary that runs on any x86-64.
 """
@@ -21,6 +22,8 @@ C_DIR = ROOT / "c"
 ISA_FLAGS = {
     "_avx2.c": ["-mavx2", "-mfma", "-mf16c"],
     "_avx512.c": ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx2", "-mfma", "-mf16c"],
+    "_avx512bf16.c": ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx512bf16", "-mavx2", "-mfma",
+                      "-mf16c"],
 }
 COMMON_C_FLAGS = ["-std=c11", "-O3", "-fno-math-errno", "-Wall", "-Wextra", "-Wno-unused-parameter"]
 

@@ -55,7 +55,7 @@ def test_info_fields(engine: Engine, arch: str, ckpt: Path) -> None:
     assert info["vocab_size"] == config["vocab_size"]
     assert info["n_layers"] == config["num_hidden_layers"]
     assert info["threads"] == 2
-    assert info["simd"] in ("scalar", "avx2", "avx512", "neon")
+    assert info["simd"] in ("scalar", "avx2", "avx512", "avx512bf16", "neon")
     assert info["max_ctx"] == min(config["max_position_embeddings"], 32768)
     file_bytes = sum(p.stat().st_size for p in ckpt.glob("*.safetensors"))
     assert 0.9 * file_bytes < info["model_bytes"] <= file_bytes  # tensor data, headers aside

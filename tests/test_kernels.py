@@ -228,9 +228,12 @@ def test_fp8_decode_with_extreme_block_scales(table: str) -> None:
     assert_linear_close(w.linear(table, x), w, x)
 
 
-def test_avx512_is_preferred_and_avx2_stays_selectable() -> None:
+def test_widest_table_is_preferred_and_narrower_ones_stay_selectable() -> None:
     feats = _core.cpu_features()
-    if "avx512" in TABLES:
+    if feats["avx512bf16"]:
+        assert "avx512bf16" in TABLES and "avx512" in TABLES
+        assert _core.best_kernel_table() == "avx512bf16"
+    elif "avx512" in TABLES:
         assert _core.best_kernel_table() == "avx512"
     if feats["avx2"] and feats["fma"] and feats["f16c"]:
         assert "avx2" in TABLES

@@ -185,7 +185,7 @@ void check_same(const f32_array &a, const f32_array &b, const char *what) {
 void register_kernels(py::module_ &m) {
     m.def("kernel_tables", [] {
         std::vector<std::string> names;
-        for (const char *n : {"scalar", "avx2", "avx512", "neon"})
+        for (const char *n : {"scalar", "avx2", "avx512", "avx512bf16", "neon"})
             if (mg_kernels_named(n)) names.emplace_back(n);
         return names;
     }, "Names of the kernel tables this CPU can run, slowest first.");
@@ -198,6 +198,7 @@ void register_kernels(py::module_ &m) {
         d["f16c"] = (bool)f.f16c;
         d["avx512f"] = (bool)f.avx512f;
         d["avx512"] = (bool)f.avx512;  // F+BW+VL+DQ with ZMM state enabled: the avx512 table runs
+        d["avx512bf16"] = (bool)f.avx512bf16;  // and vdpbf16ps: the avx512bf16 table runs
         d["neon"] = (bool)f.neon;
         return d;
     });

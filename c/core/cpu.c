@@ -27,6 +27,7 @@ mg_cpu_features mg_cpu_detect(void) {
         const int zmm_ok = (read_xcr0() & 0xe6) == 0xe6;
         f.avx512f = ((b >> 16) & 1) && zmm_ok;
         f.avx512 = f.avx512f && ((b >> 17) & 1) /* DQ */ && ((b >> 30) & 1) /* BW */ && ((b >> 31) & 1) /* VL */;
+        if (f.avx512 && a >= 1 && __get_cpuid_count(7, 1, &a, &b, &c, &d)) f.avx512bf16 = (a >> 5) & 1;
     }
     return f;
 }
@@ -49,12 +50,15 @@ const mg_kernels *mg_kernels_named(const char *name) {
     if (!strcmp(name, "avx2")) return (f.avx2 && f.fma && f.f16c) ? mg_kernels_avx2() : NULL;
     if (!strcmp(name, "avx512"))
         return (f.avx512 && f.avx2 && f.fma && f.f16c && mg_kernels_avx2()) ? mg_kernels_avx512() : NULL;
+    if (!strcmp(name, "avx512bf16"))
+        return f.avx512bf16 && mg_kernels_named("avx512") ? mg_kernels_avx512bf16() : NULL;
     if (!strcmp(name, "neon")) return f.neon ? mg_kernels_neon() : NULL;
     return NULL;
 }
 
 const mg_kernels *mg_kernels_best(void) {
-    const mg_kernels *k = mg_kernels_named("avx512");
+    const mg_kernels *k = mg_kernels_named("avx512bf16");
+    if (!k) k = mg_kernels_named("avx512");
     if (!k) k = mg_kernels_named("avx2");
     if (!k) k = mg_kernels_named("neon");
     return k ? k : mg_kernels_scalar();

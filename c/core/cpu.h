@@ -8,6 +8,8 @@ typedef struct mg_cpu_features {
     int avx2, fma, f16c, avx512f, neon;
     /* F, BW, VL and DQ together, with ZMM and opmask state enabled by the OS (XCR0 bits 5-7). */
     int avx512;
+    /* AVX512_BF16 (vdpbf16ps) on top of avx512: the avx512bf16 table runs */
+    int avx512bf16;
 } mg_cpu_features;
 
 mg_cpu_features mg_cpu_detect(void);
@@ -15,8 +17,9 @@ mg_cpu_features mg_cpu_detect(void);
 /* The fastest table this CPU can run. */
 const mg_kernels *mg_kernels_best(void);
 
-/* A table by name ("scalar", "avx2", "avx512", "neon"); NULL if unknown or this CPU cannot run
- * it.  "avx2" stays selectable on AVX-512 CPUs. */
+/* A table by name ("scalar", "avx2", "avx512", "avx512bf16", "neon"); NULL if unknown or this CPU cannot run
+ * it.  "avx2" and "avx512" stay selectable on CPUs
+ * that have more. */
 const mg_kernels *mg_kernels_named(const char *name);
 
 #endif

@@ -15,7 +15,7 @@ typedef void (*mg_linear_fn)(const mg_matrix *w, const float *x, int64_t x_strid
                              float *y, int64_t y_stride, int64_t r0, int64_t r1);
 
 typedef struct mg_kernels {
-    const char *name; /* "scalar", "avx2", "avx512", "neon" */
+    const char *name; /* "scalar", "avx2", "avx512", "avx512bf16", "neon" */
     mg_linear_fn linear[MG_FORMAT_COUNT];
     float (*dot)(const float *a, const float *b, int64_t n);
     void (*axpy)(float *y, float a, const float *x, int64_t n); /* y += a * x */
@@ -31,6 +31,7 @@ typedef struct mg_kernels {
 const mg_kernels *mg_kernels_scalar(void);
 const mg_kernels *mg_kernels_avx2(void); /* NULL when not built for x86-64 */
 const mg_kernels *mg_kernels_avx512(void); /* NULL when not built for x86-64 */
+const mg_kernels *mg_kernels_avx512bf16(void); /* NULL when not built for x86-64 */
 const mg_kernels *mg_kernels_neon(void); /* NULL when not built for arm64 */
 
 #endif

@@ -42,28 +42,7 @@
 
 #if defined(__x86_64__) && defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && \
     defined(__AVX512DQ__) && defined(__FMA__) && defined(__F16C__)
-#include <immintrin.h>
-
-#define INLINE static inline __attribute__((always_inline))
-
-/* Columns of x permuted per call chunk; a multiple of every step and scale block. */
-enum { XP_COLS = 8192 };
-
-/* Software prefetch of streamed weights, in bytes ahead of the current step.  Rows are often one
- * or two 4 KiB pages and the hardware streamer stops at page ends.  Into L2 (T1), 2 KiB ahead:
- * on a Sapphire-Rapids-class Xeon this beat T0 (which competes with the demand loads for L1 fill
- * buffers) and 1, 4 and 8 KiB, and prefetching only the heads of pages, by 5-20% for fp4/fp8. */
-#ifndef MG_AVX512_PREFETCH_BYTES
-#define MG_AVX512_PREFETCH_BYTES 2048
-#endif
-#ifndef MG_AVX512_PREFETCH_HINT
-#define MG_AVX512_PREFETCH_HINT _MM_HINT_T1
-#endif
-#if MG_AVX512_PREFETCH_BYTES > 0
-#define PREFETCH(p) _mm_prefetch((const char *)(p) + MG_AVX512_PREFETCH_BYTES, MG_AVX512_PREFETCH_HINT)
-#else
-#define PREFETCH(p) ((void)(p))
-#endif
+#include "kernels/avx512_rows.h"
 
 INLINE int64_t step_cols(mg_format f) {
     switch (f) {
@@ -73,14 +52,6 @@ INLINE int64_t step_cols(mg_format f) {
     case MG_FP8_E4M3: return 64;
     default: return 128;
     }
-}
-
-INLINE float e8m0_to_f32(uint8_t b) {
-    if (b == 255) return NAN;
-    uint32_t u = b ? (uint32_t)b << 23 : 0x00400000u; /* 2^-127 is a denormal */
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
 }
 
 /* Whether the fast decode path handles this matrix; the rest goes to the AVX2 table.  A per-row
@@ -103,14 +74,6 @@ INLINE int fast_decode(const mg_matrix *w, mg_format f) {
 /* 128x128 block scales (fp8): folded into x or applied per block below. */
 INLINE int block128_scaled(const mg_matrix *w) {
     return w->scale_kind == MG_SCALE_F32_BLOCK128 || w->scale_kind == MG_SCALE_E8M0_BLOCK128;
-}
-
-/* MG_SCALE_F32_ROW: the scale of row r, multiplied into the row's dot product once (1 otherwise). */
-INLINE float row_scale(const mg_matrix *w, int64_t r) {
-    if (w->scale_kind != MG_SCALE_F32_ROW) return 1.0f;
-    float s;
-    memcpy(&s, (const uint8_t *)w->scale + (size_t)r * (size_t)w->scale_cols * 4, 4);
-    return s;
 }
 
 /* ---- one 64-byte step per format: accumulates raw(w) . xp into a0, a1 --------------------- */
@@ -329,21 +292,6 @@ INLINE void rows_fp4(const int R, const uint8_t *const *p, const float *xp, int6
     for (int j = 0; j < R; j++) out[j] = _mm512_reduce_add_ps(acc[j]);
 }
 
-
-/* e8m0 group scales of row r, groups [g0, g0 + n), as floats (n a multiple of 4, <= 256). */
-INLINE void row_scales_g32(const mg_matrix *w, int64_t r, int64_t g0, int64_t n, float *sf) {
-    const uint8_t *s = (const uint8_t *)w->scale + r * w->scale_cols + g0;
-    const __m512i lowest = _mm512_set1_epi32(0x00400000), nan_code = _mm512_set1_epi32(255);
-    int64_t i = 0;
-    for (; i + 16 <= n; i += 16) {
-        const __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(s + i)));
-        __m512i u = _mm512_max_epi32(_mm512_slli_epi32(b, 23), lowest); /* byte 0 is 2^-127 */
-        u = _mm512_mask_mov_epi32(u, _mm512_cmpeq_epi32_mask(b, nan_code), _mm512_set1_epi32(0x7fc00000));
-        _mm512_storeu_ps(sf + i, _mm512_castsi512_ps(u));
-    }
-    for (; i < n; i++) sf[i] = e8m0_to_f32(s[i]);
-}
-
 INLINE float scale_block128(const mg_matrix *w, int64_t r, int64_t c) {
     const size_t at = (size_t)(r / 128) * (size_t)w->scale_cols + (size_t)(c / 128);
     if (w->scale_kind == MG_SCALE_F32_BLOCK128) { /* memcpy: scales inside a mapped shard may be unaligned */
@@ -380,17 +328,6 @@ INLINE int fold_block_scales(const mg_matrix *w, int64_t r, int64_t c0, int64_t 
         for (int64_t i = j * 128; i < e; i += 16) _mm512_store_ps(xq + i, _mm512_mul_ps(_mm512_load_ps(xo + i), s));
     }
     return 1;
-}
-
-/* Prefetch distance of the multi-row loops: the same line of a later group of rows, at least
- * MG_AVX512_MIN_AHEAD bytes on.  One group ahead is too close for narrow rows: fp8 with 1024
- * columns (DeepSeek-V4's wq_b) streamed 12.5 GB/s on one Zen 4 core at 2 KiB (two rows) and
- * 19 GB/s at 8 KiB; 16 KiB gave no more. */
-#ifndef MG_AVX512_MIN_AHEAD
-#define MG_AVX512_MIN_AHEAD 8192
-#endif
-INLINE size_t rows_ahead(size_t group) {
-    return group >= MG_AVX512_MIN_AHEAD ? group : (MG_AVX512_MIN_AHEAD + group - 1) / group * group;
 }
 
 /* bf16 (unscaled or F32_ROW), R (1..4) rows at once sharing the xp loads, prefetching the same line
@@ -570,7 +507,6 @@ LINEAR_FN(linear_bf16, MG_BF16)
 LINEAR_FN(linear_f16, MG_F16)
 LINEAR_FN(linear_fp8, MG_FP8_E4M3)
 LINEAR_FN(linear_fp4, MG_FP4_E2M1)
-
 
 /* ---- vector ops: the AVX2 table's (they are not bandwidth bound at these sizes) ------------ */
 

@@ -302,6 +302,42 @@ static void test_linear_fp8_wide_x(tally *t, const mg_kernels *const *tables, in
         }
 }
 
+/* fp4 decode where x cannot ride the avx512bf16 loop's two bf16 parts (a part would be denormal,
+ * which vdpbf16ps reads as zero, or overflow), so that table must hand the call to the avx512
+ * loop: every x tiny (2^-118: its lo part is denormal; the result is checked relative to the
+ * products alone, since run_linear's 1e-30 floor would hide a lost part), one tiny value among
+ * normal ones, and an infinity (NaN or infinite like the scalar twin, never finite). */
+static void test_linear_fp4_x_range(tally *t, const mg_kernels *const *tables, int n_tables, rng *g) {
+    static const mg_scale_kind kinds[] = {MG_SCALE_NONE, MG_SCALE_E8M0_G32};
+    for (size_t ki = 0; ki < sizeof kinds / sizeof *kinds; ki++) {
+        test_matrix tm;
+        make_matrix(&tm, MG_FP4_E2M1, kinds[ki], 9, 4224, g);
+        const int64_t rows = tm.m.rows, cols = tm.m.cols;
+        float *x = malloc((size_t)cols * sizeof(float)), *y = malloc((size_t)rows * sizeof(float));
+        for (int mode = 0; mode < 3; mode++) {
+            for (int64_t c = 0; c < cols; c++) x[c] = rng_sym(g) * (mode == 0 ? 0x1p-118f : 1.0f);
+            if (mode == 1) x[7] = 0x1p-110f;
+            if (mode == 2) x[130] = INFINITY;
+            for (int k = 0; k < n_tables; k++) {
+                tables[k]->linear[MG_FP4_E2M1](&tm.m, x, cols, 1, y, rows, 0, rows);
+                int ok = 1;
+                for (int64_t r = 0; r < rows && ok; r++) {
+                    double exact = 0.0, mag = 0.0;
+                    for (int64_t c = 0; c < cols; c++) {
+                        const double p = tm.ref[r * cols + c] * (double)x[c];
+                        exact += p, mag += fabs(p);
+                    }
+                    ok = mode == 2 ? !isfinite(y[r]) : fabs(y[r] - exact) <= 1e-5 * mag;
+                }
+                check(t, ok, "linear fp4 x range", tables[k]->name, scale_name(kinds[ki]), (long)rows, (long)cols, mode,
+                      0, 0);
+            }
+        }
+        free(x), free(y);
+        free_matrix(&tm);
+    }
+}
+
 static void test_linear(tally *t, const mg_kernels *const *tables, int n_tables, rng *g) {
     static const int64_t rows_list[] = {1, 3, 17, 130, 257};
     /* 128, 4160 and 8320: the AVX-512 decode fast paths (whole 64-byte steps, a last half fp8
@@ -401,11 +437,11 @@ static void test_vector_ops(tally *t, const mg_kernels *k, const mg_kernels *ref
 int main(void) {
     tally t = {0, 0};
     rng g = {0x9e3779b97f4a7c15ull};
-    const mg_kernels *tables[4];
+    const mg_kernels *tables[5];
     int n = 0;
     tables[n++] = mg_kernels_scalar();
-    const char *simd[] = {"avx2", "avx512", "neon"};
-    for (int i = 0; i < 3; i++) {
+    const char *simd[] = {"avx2", "avx512", "avx512bf16", "neon"};
+    for (int i = 0; i < 4; i++) {
         const mg_kernels *k = mg_kernels_named(simd[i]);
         if (k) tables[n++] = k;
     }
@@ -415,6 +451,7 @@ int main(void) {
     test_linear(&t, tables, n, &g);
     test_linear_fp8_unfoldable(&t, tables, n, &g);
     test_linear_fp8_wide_x(&t, tables, n, &g);
+    test_linear_fp4_x_range(&t, tables, n, &g);
     for (int i = 0; i < n; i++) test_vector_ops(&t, tables[i], tables[0], &g);
     printf("%d passed, %d failed\n", t.passed, t.failed);
     return t.failed ? 1 : 0;
