@@ -33,7 +33,7 @@ from pathlib import Path
 import numpy as np
 
 MAGIC = b"MGRTRACE"
-VERSION = 1
+VERSION = 2  # 2: each record also carries the router's scores (1: ids only; still read)
 HEADER = struct.Struct("<8sIIII")  # magic, version, n_layers, n_experts, reserved
 
 
@@ -43,6 +43,12 @@ class Trace:
     n_experts: int
     layers: list[int] = field(default_factory=list)
     batches: list[np.ndarray] = field(default_factory=list)  # expert ids per fetch
+    # per fetch: the values the router's top-k ranked for the batch's last token (float32 of
+    # n_experts), or None (a version 1 trace, a hash-routed layer, a synthetic trace)
+    scores: list[np.ndarray | None] = field(default_factory=list)
+
+    def score(self, i: int) -> np.ndarray | None:
+        return self.scores[i] if i < len(self.scores) else None
 
     def keys(self, i: int) -> np.ndarray:
         """Unique cache keys (layer * n_experts + expert) of fetch i, in request order."""
@@ -65,34 +71,50 @@ def read_trace(path: str | os.PathLike[str]) -> Trace:
     magic, version, n_layers, n_experts, _ = HEADER.unpack_from(data)
     if magic != MAGIC:
         raise ValueError(f"{path}: not a routing trace (bad magic {magic!r})")
-    if version != VERSION:
-        raise ValueError(f"{path}: routing trace version {version}, expected {VERSION}")
-    if (len(data) - HEADER.size) % 2:
+    if version not in (1, 2):
+        raise ValueError(f"{path}: routing trace version {version}, expected 1 or {VERSION}")
+    if version == 1 and (len(data) - HEADER.size) % 2:
         raise ValueError(f"{path}: truncated routing trace")
-    words = np.frombuffer(data, dtype="<u2", offset=HEADER.size)
     trace = Trace(n_layers, n_experts)
-    pos = 0
-    while pos < len(words):
-        if pos + 2 > len(words):
-            raise ValueError(f"{path}: truncated record at word {pos}")
-        layer, n = int(words[pos]), int(words[pos + 1])
-        ids = words[pos + 2 : pos + 2 + n]
-        if len(ids) != n:
-            raise ValueError(f"{path}: truncated record at word {pos}")
+    pos, end = HEADER.size, len(data)
+
+    def u16s(at: int, n: int) -> np.ndarray:
+        if at + 2 * n > end:
+            raise ValueError(f"{path}: truncated record at byte {pos}")
+        return np.frombuffer(data, dtype="<u2", count=n, offset=at)
+
+    while pos < end:
+        layer, n = (int(x) for x in u16s(pos, 2))
+        ids = u16s(pos + 4, n)
+        at = pos + 4 + 2 * n
+        scores = None
+        if version >= 2:
+            (ns,) = u16s(at, 1)
+            ns = int(ns)
+            if ns not in (0, n_experts) or at + 2 + 4 * ns > end:
+                raise ValueError(f"{path}: damaged or truncated record at byte {pos}")
+            if ns:
+                scores = np.frombuffer(data, dtype="<f4", count=ns, offset=at + 2).copy()
+            at += 2 + 4 * ns
         if layer >= n_layers or (n and int(ids.max()) >= n_experts):
-            raise ValueError(f"{path}: record at word {pos} is out of range")
+            raise ValueError(f"{path}: record at byte {pos} is out of range")
         trace.layers.append(layer)
         trace.batches.append(ids.astype(np.int32))
-        pos += 2 + n
+        trace.scores.append(scores)
+        pos = at
     return trace
 
 
 def write_trace(path: str | os.PathLike[str], trace: Trace) -> None:
     with open(path, "wb") as f:
         f.write(HEADER.pack(MAGIC, VERSION, trace.n_layers, trace.n_experts, 0))
-        for layer, ids in zip(trace.layers, trace.batches):
+        for i, (layer, ids) in enumerate(zip(trace.layers, trace.batches)):
             f.write(struct.pack("<HH", layer, len(ids)))
             f.write(np.asarray(ids, dtype="<u2").tobytes())
+            sc = trace.score(i)
+            f.write(struct.pack("<H", 0 if sc is None else trace.n_experts))
+            if sc is not None:
+                f.write(np.asarray(sc, dtype="<f4").tobytes())
 
 
 def synthesize(n_layers: int, n_experts: int, k: int, n_tokens: int, seed: int = 0,
