@@ -213,6 +213,50 @@ def test_seeding_matches_the_c_policy() -> None:
     assert model.score(np.array([0, 1]), 0).tolist() == [-1.0, -2.0]
 
 
+def test_score_signal_finds_reuse_the_ids_do_not_show() -> None:
+    # Each token requests 2 random experts of 16 (other than the last token's).  When the scores rank the NEXT token's
+    # choices right below this token's (near misses that come true), the diagnostic shows them
+    # requested far more often than the policy predicts; with uninformative scores it does not.
+    rng = np.random.default_rng(3)
+    n_tokens, E = 300, 16
+    choices = [rng.choice(E, 2, replace=False)]
+    for _ in range(n_tokens):  # never the previous token's: the near misses are the next two
+        choices.append(rng.choice(np.setdiff1d(np.arange(E), choices[-1]), 2, replace=False))
+
+    def trace(informative: bool) -> rt.Trace:
+        tr = rt.Trace(1, E)
+        for t in range(n_tokens):
+            sc = rng.random(E).astype(np.float32)
+            if informative:
+                sc[choices[t + 1]] = 2.0
+            sc[choices[t]] = 3.0
+            tr.layers.append(0)
+            tr.batches.append(np.sort(choices[t]).astype(np.int32))
+            tr.scores.append(sc)
+        return tr
+
+    rows = {r["group"]: r for r in rt.score_signal(trace(True))}
+    assert rows["next n"]["observed"] > 0.95 and rows["next n"]["predicted"] < 0.3
+    assert rows["selected"]["pairs"] == 2 * (n_tokens - 2) and rows["rest"]["observed"] < 0.05
+    rows = {r["group"]: r for r in rt.score_signal(trace(False))}
+    assert abs(rows["next n"]["observed"] - rows["next n"]["predicted"]) < 0.06
+    assert rt.score_signal(_trace([[0], [1], [2]]))[0]["pairs"] == 0  # no scores: nothing to say
+
+
+def test_cli_scores(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    p = tmp_path / "s.trace"
+    tr = _trace([[0, 1], [1, 2], [2, 3], [0, 3]])
+    tr.scores = [np.array([3, 2, 1, 0], np.float32), np.array([0, 3, 2, 1], np.float32),
+                 np.array([1, 0, 3, 2], np.float32), np.array([3, 0, 1, 2], np.float32)]
+    rt.write_trace(p, tr)
+    assert rt.main(["scores", str(p)]) == 0
+    out = capsys.readouterr().out
+    assert "next n" in out and "excess" in out
+    rt.write_trace(p, _trace([[0, 1], [1, 2]]))
+    assert rt.main(["scores", str(p)]) == 0
+    assert "no router scores" in capsys.readouterr().out
+
+
 def test_reads_the_store_history(tmp_path: Path) -> None:
     p = tmp_path / "usage"
     p.write_bytes(b"MGUSAGE2" + struct.pack("<II", 2, 3) + struct.pack("<8f", 1, 0, 4, 2, float("nan"), 0, 5, 6))

@@ -16,6 +16,7 @@ layer's experts.
 
   python tools/routing_trace.py record --model DIR --out run.trace [--tokens 64] [--prompt ...]
   python tools/routing_trace.py replay run.trace [--budgets 0.05,0.1,0.25,0.5] [--history old.trace|usage-file]
+  python tools/routing_trace.py scores run.trace    (the router's ranks vs the policy's prediction)
   python tools/routing_trace.py synth --out synth.trace --layers 8 --experts 64 --k 8 --tokens 500 \
       [--skew 1.0 --reuse 0.3 --drift 0.15 --drift-tokens 50]
 """
@@ -374,6 +375,46 @@ def _next_uses(trace: Trace) -> list[list[float]]:
     return out
 
 
+def score_signal(trace: Trace, half_life: float | None = None) -> list[dict[str, float]]:
+    """Whether the router's scores tell the cache something the requested ids do not.  At each
+    visit of a layer that carries scores (after the layer's first visit, the prompt), every
+    expert gets its rank by score; at the layer's next visit it was requested or not.  Per
+    rank group (n = the experts the visit requested): the pairs seen, the mean probability
+    the store's policy gave that next request (visit_prob of the ranking model, expert_policy.h)
+    and the observed rate.  Observed above predicted for the near misses (rank n..2n-1) is
+    reuse the policy does not see; equal rates everywhere: the scores add nothing to it."""
+    n_layers, n_experts = trace.n_layers, trace.n_experts
+    model = _NextUse(n_layers, n_experts, half_life)
+    groups = ("selected", "next n", "next 2n", "rest")
+    pending: list[tuple[np.ndarray, np.ndarray] | None] = [None] * n_layers  # (group, p) per expert
+    seen = np.zeros(n_layers, dtype=bool)
+    n, p_sum, y_sum = np.zeros(4), np.zeros(4), np.zeros(4)
+    for t in range(len(trace)):
+        layer, keys = trace.layers[t], trace.keys(t)
+        base = layer * n_experts
+        if pending[layer] is not None:
+            group, p = pending[layer]
+            y = np.zeros(n_experts)
+            y[keys - base] = 1.0
+            n += np.bincount(group, minlength=4)
+            p_sum += np.bincount(group, weights=p, minlength=4)
+            y_sum += np.bincount(group, weights=y, minlength=4)
+        model.request(layer, keys)
+        sc = trace.score(t)
+        pending[layer] = None
+        if sc is not None and seen[layer]:
+            rank = np.empty(n_experts, dtype=np.int64)
+            rank[np.argsort(-sc, kind="stable")] = np.arange(n_experts)
+            k = max(1, len(keys))
+            group = np.searchsorted([k, 2 * k, 4 * k], rank, side="right")
+            m = model.best
+            f, w, used = model.f[m][base : base + n_experts], model.w[m], model.used[base : base + n_experts]
+            pending[layer] = (group, np.where(used, f + w * (1.0 - f), (1.0 - w) * f))
+        seen[layer] = True
+    return [{"group": g, "pairs": float(n[i]), "predicted": p_sum[i] / n[i] if n[i] else math.nan,
+             "observed": y_sum[i] / n[i] if n[i] else math.nan} for i, g in enumerate(groups)]
+
+
 def replay_table(trace: Trace, budgets: list[float], *, history: np.ndarray | None = None,
                  history_visits: np.ndarray | None = None, warm: int = 0,
                  half_life: float | None = None) -> list[dict[str, float]]:
@@ -432,6 +473,8 @@ def main(argv: list[str] | None = None) -> int:
     rep.add_argument("--history", help="an earlier trace or the store's routing-history file: seeds and warms 'ours'")
     rep.add_argument("--warm", type=int, default=0, help="fetches replayed before counting")
     rep.add_argument("--half-life", type=float, default=None, help="in fetches (default 16 tokens)")
+    sig = sub.add_parser("scores", help="does the router's ranking predict the next visit beyond the policy?")
+    sig.add_argument("trace")
     syn = sub.add_parser("synth", help="write a synthetic decode-like trace")
     syn.add_argument("--out", required=True)
     syn.add_argument("--layers", type=int, default=8)
@@ -463,6 +506,18 @@ def main(argv: list[str] | None = None) -> int:
               "(budget = share of the expert pool)")
         print(format_table(replay_table(tr, budgets, history=hist, history_visits=visits, warm=args.warm,
                                         half_life=args.half_life)))
+    elif args.cmd == "scores":
+        tr = read_trace(args.trace)
+        rows = score_signal(tr)
+        if not any(r["pairs"] for r in rows):
+            print(f"{args.trace}: no router scores (a version 1 trace, or hash-routed layers only)")
+            return 0
+        print(f"{args.trace}: request at the layer's next visit, by router rank at this one "
+              "(n = the experts requested)")
+        print(f"{'rank':>10} {'pairs':>9} {'policy p':>9} {'observed':>9} {'excess':>7}")
+        for r in rows:
+            print(f"{r['group']:>10} {int(r['pairs']):>9d} {r['predicted']:>9.3f} {r['observed']:>9.3f} "
+                  f"{100 * (r['observed'] - r['predicted']):>+7.1f}")
     else:
         write_trace(args.out, synthesize(args.layers, args.experts, args.k, args.tokens, args.seed, args.skew,
                                          args.reuse, args.drift, args.drift_tokens))
