@@ -123,6 +123,8 @@ int mg_expert_store_fetch_begin_scored(mg_expert_store *s, int layer, int n, con
     return 0;
 }
 
+int mg_expert_store_wants_scores(const mg_expert_store *s) { return s && s->trace; }
+
 int mg_expert_store_fetch_next(mg_expert_store *s, mg_error *err) {
     if (!s) return -1;
     if (s->cache) return mg_expert_cache_next(s->cache, err);

@@ -300,11 +300,12 @@ static int mlp_block(state *s, int li, float *x, int64_t m, mg_error *err) {
         else
             mg_route_softmax_topk(logits + t * E, (int)E, (int)K, c->norm_topk, ids + t * K, rw + t * K);
     }
-    /* What top-k ranked for the last token, for the store: the logits (softmax is monotonic),
-     * or sigmoid + bias (the scratch still holds the last token's sigmoids; before any group
-     * masking, so a dropped group's experts keep their rank). */
-    const float *ranked = logits + (m - 1) * E;
-    if (c->router_sigmoid) {
+    /* What top-k ranked for the last token, for the store when it wants them (tracing): the
+     * logits (softmax is monotonic), or sigmoid + bias (the scratch still holds the last
+     * token's sigmoids; before any group masking, so a dropped group's experts keep their rank). */
+    const float *ranked = NULL;
+    if (mg_expert_store_wants_scores(s->experts)) ranked = logits + (m - 1) * E;
+    if (ranked && c->router_sigmoid) {
         float *v = rscr + 2 * E + c->n_group;
         for (int64_t e = 0; e < E; e++) v[e] = rscr[e] + (L->score_bias ? L->score_bias[e] : 0.0f);
         ranked = v;
