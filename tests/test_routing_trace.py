@@ -19,11 +19,16 @@ sys.modules["routing_trace"] = rt
 _spec.loader.exec_module(rt)
 
 
-def _bytes_like_the_store(records: list[tuple[int, list[int]]], n_layers: int, n_experts: int) -> bytes:
-    # the layout documented in c/model/experts.c, written independently of the tool
-    out = b"MGRTRACE" + struct.pack("<IIII", 1, n_layers, n_experts, 0)
-    for layer, ids in records:
+def _bytes_like_the_store(records: list[tuple[int, list[int]]], n_layers: int, n_experts: int,
+                          version: int = 2, scores: dict[int, list[float]] | None = None) -> bytes:
+    # the layout documented in c/model/experts.c, written independently of the tool; version 2
+    # adds the router's scores (n_experts floats, or none) to each record
+    out = b"MGRTRACE" + struct.pack("<IIII", version, n_layers, n_experts, 0)
+    for i, (layer, ids) in enumerate(records):
         out += struct.pack("<HH", layer, len(ids)) + struct.pack(f"<{len(ids)}H", *ids)
+        if version >= 2:
+            sc = (scores or {}).get(i, [])
+            out += struct.pack("<H", len(sc)) + struct.pack(f"<{len(sc)}f", *sc)
     return out
 
 
@@ -37,15 +42,29 @@ def _trace(batches: list[list[int]], n_experts: int = 4, n_layers: int = 1) -> r
 
 def test_reads_the_store_format(tmp_path: Path) -> None:
     p = tmp_path / "t.trace"
-    p.write_bytes(_bytes_like_the_store([(2, [4, 1, 7]), (0, [4])], 3, 8))
+    scores = [0.5, -1.0, 2.25, 0.0, 1.0, -3.5, 0.125, 4.0]
+    p.write_bytes(_bytes_like_the_store([(2, [4, 1, 7]), (0, [4])], 3, 8, scores={0: scores}))
     tr = rt.read_trace(p)
     assert (tr.n_layers, tr.n_experts, len(tr)) == (3, 8, 2)
     assert tr.layers == [2, 0]
     assert tr.batches[0].tolist() == [4, 1, 7]
     assert tr.keys(0).tolist() == [20, 17, 23]
+    assert tr.score(0).tolist() == scores and tr.score(1) is None
     q = tmp_path / "u.trace"
     rt.write_trace(q, tr)
     assert q.read_bytes() == p.read_bytes()
+
+
+def test_reads_the_first_format(tmp_path: Path) -> None:
+    # version 1 (no scores) is still read; written again it becomes version 2 without scores
+    p = tmp_path / "v1.trace"
+    p.write_bytes(_bytes_like_the_store([(2, [4, 1, 7]), (0, [4])], 3, 8, version=1))
+    tr = rt.read_trace(p)
+    assert tr.layers == [2, 0] and tr.batches[1].tolist() == [4]
+    assert tr.score(0) is None and tr.score(1) is None
+    q = tmp_path / "v2.trace"
+    rt.write_trace(q, tr)
+    assert q.read_bytes() == _bytes_like_the_store([(2, [4, 1, 7]), (0, [4])], 3, 8)
 
 
 @pytest.mark.parametrize(
@@ -53,8 +72,12 @@ def test_reads_the_store_format(tmp_path: Path) -> None:
     [
         (b"MGRT", "too short"),
         (b"XXXXXXXX" + struct.pack("<IIII", 1, 1, 1, 0), "bad magic"),
-        (b"MGRTRACE" + struct.pack("<IIII", 2, 1, 1, 0), "version 2"),
+        (b"MGRTRACE" + struct.pack("<IIII", 3, 1, 1, 0), "version 3"),
+        (_bytes_like_the_store([(0, [1, 2])], 1, 4, version=1)[:-2], "truncated"),
+        (_bytes_like_the_store([(0, [9])], 1, 4, version=1), "out of range"),
         (_bytes_like_the_store([(0, [1, 2])], 1, 4)[:-2], "truncated"),
+        (_bytes_like_the_store([(0, [1, 2])], 1, 4, scores={0: [1, 2, 3, 4]})[:-1], "truncated"),
+        (_bytes_like_the_store([(0, [1, 2])], 1, 4, scores={0: [1, 2, 3]}), "damaged"),
         (_bytes_like_the_store([(0, [9])], 1, 4), "out of range"),
     ],
 )
@@ -190,6 +213,50 @@ def test_seeding_matches_the_c_policy() -> None:
     assert model.score(np.array([0, 1]), 0).tolist() == [-1.0, -2.0]
 
 
+def test_score_signal_finds_reuse_the_ids_do_not_show() -> None:
+    # Each token requests 2 random experts of 16 (other than the last token's).  When the scores rank the NEXT token's
+    # choices right below this token's (near misses that come true), the diagnostic shows them
+    # requested far more often than the policy predicts; with uninformative scores it does not.
+    rng = np.random.default_rng(3)
+    n_tokens, E = 300, 16
+    choices = [rng.choice(E, 2, replace=False)]
+    for _ in range(n_tokens):  # never the previous token's: the near misses are the next two
+        choices.append(rng.choice(np.setdiff1d(np.arange(E), choices[-1]), 2, replace=False))
+
+    def trace(informative: bool) -> rt.Trace:
+        tr = rt.Trace(1, E)
+        for t in range(n_tokens):
+            sc = rng.random(E).astype(np.float32)
+            if informative:
+                sc[choices[t + 1]] = 2.0
+            sc[choices[t]] = 3.0
+            tr.layers.append(0)
+            tr.batches.append(np.sort(choices[t]).astype(np.int32))
+            tr.scores.append(sc)
+        return tr
+
+    rows = {r["group"]: r for r in rt.score_signal(trace(True))}
+    assert rows["next n"]["observed"] > 0.95 and rows["next n"]["predicted"] < 0.3
+    assert rows["selected"]["pairs"] == 2 * (n_tokens - 2) and rows["rest"]["observed"] < 0.05
+    rows = {r["group"]: r for r in rt.score_signal(trace(False))}
+    assert abs(rows["next n"]["observed"] - rows["next n"]["predicted"]) < 0.06
+    assert rt.score_signal(_trace([[0], [1], [2]]))[0]["pairs"] == 0  # no scores: nothing to say
+
+
+def test_cli_scores(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    p = tmp_path / "s.trace"
+    tr = _trace([[0, 1], [1, 2], [2, 3], [0, 3]])
+    tr.scores = [np.array([3, 2, 1, 0], np.float32), np.array([0, 3, 2, 1], np.float32),
+                 np.array([1, 0, 3, 2], np.float32), np.array([3, 0, 1, 2], np.float32)]
+    rt.write_trace(p, tr)
+    assert rt.main(["scores", str(p)]) == 0
+    out = capsys.readouterr().out
+    assert "next n" in out and "excess" in out
+    rt.write_trace(p, _trace([[0, 1], [1, 2]]))
+    assert rt.main(["scores", str(p)]) == 0
+    assert "no router scores" in capsys.readouterr().out
+
+
 def test_reads_the_store_history(tmp_path: Path) -> None:
     p = tmp_path / "usage"
     p.write_bytes(b"MGUSAGE2" + struct.pack("<II", 2, 3) + struct.pack("<8f", 1, 0, 4, 2, float("nan"), 0, 5, 6))
@@ -244,6 +311,56 @@ def test_record_from_the_resident_engine(small_model: Path, tmp_path: Path,
     prefill = tr.batches[:3]
     assert all(4 <= len(b) <= 16 for b in prefill)  # the union over 4 tokens of 4 choices each
     assert all(len(b) == 4 for b in tr.batches[3:])  # one token: exactly k experts
+    assert all(tr.score(i) is not None and tr.score(i).shape == (16,) for i in range(len(tr)))
+
+
+GLM_SMALL = {
+    "hidden_size": 64, "intermediate_size": 128, "moe_intermediate_size": 64, "n_routed_experts": 16,
+    "num_experts_per_tok": 4, "num_hidden_layers": 3, "vocab_size": 512, "num_attention_heads": 4,
+    "num_key_value_heads": 2, "head_dim": 16, "max_position_embeddings": 256, "use_qk_norm": True,
+}
+
+
+def _deepseek_tiny(root: Path) -> Path:
+    import dataclasses
+
+    from tools.ckpt import write_checkpoint
+    from tools.ckpt.deepseek_v4 import TINY
+
+    dims = {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(TINY).items()}
+    return write_checkpoint("deepseek_v4", "bench", "native", root / "d", seed=4, overrides=dims)
+
+
+@pytest.mark.parametrize("arch", ["qwen3_moe", "glm4_moe", "deepseek_v4"])
+def test_trace_carries_the_router_scores(arch: str, small_model: Path, tmp_path: Path) -> None:
+    """Each fetch carries what the router's top-k ranked for the batch's last token (softmax
+    logits, sigmoid + bias, sqrt-softplus + bias): a decode fetch's experts are exactly the top k
+    of its scores.  Hash-routed layers (DeepSeek-V4's first ones) rank nothing: no scores."""
+    from tools.ckpt import write_checkpoint
+
+    if arch == "qwen3_moe":
+        model, hashed = small_model, 0
+    elif arch == "glm4_moe":
+        model, hashed = write_checkpoint("glm4_moe", "bench", "bf16", tmp_path / "g", seed=4,
+                                         overrides=GLM_SMALL), 0
+    else:
+        from tools.ckpt.deepseek_v4 import TINY
+
+        model, hashed = _deepseek_tiny(tmp_path), TINY.num_hash_layers
+    tr, _ = rt.record(str(model), str(tmp_path / "run.trace"), 8, [5, 17, 42, 99, 3], None)
+    prompt_fetches = len(set(tr.layers))
+    ranked = 0
+    for i in range(len(tr)):
+        sc = tr.score(i)
+        if tr.layers[i] < hashed:
+            assert sc is None
+            continue
+        assert sc is not None and sc.shape == (tr.n_experts,) and np.isfinite(sc).all()
+        if i >= prompt_fetches:
+            k = len(tr.batches[i])
+            assert set(np.argsort(-sc, kind="stable")[:k].tolist()) == set(tr.batches[i].tolist())
+            ranked += 1
+    assert ranked >= 8
 
 
 def test_replay_of_the_engine_trace_reproduces_its_cache(small_model: Path, tmp_path: Path) -> None:

@@ -16,6 +16,7 @@ layer's experts.
 
   python tools/routing_trace.py record --model DIR --out run.trace [--tokens 64] [--prompt ...]
   python tools/routing_trace.py replay run.trace [--budgets 0.05,0.1,0.25,0.5] [--history old.trace|usage-file]
+  python tools/routing_trace.py scores run.trace    (the router's ranks vs the policy's prediction)
   python tools/routing_trace.py synth --out synth.trace --layers 8 --experts 64 --k 8 --tokens 500 \
       [--skew 1.0 --reuse 0.3 --drift 0.15 --drift-tokens 50]
 """
@@ -33,7 +34,7 @@ from pathlib import Path
 import numpy as np
 
 MAGIC = b"MGRTRACE"
-VERSION = 1
+VERSION = 2  # 2: each record also carries the router's scores (1: ids only; still read)
 HEADER = struct.Struct("<8sIIII")  # magic, version, n_layers, n_experts, reserved
 
 
@@ -43,6 +44,12 @@ class Trace:
     n_experts: int
     layers: list[int] = field(default_factory=list)
     batches: list[np.ndarray] = field(default_factory=list)  # expert ids per fetch
+    # per fetch: the values the router's top-k ranked for the batch's last token (float32 of
+    # n_experts), or None (a version 1 trace, a hash-routed layer, a synthetic trace)
+    scores: list[np.ndarray | None] = field(default_factory=list)
+
+    def score(self, i: int) -> np.ndarray | None:
+        return self.scores[i] if i < len(self.scores) else None
 
     def keys(self, i: int) -> np.ndarray:
         """Unique cache keys (layer * n_experts + expert) of fetch i, in request order."""
@@ -65,34 +72,50 @@ def read_trace(path: str | os.PathLike[str]) -> Trace:
     magic, version, n_layers, n_experts, _ = HEADER.unpack_from(data)
     if magic != MAGIC:
         raise ValueError(f"{path}: not a routing trace (bad magic {magic!r})")
-    if version != VERSION:
-        raise ValueError(f"{path}: routing trace version {version}, expected {VERSION}")
-    if (len(data) - HEADER.size) % 2:
+    if version not in (1, 2):
+        raise ValueError(f"{path}: routing trace version {version}, expected 1 or {VERSION}")
+    if version == 1 and (len(data) - HEADER.size) % 2:
         raise ValueError(f"{path}: truncated routing trace")
-    words = np.frombuffer(data, dtype="<u2", offset=HEADER.size)
     trace = Trace(n_layers, n_experts)
-    pos = 0
-    while pos < len(words):
-        if pos + 2 > len(words):
-            raise ValueError(f"{path}: truncated record at word {pos}")
-        layer, n = int(words[pos]), int(words[pos + 1])
-        ids = words[pos + 2 : pos + 2 + n]
-        if len(ids) != n:
-            raise ValueError(f"{path}: truncated record at word {pos}")
+    pos, end = HEADER.size, len(data)
+
+    def u16s(at: int, n: int) -> np.ndarray:
+        if at + 2 * n > end:
+            raise ValueError(f"{path}: truncated record at byte {pos}")
+        return np.frombuffer(data, dtype="<u2", count=n, offset=at)
+
+    while pos < end:
+        layer, n = (int(x) for x in u16s(pos, 2))
+        ids = u16s(pos + 4, n)
+        at = pos + 4 + 2 * n
+        scores = None
+        if version >= 2:
+            (ns,) = u16s(at, 1)
+            ns = int(ns)
+            if ns not in (0, n_experts) or at + 2 + 4 * ns > end:
+                raise ValueError(f"{path}: damaged or truncated record at byte {pos}")
+            if ns:
+                scores = np.frombuffer(data, dtype="<f4", count=ns, offset=at + 2).copy()
+            at += 2 + 4 * ns
         if layer >= n_layers or (n and int(ids.max()) >= n_experts):
-            raise ValueError(f"{path}: record at word {pos} is out of range")
+            raise ValueError(f"{path}: record at byte {pos} is out of range")
         trace.layers.append(layer)
         trace.batches.append(ids.astype(np.int32))
-        pos += 2 + n
+        trace.scores.append(scores)
+        pos = at
     return trace
 
 
 def write_trace(path: str | os.PathLike[str], trace: Trace) -> None:
     with open(path, "wb") as f:
         f.write(HEADER.pack(MAGIC, VERSION, trace.n_layers, trace.n_experts, 0))
-        for layer, ids in zip(trace.layers, trace.batches):
+        for i, (layer, ids) in enumerate(zip(trace.layers, trace.batches)):
             f.write(struct.pack("<HH", layer, len(ids)))
             f.write(np.asarray(ids, dtype="<u2").tobytes())
+            sc = trace.score(i)
+            f.write(struct.pack("<H", 0 if sc is None else trace.n_experts))
+            if sc is not None:
+                f.write(np.asarray(sc, dtype="<f4").tobytes())
 
 
 def synthesize(n_layers: int, n_experts: int, k: int, n_tokens: int, seed: int = 0,
@@ -352,6 +375,46 @@ def _next_uses(trace: Trace) -> list[list[float]]:
     return out
 
 
+def score_signal(trace: Trace, half_life: float | None = None) -> list[dict[str, float]]:
+    """Whether the router's scores tell the cache something the requested ids do not.  At each
+    visit of a layer that carries scores (after the layer's first visit, the prompt), every
+    expert gets its rank by score; at the layer's next visit it was requested or not.  Per
+    rank group (n = the experts the visit requested): the pairs seen, the mean probability
+    the store's policy gave that next request (visit_prob of the ranking model, expert_policy.h)
+    and the observed rate.  Observed above predicted for the near misses (rank n..2n-1) is
+    reuse the policy does not see; equal rates everywhere: the scores add nothing to it."""
+    n_layers, n_experts = trace.n_layers, trace.n_experts
+    model = _NextUse(n_layers, n_experts, half_life)
+    groups = ("selected", "next n", "next 2n", "rest")
+    pending: list[tuple[np.ndarray, np.ndarray] | None] = [None] * n_layers  # (group, p) per expert
+    seen = np.zeros(n_layers, dtype=bool)
+    n, p_sum, y_sum = np.zeros(4), np.zeros(4), np.zeros(4)
+    for t in range(len(trace)):
+        layer, keys = trace.layers[t], trace.keys(t)
+        base = layer * n_experts
+        if pending[layer] is not None:
+            group, p = pending[layer]
+            y = np.zeros(n_experts)
+            y[keys - base] = 1.0
+            n += np.bincount(group, minlength=4)
+            p_sum += np.bincount(group, weights=p, minlength=4)
+            y_sum += np.bincount(group, weights=y, minlength=4)
+        model.request(layer, keys)
+        sc = trace.score(t)
+        pending[layer] = None
+        if sc is not None and seen[layer]:
+            rank = np.empty(n_experts, dtype=np.int64)
+            rank[np.argsort(-sc, kind="stable")] = np.arange(n_experts)
+            k = max(1, len(keys))
+            group = np.searchsorted([k, 2 * k, 4 * k], rank, side="right")
+            m = model.best
+            f, w, used = model.f[m][base : base + n_experts], model.w[m], model.used[base : base + n_experts]
+            pending[layer] = (group, np.where(used, f + w * (1.0 - f), (1.0 - w) * f))
+        seen[layer] = True
+    return [{"group": g, "pairs": float(n[i]), "predicted": p_sum[i] / n[i] if n[i] else math.nan,
+             "observed": y_sum[i] / n[i] if n[i] else math.nan} for i, g in enumerate(groups)]
+
+
 def replay_table(trace: Trace, budgets: list[float], *, history: np.ndarray | None = None,
                  history_visits: np.ndarray | None = None, warm: int = 0,
                  half_life: float | None = None) -> list[dict[str, float]]:
@@ -410,6 +473,8 @@ def main(argv: list[str] | None = None) -> int:
     rep.add_argument("--history", help="an earlier trace or the store's routing-history file: seeds and warms 'ours'")
     rep.add_argument("--warm", type=int, default=0, help="fetches replayed before counting")
     rep.add_argument("--half-life", type=float, default=None, help="in fetches (default 16 tokens)")
+    sig = sub.add_parser("scores", help="does the router's ranking predict the next visit beyond the policy?")
+    sig.add_argument("trace")
     syn = sub.add_parser("synth", help="write a synthetic decode-like trace")
     syn.add_argument("--out", required=True)
     syn.add_argument("--layers", type=int, default=8)
@@ -441,6 +506,18 @@ def main(argv: list[str] | None = None) -> int:
               "(budget = share of the expert pool)")
         print(format_table(replay_table(tr, budgets, history=hist, history_visits=visits, warm=args.warm,
                                         half_life=args.half_life)))
+    elif args.cmd == "scores":
+        tr = read_trace(args.trace)
+        rows = score_signal(tr)
+        if not any(r["pairs"] for r in rows):
+            print(f"{args.trace}: no router scores (a version 1 trace, or hash-routed layers only)")
+            return 0
+        print(f"{args.trace}: request at the layer's next visit, by router rank at this one "
+              "(n = the experts requested)")
+        print(f"{'rank':>10} {'pairs':>9} {'policy p':>9} {'observed':>9} {'excess':>7}")
+        for r in rows:
+            print(f"{r['group']:>10} {int(r['pairs']):>9d} {r['predicted']:>9.3f} {r['observed']:>9.3f} "
+                  f"{100 * (r['observed'] - r['predicted']):>+7.1f}")
     else:
         write_trace(args.out, synthesize(args.layers, args.experts, args.k, args.tokens, args.seed, args.skew,
                                          args.reuse, args.drift, args.drift_tokens))

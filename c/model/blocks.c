@@ -588,7 +588,7 @@ int mg_moe_experts(const mg_compute *c, const mg_moe_args *a, mg_buffers *buf, i
      * are read.  How many are cached is this batch's miss count (the store's statistics); the
      * resident store never misses. */
     mg_expert_stats before = mg_expert_store_stats(a->store);
-    if (mg_expert_store_fetch_begin(a->store, a->layer, nu, uid, ex, err) != 0) goto done;
+    if (mg_expert_store_fetch_begin_scored(a->store, a->layer, nu, uid, a->scores, ex, err) != 0) goto done;
     int n_now = nu;
     if (before.slots) {
         uint64_t missed = mg_expert_store_stats(a->store).misses - before.misses;

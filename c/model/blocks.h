@@ -229,6 +229,8 @@ typedef struct mg_moe_args {
     float *out;              /* [n_tok, d], accumulated into */
     const mg_mlp *shared;    /* optional shared expert, see above */
     float *shared_out;       /* [n_tok, d] when shared != NULL */
+    const float *scores;     /* optional: [n_experts] the router's values that top-k ranked for
+                                the last token (handed to the store: routing trace) */
 } mg_moe_args;
 
 int mg_moe_experts(const mg_compute *c, const mg_moe_args *a, mg_buffers *buf, int slot0,

@@ -655,6 +655,7 @@ static int moe_block(state *s, int li, const float *h, const int32_t *tokens, in
         .store = s->experts, .layer = li, .n_experts = (int)E, .k = (int)K, .x = h, .n_tok = m, .d = d,
         .ids = ids, .w = rw, .limit = (float)c->limit, .out = out,
         .shared = &L->shared, .shared_out = sh, /* same clamp; rides in the experts' dispatches */
+        .scores = L->tid2eid ? NULL : choice, /* the last token's sc + bias; hash layers rank nothing */
     };
     if (mg_moe_experts(comp, &a, &s->buf, B_MOE0, err)) return -1;
     for (int64_t i = 0; i < m * d; i++) out[i] += sh[i];

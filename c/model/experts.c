@@ -3,8 +3,10 @@
  * and cache mode (expert_cache.c).
  *
  * Routing trace file (little-endian), read by tools/routing_trace.py:
- *   "MGRTRACE"  u32 version (1)  u32 n_layers  u32 n_experts  u32 reserved (0)
- *   then one record per fetch:  u16 layer  u16 n  u16 ids[n] */
+ *   "MGRTRACE"  u32 version (2)  u32 n_layers  u32 n_experts  u32 reserved (0)
+ *   then one record per fetch:  u16 layer  u16 n  u16 ids[n]  u16 n_scores  f32 scores[n_scores]
+ *   n_scores is n_experts when the fetch came with the router's scores (the values its top-k
+ *   ranked, for the batch's last token), else 0.  Version 1 had no n_scores/scores. */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
@@ -87,13 +89,16 @@ static int check_batch(const mg_expert_store *s, int layer, int n, const int *id
     return 0;
 }
 
-static void trace_record(mg_expert_store *s, int layer, int n, const int *ids) {
+static void trace_record(mg_expert_store *s, int layer, int n, const int *ids, const float *scores) {
     uint16_t head[2] = {(uint16_t)layer, (uint16_t)n};
     int ok = fwrite(head, sizeof head, 1, s->trace) == 1;
     for (int i = 0; i < n && ok; i++) {
         uint16_t e = (uint16_t)ids[i];
         ok = fwrite(&e, sizeof e, 1, s->trace) == 1;
     }
+    uint16_t n_scores = scores ? (uint16_t)s->n_experts : 0;
+    ok = ok && fwrite(&n_scores, sizeof n_scores, 1, s->trace) == 1;
+    if (ok && n_scores) ok = fwrite(scores, sizeof(float), n_scores, s->trace) == n_scores;
     if (!ok) { /* disk full or similar: stop tracing rather than fail inference */
         fclose(s->trace);
         s->trace = NULL;
@@ -102,8 +107,13 @@ static void trace_record(mg_expert_store *s, int layer, int n, const int *ids) {
 
 int mg_expert_store_fetch_begin(mg_expert_store *s, int layer, int n, const int *ids,
                                 const mg_expert **out, mg_error *err) {
+    return mg_expert_store_fetch_begin_scored(s, layer, n, ids, NULL, out, err);
+}
+
+int mg_expert_store_fetch_begin_scored(mg_expert_store *s, int layer, int n, const int *ids,
+                                       const float *scores, const mg_expert **out, mg_error *err) {
     if (check_batch(s, layer, n, ids, err)) return -1;
-    if (s->trace) trace_record(s, layer, n, ids);
+    if (s->trace) trace_record(s, layer, n, ids, scores);
     if (s->cache) return mg_expert_cache_begin(s->cache, layer, n, ids, out, err);
     for (int i = 0; i < n; i++) out[i] = &s->table[(size_t)layer * (size_t)s->n_experts + (size_t)ids[i]];
     s->stats.fetches++;
@@ -112,6 +122,8 @@ int mg_expert_store_fetch_begin(mg_expert_store *s, int layer, int n, const int 
     s->open_next = 0;
     return 0;
 }
+
+int mg_expert_store_wants_scores(const mg_expert_store *s) { return s && s->trace; }
 
 int mg_expert_store_fetch_next(mg_expert_store *s, mg_error *err) {
     if (!s) return -1;
@@ -233,7 +245,7 @@ int mg_expert_store_trace(mg_expert_store *s, const char *path, mg_error *err) {
     if (!path) return 0;
     FILE *f = fopen(path, "wb");
     if (!f) return mg_fail(err, "expert store: cannot write routing trace %s: %s", path, strerror(errno));
-    uint32_t head[4] = {1, (uint32_t)s->n_layers, (uint32_t)s->n_experts, 0};
+    uint32_t head[4] = {2, (uint32_t)s->n_layers, (uint32_t)s->n_experts, 0};
     if (fwrite("MGRTRACE", 1, 8, f) != 8 || fwrite(head, sizeof head, 1, f) != 1) {
         fclose(f);
         return mg_fail(err, "expert store: cannot write routing trace %s", path);

@@ -61,6 +61,14 @@ int mg_expert_store_fetch_begin(mg_expert_store *s, int layer, int n, const int 
                                 const mg_expert **out, mg_error *err);
 int mg_expert_store_fetch_next(mg_expert_store *s, mg_error *err);
 
+/* fetch_begin with the router's scores of the batch's last token: scores[n_experts], the
+ * values its top-k ranked (NULL: none, as fetch_begin).  Recorded in the routing trace. */
+int mg_expert_store_fetch_begin_scored(mg_expert_store *s, int layer, int n, const int *ids,
+                                       const float *scores, const mg_expert **out, mg_error *err);
+/* 1 when the scores are used (a routing trace is being written): callers may skip computing
+ * them otherwise. */
+int mg_expert_store_wants_scores(const mg_expert_store *s);
+
 /* Reads these experts of `layer` into the cache only if the disk would otherwise sit idle
  * (no read queued or running) and only into slots the policy would evict anyway (never
  * pinned ones, never the open batch).  A hint: no error, returns how many reads it started. */

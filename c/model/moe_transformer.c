@@ -288,7 +288,8 @@ static int mlp_block(state *s, int li, float *x, int64_t m, mg_error *err) {
     float *logits = mg_buf(&s->buf, B_RLOGITS, (size_t)(m * E), err);
     float *rw = mg_buf(&s->buf, B_RW, (size_t)(m * K), err);
     float *rids = mg_buf(&s->buf, B_RIDS, (size_t)(m * K), err); /* holds ints */
-    float *rscr = mg_buf(&s->buf, B_RSCR, (size_t)(2 * E + c->n_group), err);
+    /* rscr: the router's scratch (2E + n_group), then the last token's ranked values (E) */
+    float *rscr = mg_buf(&s->buf, B_RSCR, (size_t)(3 * E + c->n_group), err);
     if (!logits || !rw || !rids || !rscr) return -1;
     int *ids = (int *)rids;
     mg_linear(comp, &L->router, h, m, logits);
@@ -299,6 +300,16 @@ static int mlp_block(state *s, int li, float *x, int64_t m, mg_error *err) {
         else
             mg_route_softmax_topk(logits + t * E, (int)E, (int)K, c->norm_topk, ids + t * K, rw + t * K);
     }
+    /* What top-k ranked for the last token, for the store when it wants them (tracing): the
+     * logits (softmax is monotonic), or sigmoid + bias (the scratch still holds the last
+     * token's sigmoids; before any group masking, so a dropped group's experts keep their rank). */
+    const float *ranked = NULL;
+    if (mg_expert_store_wants_scores(s->experts)) ranked = logits + (m - 1) * E;
+    if (ranked && c->router_sigmoid) {
+        float *v = rscr + 2 * E + c->n_group;
+        for (int64_t e = 0; e < E; e++) v[e] = rscr[e] + (L->score_bias ? L->score_bias[e] : 0.0f);
+        ranked = v;
+    }
     memset(out, 0, sizeof(float) * (size_t)(m * d));
     float *sh = L->has_shared ? mg_buf(&s->buf, B_O, (size_t)(m * d), err) : NULL;
     if (L->has_shared && !sh) return -1;
@@ -306,7 +317,7 @@ static int mlp_block(state *s, int li, float *x, int64_t m, mg_error *err) {
     mg_moe_args a = {
         .store = s->experts, .layer = li, .n_experts = (int)E, .k = (int)K, .x = h, .n_tok = m, .d = d,
         .ids = ids, .w = rw, .limit = 0.0f, .out = out,
-        .shared = L->has_shared ? &L->shared : NULL, .shared_out = sh,
+        .shared = L->has_shared ? &L->shared : NULL, .shared_out = sh, .scores = ranked,
     };
     if (mg_moe_experts(comp, &a, &s->buf, B_MOE0, err)) return -1;
     if (sh)

@@ -508,17 +508,27 @@ static void test_trace_usage_prefetch(const char *dir) {
     CHECK(mg_expert_store_trace(r, trace, &err) == 0, "%s", err.msg);
     int ids[3] = {4, 1, 7};
     const mg_expert *out[E];
+    float scores[E];
+    for (int e = 0; e < E; e++) scores[e] = 0.25f * (float)e - 1.0f;
     mg_expert_store_fetch(r, 2, 3, ids, out, &err);
-    mg_expert_store_fetch(r, 0, 1, ids, out, &err);
+    /* with the router's scores (version 2): they follow the ids */
+    CHECK(mg_expert_store_fetch_begin_scored(r, 0, 1, ids, scores, out, &err) == 0, "%s", err.msg);
+    while (mg_expert_store_fetch_next(r, &err) >= 0) {}
     mg_expert_store_free(r);
     FILE *f = fopen(trace, "rb");
-    unsigned char buf[64];
+    unsigned char buf[128 + 4 * E];
     size_t n = f ? fread(buf, 1, sizeof buf, f) : 0;
     if (f) fclose(f);
-    uint16_t rec[7];
+    uint32_t version;
+    memcpy(&version, buf + 8, sizeof version);
+    uint16_t rec[10];
     memcpy(rec, buf + 24, sizeof rec);
-    CHECK(n == 24 + 10 + 6 && !memcmp(buf, "MGRTRACE", 8) && rec[0] == 2 && rec[1] == 3 && rec[2] == 4 &&
-              rec[4] == 7 && rec[5] == 0 && rec[6] == 1,
+    float got[E];
+    memcpy(got, buf + 24 + 20, sizeof got);
+    /* layer 2, 3 ids, no scores | layer 0, 1 id, E scores */
+    CHECK(n == 24 + 12 + 8 + 4 * E && !memcmp(buf, "MGRTRACE", 8) && version == 2 && rec[0] == 2 &&
+              rec[1] == 3 && rec[2] == 4 && rec[4] == 7 && rec[5] == 0 && rec[6] == 0 && rec[7] == 1 &&
+              rec[8] == 4 && rec[9] == E && !memcmp(got, scores, sizeof got),
           "trace bytes %zu", n);
     /* usage history: expert 6 of layer 1 requested most -> pinned next run */
     uint64_t slot;
