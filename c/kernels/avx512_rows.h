@@ -30,14 +30,6 @@ enum { XP_COLS = 8192 };
 #define PREFETCH(p) ((void)(p))
 #endif
 
-INLINE float e8m0_to_f32(uint8_t b) {
-    if (b == 255) return NAN;
-    uint32_t u = b ? (uint32_t)b << 23 : 0x00400000u; /* 2^-127 is a denormal */
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-
 /* MG_SCALE_F32_ROW: the scale of row r, multiplied into the row's dot product once (1 otherwise). */
 INLINE float row_scale(const mg_matrix *w, int64_t r) {
     if (w->scale_kind != MG_SCALE_F32_ROW) return 1.0f;
@@ -57,7 +49,7 @@ INLINE void row_scales_g32(const mg_matrix *w, int64_t r, int64_t g0, int64_t n,
         u = _mm512_mask_mov_epi32(u, _mm512_cmpeq_epi32_mask(b, nan_code), _mm512_set1_epi32(0x7fc00000));
         _mm512_storeu_ps(sf + i, _mm512_castsi512_ps(u));
     }
-    for (; i < n; i++) sf[i] = e8m0_to_f32(s[i]);
+    for (; i < n; i++) sf[i] = mg_e8m0_to_f32(s[i]);
 }
 
 /* Prefetch distance of the multi-row loops: the same line of a later group of rows, at least
@@ -70,5 +62,65 @@ INLINE void row_scales_g32(const mg_matrix *w, int64_t r, int64_t g0, int64_t n,
 INLINE size_t rows_ahead(size_t group) {
     return group >= MG_AVX512_MIN_AHEAD ? group : (MG_AVX512_MIN_AHEAD + group - 1) / group * group;
 }
+
+/* Line i (64 bytes) of a row at p, prefetching the line `ahead` bytes on (see rows_ahead). */
+INLINE __m512i load_line(const uint8_t *p, int64_t i, size_t ahead) {
+    _mm_prefetch((const char *)p + 64 * i + ahead, MG_AVX512_PREFETCH_HINT);
+    return _mm512_loadu_si512(p + 64 * i);
+}
+
+/* The group scales of fp4 line i as the vector [s0 x4, s1 x4, s2 x4, s3 x4] (s[4i..4i+3]), which
+ * matches the line's partial sums: their lanes 4g..4g+3 hold the line's group g. */
+INLINE __m512 fp4_line_scales(const float *s, int64_t i) {
+    const __m512i quad = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+    return _mm512_permutexvar_ps(quad, _mm512_castps128_ps512(_mm_loadu_ps(s + 4 * i)));
+}
+
+/* fp4 rows [r, r + n) over columns [c0, c0 + kc): row j's codes at p[j] and, for e8m0 group
+ * scales, its scales as floats in sfr[j] with s[j] = sfr[j] (unscaled: every s[j] NULL). */
+INLINE void fp4_row_group(const mg_matrix *w, int64_t r, int64_t n, int64_t c0, int64_t kc, const uint8_t **p,
+                          const float **s, float (*sfr)[XP_COLS / 32]) {
+    const size_t rb = mg_matrix_row_bytes(w), off = (size_t)c0 / 2;
+    for (int64_t j = 0; j < n; j++) {
+        p[j] = (const uint8_t *)w->data + (size_t)(r + j) * rb + off;
+        s[j] = NULL;
+        if (w->scale_kind == MG_SCALE_E8M0_G32) {
+            row_scales_g32(w, r + j, c0 / 32, kc / 32, sfr[j]);
+            s[j] = sfr[j];
+        }
+    }
+}
+
+/* Rows [r, r + n)'s partial sums over the chunk starting at column c0, times their F32_ROW
+ * scales: written to y (first chunk) or added. */
+INLINE void store_row_parts(const mg_matrix *w, int64_t r, int64_t n, int64_t c0, const float *part, float *y) {
+    for (int64_t j = 0; j < n; j++) {
+        const float v = part[j] * row_scale(w, r + j);
+        y[r + j] = c0 == 0 ? v : y[r + j] + v;
+    }
+}
+
+/* fp4 rows [r, r + n) (n in 1..4) over columns [c0, c0 + kc) through the R-row loop ROWS(R, p, xs,
+ * nb, s, ahead, part) against x prepared as XT (permuted floats, or bf16 parts); adds to y (c0 > 0)
+ * or writes it.  sfr: scratch for the rows' group scales.  Returns n.  A macro because each table
+ * has its own loop and x form; the switch on a constant R lets the loops unroll. */
+#define MG_FP4_ROWS_FN(NAME, ROWS, XT)                                                                   \
+    INLINE int64_t NAME(const mg_matrix *w, int64_t r, int64_t n, int64_t c0, int64_t kc, const XT *xs, \
+                        float *y, float (*sfr)[XP_COLS / 32]) {                                          \
+        const size_t rb = mg_matrix_row_bytes(w);                                                         \
+        const uint8_t *p[4];                                                                              \
+        const float *s[4];                                                                                \
+        float part[4];                                                                                    \
+        fp4_row_group(w, r, n, c0, kc, p, s, sfr);                                                        \
+        const int64_t nb = kc / 128;                                                                      \
+        switch (n) {                                                                                      \
+        case 4: ROWS(4, p, xs, nb, s, rows_ahead(4 * rb), part); break;                                   \
+        case 3: ROWS(3, p, xs, nb, s, rows_ahead(3 * rb), part); break;                                   \
+        case 2: ROWS(2, p, xs, nb, s, rows_ahead(2 * rb), part); break;                                   \
+        default: ROWS(1, p, xs, nb, s, rows_ahead(rb), part); break;                                      \
+        }                                                                                                 \
+        store_row_parts(w, r, n, c0, part, y);                                                            \
+        return n;                                                                                         \
+    }
 
 #endif

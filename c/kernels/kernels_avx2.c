@@ -42,14 +42,6 @@ INLINE __m256i lane_mask(int64_t n) {
     return _mm256_cmpgt_epi32(_mm256_set1_epi32((int)n), idx);
 }
 
-INLINE float e8m0_to_f32(uint8_t b) {
-    if (b == 255) return NAN;
-    uint32_t u = b ? (uint32_t)b << 23 : 0x00400000u; /* 2^-127 is a denormal */
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-
 /* Values decoded per step, and the power of two the raw decoding must be multiplied by. */
 INLINE int64_t fmt_step(mg_format f) {
     return f == MG_FP4_E2M1 ? 32 : (f == MG_FP8_E4M3 ? 16 : 8);
@@ -90,8 +82,8 @@ INLINE float scale_at(const mg_matrix *w, int64_t r, int64_t c) {
         memcpy(&s, (const uint8_t *)w->scale + ((size_t)(r / 128) * (size_t)w->scale_cols + (size_t)(c / 128)) * 4, 4);
         return s;
     }
-    case MG_SCALE_E8M0_BLOCK128: return e8m0_to_f32(((const uint8_t *)w->scale)[(r / 128) * w->scale_cols + c / 128]);
-    case MG_SCALE_E8M0_G32: return e8m0_to_f32(((const uint8_t *)w->scale)[r * w->scale_cols + c / 32]);
+    case MG_SCALE_E8M0_BLOCK128: return mg_e8m0_to_f32(((const uint8_t *)w->scale)[(r / 128) * w->scale_cols + c / 128]);
+    case MG_SCALE_E8M0_G32: return mg_e8m0_to_f32(((const uint8_t *)w->scale)[r * w->scale_cols + c / 32]);
     default: return 1.0f; /* NONE, and F32_ROW (applied per row by row_scale) */
     }
 }

@@ -28,6 +28,7 @@
 
 #if defined(__x86_64__) && defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && \
     defined(__AVX512DQ__) && defined(__AVX512BF16__) && defined(__FMA__) && defined(__F16C__)
+#include <pthread.h>
 #include "kernels/avx512_rows.h"
 
 /* bf16 of the e2m1 code i & 15, for i < 32 (vpermw indexes with five bits). */
@@ -76,19 +77,17 @@ static void split_x(const float *x, int64_t kc, uint16_t *xb) {
 }
 
 /* R (1..4) rows at once, like the avx512 rows_fp4: p[j] points at the same columns of row j, s[j]
- * at its group scales (s[0] == NULL: unscaled); each line's hi and lo x loads serve all R rows. */
+ * at its group scales (NULL: unscaled); each line's hi and lo x loads serve all R rows. */
 INLINE void rows_fp4_dp(const int R, const uint8_t *const *p, const uint16_t *xb, int64_t nb, const float *const *s,
                         size_t ahead, float *out) {
     const __m512i tab = fp4_bf16_table();
-    const __m512i quad = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
     __m512 acc[4];
     for (int j = 0; j < R; j++) acc[j] = _mm512_setzero_ps();
     for (int64_t i = 0; i < nb; i++, xb += 256) {
         __m512 dh[4], dl[4];
         __m512i w[4];
         for (int j = 0; j < R; j++) {
-            _mm_prefetch((const char *)p[j] + 64 * i + ahead, MG_AVX512_PREFETCH_HINT);
-            w[j] = _mm512_loadu_si512(p[j] + 64 * i);
+            w[j] = load_line(p[j], i, ahead);
             dh[j] = dl[j] = _mm512_setzero_ps();
         }
         for (int k = 0; k < 4; k++) {
@@ -101,45 +100,15 @@ INLINE void rows_fp4_dp(const int R, const uint8_t *const *p, const uint16_t *xb
                 dl[j] = _mm512_dpbf16_ps(dl[j], wb, xl);
             }
         }
-        for (int j = 0; j < R; j++) {
+        for (int j = 0; j < R; j++) { /* s[0] is loop-invariant: the compiler unswitches */
             const __m512 part = _mm512_add_ps(dh[j], dl[j]);
-            if (s[0])
-                acc[j] = _mm512_fmadd_ps(
-                    part, _mm512_permutexvar_ps(quad, _mm512_castps128_ps512(_mm_loadu_ps(s[j] + 4 * i))), acc[j]);
-            else
-                acc[j] = _mm512_add_ps(acc[j], part);
+            acc[j] = s[0] ? _mm512_fmadd_ps(part, fp4_line_scales(s[j], i), acc[j]) : _mm512_add_ps(acc[j], part);
         }
     }
     for (int j = 0; j < R; j++) out[j] = _mm512_reduce_add_ps(acc[j]);
 }
 
-/* Rows [r, r + n) (n in 1..4) over columns [c0, c0 + kc); adds to y (c0 > 0) or writes it. */
-INLINE int64_t fp4_rows_dp(const mg_matrix *w, int64_t r, int64_t n, int64_t c0, int64_t kc, const uint16_t *xb,
-                           float *y, float (*sfr)[XP_COLS / 32]) {
-    const size_t rb = mg_matrix_row_bytes(w), off = (size_t)c0 / 2;
-    const uint8_t *p[4];
-    const float *s[4] = {NULL, NULL, NULL, NULL};
-    float part[4];
-    for (int64_t j = 0; j < n; j++) {
-        p[j] = (const uint8_t *)w->data + (size_t)(r + j) * rb + off;
-        if (w->scale_kind == MG_SCALE_E8M0_G32) {
-            row_scales_g32(w, r + j, c0 / 32, kc / 32, sfr[j]);
-            s[j] = sfr[j];
-        }
-    }
-    const int64_t nb = kc / 128;
-    switch (n) { /* constant R: the row loops unroll */
-    case 4: rows_fp4_dp(4, p, xb, nb, s, rows_ahead(4 * rb), part); break;
-    case 3: rows_fp4_dp(3, p, xb, nb, s, rows_ahead(3 * rb), part); break;
-    case 2: rows_fp4_dp(2, p, xb, nb, s, rows_ahead(2 * rb), part); break;
-    default: rows_fp4_dp(1, p, xb, nb, s, rows_ahead(rb), part); break;
-    }
-    for (int64_t j = 0; j < n; j++) {
-        const float v = part[j] * row_scale(w, r + j);
-        y[r + j] = c0 == 0 ? v : y[r + j] + v;
-    }
-    return n;
-}
+MG_FP4_ROWS_FN(fp4_rows_dp, rows_fp4_dp, uint16_t)
 
 /* Decode of rows [r0, r1); returns 0 (having written nothing) when the avx512 table must do it. */
 static int fp4_decode(const mg_matrix *w, const float *x, float *y, int64_t r0, int64_t r1) {
@@ -163,42 +132,22 @@ static void linear_fp4(const mg_matrix *w, const float *x, int64_t x_stride, int
     mg_kernels_avx512()->linear[MG_FP4_E2M1](w, x, x_stride, n_tok, y, y_stride, r0, r1);
 }
 
-/* ---- everything else: the avx512 table's ------------------------------------------------- */
+/* Everything else is the avx512 table's: the table is a copy of it with this fp4 entry, made
+ * once (a dispatch table, like the others; pthread_once makes the first use from any thread safe). */
+static mg_kernels avx512_bf16;
+static pthread_once_t avx512_bf16_once = PTHREAD_ONCE_INIT;
 
-#define LINEAR_FWD(NAME, FMT)                                                                         \
-    static void NAME(const mg_matrix *w, const float *x, int64_t x_stride, int64_t n_tok, float *y,   \
-                     int64_t y_stride, int64_t r0, int64_t r1) {                                      \
-        mg_kernels_avx512()->linear[FMT](w, x, x_stride, n_tok, y, y_stride, r0, r1);                 \
-    }
-LINEAR_FWD(linear_f32, MG_F32)
-LINEAR_FWD(linear_bf16, MG_BF16)
-LINEAR_FWD(linear_f16, MG_F16)
-LINEAR_FWD(linear_fp8, MG_FP8_E4M3)
-
-static float dot_fwd(const float *a, const float *b, int64_t n) { return mg_kernels_avx512()->dot(a, b, n); }
-static void axpy_fwd(float *y, float a, const float *x, int64_t n) { mg_kernels_avx512()->axpy(y, a, x, n); }
-static void scale_fwd(float *y, float a, int64_t n) { mg_kernels_avx512()->scale(y, a, n); }
-static void rmsnorm_fwd(float *out, const float *x, const float *w, int64_t n, float eps) {
-    mg_kernels_avx512()->rmsnorm(out, x, w, n, eps);
+static void make_table(void) {
+    avx512_bf16 = *mg_kernels_avx512();
+    avx512_bf16.name = "avx512bf16";
+    avx512_bf16.linear[MG_FP4_E2M1] = linear_fp4;
 }
-static void swiglu_fwd(float *out, const float *gate, const float *up, int64_t n, float limit) {
-    mg_kernels_avx512()->swiglu(out, gate, up, n, limit);
+
+const mg_kernels *mg_kernels_avx512bf16(void) {
+    if (!mg_kernels_avx512()) return NULL;
+    pthread_once(&avx512_bf16_once, make_table);
+    return &avx512_bf16;
 }
-static float read_sum_fwd(const float *p, int64_t n) { return mg_kernels_avx512()->read_sum(p, n); }
-
-static const mg_kernels AVX512_BF16 = {
-    .name = "avx512bf16",
-    .linear = {[MG_F32] = linear_f32, [MG_BF16] = linear_bf16, [MG_F16] = linear_f16, [MG_FP8_E4M3] = linear_fp8,
-               [MG_FP4_E2M1] = linear_fp4},
-    .dot = dot_fwd,
-    .axpy = axpy_fwd,
-    .scale = scale_fwd,
-    .rmsnorm = rmsnorm_fwd,
-    .swiglu = swiglu_fwd,
-    .read_sum = read_sum_fwd,
-};
-
-const mg_kernels *mg_kernels_avx512bf16(void) { return mg_kernels_avx512() ? &AVX512_BF16 : NULL; }
 #else
 const mg_kernels *mg_kernels_avx512bf16(void) { return NULL; }
 #endif
