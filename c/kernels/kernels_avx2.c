@@ -692,73 +692,171 @@ INLINE void linear_decode(const mg_matrix *w, mg_format f, const float *x, float
 
 /* ---- prefill (n_tok > 1) ---------------------------------------------------------------- */
 
-enum { TILE_ROWS = 8, TILE_COLS = 512, MICRO_ROWS = 4 };
+/* Rows go along the vector lanes: the tile holds TILE_ROWS rows of TILE_COLS columns
+ * column-major (tile[c * TILE_ROWS + i]), so one column is two ymm of 16 row values, and the
+ * micro-kernel multiplies them by one broadcast x value per token.  Each (row, token) is then a
+ * plain sequential sum over the columns of a chunk (no horizontal sums), its lanes already in
+ * output order (y rows are contiguous), and it does not depend on the other tokens. */
+enum { TILE_ROWS = 16, TILE_COLS = 256, MICRO_TOK = 6 };
 
-/* Dequantise rows [r, r + nr) x columns [c0, c0 + kc) of w exactly into out (row stride ld),
- * zero-padding columns up to a multiple of 8 and rows up to TILE_ROWS. */
-INLINE void dequant_tile(const mg_matrix *w, mg_format f, int64_t r, int64_t nr, int64_t c0, int64_t kc,
-                         float *out, int64_t ld) {
-    const int64_t step = fmt_step(f), bc = block_cols(w->scale_kind), kc8 = (kc + 7) & ~(int64_t)7;
+/* r[0..7] (8 rows x 8 columns) to columns: r[k] becomes column k (lane i = row i). */
+INLINE void transpose8(__m256 r[8]) {
+    __m256 t[8], u[8];
+    for (int i = 0; i < 4; i++) {
+        t[2 * i] = _mm256_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+        t[2 * i + 1] = _mm256_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+    }
+    for (int h = 0; h < 2; h++) {
+        u[4 * h + 0] = _mm256_shuffle_ps(t[4 * h], t[4 * h + 2], 0x44);
+        u[4 * h + 1] = _mm256_shuffle_ps(t[4 * h], t[4 * h + 2], 0xEE);
+        u[4 * h + 2] = _mm256_shuffle_ps(t[4 * h + 1], t[4 * h + 3], 0x44);
+        u[4 * h + 3] = _mm256_shuffle_ps(t[4 * h + 1], t[4 * h + 3], 0xEE);
+    }
+    for (int k = 0; k < 4; k++) {
+        r[k] = _mm256_permute2f128_ps(u[k], u[k + 4], 0x20);
+        r[k + 4] = _mm256_permute2f128_ps(u[k], u[k + 4], 0x31);
+    }
+}
+
+/* Scales of 8 rows (lanes) for the scale block at column c, applied to transposed columns:
+ * returns 0 when there is nothing to multiply, 1 when v * sv is exact (sv = scale * the format's
+ * power-of-two raw factor: the factor is exact, so one multiply equals two bit for bit), and 2
+ * when a lane's product overflows and the two multiplies (v * fv) * sv must be kept apart. */
+INLINE int group_scales(const mg_matrix *w, mg_format f, int64_t r, int64_t nr, int64_t c, __m256 *sv, __m256 *fv) {
     const float factor = raw_factor(f);
-    const size_t rb = mg_matrix_row_bytes(w);
-    for (int64_t i = 0; i < TILE_ROWS; i++) {
-        float *o = out + i * ld;
-        if (i >= nr) {
-            memset(o, 0, (size_t)kc8 * sizeof(float));
-            continue;
+    if (w->scale_kind == MG_SCALE_NONE || w->scale_kind == MG_SCALE_F32_ROW) {
+        *sv = _mm256_set1_ps(factor);
+        return factor != 1.0f;
+    }
+    float a[8], b[8];
+    int split = 0;
+    for (int i = 0; i < 8; i++) {
+        const float s = i < nr ? scale_at(w, r + i, c) : 1.0f, sf = s * factor;
+        const int sp = !isfinite(sf) && isfinite(s);
+        a[i] = sp ? s : sf;
+        b[i] = sp ? factor : 1.0f;
+        split |= sp;
+    }
+    *sv = _mm256_loadu_ps(a);
+    *fv = _mm256_loadu_ps(b);
+    return split ? 2 : 1;
+}
+
+/* Dequantise rows [r, r + nr) (nr <= 8) x columns [c, c + n) (n <= fmt_step) into the tile
+ * columns at o (row stride TILE_ROWS): decode each row, transpose 8x8, scale per lane. */
+INLINE void dequant_group_step(mg_format f, const uint8_t *const *rows, int64_t nr, int64_t c, int64_t n,
+                               int how, __m256 sv, __m256 fv, float *o) {
+    const int64_t step = fmt_step(f);
+    __m256 v[4][8];
+    for (int i = 0; i < 8; i++) {
+        __m256 d[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+        if (i < nr) {
+            if (n == step) dec_step(f, rows[i] + col_bytes(f, c), d);
+            else dec_step_tail(f, rows[i] + col_bytes(f, c), n, d);
         }
-        const uint8_t *row = (const uint8_t *)w->data + (size_t)(r + i) * rb;
-        for (int64_t b = c0; b < c0 + kc; b += bc) {
-            const int64_t end = b + bc < c0 + kc ? b + bc : c0 + kc;
-            const float s = scale_at(w, r + i, b);
-            float sf = s * factor;
-            const int split = !isfinite(sf) && isfinite(s);
-            const __m256 vs = _mm256_set1_ps(split ? s : sf), vf = _mm256_set1_ps(split ? factor : 1.0f);
-            __m256 v[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
-            int64_t c = b;
-            for (; c + step <= end; c += step) {
-                dec_step(f, row + col_bytes(f, c), v);
-                for (int64_t j = 0; j < step / 8; j++)
-                    _mm256_storeu_ps(o + c - c0 + j * 8, _mm256_mul_ps(_mm256_mul_ps(v[j], vf), vs));
-            }
-            if (c < end) {
-                const int64_t rem = end - c;
-                dec_step_tail(f, row + col_bytes(f, c), rem, v);
-                for (int64_t j = 0; j * 8 < rem; j++) { /* padding lanes decode to exact zeros */
-                    __m256 d = _mm256_mul_ps(_mm256_mul_ps(v[j], vf), vs);
-                    if (c - c0 + j * 8 + 8 <= kc8) _mm256_storeu_ps(o + c - c0 + j * 8, d);
-                    else _mm256_maskstore_ps(o + c - c0 + j * 8, lane_mask(kc8 - (c - c0 + j * 8)), d);
-                }
-            }
+        for (int j = 0; j < step / 8; j++) v[j][i] = d[j];
+    }
+    for (int j = 0; j < step / 8 && j * 8 < n; j++) {
+        transpose8(v[j]);
+        for (int k = 0; k < 8 && j * 8 + k < n; k++) {
+            __m256 d = v[j][k];
+            if (how == 2) d = _mm256_mul_ps(d, fv);
+            if (how) d = _mm256_mul_ps(d, sv);
+            _mm256_store_ps(o + (j * 8 + k) * TILE_ROWS, d);
         }
     }
 }
 
-/* out[i * T + t] = sum_c wt[i][c] * x[t][c] for MICRO_ROWS rows i and T tokens. */
-INLINE void micro_kernel(int T, const float *wt, int64_t ldw, const float *x, int64_t xs, int64_t kc,
-                         float out[MICRO_ROWS * 3]) {
-    __m256 acc[MICRO_ROWS][3];
-    for (int i = 0; i < MICRO_ROWS; i++)
-        for (int t = 0; t < 3; t++) acc[i][t] = _mm256_setzero_ps();
-    int64_t c = 0;
-    __m256 xv[3];
-    for (; c + 8 <= kc; c += 8) {
-        for (int t = 0; t < T; t++) xv[t] = _mm256_loadu_ps(x + t * xs + c);
-        for (int i = 0; i < MICRO_ROWS; i++) {
-            __m256 wv = _mm256_load_ps(wt + i * ldw + c);
-            for (int t = 0; t < T; t++) acc[i][t] = _mm256_fmadd_ps(wv, xv[t], acc[i][t]);
+/* Dequantise rows [r, r + nr) x columns [c0, c0 + kc) of w exactly into the column-major tile
+ * (rows nr..TILE_ROWS-1 are zeros), 8 rows at a time.  Scale blocks (32, 128 or 256 columns)
+ * never straddle a TILE_COLS chunk. */
+INLINE void dequant_tile(const mg_matrix *w, mg_format f, int64_t r, int64_t nr, int64_t c0, int64_t kc,
+                         float *tile) {
+    const int64_t step = fmt_step(f), bc = block_cols(w->scale_kind), end = c0 + kc;
+    const size_t rb = mg_matrix_row_bytes(w);
+    for (int g = 0; g < TILE_ROWS; g += 8) {
+        const int64_t gn = nr - g < 0 ? 0 : (nr - g < 8 ? nr - g : 8);
+        const uint8_t *rows[8];
+        for (int i = 0; i < 8; i++) rows[i] = (const uint8_t *)w->data + (size_t)(r + g + (i < gn ? i : 0)) * rb;
+        for (int64_t b = c0; b < end; b += bc) {
+            const int64_t be = b + bc < end ? b + bc : end;
+            __m256 sv = _mm256_setzero_ps(), fv = sv;
+            const int how = group_scales(w, f, r + g, gn, b, &sv, &fv);
+            int64_t c = b;
+            if (how == 0)
+                for (; c + step <= be; c += step) dequant_group_step(f, rows, gn, c, step, 0, sv, fv, tile + (c - c0) * TILE_ROWS + g);
+            else if (how == 1)
+                for (; c + step <= be; c += step) dequant_group_step(f, rows, gn, c, step, 1, sv, fv, tile + (c - c0) * TILE_ROWS + g);
+            else
+                for (; c + step <= be; c += step) dequant_group_step(f, rows, gn, c, step, 2, sv, fv, tile + (c - c0) * TILE_ROWS + g);
+            if (c < be) dequant_group_step(f, rows, gn, c, be - c, how, sv, fv, tile + (c - c0) * TILE_ROWS + g);
         }
     }
-    if (c < kc) {
-        const __m256i m = lane_mask(kc - c);
-        for (int t = 0; t < T; t++) xv[t] = _mm256_maskload_ps(x + t * xs + c, m);
-        for (int i = 0; i < MICRO_ROWS; i++) {
-            __m256 wv = _mm256_load_ps(wt + i * ldw + c);
-            for (int t = 0; t < T; t++) acc[i][t] = _mm256_fmadd_ps(wv, xv[t], acc[i][t]);
+}
+
+/* acc[h][t] = sum over c < kc of tile column c (rows 8h..8h+7) * x[t][c], for T tokens.  The
+ * sums live in locals: __m256 may alias anything, so sums kept in acc would be stored each step. */
+INLINE void micro_kernel(const int T, const float *tile, const float *x, int64_t xs, int64_t kc,
+                         __m256 acc[2][MICRO_TOK]) {
+    __m256 a0[MICRO_TOK], a1[MICRO_TOK];
+    for (int t = 0; t < T; t++) a0[t] = a1[t] = _mm256_setzero_ps();
+    for (int64_t c = 0; c < kc; c++) {
+        const __m256 w0 = _mm256_load_ps(tile + c * TILE_ROWS), w1 = _mm256_load_ps(tile + c * TILE_ROWS + 8);
+        for (int t = 0; t < T; t++) {
+            const __m256 xb = _mm256_broadcast_ss(x + t * xs + c);
+            a0[t] = _mm256_fmadd_ps(w0, xb, a0[t]);
+            a1[t] = _mm256_fmadd_ps(w1, xb, a1[t]);
         }
     }
-    for (int i = 0; i < MICRO_ROWS; i++)
-        for (int t = 0; t < T; t++) out[i * 3 + t] = hsum8(acc[i][t]);
+    for (int t = 0; t < T; t++) acc[0][t] = a0[t], acc[1][t] = a1[t];
+}
+
+/* y[t][r .. r + nr) (+)= acc for T tokens: stored by the first column chunk, added by the next
+ * ones; the last one applies F32_ROW row scales (rs, NULL otherwise) to the whole sum. */
+INLINE void store_acc(const int T, __m256 acc[2][MICRO_TOK], float *y, int64_t ys, int64_t nr, int first,
+                      const __m256 *rs) {
+    for (int h = 0; h < 2; h++) {
+        const int64_t n = nr - 8 * h;
+        if (n <= 0) break;
+        const __m256i m = lane_mask(n);
+        for (int t = 0; t < T; t++) {
+            float *p = y + t * ys + 8 * h;
+            __m256 v = acc[h][t];
+            if (!first) v = _mm256_add_ps(n >= 8 ? _mm256_loadu_ps(p) : _mm256_maskload_ps(p, m), v);
+            if (rs) v = _mm256_mul_ps(v, rs[h]);
+            if (n >= 8) _mm256_storeu_ps(p, v);
+            else _mm256_maskstore_ps(p, m, v);
+        }
+    }
+}
+
+INLINE void micro_tokens(const int T, const float *tile, const float *x, int64_t xs, int64_t kc, float *y,
+                         int64_t ys, int64_t nr, int first, const __m256 *rs) {
+    __m256 acc[2][MICRO_TOK];
+    micro_kernel(T, tile, x, xs, kc, acc);
+    store_acc(T, acc, y, ys, nr, first, rs);
+}
+
+/* Tokens [t0, t1) over one tile, in blocks of at most MICRO_TOK spread evenly (so that a remainder
+ * never leaves a block of one or two tokens too short to hide the FMA latency). */
+INLINE void tile_tokens(const float *tile, const float *x, int64_t xs, int64_t n_tok, int64_t kc, float *y,
+                        int64_t ys, int64_t nr, int first, const __m256 *rs) {
+    const int64_t nb = (n_tok + MICRO_TOK - 1) / MICRO_TOK, base = n_tok / nb, extra = n_tok % nb;
+    int64_t t = 0;
+    for (int64_t b = 0; b < nb; b++) {
+        const int T = (int)(base + (b < extra));
+        const float *xt = x + t * xs;
+        float *yt = y + t * ys;
+        switch (T) {
+        case 6: micro_tokens(6, tile, xt, xs, kc, yt, ys, nr, first, rs); break;
+        case 5: micro_tokens(5, tile, xt, xs, kc, yt, ys, nr, first, rs); break;
+        case 4: micro_tokens(4, tile, xt, xs, kc, yt, ys, nr, first, rs); break;
+        case 3: micro_tokens(3, tile, xt, xs, kc, yt, ys, nr, first, rs); break;
+        case 2: micro_tokens(2, tile, xt, xs, kc, yt, ys, nr, first, rs); break;
+        default: micro_tokens(1, tile, xt, xs, kc, yt, ys, nr, first, rs); break;
+        }
+        t += T;
+    }
 }
 
 INLINE void linear_prefill(const mg_matrix *w, mg_format f, const float *x, int64_t x_stride, int64_t n_tok,
@@ -767,27 +865,19 @@ INLINE void linear_prefill(const mg_matrix *w, mg_format f, const float *x, int6
     const int64_t cols = w->cols;
     for (int64_t r = r0; r < r1; r += TILE_ROWS) {
         const int64_t nr = r1 - r < TILE_ROWS ? r1 - r : TILE_ROWS;
+        __m256 rsv[2];
+        if (w->scale_kind == MG_SCALE_F32_ROW) {
+            float rs[TILE_ROWS] = {0};
+            for (int64_t i = 0; i < nr; i++) rs[i] = row_scale(w, r + i);
+            rsv[0] = _mm256_loadu_ps(rs);
+            rsv[1] = _mm256_loadu_ps(rs + 8);
+        }
         for (int64_t c0 = 0; c0 < cols; c0 += TILE_COLS) {
             const int64_t kc = cols - c0 < TILE_COLS ? cols - c0 : TILE_COLS;
-            dequant_tile(w, f, r, nr, c0, kc, tile, TILE_COLS);
-            for (int64_t t = 0; t < n_tok; t += 3) {
-                const int T = n_tok - t >= 3 ? 3 : (int)(n_tok - t);
-                for (int64_t i0 = 0; i0 < nr; i0 += MICRO_ROWS) {
-                    float out[MICRO_ROWS * 3];
-                    const float *xt = x + t * x_stride + c0;
-                    const float *wt = tile + i0 * TILE_COLS;
-                    if (T == 3) micro_kernel(3, wt, TILE_COLS, xt, x_stride, kc, out);
-                    else if (T == 2) micro_kernel(2, wt, TILE_COLS, xt, x_stride, kc, out);
-                    else micro_kernel(1, wt, TILE_COLS, xt, x_stride, kc, out);
-                    for (int i = 0; i < MICRO_ROWS && i0 + i < nr; i++) {
-                        const float rs = row_scale(w, r + i0 + i); /* the tile holds unscaled rows */
-                        for (int tt = 0; tt < T; tt++) {
-                            float *yp = y + (t + tt) * y_stride + r + i0 + i;
-                            *yp = c0 == 0 ? out[i * 3 + tt] * rs : *yp + out[i * 3 + tt] * rs;
-                        }
-                    }
-                }
-            }
+            const int last = c0 + kc == cols;
+            dequant_tile(w, f, r, nr, c0, kc, tile);
+            tile_tokens(tile, x + c0, x_stride, n_tok, kc, y + r, y_stride, nr, c0 == 0,
+                        last && w->scale_kind == MG_SCALE_F32_ROW ? rsv : NULL);
         }
     }
 }
