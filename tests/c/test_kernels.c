@@ -367,6 +367,38 @@ static void test_linear(tally *t, const mg_kernels *const *tables, int n_tables,
     }
 }
 
+/* Prefill batching: a token's outputs must not depend on how many tokens share the call or on
+ * its place among them (the engine compares logits of different prefill batchings bitwise).
+ * Every SIMD table, every format and scale kind: 19 tokens in one call against the same tokens
+ * in calls of 2, 3, 5 and 9 (n_tok >= 2: decode is a different path), bit for bit. */
+static void test_linear_batching(tally *t, const mg_kernels *const *tables, int n_tables, rng *g) {
+    static const int64_t parts[] = {2, 3, 5, 9};
+    const int64_t n_tok = 19, rows = 37, cols = 544;
+    for (int f = 0; f < MG_FORMAT_COUNT; f++)
+        for (int sk = 0; sk < MG_SCALE_KIND_COUNT; sk++) {
+            test_matrix tm;
+            make_matrix(&tm, (mg_format)f, (mg_scale_kind)sk, rows, cols, g);
+            float *x = malloc((size_t)(n_tok * cols) * sizeof(float));
+            float *y_all = malloc((size_t)(n_tok * rows) * sizeof(float));
+            float *y_part = malloc((size_t)(n_tok * rows) * sizeof(float));
+            for (int64_t i = 0; i < n_tok * cols; i++) x[i] = rng_sym(g);
+            for (int k = 1; k < n_tables; k++) {
+                mg_linear_fn fn = tables[k]->linear[f];
+                fn(&tm.m, x, cols, n_tok, y_all, rows, 0, rows);
+                int64_t t0 = 0;
+                for (int p = 0; t0 < n_tok; p = (p + 1) % 4) { /* 2+3+5+9 = 19 */
+                    const int64_t n = parts[p] < n_tok - t0 ? parts[p] : n_tok - t0;
+                    fn(&tm.m, x + t0 * cols, cols, n, y_part + t0 * rows, rows, 0, rows);
+                    t0 += n;
+                }
+                check(t, !memcmp(y_all, y_part, (size_t)(n_tok * rows) * sizeof(float)), "linear batching",
+                      tables[k]->name, mg_format_name((mg_format)f), (long)sk, (long)rows, (long)cols, 0, 0);
+            }
+            free(x), free(y_all), free(y_part);
+            free_matrix(&tm);
+        }
+}
+
 /* ---- vector ops -------------------------------------------------------------------------- */
 
 static float *rand_vec(int64_t n, float amp, rng *g) {
@@ -452,6 +484,7 @@ int main(void) {
     test_linear_fp8_unfoldable(&t, tables, n, &g);
     test_linear_fp8_wide_x(&t, tables, n, &g);
     test_linear_fp4_x_range(&t, tables, n, &g);
+    test_linear_batching(&t, tables, n, &g);
     for (int i = 0; i < n; i++) test_vector_ops(&t, tables[i], tables[0], &g);
     printf("%d passed, %d failed\n", t.passed, t.failed);
     return t.failed ? 1 : 0;
