@@ -718,27 +718,63 @@ INLINE void transpose8(__m256 r[8]) {
     }
 }
 
-/* Scales of 8 rows (lanes) for the scale block at column c, applied to transposed columns:
- * returns 0 when there is nothing to multiply, 1 when v * sv is exact (sv = scale * the format's
- * power-of-two raw factor: the factor is exact, so one multiply equals two bit for bit), and 2
- * when a lane's product overflows and the two multiplies (v * fv) * sv must be kept apart. */
-INLINE int group_scales(const mg_matrix *w, mg_format f, int64_t r, int64_t nr, int64_t c, __m256 *sv, __m256 *fv) {
+/* Scales of the tile, per scale block and row (lanes), applied to transposed columns: sc[k *
+ * TILE_ROWS + i] multiplies row i of the k-th scale block of the chunk.  sc holds scale times the
+ * format's power-of-two raw factor, which is one multiply equal to the two bit for bit (the factor
+ * is exact) unless that product overflows; then (returns 2) sc holds the scale and fc the factor
+ * (1 in lanes without overflow) for two multiplies.  Returns 0 when there is nothing to multiply
+ * (sc is then not written), 1 for one multiply.  Rows past nr get harmless scales of 1. */
+INLINE __m256 e8m0_lanes(__m128i b) { /* 8 e8m0 bytes to fp32, as mg_e8m0_to_f32 */
+    const __m256i e = _mm256_cvtepu8_epi32(b);
+    __m256i u = _mm256_slli_epi32(e, 23);
+    u = _mm256_blendv_epi8(u, _mm256_set1_epi32(0x00400000), _mm256_cmpeq_epi32(e, _mm256_setzero_si256()));
+    u = _mm256_blendv_epi8(u, _mm256_set1_epi32(0x7fc00000), _mm256_cmpeq_epi32(e, _mm256_set1_epi32(255)));
+    return _mm256_castsi256_ps(u);
+}
+
+INLINE int tile_scales(const mg_matrix *w, mg_format f, int64_t r, int64_t nr, int64_t c0, int64_t kc,
+                       float *sc, float *fc) {
     const float factor = raw_factor(f);
     if (w->scale_kind == MG_SCALE_NONE || w->scale_kind == MG_SCALE_F32_ROW) {
-        *sv = _mm256_set1_ps(factor);
+        for (int i = 0; i < 8; i++) sc[i] = factor;
         return factor != 1.0f;
     }
-    float a[8], b[8];
+    const int64_t bc = block_cols(w->scale_kind), nb = (kc + bc - 1) / bc;
     int split = 0;
-    for (int i = 0; i < 8; i++) {
-        const float s = i < nr ? scale_at(w, r + i, c) : 1.0f, sf = s * factor;
-        const int sp = !isfinite(sf) && isfinite(s);
-        a[i] = sp ? s : sf;
-        b[i] = sp ? factor : 1.0f;
-        split |= sp;
+    if (w->scale_kind == MG_SCALE_E8M0_G32) { /* up to 8 blocks per row: one vector per row */
+        const uint8_t *p = (const uint8_t *)w->scale + c0 / 32;
+        float rowsc[TILE_ROWS][8] __attribute__((aligned(32)));
+        const __m256 vf = _mm256_set1_ps(factor);
+        for (int64_t i = 0; i < TILE_ROWS; i++) {
+            uint64_t bytes = 0x7f7f7f7f7f7f7f7full; /* 1.0 */
+            if (i < nr) memcpy(&bytes, p + (r + i) * w->scale_cols, (size_t)nb);
+            const __m256 s = e8m0_lanes(_mm_cvtsi64_si128((long long)bytes)), sf = _mm256_mul_ps(s, vf);
+            /* overflow: sf infinite while s is finite (|x| <= FLT_MAX) */
+            const __m256 inf = _mm256_set1_ps(INFINITY), abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+            const __m256 ov = _mm256_and_ps(_mm256_cmp_ps(_mm256_and_ps(sf, abs_mask), inf, _CMP_EQ_OQ),
+                                            _mm256_cmp_ps(_mm256_and_ps(s, abs_mask), inf, _CMP_LT_OQ));
+            split |= _mm256_movemask_ps(ov);
+            _mm256_store_ps(rowsc[i], sf);
+        }
+        if (!split) {
+            for (int g = 0; g < TILE_ROWS; g += 8) {
+                __m256 v[8];
+                for (int i = 0; i < 8; i++) v[i] = _mm256_load_ps(rowsc[g + i]);
+                transpose8(v);
+                for (int k = 0; k < nb; k++) _mm256_store_ps(sc + k * TILE_ROWS + g, v[k]);
+            }
+            return 1;
+        }
+        split = 0; /* rare: redo below lane by lane */
     }
-    *sv = _mm256_loadu_ps(a);
-    *fv = _mm256_loadu_ps(b);
+    for (int64_t k = 0; k < nb; k++)
+        for (int64_t i = 0; i < TILE_ROWS; i++) {
+            const float s = i < nr ? scale_at(w, r + i, c0 + k * bc) : 1.0f, sf = s * factor;
+            const int sp = !isfinite(sf) && isfinite(s);
+            sc[k * TILE_ROWS + i] = sp ? s : sf;
+            fc[k * TILE_ROWS + i] = sp ? factor : 1.0f;
+            split |= sp;
+        }
     return split ? 2 : 1;
 }
 
@@ -772,24 +808,28 @@ INLINE void dequant_group_step(mg_format f, const uint8_t *const *rows, int64_t 
  * never straddle a TILE_COLS chunk. */
 INLINE void dequant_tile(const mg_matrix *w, mg_format f, int64_t r, int64_t nr, int64_t c0, int64_t kc,
                          float *tile) {
-    const int64_t step = fmt_step(f), bc = block_cols(w->scale_kind), end = c0 + kc;
+    const int64_t step = fmt_step(f), end = c0 + kc;
+    const int64_t bc = w->scale_kind == MG_SCALE_NONE || w->scale_kind == MG_SCALE_F32_ROW ? TILE_COLS : block_cols(w->scale_kind);
     const size_t rb = mg_matrix_row_bytes(w);
+    float sc[TILE_COLS / 32 * TILE_ROWS] __attribute__((aligned(32))), fc[TILE_COLS / 32 * TILE_ROWS] __attribute__((aligned(32)));
+    const int how = tile_scales(w, f, r, nr, c0, kc, sc, fc);
     for (int g = 0; g < TILE_ROWS; g += 8) {
         const int64_t gn = nr - g < 0 ? 0 : (nr - g < 8 ? nr - g : 8);
         const uint8_t *rows[8];
         for (int i = 0; i < 8; i++) rows[i] = (const uint8_t *)w->data + (size_t)(r + g + (i < gn ? i : 0)) * rb;
         for (int64_t b = c0; b < end; b += bc) {
-            const int64_t be = b + bc < end ? b + bc : end;
-            __m256 sv = _mm256_setzero_ps(), fv = sv;
-            const int how = group_scales(w, f, r + g, gn, b, &sv, &fv);
+            const int64_t be = b + bc < end ? b + bc : end, k = bc == TILE_COLS ? 0 : (b - c0) / bc;
+            const __m256 sv = how ? _mm256_load_ps(sc + (bc == TILE_COLS ? 0 : k * TILE_ROWS + g)) : _mm256_setzero_ps();
+            const __m256 fv = how == 2 ? _mm256_load_ps(fc + k * TILE_ROWS + g) : sv;
             int64_t c = b;
+            float *o = tile + (c - c0) * TILE_ROWS + g;
             if (how == 0)
-                for (; c + step <= be; c += step) dequant_group_step(f, rows, gn, c, step, 0, sv, fv, tile + (c - c0) * TILE_ROWS + g);
+                for (; c + step <= be; c += step, o += step * TILE_ROWS) dequant_group_step(f, rows, gn, c, step, 0, sv, fv, o);
             else if (how == 1)
-                for (; c + step <= be; c += step) dequant_group_step(f, rows, gn, c, step, 1, sv, fv, tile + (c - c0) * TILE_ROWS + g);
+                for (; c + step <= be; c += step, o += step * TILE_ROWS) dequant_group_step(f, rows, gn, c, step, 1, sv, fv, o);
             else
-                for (; c + step <= be; c += step) dequant_group_step(f, rows, gn, c, step, 2, sv, fv, tile + (c - c0) * TILE_ROWS + g);
-            if (c < be) dequant_group_step(f, rows, gn, c, be - c, how, sv, fv, tile + (c - c0) * TILE_ROWS + g);
+                for (; c + step <= be; c += step, o += step * TILE_ROWS) dequant_group_step(f, rows, gn, c, step, 2, sv, fv, o);
+            if (c < be) dequant_group_step(f, rows, gn, c, be - c, how, sv, fv, o);
         }
     }
 }

@@ -367,6 +367,42 @@ static void test_linear(tally *t, const mg_kernels *const *tables, int n_tables,
     }
 }
 
+/* fp8 with e8m0 scales of 2^127, whose product with the fp8 decoders' raw factor (2^8)
+ * overflows although every weight (|v| < 2) stays finite: the kernels must then multiply by the
+ * factor and the scale apart.  Small activations keep the products in range.  Every other scale
+ * block is huge, so a call sees both cases. */
+static void test_linear_fp8_huge_scale(tally *t, const mg_kernels *const *tables, int n_tables, rng *g) {
+    static const mg_scale_kind kinds[] = {MG_SCALE_E8M0_BLOCK128, MG_SCALE_E8M0_G32};
+    static const int64_t toks[] = {5, 2}; /* prefill: the decode fast paths do not handle these yet */
+    for (int ki = 0; ki < 2; ki++) {
+        test_matrix tm;
+        const int64_t rows = 257, cols = 544;
+        make_matrix(&tm, MG_FP8_E4M3, kinds[ki], rows, cols, g);
+        uint8_t *d = (uint8_t *)tm.data, *sc = (uint8_t *)tm.scale;
+        const int64_t srows = kinds[ki] == MG_SCALE_E8M0_G32 ? rows : (rows + 127) / 128;
+        for (int64_t i = 0; i < srows * tm.m.scale_cols; i++)
+            if (i % 2 == 0) sc[i] = 254;
+        for (int64_t r = 0; r < rows; r++)
+            for (int64_t c = 0; c < cols; c++) {
+                uint8_t *code = d + r * cols + c;
+                *code &= 0xbf; /* exponent field <= 7: |v| < 2 */
+                const int64_t si = kinds[ki] == MG_SCALE_E8M0_G32 ? r * tm.m.scale_cols + c / 32
+                                                                  : (r / 128) * tm.m.scale_cols + c / 128;
+                tm.ref[r * cols + c] = (double)mg_fp8_e4m3_to_f32(*code) * (double)mg_e8m0_to_f32(sc[si]);
+            }
+        for (int ti = 0; ti < 2; ti++) {
+            const int64_t n_tok = toks[ti];
+            float *x = malloc((size_t)(n_tok * cols) * sizeof(float));
+            float *y = malloc((size_t)(n_tok * rows) * sizeof(float));
+            for (int64_t i = 0; i < n_tok * cols; i++) x[i] = rng_sym(g) * 0x1p-100f;
+            run_linear(t, tables[0], &tm, x, n_tok, NULL, y);
+            for (int k = 1; k < n_tables; k++) run_linear(t, tables[k], &tm, x, n_tok, y, NULL);
+            free(x), free(y);
+        }
+        free_matrix(&tm);
+    }
+}
+
 /* Prefill batching: a token's outputs must not depend on how many tokens share the call or on
  * its place among them (the engine compares logits of different prefill batchings bitwise).
  * Every SIMD table, every format and scale kind: 19 tokens in one call against the same tokens
@@ -485,6 +521,7 @@ int main(void) {
     test_linear_fp8_wide_x(&t, tables, n, &g);
     test_linear_fp4_x_range(&t, tables, n, &g);
     test_linear_batching(&t, tables, n, &g);
+    test_linear_fp8_huge_scale(&t, tables, n, &g);
     for (int i = 0; i < n; i++) test_vector_ops(&t, tables[i], tables[0], &g);
     printf("%d passed, %d failed\n", t.passed, t.failed);
     return t.failed ? 1 : 0;
