@@ -698,6 +698,10 @@ INLINE void linear_decode(const mg_matrix *w, mg_format f, const float *x, float
  * plain sequential sum over the columns of a chunk (no horizontal sums), its lanes already in
  * output order (y rows are contiguous), and it does not depend on the other tokens. */
 enum { TILE_ROWS = 16, TILE_COLS = 256, MICRO_TOK = 6 };
+/* Formats whose tiles prefetch the next chunk of their rows: a chunk of an fp8 or fp4 row is only
+ * two to four cache lines, too short a stream for the hardware prefetcher, and with few tokens per
+ * tile (MoE experts) the multiply-adds do not hide the misses.  Wider rows did worse with it. */
+#define PREFILL_PREFETCH(f) ((f) == MG_FP4_E2M1 || (f) == MG_FP8_E4M3)
 
 /* r[0..7] (8 rows x 8 columns) to columns: r[k] becomes column k (lane i = row i). */
 INLINE void transpose8(__m256 r[8]) {
@@ -787,6 +791,8 @@ INLINE void dequant_group_step(mg_format f, const uint8_t *const *rows, int64_t 
     for (int i = 0; i < 8; i++) {
         __m256 d[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
         if (i < nr) {
+            /* the same columns of the next chunk (past the row's end: the next row's start) */
+            if (PREFILL_PREFETCH(f) && (col_bytes(f, c) & 63) == 0) _mm_prefetch((const char *)rows[i] + col_bytes(f, c + TILE_COLS), _MM_HINT_T0);
             if (n == step) dec_step(f, rows[i] + col_bytes(f, c), d);
             else dec_step_tail(f, rows[i] + col_bytes(f, c), n, d);
         }
