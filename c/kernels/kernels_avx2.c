@@ -840,67 +840,75 @@ INLINE void dequant_tile(const mg_matrix *w, mg_format f, int64_t r, int64_t nr,
     }
 }
 
-/* acc[h][t] = sum over c < kc of tile column c (rows 8h..8h+7) * x[t][c], for T tokens.  The
- * sums live in locals: __m256 may alias anything, so sums kept in acc would be stored each step. */
-INLINE void micro_kernel(const int T, const float *tile, const float *x, int64_t xs, int64_t kc,
-                         __m256 acc[2][MICRO_TOK]) {
-    __m256 a0[MICRO_TOK], a1[MICRO_TOK];
-    for (int t = 0; t < T; t++) a0[t] = a1[t] = _mm256_setzero_ps();
-    for (int64_t c = 0; c < kc; c++) {
-        const __m256 w0 = _mm256_load_ps(tile + c * TILE_ROWS), w1 = _mm256_load_ps(tile + c * TILE_ROWS + 8);
-        for (int t = 0; t < T; t++) {
-            const __m256 xb = _mm256_broadcast_ss(x + t * xs + c);
-            a0[t] = _mm256_fmadd_ps(w0, xb, a0[t]);
-            a1[t] = _mm256_fmadd_ps(w1, xb, a1[t]);
-        }
-    }
-    for (int t = 0; t < T; t++) acc[0][t] = a0[t], acc[1][t] = a1[t];
-}
-
-/* y[t][r .. r + nr) (+)= acc for T tokens: stored by the first column chunk, added by the next
- * ones; the last one applies F32_ROW row scales (rs, NULL otherwise) to the whole sum. */
-INLINE void store_acc(const int T, __m256 acc[2][MICRO_TOK], float *y, int64_t ys, int64_t nr, int first,
-                      const __m256 *rs) {
-    for (int h = 0; h < 2; h++) {
-        const int64_t n = nr - 8 * h;
-        if (n <= 0) break;
-        const __m256i m = lane_mask(n);
-        for (int t = 0; t < T; t++) {
-            float *p = y + t * ys + 8 * h;
-            __m256 v = acc[h][t];
-            if (!first) v = _mm256_add_ps(n >= 8 ? _mm256_loadu_ps(p) : _mm256_maskload_ps(p, m), v);
-            if (rs) v = _mm256_mul_ps(v, rs[h]);
-            if (n >= 8) _mm256_storeu_ps(p, v);
-            else _mm256_maskstore_ps(p, m, v);
-        }
-    }
-}
-
+/* y[t][r + i] (+)= sum over c < kc of tile[c][i] * x[t][c] for T tokens and the nr (<= 16) rows
+ * of the tile: stored by the first column chunk, added by the next ones; the last one applies the
+ * F32_ROW row scales (rs, NULL otherwise) to the whole sum.  Each column is two vectors of 16 row
+ * values times one broadcast x value per token. */
 INLINE void micro_tokens(const int T, const float *tile, const float *x, int64_t xs, int64_t kc, float *y,
                          int64_t ys, int64_t nr, int first, const __m256 *rs) {
-    __m256 acc[2][MICRO_TOK];
-    micro_kernel(T, tile, x, xs, kc, acc);
-    store_acc(T, acc, y, ys, nr, first, rs);
+    /* Every loop over t and h is unrolled (T is a constant here), so that the sums stay in
+     * registers: indexed by a variable, GCC keeps the arrays in memory and stores them each step. */
+    __m256 a[2][MICRO_TOK];
+#pragma GCC unroll 8
+    for (int t = 0; t < T; t++) a[0][t] = a[1][t] = _mm256_setzero_ps();
+    for (int64_t c = 0; c < kc; c++) {
+        const __m256 w0 = _mm256_load_ps(tile + c * TILE_ROWS), w1 = _mm256_load_ps(tile + c * TILE_ROWS + 8);
+#pragma GCC unroll 8
+        for (int t = 0; t < T; t++) {
+            const __m256 xb = _mm256_broadcast_ss(x + t * xs + c);
+            a[0][t] = _mm256_fmadd_ps(w0, xb, a[0][t]);
+            a[1][t] = _mm256_fmadd_ps(w1, xb, a[1][t]);
+        }
+    }
+#pragma GCC unroll 2
+    for (int h = 0; h < 2; h++) {
+        const int64_t n = nr - 8 * h;
+        const __m256i m = lane_mask(n < 0 ? 0 : n);
+#pragma GCC unroll 8
+        for (int t = 0; t < T; t++) {
+            float *p = y + t * ys + 8 * h;
+            __m256 v = a[h][t];
+            if (n >= 8) {
+                if (!first) v = _mm256_add_ps(_mm256_loadu_ps(p), v);
+                if (rs) v = _mm256_mul_ps(v, rs[h]);
+                _mm256_storeu_ps(p, v);
+            } else if (n > 0) {
+                if (!first) v = _mm256_add_ps(_mm256_maskload_ps(p, m), v);
+                if (rs) v = _mm256_mul_ps(v, rs[h]);
+                _mm256_maskstore_ps(p, m, v);
+            }
+        }
+    }
 }
 
-/* Tokens [t0, t1) over one tile, in blocks of at most MICRO_TOK spread evenly (so that a remainder
+/* One function per token count, kept out of line: inlined into the tile loop, the compiler kept
+ * loop-invariant values of the caller in registers and spilled an accumulator of the 6-token
+ * loop to the stack (a store-to-load dependency per column, a third slower). */
+#define MICRO_FN(T)                                                                                     \
+    static __attribute__((noinline)) void micro_tokens##T(const float *tile, const float *x, int64_t xs, \
+                                                          int64_t kc, float *y, int64_t ys, int64_t nr,   \
+                                                          int first, const __m256 *rs) {                  \
+        micro_tokens(T, tile, x, xs, kc, y, ys, nr, first, rs);                                          \
+    }
+MICRO_FN(1)
+MICRO_FN(2)
+MICRO_FN(3)
+MICRO_FN(4)
+MICRO_FN(5)
+MICRO_FN(6)
+
+/* All tokens over one tile, in blocks of at most MICRO_TOK spread evenly (so that a remainder
  * never leaves a block of one or two tokens too short to hide the FMA latency). */
 INLINE void tile_tokens(const float *tile, const float *x, int64_t xs, int64_t n_tok, int64_t kc, float *y,
                         int64_t ys, int64_t nr, int first, const __m256 *rs) {
+    static void (*const micro[MICRO_TOK + 1])(const float *, const float *, int64_t, int64_t, float *, int64_t,
+                                              int64_t, int, const __m256 *) = {
+        NULL, micro_tokens1, micro_tokens2, micro_tokens3, micro_tokens4, micro_tokens5, micro_tokens6};
     const int64_t nb = (n_tok + MICRO_TOK - 1) / MICRO_TOK, base = n_tok / nb, extra = n_tok % nb;
     int64_t t = 0;
     for (int64_t b = 0; b < nb; b++) {
         const int T = (int)(base + (b < extra));
-        const float *xt = x + t * xs;
-        float *yt = y + t * ys;
-        switch (T) {
-        case 6: micro_tokens(6, tile, xt, xs, kc, yt, ys, nr, first, rs); break;
-        case 5: micro_tokens(5, tile, xt, xs, kc, yt, ys, nr, first, rs); break;
-        case 4: micro_tokens(4, tile, xt, xs, kc, yt, ys, nr, first, rs); break;
-        case 3: micro_tokens(3, tile, xt, xs, kc, yt, ys, nr, first, rs); break;
-        case 2: micro_tokens(2, tile, xt, xs, kc, yt, ys, nr, first, rs); break;
-        default: micro_tokens(1, tile, xt, xs, kc, yt, ys, nr, first, rs); break;
-        }
+        micro[T](tile, x + t * xs, xs, kc, y + t * ys, ys, nr, first, rs);
         t += T;
     }
 }
