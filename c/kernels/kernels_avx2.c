@@ -782,29 +782,104 @@ INLINE int tile_scales(const mg_matrix *w, mg_format f, int64_t r, int64_t nr, i
     return split ? 2 : 1;
 }
 
-/* Dequantise rows [r, r + nr) (nr <= 8) x columns [c, c + n) (n <= fmt_step) into the tile
- * columns at o (row stride TILE_ROWS): decode each row, transpose 8x8, scale per lane. */
+/* Columns per dequantisation step: f32 rows are transposed as fp32 (8 columns), the other formats
+ * as 16-bit codes (16 columns; fp4: 32), which takes half the shuffles of transposing them after
+ * widening. */
+INLINE int64_t tile_step(mg_format f) { return f == MG_F32 ? 8 : (f == MG_FP4_E2M1 ? 32 : 16); }
+
+/* 16-bit codes of one tile step of a row in column order, h[0] columns 0..15 (h[1] 16..31 for
+ * fp4): bf16 bits for bf16, f16 bits for the others (fp8: the raw f16 of dec_fp8x16, value
+ * times 2^-8; fp4: the exact values, as in dec_fp4x32). */
+INLINE void dec16_step(mg_format f, const uint8_t *p, __m256i h[2]) {
+    if (f == MG_BF16 || f == MG_F16) {
+        h[0] = _mm256_loadu_si256((const __m256i *)p);
+    } else if (f == MG_FP8_E4M3) {
+        const __m256i v = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)p));
+        h[0] = _mm256_and_si256(_mm256_slli_epi16(v, 7), _mm256_set1_epi16((short)0xBF80));
+    } else {
+        const __m128i lut = fp4_f16_lut(), m4 = _mm_set1_epi8(0x0f);
+        const __m128i b = _mm_loadu_si128((const __m128i *)p);
+        const __m128i lo = _mm_shuffle_epi8(lut, _mm_and_si128(b, m4));
+        const __m128i hi = _mm_shuffle_epi8(lut, _mm_and_si128(_mm_srli_epi16(b, 4), m4));
+        h[0] = _mm256_slli_epi16(_mm256_cvtepu8_epi16(_mm_unpacklo_epi8(lo, hi)), 8);
+        h[1] = _mm256_slli_epi16(_mm256_cvtepu8_epi16(_mm_unpackhi_epi8(lo, hi)), 8);
+    }
+}
+
+/* The first n (< tile_step) columns of a step, from a zero-padded copy (zero codes are zeros). */
+INLINE void dec16_step_tail(mg_format f, const uint8_t *p, int64_t n, __m256i h[2]) {
+    uint8_t buf[64] __attribute__((aligned(32)));
+    memset(buf, 0, sizeof buf);
+    memcpy(buf, p, col_bytes(f, n + (f == MG_FP4_E2M1 ? (n & 1) : 0)));
+    if (f == MG_FP4_E2M1 && (n & 1)) buf[n / 2] &= 0x0f;
+    dec16_step(f, buf, h);
+}
+
+/* h[0..7] (8 rows x 16 columns of 16-bit codes) to columns, within each 128-bit lane: h[k] becomes
+ * column k in its low lane and column k + 8 in its high lane (element i = row i). */
+INLINE void transpose8x16(__m256i h[8]) {
+    __m256i a[8], b[8];
+    for (int j = 0; j < 4; j++) {
+        a[j] = _mm256_unpacklo_epi16(h[2 * j], h[2 * j + 1]);     /* cols 0-3 | 8-11, rows 2j, 2j+1 */
+        a[j + 4] = _mm256_unpackhi_epi16(h[2 * j], h[2 * j + 1]); /* cols 4-7 | 12-15 */
+    }
+    for (int q = 0; q < 2; q++) { /* q: cols 0-3 or 4-7 (of each lane) */
+        const __m256i *x = a + 4 * q;
+        b[4 * q + 0] = _mm256_unpacklo_epi32(x[0], x[1]); /* rows 0-3, cols 4q+0, 4q+1 */
+        b[4 * q + 1] = _mm256_unpackhi_epi32(x[0], x[1]); /* rows 0-3, cols 4q+2, 4q+3 */
+        b[4 * q + 2] = _mm256_unpacklo_epi32(x[2], x[3]); /* rows 4-7 */
+        b[4 * q + 3] = _mm256_unpackhi_epi32(x[2], x[3]);
+    }
+    for (int q = 0; q < 2; q++)
+        for (int j = 0; j < 2; j++) {
+            h[4 * q + 2 * j] = _mm256_unpacklo_epi64(b[4 * q + j], b[4 * q + 2 + j]);     /* col 4q+2j */
+            h[4 * q + 2 * j + 1] = _mm256_unpackhi_epi64(b[4 * q + j], b[4 * q + 2 + j]); /* col 4q+2j+1 */
+        }
+}
+
+/* 8 16-bit codes (one column of 8 rows) to fp32. */
+INLINE __m256 widen16(mg_format f, __m128i h) {
+    return f == MG_BF16 ? _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16)) : _mm256_cvtph_ps(h);
+}
+
+INLINE void store_col(float *o, __m256 d, int how, __m256 sv, __m256 fv) {
+    if (how == 2) d = _mm256_mul_ps(d, fv);
+    if (how) d = _mm256_mul_ps(d, sv);
+    _mm256_store_ps(o, d);
+}
+
+/* Dequantise rows [r, r + nr) (nr <= 8) x columns [c, c + n) (n <= tile_step) into the tile
+ * columns at o (row stride TILE_ROWS): decode each row, transpose, scale per lane (how, sv, fv:
+ * see tile_scales). */
 INLINE void dequant_group_step(mg_format f, const uint8_t *const *rows, int64_t nr, int64_t c, int64_t n,
                                int how, __m256 sv, __m256 fv, float *o) {
-    const int64_t step = fmt_step(f);
-    __m256 v[4][8];
-    for (int i = 0; i < 8; i++) {
-        __m256 d[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
-        if (i < nr) {
-            /* the same columns of the next chunk (past the row's end: the next row's start) */
-            if (PREFILL_PREFETCH(f) && (col_bytes(f, c) & 63) == 0) _mm_prefetch((const char *)rows[i] + col_bytes(f, c + TILE_COLS), _MM_HINT_T0);
-            if (n == step) dec_step(f, rows[i] + col_bytes(f, c), d);
-            else dec_step_tail(f, rows[i] + col_bytes(f, c), n, d);
-        }
-        for (int j = 0; j < step / 8; j++) v[j][i] = d[j];
+    const int64_t step = tile_step(f);
+    if (PREFILL_PREFETCH(f) && (col_bytes(f, c) & 63) == 0) /* the same columns of the next chunk */
+        for (int i = 0; i < nr; i++) _mm_prefetch((const char *)rows[i] + col_bytes(f, c + TILE_COLS), _MM_HINT_T0);
+    if (f == MG_F32) {
+        __m256 v[8];
+        for (int i = 0; i < 8; i++)
+            v[i] = i >= nr ? _mm256_setzero_ps() : load_partial((const float *)rows[i] + c, n);
+        transpose8(v);
+        for (int k = 0; k < n; k++) store_col(o + k * TILE_ROWS, v[k], how, sv, fv);
+        return;
     }
-    for (int j = 0; j < step / 8 && j * 8 < n; j++) {
-        transpose8(v[j]);
-        for (int k = 0; k < 8 && j * 8 + k < n; k++) {
-            __m256 d = v[j][k];
-            if (how == 2) d = _mm256_mul_ps(d, fv);
-            if (how) d = _mm256_mul_ps(d, sv);
-            _mm256_store_ps(o + (j * 8 + k) * TILE_ROWS, d);
+    __m256i v[2][8];
+    for (int i = 0; i < 8; i++) {
+        __m256i d[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
+        if (i < nr) {
+            if (n == step) dec16_step(f, rows[i] + col_bytes(f, c), d);
+            else dec16_step_tail(f, rows[i] + col_bytes(f, c), n, d);
+        }
+        v[0][i] = d[0];
+        v[1][i] = d[1];
+    }
+    for (int q = 0; q < step / 16 && q * 16 < n; q++) {
+        transpose8x16(v[q]);
+        for (int k = 0; k < 8; k++) {
+            const int64_t j = q * 16 + k;
+            if (j < n) store_col(o + j * TILE_ROWS, widen16(f, _mm256_castsi256_si128(v[q][k])), how, sv, fv);
+            if (j + 8 < n) store_col(o + (j + 8) * TILE_ROWS, widen16(f, _mm256_extracti128_si256(v[q][k], 1)), how, sv, fv);
         }
     }
 }
@@ -814,7 +889,7 @@ INLINE void dequant_group_step(mg_format f, const uint8_t *const *rows, int64_t 
  * never straddle a TILE_COLS chunk. */
 INLINE void dequant_tile(const mg_matrix *w, mg_format f, int64_t r, int64_t nr, int64_t c0, int64_t kc,
                          float *tile) {
-    const int64_t step = fmt_step(f), end = c0 + kc;
+    const int64_t step = tile_step(f), end = c0 + kc;
     const int64_t bc = w->scale_kind == MG_SCALE_NONE || w->scale_kind == MG_SCALE_F32_ROW ? TILE_COLS : block_cols(w->scale_kind);
     const size_t rb = mg_matrix_row_bytes(w);
     float sc[TILE_COLS / 32 * TILE_ROWS] __attribute__((aligned(32))), fc[TILE_COLS / 32 * TILE_ROWS] __attribute__((aligned(32)));
