@@ -697,7 +697,7 @@ INLINE void linear_decode(const mg_matrix *w, mg_format f, const float *x, float
  * micro-kernel multiplies them by one broadcast x value per token.  Each (row, token) is then a
  * plain sequential sum over the columns of a chunk (no horizontal sums), its lanes already in
  * output order (y rows are contiguous), and it does not depend on the other tokens. */
-enum { TILE_ROWS = 16, TILE_COLS = 256, MICRO_TOK = 6 };
+enum { TILE_ROWS = 16, TILE_COLS = 512, MICRO_TOK = 6 };
 /* Formats whose tiles prefetch the next chunk of their rows: a chunk of an fp8 or fp4 row is only
  * two to four cache lines, too short a stream for the hardware prefetcher, and with few tokens per
  * tile (MoE experts) the multiply-adds do not hide the misses.  Wider rows did worse with it. */
