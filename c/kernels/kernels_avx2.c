@@ -5,10 +5,13 @@
  * "raw" values (a power-of-two multiple of the true value, see RAW_FACTOR), dotted with x, and
  * the block's partial sum is multiplied by its scale (a per-row scale, F32_ROW, multiplies the
  * row's whole sum once); bf16, fp8 and fp4 matrices of whole 32- / 64-column steps take the
- * multi-row loops instead ("decode fast paths").  Prefill (n_tok > 1) dequantises a tile of
- * rows x columns exactly into an L1-resident fp32 buffer and runs a 4-row x 3-token register
- * blocked micro-kernel over it, so the decoding cost is paid once per tile, not per token (row
- * scales are left out of the tile and multiply each output instead).
+ * multi-row loops instead ("decode fast paths").  Prefill (n_tok > 1) dequantises a tile of 16
+ * rows x 512 columns exactly into an fp32 buffer, column-major (a column is the 16 rows' values:
+ * rows go along the vector lanes), and runs a 16-row x (up to) 6-token micro-kernel over it:
+ * two tile vectors times one broadcast x value per token, so no horizontal sums, and each (row,
+ * token) is a sequential fp32 sum over the chunk's columns, the same whatever the other tokens
+ * of the call (outputs do not depend on batching).  The decoding cost is paid once per tile, not
+ * per token; row scales are left out of the tile and multiply each output's whole sum instead.
  *
  * Raw decodings (all exact, no denormals):
  *   bf16: 16-bit left shift into fp32 bits.
