@@ -138,12 +138,18 @@ INLINE void dec_step(mg_format f, const uint8_t *p, __m256 v[4]) {
     }
 }
 
+/* The codes of the first n columns at p copied into buf (size bytes), zero-padded: zero codes
+ * decode to zeros, and an odd fp4 count keeps only its last byte's low nibble. */
+INLINE void copy_tail(mg_format f, const uint8_t *p, int64_t n, uint8_t *buf, size_t size) {
+    memset(buf, 0, size);
+    memcpy(buf, p, col_bytes(f, n + (f == MG_FP4_E2M1 ? (n & 1) : 0)));
+    if (f == MG_FP4_E2M1 && (n & 1)) buf[n / 2] &= 0x0f;
+}
+
 /* Tail step: the last n (< step) values of a block, from zero-padded copies. */
 INLINE void dec_step_tail(mg_format f, const uint8_t *p, int64_t n, __m256 v[4]) {
     uint8_t buf[128] __attribute__((aligned(32)));
-    memset(buf, 0, sizeof buf);
-    memcpy(buf, p, col_bytes(f, n + (f == MG_FP4_E2M1 ? (n & 1) : 0)));
-    if (f == MG_FP4_E2M1 && (n & 1)) buf[n / 2] &= 0x0f;
+    copy_tail(f, p, n, buf, sizeof buf);
     dec_step(f, buf, v);
 }
 
@@ -813,9 +819,7 @@ INLINE void dec16_step(mg_format f, const uint8_t *p, __m256i h[2]) {
 /* The first n (< tile_step) columns of a step, from a zero-padded copy (zero codes are zeros). */
 INLINE void dec16_step_tail(mg_format f, const uint8_t *p, int64_t n, __m256i h[2]) {
     uint8_t buf[64] __attribute__((aligned(32)));
-    memset(buf, 0, sizeof buf);
-    memcpy(buf, p, col_bytes(f, n + (f == MG_FP4_E2M1 ? (n & 1) : 0)));
-    if (f == MG_FP4_E2M1 && (n & 1)) buf[n / 2] &= 0x0f;
+    copy_tail(f, p, n, buf, sizeof buf);
     dec16_step(f, buf, h);
 }
 
