@@ -18,7 +18,8 @@ CFLAGS_BASE := -std=c11 -O2 -g -Wall -Wextra -Wno-unused-parameter -Ic
 ifeq ($(ARCH),x86_64)
 ISA_avx2 := -mavx2 -mfma -mf16c
 ISA_avx512 := -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx2 -mfma -mf16c
-ISA_avx512bf16 := $(ISA_avx512) -mavx512bf16
+# GCC < 10 lacks -mavx512bf16: the file then builds as its stub and the dispatcher skips its table.
+ISA_avx512bf16 := $(ISA_avx512) $(shell $(CC) -mavx512bf16 -x c -c /dev/null -o /dev/null 2>/dev/null && echo -mavx512bf16)
 endif
 
 .SECONDARY:

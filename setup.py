@@ -25,6 +25,9 @@ ISA_FLAGS = {
     "_avx512bf16.c": ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx512bf16", "-mavx2", "-mfma",
                       "-mf16c"],
 }
+# Flags an older compiler may not know (GCC < 10): without them the file builds as its stub, whose
+# table reports itself unavailable, and the dispatcher picks the next one.
+OPTIONAL_FLAGS = {"-mavx512bf16"}
 COMMON_C_FLAGS = ["-std=c11", "-O3", "-fno-math-errno", "-Wall", "-Wextra", "-Wno-unused-parameter"]
 
 
@@ -40,6 +43,18 @@ def c_sources() -> list[str]:
     return sorted(str(p.relative_to(ROOT)) for p in C_DIR.rglob("*.c"))
 
 
+def _compiler_accepts(compiler, flag: str, build_temp: str) -> bool:
+    """Whether the C compiler builds an empty file with this flag."""
+    probe = Path(build_temp) / "flag_probe.c"
+    probe.parent.mkdir(parents=True, exist_ok=True)
+    probe.write_text("int moegate_flag_probe;\n")
+    try:
+        compiler.compile([str(probe)], output_dir=build_temp, extra_postargs=[flag])
+        return True
+    except Exception:  # setuptools raises CompileError; any failure means "not supported"
+        return False
+
+
 class BuildCore(build_ext):
     """Compiles the C files itself so that ISA-specific files get their own flags."""
 
@@ -50,11 +65,12 @@ class BuildCore(build_ext):
         ext.depends = list(ext.depends) + c_files
         objects = []
         san = _sanitize_flags()
+        unknown = {f for f in OPTIONAL_FLAGS if _is_x86() and not _compiler_accepts(self.compiler, f, self.build_temp)}
         for src in c_files:
             flags = list(COMMON_C_FLAGS) + san
             for suffix, isa in ISA_FLAGS.items():
                 if src.endswith(suffix) and _is_x86():
-                    flags += isa
+                    flags += [f for f in isa if f not in unknown]
             objects += self.compiler.compile(
                 [src], output_dir=self.build_temp, include_dirs=ext.include_dirs,
                 extra_postargs=flags, depends=ext.depends,
