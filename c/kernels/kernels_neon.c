@@ -156,6 +156,15 @@ ALWAYS_INLINE float hsum4(float32x4_t a, float32x4_t b, float32x4_t c, float32x4
 
 /* ---- linear ---------------------------------------------------------------------------------- */
 
+/* v (raw decodings: the values over the format's factor) times the block's scale sv, which is
+ * the scale times the factor, or (split) the scale alone, the factor then applied first. */
+ALWAYS_INLINE void scale_raw(float32x4_t v[4], float32x4_t sv, int split, mg_format fmt) {
+    for (int k = 0; k < 4; k++) {
+        if (split) v[k] = vmulq_f32(v[k], vdupq_n_f32(format_factor(fmt)));
+        v[k] = vmulq_f32(v[k], sv);
+    }
+}
+
 /* Decode: y = row r of W . x, decoding and multiplying in one pass. */
 ALWAYS_INLINE float row_dot(mg_format fmt, const mg_matrix *w, int64_t r, const float *x) {
     const int64_t cols = w->cols, block = scale_block_len(w);
@@ -166,7 +175,10 @@ ALWAYS_INLINE float row_dot(mg_format fmt, const mg_matrix *w, int64_t r, const 
     for (int64_t b0 = 0; b0 < cols; b0 += block) {
         const int64_t b1 = b0 + block < cols ? b0 + block : cols;
         const float s = scaled ? scale_of(w, r, b0) : 1.0f;
-        const float32x4_t sv = vdupq_n_f32(s * format_factor(fmt));
+        /* s times the raw factor can overflow where the weights do not (e8m0 2^127 with fp8's
+         * 2^8): then the factor and the scale multiply apart. */
+        const int split = !isfinite(s * format_factor(fmt)) && isfinite(s);
+        const float32x4_t sv = vdupq_n_f32(split ? s : s * format_factor(fmt));
         int64_t c = b0;
         for (; c + GROUP <= b1; c += GROUP) {
             float32x4_t v[4];
@@ -174,12 +186,7 @@ ALWAYS_INLINE float row_dot(mg_format fmt, const mg_matrix *w, int64_t r, const 
                 for (int64_t k = c; k < c + GROUP; k++) tail += value_at(fmt, row, k) * s * x[k];
                 continue;
             }
-            if (scaled || fmt == MG_FP8_E4M3) {
-                v[0] = vmulq_f32(v[0], sv);
-                v[1] = vmulq_f32(v[1], sv);
-                v[2] = vmulq_f32(v[2], sv);
-                v[3] = vmulq_f32(v[3], sv);
-            }
+            if (scaled || fmt == MG_FP8_E4M3) scale_raw(v, sv, split, fmt);
             acc0 = vfmaq_f32(acc0, v[0], vld1q_f32(x + c));
             acc1 = vfmaq_f32(acc1, v[1], vld1q_f32(x + c + 4));
             acc2 = vfmaq_f32(acc2, v[2], vld1q_f32(x + c + 8));
@@ -199,7 +206,10 @@ ALWAYS_INLINE void row_dequant(mg_format fmt, const mg_matrix *w, int64_t r, int
     for (int64_t b0 = c0; b0 < c1; b0 += block) {
         const int64_t b1 = b0 + block < c1 ? b0 + block : c1;
         const float s = scaled ? scale_of(w, r, b0) : 1.0f;
-        const float32x4_t sv = vdupq_n_f32(s * format_factor(fmt));
+        /* s times the raw factor can overflow where the weights do not (e8m0 2^127 with fp8's
+         * 2^8): then the factor and the scale multiply apart. */
+        const int split = !isfinite(s * format_factor(fmt)) && isfinite(s);
+        const float32x4_t sv = vdupq_n_f32(split ? s : s * format_factor(fmt));
         int64_t c = b0;
         for (; c + GROUP <= b1; c += GROUP) {
             float32x4_t v[4];
@@ -208,12 +218,7 @@ ALWAYS_INLINE void row_dequant(mg_format fmt, const mg_matrix *w, int64_t r, int
                 for (int64_t k = c; k < c + GROUP; k++) out[k - c0] = value_at(fmt, row, k) * s;
                 continue;
             }
-            if (scaled || fmt == MG_FP8_E4M3) {
-                v[0] = vmulq_f32(v[0], sv);
-                v[1] = vmulq_f32(v[1], sv);
-                v[2] = vmulq_f32(v[2], sv);
-                v[3] = vmulq_f32(v[3], sv);
-            }
+            if (scaled || fmt == MG_FP8_E4M3) scale_raw(v, sv, split, fmt);
             vst1q_f32(o, v[0]);
             vst1q_f32(o + 4, v[1]);
             vst1q_f32(o + 8, v[2]);
