@@ -566,6 +566,7 @@ INLINE int fold_scales(const mg_matrix *w, int64_t r, int64_t c0, int64_t kc, co
     const double hi = (double)xmax * amax * 0x1p112, lo = (double)xmin * amin * 0x1p112;
     const int k = hi < 0x1p126 ? 0 : ilogb(hi) - 125; /* hi * 2^-k < 2^126 */
     if (xmin < INFINITY && amin < INFINITY && !(ldexp(lo, -k) >= 0x1p-126)) return 0;
+    if (!(ldexp(amax, 112 - k) < 0x1p128)) return 0; /* the factor itself must be a finite float */
     for (int64_t j = 0; j * 128 < kc; j++) { /* the factor is exact: a power-of-two multiple */
         const __m256 s = _mm256_set1_ps(ldexpf(scale_block128(w, r, c0 + j * 128), 112 - k));
         const int64_t e = (j + 1) * 128 < kc ? (j + 1) * 128 : kc;

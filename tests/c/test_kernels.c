@@ -373,24 +373,25 @@ static void test_linear(tally *t, const mg_kernels *const *tables, int n_tables,
  * block is huge, so a call sees both cases. */
 static void test_linear_fp8_huge_scale(tally *t, const mg_kernels *const *tables, int n_tables, rng *g) {
     static const mg_scale_kind kinds[] = {MG_SCALE_E8M0_BLOCK128, MG_SCALE_E8M0_G32};
-    static const int64_t toks[] = {5, 2}; /* prefill: the decode fast paths do not handle these yet */
-    for (int ki = 0; ki < 2; ki++) {
+    static const int64_t toks[] = {5, 2, 1};
+    for (int ki = 0; ki < 4; ki++) { /* 544 columns: the AVX2 decode loops; 640: the AVX-512 ones */
         test_matrix tm;
-        const int64_t rows = 257, cols = 544;
-        make_matrix(&tm, MG_FP8_E4M3, kinds[ki], rows, cols, g);
+        const int64_t rows = 257, cols = ki < 2 ? 544 : 640;
+        const mg_scale_kind kind = kinds[ki % 2];
+        make_matrix(&tm, MG_FP8_E4M3, kind, rows, cols, g);
         uint8_t *d = (uint8_t *)tm.data, *sc = (uint8_t *)tm.scale;
-        const int64_t srows = kinds[ki] == MG_SCALE_E8M0_G32 ? rows : (rows + 127) / 128;
+        const int64_t srows = kind == MG_SCALE_E8M0_G32 ? rows : (rows + 127) / 128;
         for (int64_t i = 0; i < srows * tm.m.scale_cols; i++)
             if (i % 2 == 0) sc[i] = 254;
         for (int64_t r = 0; r < rows; r++)
             for (int64_t c = 0; c < cols; c++) {
                 uint8_t *code = d + r * cols + c;
                 *code &= 0xbf; /* exponent field <= 7: |v| < 2 */
-                const int64_t si = kinds[ki] == MG_SCALE_E8M0_G32 ? r * tm.m.scale_cols + c / 32
+                const int64_t si = kind == MG_SCALE_E8M0_G32 ? r * tm.m.scale_cols + c / 32
                                                                   : (r / 128) * tm.m.scale_cols + c / 128;
                 tm.ref[r * cols + c] = (double)mg_fp8_e4m3_to_f32(*code) * (double)mg_e8m0_to_f32(sc[si]);
             }
-        for (int ti = 0; ti < 2; ti++) {
+        for (int ti = 0; ti < 3; ti++) {
             const int64_t n_tok = toks[ti];
             float *x = malloc((size_t)(n_tok * cols) * sizeof(float));
             float *y = malloc((size_t)(n_tok * rows) * sizeof(float));
