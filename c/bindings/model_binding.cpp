@@ -10,6 +10,7 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "bindings/bindings.h"
@@ -61,36 +62,17 @@ class Model {
         py::array_t<float> out({rows, vocab});
         if (n == 0) return out;
         float *dst = out.mutable_data();
-        mg_error err{};
-        int rc;
-        {
-            py::gil_scoped_release nogil;
-            std::lock_guard<std::mutex> lock(mu_);
-            rc = mg_model_eval(m_, ids.data(), n, last_only ? 1 : 0, dst, &err);
-        }
-        if (rc != 0) throw std::runtime_error(err.msg);
+        checked([&](mg_error *err) { return mg_model_eval(m_, ids.data(), n, last_only ? 1 : 0, dst, err); });
         return out;
     }
 
     void truncate(int64_t n) {
-        mg_error err{};
-        int rc;
-        {
-            py::gil_scoped_release nogil;
-            std::lock_guard<std::mutex> lock(mu_);
-            rc = mg_model_truncate(m_, n, &err);
-        }
-        if (rc != 0) throw std::runtime_error(err.msg);
+        checked([&](mg_error *err) { return mg_model_truncate(m_, n, err); });
     }
 
     uint64_t prefix_bytes(int64_t n) {
         mg_error err{};
-        uint64_t bytes;
-        {
-            py::gil_scoped_release nogil;
-            std::lock_guard<std::mutex> lock(mu_);
-            bytes = mg_model_prefix_bytes(m_, n, &err);
-        }
+        const uint64_t bytes = locked([&] { return mg_model_prefix_bytes(m_, n, &err); });
         if (!bytes) throw std::runtime_error(err.msg);
         return bytes;
     }
@@ -98,16 +80,9 @@ class Model {
     // The slot's first n tokens as one snapshot buffer (numpy uint8, filled without the GIL).
     py::array_t<uint8_t> save_prefix(int64_t n) {
         const uint64_t bytes = prefix_bytes(n);
-        mg_error err{};
         py::array_t<uint8_t> out(static_cast<py::ssize_t>(bytes));
         uint8_t *dst = out.mutable_data();
-        int rc;
-        {
-            py::gil_scoped_release nogil;
-            std::lock_guard<std::mutex> lock(mu_);
-            rc = mg_model_save_prefix(m_, n, dst, bytes, &err);
-        }
-        if (rc != 0) throw std::runtime_error(err.msg);
+        checked([&](mg_error *err) { return mg_model_save_prefix(m_, n, dst, bytes, err); });
         return out;
     }
 
@@ -116,23 +91,17 @@ class Model {
         py::buffer_info info = snapshot.request();
         if (info.ndim != 1 || info.itemsize != 1 || (info.ndim == 1 && info.strides[0] != 1))
             throw std::invalid_argument("a prefix snapshot is a contiguous 1-D byte buffer");
-        mg_error err{};
-        int rc;
-        int64_t n;
-        {
-            py::gil_scoped_release nogil;
-            std::lock_guard<std::mutex> lock(mu_);
-            rc = mg_model_restore_prefix(m_, info.ptr, static_cast<uint64_t>(info.size), &err);
+        int64_t n = 0;
+        checked([&](mg_error *err) {
+            const int rc = mg_model_restore_prefix(m_, info.ptr, static_cast<uint64_t>(info.size), err);
             n = mg_model_n_past(m_);
-        }
-        if (rc != 0) throw std::runtime_error(err.msg);
+            return rc;
+        });
         return n;
     }
 
     void reset() {
-        py::gil_scoped_release nogil;
-        std::lock_guard<std::mutex> lock(mu_);
-        mg_model_reset(m_);
+        locked([&] { mg_model_reset(m_); });
     }
 
     int64_t n_past() const { return mg_model_n_past(m_); }
@@ -188,27 +157,13 @@ class Model {
     // Records every expert fetch to `path` (tools/routing_trace.py format); None stops and
     // closes the file.
     void trace_routing(const std::optional<std::string> &path) {
-        mg_error err{};
-        int rc;
-        {
-            py::gil_scoped_release nogil;
-            std::lock_guard<std::mutex> lock(mu_);
-            rc = mg_model_trace_routing(m_, path ? path->c_str() : nullptr, &err);
-        }
-        if (rc != 0) throw std::runtime_error(err.msg);
+        checked([&](mg_error *err) { return mg_model_trace_routing(m_, path ? path->c_str() : nullptr, err); });
     }
 
     // Budgeted runs: seeds and pins the cache from this history file (read now, pinned experts
     // loaded now) and rewrites it when the model is freed.  No effect without a budget.
     void use_expert_history(const std::string &path, double pin_fraction) {
-        mg_error err{};
-        int rc;
-        {
-            py::gil_scoped_release nogil;
-            std::lock_guard<std::mutex> lock(mu_);
-            rc = mg_model_expert_history(m_, path.c_str(), pin_fraction, &err);
-        }
-        if (rc != 0) throw std::runtime_error(err.msg);
+        checked([&](mg_error *err) { return mg_model_expert_history(m_, path.c_str(), pin_fraction, err); });
     }
 
     void set_expert_prefetch(int depth) {
@@ -217,6 +172,22 @@ class Model {
     }
 
   private:
+    // Runs f on the model without the GIL, one call at a time (a model holds one slot).
+    template <class F>
+    std::invoke_result_t<F> locked(F &&f) {
+        py::gil_scoped_release nogil;
+        std::lock_guard<std::mutex> lock(mu_);
+        return f();
+    }
+
+    // locked() for the C calls that return non-zero and fill err on failure; raises (with the
+    // GIL held again) on failure.
+    template <class F>
+    void checked(F &&f) {
+        mg_error err{};
+        if (locked([&] { return f(&err); }) != 0) throw std::runtime_error(err.msg);
+    }
+
     mg_model *m_ = nullptr;
     std::mutex mu_;
 };
