@@ -76,13 +76,30 @@ INLINE __m512 fp4_line_scales(const float *s, int64_t i) {
     return _mm512_permutexvar_ps(quad, _mm512_castps128_ps512(_mm_loadu_ps(s + 4 * i)));
 }
 
+/* p[j] = row r + j's bytes from byte offset off, for j < n. */
+INLINE void row_ptrs(const mg_matrix *w, int64_t r, int64_t n, size_t off, const uint8_t **p) {
+    const size_t rb = mg_matrix_row_bytes(w);
+    for (int64_t j = 0; j < n; j++) p[j] = (const uint8_t *)w->data + (size_t)(r + j) * rb + off;
+}
+
+/* Runs the R-row loop ROWS(R, <args>, ahead, part) with R the constant n (1..4), so that its row
+ * loops unroll, and ahead = rows_ahead(R row strides of rb bytes). */
+#define MG_ROWS_CALL(n, rb, part, ROWS, ...)                                        \
+    do {                                                                            \
+        switch (n) {                                                                \
+        case 4: ROWS(4, __VA_ARGS__, rows_ahead(4 * (rb)), part); break;            \
+        case 3: ROWS(3, __VA_ARGS__, rows_ahead(3 * (rb)), part); break;            \
+        case 2: ROWS(2, __VA_ARGS__, rows_ahead(2 * (rb)), part); break;            \
+        default: ROWS(1, __VA_ARGS__, rows_ahead(rb), part); break;                 \
+        }                                                                           \
+    } while (0)
+
 /* fp4 rows [r, r + n) over columns [c0, c0 + kc): row j's codes at p[j] and, for e8m0 group
  * scales, its scales as floats in sfr[j] with s[j] = sfr[j] (unscaled: every s[j] NULL). */
 INLINE void fp4_row_group(const mg_matrix *w, int64_t r, int64_t n, int64_t c0, int64_t kc, const uint8_t **p,
                           const float **s, float (*sfr)[XP_COLS / 32]) {
-    const size_t rb = mg_matrix_row_bytes(w), off = (size_t)c0 / 2;
+    row_ptrs(w, r, n, (size_t)c0 / 2, p);
     for (int64_t j = 0; j < n; j++) {
-        p[j] = (const uint8_t *)w->data + (size_t)(r + j) * rb + off;
         s[j] = NULL;
         if (w->scale_kind == MG_SCALE_E8M0_G32) {
             row_scales_g32(w, r + j, c0 / 32, kc / 32, sfr[j]);
@@ -103,7 +120,7 @@ INLINE void store_row_parts(const mg_matrix *w, int64_t r, int64_t n, int64_t c0
 /* fp4 rows [r, r + n) (n in 1..4) over columns [c0, c0 + kc) through the R-row loop ROWS(R, p, xs,
  * nb, s, ahead, part) against x prepared as XT (permuted floats, or bf16 parts); adds to y (c0 > 0)
  * or writes it.  sfr: scratch for the rows' group scales.  Returns n.  A macro because each table
- * has its own loop and x form; the switch on a constant R lets the loops unroll. */
+ * has its own loop and x form. */
 #define MG_FP4_ROWS_FN(NAME, ROWS, XT)                                                                   \
     INLINE int64_t NAME(const mg_matrix *w, int64_t r, int64_t n, int64_t c0, int64_t kc, const XT *xs, \
                         float *y, float (*sfr)[XP_COLS / 32]) {                                          \
@@ -112,13 +129,7 @@ INLINE void store_row_parts(const mg_matrix *w, int64_t r, int64_t n, int64_t c0
         const float *s[4];                                                                                \
         float part[4];                                                                                    \
         fp4_row_group(w, r, n, c0, kc, p, s, sfr);                                                        \
-        const int64_t nb = kc / 128;                                                                      \
-        switch (n) {                                                                                      \
-        case 4: ROWS(4, p, xs, nb, s, rows_ahead(4 * rb), part); break;                                   \
-        case 3: ROWS(3, p, xs, nb, s, rows_ahead(3 * rb), part); break;                                   \
-        case 2: ROWS(2, p, xs, nb, s, rows_ahead(2 * rb), part); break;                                   \
-        default: ROWS(1, p, xs, nb, s, rows_ahead(rb), part); break;                                      \
-        }                                                                                                 \
+        MG_ROWS_CALL(n, rb, part, ROWS, p, xs, kc / 128, s);                                              \
         store_row_parts(w, r, n, c0, part, y);                                                            \
         return n;                                                                                         \
     }

@@ -343,17 +343,10 @@ INLINE void rows_bf16(const int R, const uint8_t *const *p, const float *xp, int
 
 /* bf16 rows [r, r + n) (n in 1..4), like fp4_rows. */
 INLINE int64_t bf16_rows(const mg_matrix *w, int64_t r, int64_t n, int64_t c0, int64_t kc, const float *xs, float *y) {
-    const size_t rb = mg_matrix_row_bytes(w), off = (size_t)c0 * 2;
     const uint8_t *p[4];
     float part[4];
-    for (int64_t j = 0; j < n; j++) p[j] = (const uint8_t *)w->data + (size_t)(r + j) * rb + off;
-    const int64_t nb = kc / 32;
-    switch (n) {
-    case 4: rows_bf16(4, p, xs, nb, rows_ahead(4 * rb), part); break;
-    case 3: rows_bf16(3, p, xs, nb, rows_ahead(3 * rb), part); break;
-    case 2: rows_bf16(2, p, xs, nb, rows_ahead(2 * rb), part); break;
-    default: rows_bf16(1, p, xs, nb, rows_ahead(rb), part); break;
-    }
+    row_ptrs(w, r, n, (size_t)c0 * 2, p);
+    MG_ROWS_CALL(n, mg_matrix_row_bytes(w), part, rows_bf16, p, xs, kc / 32);
     store_row_parts(w, r, n, c0, part, y);
     return n;
 }
@@ -364,18 +357,11 @@ MG_FP4_ROWS_FN(fp4_rows, rows_fp4, float)
  * block (fold_block_scales); adds to y (c0 > 0) or writes it.  Returns n. */
 INLINE int64_t fp8_folded_rows(const mg_matrix *w, int64_t r, int64_t n, int64_t c0, int64_t kc, const float *xq,
                                float *y) {
-    const size_t rb = mg_matrix_row_bytes(w), off = (size_t)c0;
     const uint8_t *p[4];
     float part[4];
-    for (int64_t j = 0; j < n; j++) p[j] = (const uint8_t *)w->data + (size_t)(r + j) * rb + off;
-    const int64_t nb = kc / 64;
-    switch (n) {
-    case 4: rows_fp8_folded(4, p, xq, nb, rows_ahead(4 * rb), part); break;
-    case 3: rows_fp8_folded(3, p, xq, nb, rows_ahead(3 * rb), part); break;
-    case 2: rows_fp8_folded(2, p, xq, nb, rows_ahead(2 * rb), part); break;
-    default: rows_fp8_folded(1, p, xq, nb, rows_ahead(rb), part); break;
-    }
-    for (int64_t j = 0; j < n; j++) y[r + j] = c0 == 0 ? part[j] : y[r + j] + part[j];
+    row_ptrs(w, r, n, (size_t)c0, p);
+    MG_ROWS_CALL(n, mg_matrix_row_bytes(w), part, rows_fp8_folded, p, xq, kc / 64);
+    store_row_parts(w, r, n, c0, part, y); /* block-128 scaled: no F32_ROW scale */
     return n;
 }
 
