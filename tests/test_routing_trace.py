@@ -436,3 +436,57 @@ def test_replay_reproduces_the_cache_under_pressure(tmp_path: Path) -> None:
     assert (replay.hits, replay.misses) == (st2["hits"], st2["misses"])
     cold = rt.simulate(tr2, "ours", int(st2["slots"]))
     assert (cold.hits, cold.misses) != (replay.hits, replay.misses)
+
+
+def test_record_follows_a_text(small_model: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    text = tmp_path / "held.txt"
+    text.write_text("def parse(line):\n    return [int(x) for x in line.split(',') if x.strip()]\n" * 4)
+    out = tmp_path / "text.trace"
+    assert rt.main(["record", "--model", str(small_model), "--out", str(out), "--text", str(text),
+                    "--prompt-tokens", "8", "--tokens", "5", "--ids-only"]) == 0
+    assert "18 fetches" in capsys.readouterr().out  # the prompt, then 5 decode steps, x 3 layers
+    followed = rt.read_trace(out)
+    assert all(followed.score(i) is None for i in range(len(followed)))  # --ids-only
+    ids = rt.text_ids(str(small_model), str(text), 13)
+    again, _ = rt.record(str(small_model), str(tmp_path / "again.trace"), 5, ids[:8], None, follow=ids[8:])
+    greedy, _ = rt.record(str(small_model), str(tmp_path / "greedy.trace"), 5, ids[:8], None)
+    same = [np.array_equal(a, b) for a, b in zip(followed.batches, again.batches)]
+    assert all(same) and len(followed) == len(again) == len(greedy) == 18
+    # the decode steps were fed the text, not the model's own choices
+    assert not all(np.array_equal(a, b) for a, b in zip(followed.batches[3:], greedy.batches[3:]))
+
+
+TRAINED_TRACES = sorted((ROOT / "tools" / "traces").glob("*.trace"))
+
+
+@pytest.mark.parametrize("path", TRAINED_TRACES, ids=lambda p: p.name)
+def test_trained_routing_within_ten_points_of_belady(path: Path) -> None:
+    # Routing recorded from models trained on real text (tools/traces/README.md); the issue's
+    # target, ours within 10 points of Belady's optimum, at a quarter and three eighths of the
+    # expert pool.  LRU is far below on the same traces, so the test can fail.
+    trace = rt.read_trace(path)
+    for row in rt.replay_table(trace, [0.25, 0.375]):
+        assert row["belady"] - row["ours"] <= 0.10, row
+        assert row["ours"] - row["lru"] >= 0.05, row
+
+
+def test_train_moe_writes_a_checkpoint_the_engine_serves(tmp_path: Path) -> None:
+    # a few steps of a very small model: the tool's plumbing (held-out split, tokenizer, weights
+    # written in the real layout), not the training itself
+    pytest.importorskip("torch")
+    sys.path.insert(0, str(ROOT))
+    from tools import train_moe
+
+    out = tmp_path / "m"
+    small = '{"num_hidden_layers": 2, "hidden_size": 32, "head_dim": 16, "num_experts": 8, "moe_intermediate_size": 16}'
+    assert train_moe.main(["--out", str(out), "--steps", "2", "--batch", "2", "--seq", "32",
+                           "--tokenizer-text-mb", "0.3", "--config-overrides", small]) == 0
+    held = (out / "heldout.txt").read_text(encoding="utf-8")
+    heldout = [p for p in train_moe.source_files() if train_moe.is_heldout(p)]
+    assert heldout and 0 < len(heldout) < len(train_moe.source_files()) / 20
+    assert train_moe.read_text(heldout[0]) in held
+    trace = tmp_path / "t.trace"
+    assert rt.main(["record", "--model", str(out), "--out", str(trace), "--text", str(out / "heldout.txt"),
+                    "--prompt-tokens", "16", "--tokens", "4"]) == 0
+    tr = rt.read_trace(trace)
+    assert (tr.n_layers, tr.n_experts, len(tr)) == (2, 8, 10)

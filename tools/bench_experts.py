@@ -4,7 +4,9 @@
                   (missed-expert bytes / measured O_DIRECT read GB/s + bytes read from memory /
                   measured memory read GB/s, per token) as a ratio;
   hit rate        measured by the engine, next to Belady's (offline optimum) and our policy's
-                  replay on the same routing trace (tools/routing_trace.py), same slot count.
+                  replay on the same routing trace (tools/routing_trace.py), same slot count;
+                  then the routing traces recorded from trained models (tools/traces/) replayed
+                  through LRU, ours and Belady at several budgets.
 
     python tools/bench_experts.py [--model DIR] [--size-gb 1.2] [--tokens 32] [--budget-fraction 0.333]
 
@@ -33,9 +35,11 @@ for _p in (REPO_ROOT, REPO_ROOT / "python"):
         sys.path.insert(0, str(_p))
 
 from tools.bench_models import print_table  # noqa: E402
-from tools.routing_trace import read_history, read_trace, simulate  # noqa: E402
+from tools.routing_trace import read_history, read_trace, replay_table, simulate  # noqa: E402
 
 EXPERT_MARK = ".mlp.experts."
+TRACE_DIR = REPO_ROOT / "tools" / "traces"  # routing recorded from trained models
+TRACE_BUDGETS = (0.1, 0.125, 0.25, 0.375, 0.5)
 PROMPT = [5, 17, 42, 99, 3, 250, 7, 600, 31, 8, 77, 512, 64, 128, 9, 2]
 
 
@@ -266,7 +270,27 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
           f"{100 * (hit_rate - belady):+.1f} points"]],
     )
     result.update({"belady_hit_rate": belady, "ours_replay_hit_rate": ours, "lru_replay_hit_rate": lru})
+    result["recorded_traces"] = recorded_trace_tables()
     return result
+
+
+def recorded_trace_tables(budgets: tuple[float, ...] = TRACE_BUDGETS) -> dict[str, list[dict[str, float]]]:
+    """Replays the routing traces recorded from trained models (tools/traces/, see its README)
+    through lru / ours / Belady.  The bench checkpoint above has random weights, whose routing is
+    close to independent from token to token; these traces have a trained router's structure."""
+    tables: dict[str, list[dict[str, float]]] = {}
+    for path in sorted(TRACE_DIR.glob("*.trace")):
+        trace = read_trace(path)
+        rows = replay_table(trace, list(budgets))
+        print(f"== recorded routing, trained model: {path.name} ({len(trace)} fetches, "
+              f"{trace.n_layers} layers x {trace.n_experts} experts; budget = share of the expert pool)")
+        print_table(
+            ["budget", "slots", "lru", "ours", "belady", "belady - ours"],
+            [[f"{r['budget']:.3f}", f"{int(r['slots'])}", f"{r['lru']:.3f}", f"{r['ours']:.3f}", f"{r['belady']:.3f}",
+              f"{100 * (r['belady'] - r['ours']):.1f} points"] for r in rows],
+        )
+        tables[path.name] = rows
+    return tables
 
 
 def parser() -> argparse.ArgumentParser:

@@ -14,7 +14,8 @@ The replay follows the store's rules: all experts of a fetch are looked up first
 experts are never evicted to make room for each other), and the cache needs at least one
 layer's experts.
 
-  python tools/routing_trace.py record --model DIR --out run.trace [--tokens 64] [--prompt ...]
+  python tools/routing_trace.py record --model DIR --out run.trace [--tokens 64] [--prompt-ids ...]
+  python tools/routing_trace.py record --model DIR --out run.trace --text FILE [--prompt-tokens 256] --tokens N [--ids-only]
   python tools/routing_trace.py replay run.trace [--budgets 0.05,0.1,0.25,0.5] [--history old.trace|usage-file]
   python tools/routing_trace.py scores run.trace    (the router's ranks vs the policy's prediction)
   python tools/routing_trace.py synth --out synth.trace --layers 8 --experts 64 --k 8 --tokens 500 \
@@ -443,19 +444,34 @@ def format_table(rows: list[dict[str, float]]) -> str:
 
 
 def record(model: str, out: str, tokens: int, prompt_ids: list[int], ram_gb: float | None,
-           **engine_options: object) -> tuple[Trace, dict[str, object]]:
-    """Greedy-decodes `tokens` tokens with the engine (Engine(..., routing_trace=out)) while it
-    records its fetches: (the trace, the engine's expert statistics at the end)."""
+           follow: list[int] | None = None, **engine_options: object) -> tuple[Trace, dict[str, object]]:
+    """Runs the prompt, then `tokens` decode steps with the engine (Engine(..., routing_trace=out))
+    while it records its fetches: (the trace, the engine's expert statistics at the end).
+
+    Each decode step feeds the greedy choice, or with `follow` the next token of that text
+    (teacher forcing: the routing of decoding natural text, which a small model's own greedy
+    output, soon repeating itself, is not)."""
     from gateway.engine import Engine  # late: only `record` needs the compiled engine
 
     eng = Engine(model, ram_gb=ram_gb, routing_trace=out, **engine_options)  # type: ignore[arg-type]
     logits = eng.eval(prompt_ids, last_only=True)
-    for _ in range(tokens):
-        logits = eng.eval([int(np.argmax(logits[-1]))], last_only=True)
+    for step in range(tokens):
+        nxt = follow[step] if follow is not None else int(np.argmax(logits[-1]))
+        logits = eng.eval([nxt], last_only=True)
     eng.set_routing_trace(None)  # flushes and closes the file
     stats = eng.stats()["experts"]
     del eng
     return read_trace(out), stats
+
+
+def text_ids(model: str, path: str, n: int) -> list[int]:
+    """The first `n` token ids of a text file, by the model's own tokenizer.json."""
+    from tokenizers import Tokenizer
+
+    ids = Tokenizer.from_file(str(Path(model) / "tokenizer.json")).encode(Path(path).read_text(encoding="utf-8")).ids
+    if len(ids) < n:
+        raise SystemExit(f"{path}: {len(ids)} tokens, {n} needed")
+    return ids[:n]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -466,6 +482,10 @@ def main(argv: list[str] | None = None) -> int:
     rec.add_argument("--out", required=True)
     rec.add_argument("--tokens", type=int, default=64)
     rec.add_argument("--prompt-ids", default="1,2,3,4,5,6,7,8", help="comma-separated token ids")
+    rec.add_argument("--text", help="a text file: its first --prompt-tokens tokens are the prompt, the next "
+                     "--tokens are fed one per decode step (instead of the greedy choice)")
+    rec.add_argument("--prompt-tokens", type=int, default=256)
+    rec.add_argument("--ids-only", action="store_true", help="drop the router scores from the file (a tenth of the size)")
     rec.add_argument("--ram", type=float, default=None)
     rep = sub.add_parser("replay", help="hit rates of lru / ours / belady at several budgets")
     rep.add_argument("trace")
@@ -488,8 +508,16 @@ def main(argv: list[str] | None = None) -> int:
     syn.add_argument("--drift-tokens", type=float, default=50.0, help="mean-reversion time of the walk")
     args = ap.parse_args(argv)
     if args.cmd == "record":
-        ids = [int(x) for x in args.prompt_ids.split(",") if x.strip()]
-        tr, st = record(args.model, args.out, args.tokens, ids, args.ram)
+        follow = None
+        if args.text:
+            text = text_ids(args.model, args.text, args.prompt_tokens + args.tokens)
+            ids, follow = text[: args.prompt_tokens], text[args.prompt_tokens:]
+        else:
+            ids = [int(x) for x in args.prompt_ids.split(",") if x.strip()]
+        tr, st = record(args.model, args.out, args.tokens, ids, args.ram, follow)
+        if args.ids_only:
+            tr.scores = []
+            write_trace(args.out, tr)
         print(f"{args.out}: {len(tr)} fetches, {tr.n_layers} layers x {tr.n_experts} experts")
         if st.get("slots"):
             print(f"engine cache: {st['slots']} slots, hit rate {st['hit_rate']:.3f}")

@@ -12,6 +12,7 @@ checkpoints are drawn tensor by tensor straight into the shard files.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -370,16 +371,35 @@ def tiny_weights(config: dict[str, Any], specs: list[TensorSpec], seed: int) -> 
     return {name: from_model.get(name, draws[name]) for name in draws}
 
 
-def write_checkpoint(arch_name: str, size: str, fmt: str, out_dir: Path, seed: int, overrides: dict[str, Any]) -> Path:
+def start_checkpoint(arch_name: str, size: str, out_dir: Path, overrides: dict[str, Any],
+                     tokenizer_size: int = TINY_TOKENIZER_SIZE,
+                     corpus: Iterable[str] | None = None) -> tuple[dict[str, Any], TokenizerFiles]:
+    """Write the tokenizer files (trained on `corpus`, by default the built-in text) and return
+    the config (config.json form) sized to it."""
     arch = ARCHS[arch_name]
     out_dir.mkdir(parents=True, exist_ok=True)
     vocab_override = overrides.get("vocab_size")
     smallest = len(arch.family.added) + MIN_LEARNED_TOKENS
     if vocab_override is not None and vocab_override < smallest:
         raise ValueError(f"vocab_size {vocab_override} too small: the {arch_name} tokenizer needs at least {smallest} ids")
-    tokenizer_size = min(TINY_TOKENIZER_SIZE, vocab_override) if vocab_override else TINY_TOKENIZER_SIZE
-    tokenizer = write_tokenizer(out_dir, arch.family, tokenizer_size)
-    config = build_config(arch, size, overrides, tokenizer)
+    tokenizer_size = min(tokenizer_size, vocab_override) if vocab_override else tokenizer_size
+    tokenizer = write_tokenizer(out_dir, arch.family, tokenizer_size, corpus)
+    return build_config(arch, size, overrides, tokenizer), tokenizer
+
+
+def finish_checkpoint(config: dict[str, Any], tokenizer: TokenizerFiles, fmt: str, out_dir: Path) -> None:
+    """config.json (with the format's quantization_config) and generation_config.json."""
+    on_disk = dict(config)
+    on_disk["torch_dtype"] = "float32" if fmt == "f32" else "bfloat16"
+    on_disk["transformers_version"] = TRANSFORMERS_VERSION_WRITTEN
+    if fmt in FP8_FORMATS:
+        on_disk["quantization_config"] = quantization_config(config, fmt)
+    write_json(out_dir / "config.json", dict(sorted(on_disk.items())))
+    write_json(out_dir / "generation_config.json", generation_config(ARCHS[config["model_type"]], config, tokenizer))
+
+
+def write_checkpoint(arch_name: str, size: str, fmt: str, out_dir: Path, seed: int, overrides: dict[str, Any]) -> Path:
+    config, tokenizer = start_checkpoint(arch_name, size, out_dir, overrides)
     specs = tensor_specs(config)
     total = planned_bytes(specs, fmt)
     if size == "tiny":
@@ -391,11 +411,5 @@ def write_checkpoint(arch_name: str, size: str, fmt: str, out_dir: Path, seed: i
 
         with tqdm(total=total, unit="B", unit_scale=True, desc=f"{arch_name} {size} {fmt}") as bar:
             write_shards(out_dir, specs, fmt, lambda spec: draw_tensor_rows(spec, seed), BENCH_SHARD_BYTES, bar.update)
-    on_disk = dict(config)
-    on_disk["torch_dtype"] = "float32" if fmt == "f32" else "bfloat16"
-    on_disk["transformers_version"] = TRANSFORMERS_VERSION_WRITTEN
-    if fmt in FP8_FORMATS:
-        on_disk["quantization_config"] = quantization_config(config, fmt)
-    write_json(out_dir / "config.json", dict(sorted(on_disk.items())))
-    write_json(out_dir / "generation_config.json", generation_config(arch, config, tokenizer))
+    finish_checkpoint(config, tokenizer, fmt, out_dir)
     return out_dir

@@ -9,6 +9,7 @@ same inputs give byte-identical tokenizer.json files.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -157,8 +158,9 @@ def training_corpus() -> list[str]:
     return paragraphs * 4 + templates
 
 
-def build_tokenizer(family: Family, total_size: int) -> Tokenizer:
-    """Train a byte-level BPE of `total_size - len(added)` entries and append the added tokens."""
+def build_tokenizer(family: Family, total_size: int, corpus: Iterable[str] | None = None) -> Tokenizer:
+    """Train a byte-level BPE of `total_size - len(added)` entries (on `corpus`, by default the
+    built-in text) and append the added tokens."""
     learned_size = total_size - len(family.added)
     if learned_size < MIN_LEARNED_TOKENS:
         raise ValueError(f"tokenizer size {total_size} too small: {len(family.added)} added tokens + 256 bytes + merges")
@@ -178,7 +180,7 @@ def build_tokenizer(family: Family, total_size: int) -> Tokenizer:
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         special_tokens=[],
     )
-    tokenizer.train_from_iterator(training_corpus(), trainer=trainer)
+    tokenizer.train_from_iterator(training_corpus() if corpus is None else corpus, trainer=trainer)
     tokenizer.add_tokens(
         [AddedToken(spec.content, special=spec.special, normalized=False, single_word=False, lstrip=False, rstrip=False)
          for spec in family.added]
@@ -192,9 +194,10 @@ class TokenizerFiles:
     ids: dict[str, int]  # id of every added token
 
 
-def write_tokenizer(out_dir: Path, family: Family, total_size: int) -> TokenizerFiles:
+def write_tokenizer(out_dir: Path, family: Family, total_size: int,
+                    corpus: Iterable[str] | None = None) -> TokenizerFiles:
     """Write tokenizer.json and tokenizer_config.json (with the family's chat template)."""
-    tokenizer = build_tokenizer(family, total_size)
+    tokenizer = build_tokenizer(family, total_size, corpus)
     tokenizer.save(str(out_dir / "tokenizer.json"), pretty=True)
     ids = {spec.content: tokenizer.token_to_id(spec.content) for spec in family.added}
     chat_template = (TEMPLATE_DIR / family.template_file).read_text(encoding="utf-8")
