@@ -474,8 +474,7 @@ def test_train_moe_writes_a_checkpoint_the_engine_serves(tmp_path: Path) -> None
     # a few steps of a very small model: the tool's plumbing (held-out split, tokenizer, weights
     # written in the real layout), not the training itself
     pytest.importorskip("torch")
-    sys.path.insert(0, str(ROOT))
-    from tools import train_moe
+    from tools import train_moe  # the repo root is on sys.path (conftest)
 
     out = tmp_path / "m"
     small = '{"num_hidden_layers": 2, "hidden_size": 32, "head_dim": 16, "num_experts": 8, "moe_intermediate_size": 16}'

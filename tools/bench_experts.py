@@ -36,7 +36,7 @@ for _p in (REPO_ROOT, REPO_ROOT / "python"):
         sys.path.insert(0, str(_p))
 
 from tools.bench_models import print_table  # noqa: E402
-from tools.routing_trace import read_history, read_trace, replay_table, simulate  # noqa: E402
+from tools.routing_trace import format_table, read_history, read_trace, replay_table, simulate  # noqa: E402
 
 EXPERT_MARK = ".mlp.experts."
 TRACE_DIR = REPO_ROOT / "tools" / "traces"  # routing recorded from trained models
@@ -288,12 +288,9 @@ def recorded_trace_tables(budgets: tuple[float, ...] = TRACE_BUDGETS) -> dict[st
         trace = read_trace(path)
         rows = replay_table(trace, list(budgets))
         print(f"== recorded routing, trained model: {path.name} ({len(trace)} fetches, "
-              f"{trace.n_layers} layers x {trace.n_experts} experts; budget = share of the expert pool)")
-        print_table(
-            ["budget", "slots", "lru", "ours", "belady", "belady - ours"],
-            [[f"{r['budget']:.3f}", f"{int(r['slots'])}", f"{r['lru']:.3f}", f"{r['ours']:.3f}", f"{r['belady']:.3f}",
-              f"{100 * (r['belady'] - r['ours']):.1f} points"] for r in rows],
-        )
+              f"{trace.n_layers} layers x {trace.n_experts} experts; budget = share of the expert pool, "
+              "gap = belady - ours in points)")
+        print(format_table(rows))
         tables[path.name] = rows
     return tables
 

@@ -47,16 +47,17 @@ MODEL: dict[str, object] = {
 }
 
 
+STDLIB = Path(sysconfig.get_paths()["stdlib"])
+
+
 def source_files() -> list[Path]:
     """The standard library's Python files (site-packages excluded), in a fixed order."""
-    root = Path(sysconfig.get_paths()["stdlib"])
-    return sorted(p for p in root.rglob("*.py")
+    return sorted(p for p in STDLIB.rglob("*.py")
                   if "site-packages" not in p.parts and "__pycache__" not in p.parts and p.is_file())
 
 
 def is_heldout(path: Path) -> bool:
-    root = Path(sysconfig.get_paths()["stdlib"])
-    digest = hashlib.sha1(str(path.relative_to(root)).encode()).digest()
+    digest = hashlib.sha1(str(path.relative_to(STDLIB)).encode()).digest()
     return int.from_bytes(digest[:4], "little") % HELDOUT_EVERY == 0
 
 
@@ -114,8 +115,8 @@ def train(args: argparse.Namespace) -> None:
     hf_config._experts_implementation = "grouped_mm"  # training speed; the weights are the same
     model = hf_moe.hf_model_class(config)(hf_config)
     model.train()
-    decay = [p for n, p in model.named_parameters() if p.ndim >= 2]
-    no_decay = [p for n, p in model.named_parameters() if p.ndim < 2]
+    decay = [p for p in model.parameters() if p.ndim >= 2]  # matrices decay; norms do not
+    no_decay = [p for p in model.parameters() if p.ndim < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
                             lr=args.lr, betas=(0.9, 0.95))
     warmup = max(1, steps // 20)
