@@ -518,19 +518,36 @@ def test_expert_stats_report_hit_rate_and_read_bandwidth(ckpt_root: Path) -> Non
     assert resident["read_gb_s"] == 0.0
 
 
-@pytest.mark.parametrize("arch", ["glm4_moe", "qwen3_moe"])
-def test_idle_disk_prefetch_keeps_logits_bitwise(ckpt_root: Path, arch: str) -> None:
-    """With the store's own prefetch on (the next layer's best-ranked experts read while the
-    experts just fetched are computed), the logits stay those of the resident run."""
-    ckpt = fresh_copy(small_checkpoint(ckpt_root, arch, "bf16"), ckpt_root / f"prefetch-{arch}")
-    want = run_sequence(Engine(str(ckpt)))
+def check_read_ahead_keeps_logits(ckpt: Path, name: str) -> None:
+    resident = Engine(str(ckpt))
+    want = run_sequence(resident)
+    slots = int(resident.info["n_experts"]) + 4  # a layer's experts and a few: reads evict
+    del resident
     for run in range(2):  # the second start also has a history (pinned, preloaded)
-        engine = open_with_slots(ckpt, 48, expert_prefetch=True)
+        engine = open_with_slots(ckpt, slots, expert_prefetch=True)
+        assert engine.read_ahead
         got = run_sequence(engine)
         st = engine.stats()["experts"]
         del engine
-        assert_bitwise_equal(got, want, f"{arch} prefetch run {run}")
+        assert_bitwise_equal(got, want, f"{name} read-ahead run {run}")
+        # decode steps gave look-ahead hints, and the store read hinted experts ahead
         assert st["auto_prefetches"] > 0 and st["evictions"] > 0, st
+
+
+@pytest.mark.parametrize("arch", ["glm4_moe", "qwen3_moe"])
+def test_idle_disk_read_ahead_keeps_logits_bitwise(ckpt_root: Path, arch: str) -> None:
+    """With the store's read-ahead on (the next layer's router applied one layer early hints
+    its experts, read while the experts just fetched are computed), the logits stay those of
+    the resident run."""
+    ckpt = fresh_copy(small_checkpoint(ckpt_root, arch, "bf16"), ckpt_root / f"prefetch-{arch}")
+    check_read_ahead_keeps_logits(ckpt, arch)
+
+
+@pytest.mark.rss  # budgets sized for an uninstrumented process (make sanitize skips these)
+def test_idle_disk_read_ahead_keeps_logits_bitwise_deepseek_v4(ckpt_root: Path) -> None:
+    """DeepSeek-V4: hash-routed layers are hinted from the token, the others by their gate."""
+    ckpt = fresh_copy(dsv4_small_checkpoint(ckpt_root), ckpt_root / "prefetch-deepseek_v4")
+    check_read_ahead_keeps_logits(ckpt, "deepseek_v4")
 
 
 def test_close_releases_the_model_now(ckpt_root: Path) -> None:

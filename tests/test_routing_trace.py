@@ -20,15 +20,20 @@ _spec.loader.exec_module(rt)
 
 
 def _bytes_like_the_store(records: list[tuple[int, list[int]]], n_layers: int, n_experts: int,
-                          version: int = 2, scores: dict[int, list[float]] | None = None) -> bytes:
+                          version: int = 3, scores: dict[int, list[float]] | None = None,
+                          hints: dict[int, tuple[int, list[int]]] | None = None) -> bytes:
     # the layout documented in c/model/experts.c, written independently of the tool; version 2
-    # adds the router's scores (n_experts floats, or none) to each record
+    # adds the router's scores (n_experts floats, or none) to each record, version 3 the
+    # look-ahead hint (count, then its layer and ids when there is one)
     out = b"MGRTRACE" + struct.pack("<IIII", version, n_layers, n_experts, 0)
     for i, (layer, ids) in enumerate(records):
         out += struct.pack("<HH", layer, len(ids)) + struct.pack(f"<{len(ids)}H", *ids)
         if version >= 2:
             sc = (scores or {}).get(i, [])
             out += struct.pack("<H", len(sc)) + struct.pack(f"<{len(sc)}f", *sc)
+        if version >= 3:
+            h = (hints or {}).get(i)
+            out += struct.pack("<H", 0) if h is None else struct.pack(f"<HH{len(h[1])}H", len(h[1]), h[0], *h[1])
     return out
 
 
@@ -43,28 +48,34 @@ def _trace(batches: list[list[int]], n_experts: int = 4, n_layers: int = 1) -> r
 def test_reads_the_store_format(tmp_path: Path) -> None:
     p = tmp_path / "t.trace"
     scores = [0.5, -1.0, 2.25, 0.0, 1.0, -3.5, 0.125, 4.0]
-    p.write_bytes(_bytes_like_the_store([(2, [4, 1, 7]), (0, [4])], 3, 8, scores={0: scores}))
+    p.write_bytes(_bytes_like_the_store([(2, [4, 1, 7]), (0, [4])], 3, 8, scores={0: scores},
+                                        hints={1: (1, [6, 2, 5])}))
     tr = rt.read_trace(p)
     assert (tr.n_layers, tr.n_experts, len(tr)) == (3, 8, 2)
     assert tr.layers == [2, 0]
     assert tr.batches[0].tolist() == [4, 1, 7]
     assert tr.keys(0).tolist() == [20, 17, 23]
     assert tr.score(0).tolist() == scores and tr.score(1) is None
+    assert tr.hint(0) is None and tr.hint(1)[0] == 1 and tr.hint(1)[1].tolist() == [6, 2, 5]
     q = tmp_path / "u.trace"
     rt.write_trace(q, tr)
     assert q.read_bytes() == p.read_bytes()
 
 
 def test_reads_the_first_format(tmp_path: Path) -> None:
-    # version 1 (no scores) is still read; written again it becomes version 2 without scores
+    # version 1 (no scores) is still read; written again it becomes version 3 without scores
     p = tmp_path / "v1.trace"
     p.write_bytes(_bytes_like_the_store([(2, [4, 1, 7]), (0, [4])], 3, 8, version=1))
     tr = rt.read_trace(p)
     assert tr.layers == [2, 0] and tr.batches[1].tolist() == [4]
     assert tr.score(0) is None and tr.score(1) is None
-    q = tmp_path / "v2.trace"
+    q = tmp_path / "v3.trace"
     rt.write_trace(q, tr)
     assert q.read_bytes() == _bytes_like_the_store([(2, [4, 1, 7]), (0, [4])], 3, 8)
+    # and version 2 (scores, no hints)
+    p.write_bytes(_bytes_like_the_store([(2, [4, 1, 7])], 3, 8, version=2, scores={0: [1.0] * 8}))
+    tr = rt.read_trace(p)
+    assert tr.score(0).tolist() == [1.0] * 8 and tr.hint(0) is None
 
 
 @pytest.mark.parametrize(
@@ -72,13 +83,16 @@ def test_reads_the_first_format(tmp_path: Path) -> None:
     [
         (b"MGRT", "too short"),
         (b"XXXXXXXX" + struct.pack("<IIII", 1, 1, 1, 0), "bad magic"),
-        (b"MGRTRACE" + struct.pack("<IIII", 3, 1, 1, 0), "version 3"),
+        (b"MGRTRACE" + struct.pack("<IIII", 4, 1, 1, 0), "version 4"),
         (_bytes_like_the_store([(0, [1, 2])], 1, 4, version=1)[:-2], "truncated"),
         (_bytes_like_the_store([(0, [9])], 1, 4, version=1), "out of range"),
         (_bytes_like_the_store([(0, [1, 2])], 1, 4)[:-2], "truncated"),
         (_bytes_like_the_store([(0, [1, 2])], 1, 4, scores={0: [1, 2, 3, 4]})[:-1], "truncated"),
         (_bytes_like_the_store([(0, [1, 2])], 1, 4, scores={0: [1, 2, 3]}), "damaged"),
         (_bytes_like_the_store([(0, [9])], 1, 4), "out of range"),
+        (_bytes_like_the_store([(0, [1])], 2, 4, hints={0: (1, [2, 3])})[:-1], "truncated"),
+        (_bytes_like_the_store([(0, [1])], 2, 4, hints={0: (2, [2])}), "out of range"),
+        (_bytes_like_the_store([(0, [1])], 2, 4, hints={0: (1, [4])}), "out of range"),
     ],
 )
 def test_rejects_damaged_traces(tmp_path: Path, data: bytes, msg: str) -> None:
@@ -332,10 +346,13 @@ def _deepseek_tiny(root: Path) -> Path:
 
 
 @pytest.mark.parametrize("arch", ["qwen3_moe", "glm4_moe", "deepseek_v4"])
-def test_trace_carries_the_router_scores(arch: str, small_model: Path, tmp_path: Path) -> None:
+def test_trace_carries_the_router_scores_and_hints(arch: str, small_model: Path, tmp_path: Path) -> None:
     """Each fetch carries what the router's top-k ranked for the batch's last token (softmax
     logits, sigmoid + bias, sqrt-softplus + bias): a decode fetch's experts are exactly the top k
-    of its scores.  Hash-routed layers (DeepSeek-V4's first ones) rank nothing: no scores."""
+    of its scores.  Hash-routed layers (DeepSeek-V4's first ones) rank nothing: no scores.
+    Each decode fetch but the last layer's also carries the look-ahead hint for the next layer:
+    k experts, exactly that layer's pick when it is hash-routed, and far more often right than
+    chance otherwise (the next layer's router on this layer's MoE input)."""
     from tools.ckpt import write_checkpoint
 
     if arch == "qwen3_moe":
@@ -361,6 +378,22 @@ def test_trace_carries_the_router_scores(arch: str, small_model: Path, tmp_path:
             assert set(np.argsort(-sc, kind="stable")[:k].tolist()) == set(tr.batches[i].tolist())
             ranked += 1
     assert ranked >= 8
+    right = given = 0
+    for i in range(len(tr)):
+        hint = tr.hint(i)
+        last_layer = tr.layers[i] == max(tr.layers)
+        if i < prompt_fetches or last_layer:  # a prompt of several tokens, or no next layer
+            assert hint is None, (i, hint)
+            continue
+        layer, ids = hint
+        k = len(tr.batches[i + 1])
+        assert layer == tr.layers[i + 1] == tr.layers[i] + 1 and len(ids) == k
+        if layer < hashed:
+            assert sorted(ids.tolist()) == sorted(tr.batches[i + 1].tolist())  # the fetch lists them by id
+        else:
+            right += len(set(ids.tolist()) & set(tr.batches[i + 1].tolist()))
+            given += k
+    assert given and right / given > 2 * k / tr.n_experts, (right, given)
 
 
 def test_replay_of_the_engine_trace_reproduces_its_cache(small_model: Path, tmp_path: Path) -> None:
@@ -462,12 +495,46 @@ TRAINED_TRACES = sorted((ROOT / "tools" / "traces").glob("*.trace"))
 @pytest.mark.parametrize("path", TRAINED_TRACES, ids=lambda p: p.name)
 def test_trained_routing_within_ten_points_of_belady(path: Path) -> None:
     # Routing recorded from models trained on real text (tools/traces/README.md); the issue's
-    # target, ours within 10 points of Belady's optimum, at a quarter and three eighths of the
-    # expert pool.  LRU is far below on the same traces, so the test can fail.
+    # target, ours within 10 points of Belady's optimum.  Demand caching alone (ours) meets it
+    # from a quarter of the expert pool up, and LRU is far below there, so the test can fail.
+    # Smaller caches need the read-ahead (ahead: the store with expert_prefetch on, replaying
+    # the look-ahead hints the engine recorded); its extra disk reads stay bounded: at most
+    # 1.3x what ours reads.
     trace = rt.read_trace(path)
-    for row in rt.replay_table(trace, [0.25, 0.375]):
-        assert row["belady"] - row["ours"] <= 0.10, row
-        assert row["ours"] - row["lru"] >= 0.05, row
+    assert sum(h is not None for h in trace.hints) > len(trace) // 2  # hints from every layer but the last
+    for row in rt.replay_table(trace, [0.125, 0.25, 0.375]):
+        if row["budget"] >= 0.25:
+            assert row["belady"] - row["ours"] <= 0.10, row
+            assert row["ours"] - row["lru"] >= 0.05, row
+        assert row["belady"] - row["ahead"] <= 0.10, row
+        assert row["ahead"] - row["ours"] >= 0.05, row
+        assert row["ahead_reads"] <= 1.3 * (1 - row["ours"]), row
+
+
+def test_read_ahead_replay_by_hand() -> None:
+    # 2 layers x 4 experts, 2 slots.  Layer 0 always asks for expert 0, layer 1 alternates
+    # 1 and 2; each layer-0 fetch carries a hint for layer 1: right for 6 tokens, then expert
+    # 3, which layer 1 never asks for.
+    tr = rt.Trace(2, 4)
+    n = 20
+    for t in range(n):
+        want = 1 + t % 2
+        tr.layers += [0, 1]
+        tr.batches += [np.array([0], dtype=np.int32), np.array([want], dtype=np.int32)]
+        tr.hints += [(1, np.array([want if t < 6 else 3], dtype=np.int32)), None]
+    ours = rt.simulate(tr, "ours", 2)
+    ahead = rt.simulate(tr, "ahead", 2)
+    # ours: expert 0 stays; layer 1 misses every time (1 and 2 alternate in one slot)
+    assert (ours.hits, ours.misses, ours.read_ahead) == (n - 1, n + 1, 0)
+    # ahead: right hints are read after layer 0's fetch (never over it), so layer 1 hits at
+    # most of tokens 0-5 (not at token 0: a rank of hint is read once it has been right at
+    # least 70 % of the time; nor at 1: the policy, having seen layer 0 repeat itself, still
+    # values the expert layer 1 just used more than the hint); the wrong hint is read until its
+    # accuracy falls under 70 %, then no more
+    assert ahead.hits + ahead.misses == 2 * n and ahead.hits >= ours.hits + 3
+    early = rt.simulate(rt.Trace(2, 4, tr.layers[:n], tr.batches[:n], [], tr.hints[:n]), "ahead", 2)
+    assert early.read_ahead > 4 and ahead.read_ahead == early.read_ahead
+    assert ahead.reads_per_request == pytest.approx((ahead.misses + ahead.read_ahead) / (2 * n))
 
 
 def test_train_moe_writes_a_checkpoint_the_engine_serves(tmp_path: Path) -> None:

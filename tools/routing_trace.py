@@ -35,7 +35,7 @@ from pathlib import Path
 import numpy as np
 
 MAGIC = b"MGRTRACE"
-VERSION = 2  # 2: each record also carries the router's scores (1: ids only; still read)
+VERSION = 3  # 3: records carry the look-ahead hint; 2: the router's scores; 1: ids only (all read)
 HEADER = struct.Struct("<8sIIII")  # magic, version, n_layers, n_experts, reserved
 
 
@@ -48,9 +48,15 @@ class Trace:
     # per fetch: the values the router's top-k ranked for the batch's last token (float32 of
     # n_experts), or None (a version 1 trace, a hash-routed layer, a synthetic trace)
     scores: list[np.ndarray | None] = field(default_factory=list)
+    # per fetch: the look-ahead hint given just before it (the layer it is for, its expert ids
+    # best first; experts.h mg_expert_store_hint), or None
+    hints: list[tuple[int, np.ndarray] | None] = field(default_factory=list)
 
     def score(self, i: int) -> np.ndarray | None:
         return self.scores[i] if i < len(self.scores) else None
+
+    def hint(self, i: int) -> tuple[int, np.ndarray] | None:
+        return self.hints[i] if i < len(self.hints) else None
 
     def keys(self, i: int) -> np.ndarray:
         """Unique cache keys (layer * n_experts + expert) of fetch i, in request order."""
@@ -73,8 +79,8 @@ def read_trace(path: str | os.PathLike[str]) -> Trace:
     magic, version, n_layers, n_experts, _ = HEADER.unpack_from(data)
     if magic != MAGIC:
         raise ValueError(f"{path}: not a routing trace (bad magic {magic!r})")
-    if version not in (1, 2):
-        raise ValueError(f"{path}: routing trace version {version}, expected 1 or {VERSION}")
+    if version not in (1, 2, 3):
+        raise ValueError(f"{path}: routing trace version {version}, expected 1 to {VERSION}")
     if version == 1 and (len(data) - HEADER.size) % 2:
         raise ValueError(f"{path}: truncated routing trace")
     trace = Trace(n_layers, n_experts)
@@ -98,11 +104,24 @@ def read_trace(path: str | os.PathLike[str]) -> Trace:
             if ns:
                 scores = np.frombuffer(data, dtype="<f4", count=ns, offset=at + 2).copy()
             at += 2 + 4 * ns
+        hint = None
+        if version >= 3:
+            (nh,) = u16s(at, 1)
+            nh = int(nh)
+            at += 2
+            if nh:
+                hint_layer = int(u16s(at, 1)[0])
+                hint_ids = u16s(at + 2, nh).astype(np.int32)
+                if hint_layer >= n_layers or int(hint_ids.max()) >= n_experts:
+                    raise ValueError(f"{path}: record at byte {pos} is out of range")
+                hint = (hint_layer, hint_ids)
+                at += 2 + 2 * nh
         if layer >= n_layers or (n and int(ids.max()) >= n_experts):
             raise ValueError(f"{path}: record at byte {pos} is out of range")
         trace.layers.append(layer)
         trace.batches.append(ids.astype(np.int32))
         trace.scores.append(scores)
+        trace.hints.append(hint)
         pos = at
     return trace
 
@@ -117,6 +136,11 @@ def write_trace(path: str | os.PathLike[str], trace: Trace) -> None:
             f.write(struct.pack("<H", 0 if sc is None else trace.n_experts))
             if sc is not None:
                 f.write(np.asarray(sc, dtype="<f4").tobytes())
+            h = trace.hint(i)
+            f.write(struct.pack("<H", 0 if h is None else len(h[1])))
+            if h is not None:
+                f.write(struct.pack("<H", h[0]))
+                f.write(np.asarray(h[1], dtype="<u2").tobytes())
 
 
 def synthesize(n_layers: int, n_experts: int, k: int, n_tokens: int, seed: int = 0,
@@ -198,6 +222,13 @@ def usage_visits(trace: Trace) -> np.ndarray:
 class Result:
     hits: int = 0
     misses: int = 0
+    read_ahead: int = 0  # experts read before their fetch asked (policy "ahead")
+
+    @property
+    def reads_per_request(self) -> float:
+        """Experts read from disk per expert requested: 1 - hit rate without read-ahead."""
+        total = self.hits + self.misses
+        return (self.misses + self.read_ahead) / total if total else 0.0
 
     @property
     def hit_rate(self) -> float:
@@ -208,6 +239,8 @@ class Result:
 STICKY_DECAY = 0.99  # per fetch, for the stickiness sums (expert_policy.c)
 BANK_TOKENS = (16.0, 8.0, 32.0, 64.0, 128.0)  # the default bank of half-lives (expert_policy.c)
 ERR_HALF_LIFE_TOKENS = 8.0  # memory of the bank's prediction errors
+HINT_RANKS, HINT_DECAY, HINT_PRIOR = 16, 0.98, 0.5  # look-ahead hint accuracy (expert_policy.c)
+HINT_MIN_ACCURACY = 0.7  # read ahead only ranks of hint at least this accurate (expert_cache.c)
 
 
 class _NextUse:
@@ -229,6 +262,11 @@ class _NextUse:
         self.err = [0.0] * len(lives)
         self.err_decay = math.exp2(-1.0 / (ERR_HALF_LIFE_TOKENS * n_layers))
         self.used = np.zeros(n_keys, dtype=bool)
+        # look-ahead hints (mg_policy_hint): 1 + rank per hinted key, and per (layer, rank) the
+        # decayed hints that came true and hints given
+        self.hinted = np.zeros(n_keys, dtype=np.int64)
+        self.hint_hit = np.zeros((n_layers, HINT_RANKS))
+        self.hint_n = np.zeros((n_layers, HINT_RANKS))
         self.best = 0
         self.chosen: list[int] = []  # the ranking model after each fetch (for tests and plots)
 
@@ -243,11 +281,33 @@ class _NextUse:
         f = np.where(seeded, hist / np.where(per > 0, per, 1.0), 0.0).reshape(-1)
         self.f = [f.copy() for _ in self.f]
 
+    def hint(self, layer: int, keys: list[int]) -> None:
+        """keys of `layer`, best first, predicted for its next visit (replaces its hint)."""
+        base = layer * self.n_experts
+        self.hinted[base : base + self.n_experts] = 0
+        for i in range(len(keys) - 1, -1, -1):
+            self.hinted[keys[i]] = 1 + min(i, HINT_RANKS - 1)
+
+    def hint_accuracy(self, key: int) -> float:
+        r = int(self.hinted[key])
+        if not r:
+            return 0.0
+        layer = key // self.n_experts
+        return (self.hint_hit[layer, r - 1] + HINT_PRIOR) / (self.hint_n[layer, r - 1] + 1.0)
+
     def request(self, layer: int, keys: np.ndarray) -> None:
         E = self.n_experts
         base = layer * E
         req = np.zeros(E, dtype=bool)
         req[keys - base] = True
+        hinted = self.hinted[base : base + E]
+        if hinted.any():  # score the layer's hint by rank, then spend it
+            given = np.bincount(hinted[hinted > 0] - 1, minlength=HINT_RANKS).astype(np.float64)
+            true = np.bincount(hinted[(hinted > 0) & req] - 1, minlength=HINT_RANKS).astype(np.float64)
+            seen = given > 0
+            self.hint_hit[layer, seen] = self.hint_hit[layer, seen] * HINT_DECAY + true[seen]
+            self.hint_n[layer, seen] = self.hint_n[layer, seen] * HINT_DECAY + given[seen]
+            self.hinted[base : base + E] = 0
         used = self.used[base : base + E]
         prev = np.flatnonzero(used)
         target = req.astype(np.float64)
@@ -281,6 +341,12 @@ class _NextUse:
         L = self.n_layers
         f, w = self.f[self.best][k], self.w[self.best]
         prob = np.where(self.used[k], f + w * (1.0 - f), (1.0 - w) * f)
+        r = self.hinted[k]
+        if r.any():  # a hinted key: at least its hint's accuracy
+            lay = k // self.n_experts
+            ri = np.maximum(r - 1, 0)
+            acc = np.where(r > 0, (self.hint_hit[lay, ri] + HINT_PRIOR) / (self.hint_n[lay, ri] + 1.0), 0.0)
+            prob = np.where(acc > prob, acc, prob)
         delta = (k // self.n_experts - layer) % L
         delta = np.where(delta == 0, L, delta)
         safe = np.where(prob > 0, prob, 1.0)
@@ -289,7 +355,8 @@ class _NextUse:
 
 def simulate(trace: Trace, policy: str, n_slots: int, *, half_life: float | None = None,
              history: np.ndarray | None = None, history_visits: np.ndarray | None = None,
-             pin_fraction: float = 0.5, warm: int = 0, model: _NextUse | None = None) -> Result:
+             pin_fraction: float = 0.5, warm: int = 0, model: _NextUse | None = None,
+             depth: int | None = None) -> Result:
     """Replays the trace through one policy with n_slots expert slots.  Fetches before `warm`
     fill the cache without being counted.  history: per-key request counts of earlier runs
     (ours only): seeds f (count over its layer's visits, history_visits; without them, over
@@ -301,8 +368,13 @@ def simulate(trace: Trace, policy: str, n_slots: int, *, half_life: float | None
     layer's visits that requested it) with whether the layer's latest visit requested it,
     weighted by the measured stickiness w.  half_life (fetches) fixes f's half-life; None (the
     store's default) runs the bank of half-lives and ranks by the one predicting best.
+    ahead = ours plus the store's read-ahead (Engine expert_prefetch; experts.h): the trace's
+    look-ahead hints raise the hinted experts' p to their rank's measured accuracy, and once a
+    fetch has its slots the next layer's hinted experts that are missing (ranks at least
+    HINT_MIN_ACCURACY accurate, best first, up to `depth`) are read into the slots the policy
+    values least, never the fetch's own, and only a slot valued below the hinted expert.
     model: a fresh _NextUse to use (and inspect afterwards), else one is made."""
-    if policy not in ("lru", "ours", "belady"):
+    if policy not in ("lru", "ours", "belady", "ahead"):
         raise ValueError(f"unknown policy {policy!r}")
     if n_slots < 1:
         raise ValueError("n_slots must be >= 1")
@@ -310,6 +382,10 @@ def simulate(trace: Trace, policy: str, n_slots: int, *, half_life: float | None
     last = np.full(trace.n_keys, -math.inf)  # tick of the last request
     hot = np.zeros(trace.n_keys, dtype=bool)  # the history's hot set, read in before the first fetch
     nu = None
+    look_ahead = policy == "ahead"
+    if look_ahead:
+        policy = "ours"
+    pending: tuple[int, list[int]] | None = None  # the hint the cache holds (ahead)
     if policy == "ours":
         nu = model if model is not None else _NextUse(n_layers, n_experts, half_life)
         if history is not None:
@@ -330,6 +406,11 @@ def simulate(trace: Trace, policy: str, n_slots: int, *, half_life: float | None
         keys = trace.keys(t)
         layer = trace.layers[t]
         now = float(t + 1)
+        if look_ahead and trace.hint(t) is not None:
+            hint_layer, hint_ids = trace.hint(t)
+            hk = list(dict.fromkeys(int(e) + hint_layer * n_experts for e in hint_ids))
+            pending = (hint_layer, hk)
+            nu.hint(hint_layer, hk)
         if nu is not None:
             nu.request(layer, keys)
         elif policy == "belady":
@@ -339,29 +420,81 @@ def simulate(trace: Trace, policy: str, n_slots: int, *, half_life: float | None
         if t >= warm:
             result.hits += len(keys) - len(missing)
             result.misses += len(missing)
-        if not len(missing):
-            continue
-        occupied = slot_key >= 0
-        k = np.where(occupied, slot_key, 0)
-        # eviction order: empty slots, then by policy (lower first); the batch's own slots never
-        if policy == "lru":
-            score = last[k]
-        elif policy == "belady":
-            score = -nxt[k]
-        else:
-            score = nu.score(k, layer)
-        primary = np.where(occupied, 0.0, -math.inf)
-        secondary = np.where(occupied, score, 0.0)
-        excluded = occupied & np.isin(k, keys)
-        order = np.lexsort((np.arange(n_slots), secondary, primary, excluded))
-        victims = order[: len(missing)]
-        if len(victims) < len(missing) or excluded[victims].any():
-            raise ValueError(f"fetch {t}: {len(keys)} experts do not fit {n_slots} slots")
-        old = slot_key[victims]
-        key_slot[old[old >= 0]] = -1
-        slot_key[victims] = missing
-        key_slot[missing] = victims
+        if len(missing):
+            _place(slot_key, key_slot, keys, missing, policy, last, nxt, nu, layer, t)
+        if look_ahead:
+            target = (layer + 1) % n_layers
+            if pending is not None and pending[0] == target:
+                cand = [k for k in pending[1] if key_slot[k] < 0 and nu.hint_accuracy(k) >= HINT_MIN_ACCURACY]
+                n_read = _read_ahead(slot_key, key_slot, keys, cand[: depth if depth is not None else len(cand)],
+                                     nu, layer)
+                if t >= warm:
+                    result.read_ahead += n_read
+            pending = None
     return result
+
+
+def _place(slot_key: np.ndarray, key_slot: np.ndarray, keys: np.ndarray, missing: np.ndarray, policy: str,
+           last: np.ndarray, nxt: np.ndarray, nu: _NextUse | None, layer: int, t: int) -> None:
+    """The fetch's missing keys into the slots ranked lowest (the fetch's own never)."""
+    n_slots = len(slot_key)
+    occupied = slot_key >= 0
+    k = np.where(occupied, slot_key, 0)
+    # eviction order: empty slots, then by policy (lower first); the batch's own slots never
+    if policy == "lru":
+        score = last[k]
+    elif policy == "belady":
+        score = -nxt[k]
+    else:
+        score = nu.score(k, layer)
+    primary = np.where(occupied, 0.0, -math.inf)
+    secondary = np.where(occupied, score, 0.0)
+    excluded = occupied & np.isin(k, keys)
+    order = np.lexsort((np.arange(n_slots), secondary, primary, excluded))
+    victims = order[: len(missing)]
+    if len(victims) < len(missing) or excluded[victims].any():
+        raise ValueError(f"fetch {t}: {len(keys)} experts do not fit {n_slots} slots")
+    old = slot_key[victims]
+    key_slot[old[old >= 0]] = -1
+    slot_key[victims] = missing
+    key_slot[missing] = victims
+
+
+def _read_ahead(slot_key: np.ndarray, key_slot: np.ndarray, keys: np.ndarray, cand: list[int], nu: _NextUse,
+                layer: int) -> int:
+    """prefetch_ids of expert_cache.c: each candidate into the slot ranked lowest, the fetch's
+    slots and those just started excluded; skipped when that slot's expert was requested at its
+    layer's latest visit (unless the candidate is hinted, which it is here) or is valued as
+    much.  Returns how many were read."""
+    n_slots = len(slot_key)
+    if not cand:
+        return 0
+    taken = np.zeros(n_slots, dtype=bool)
+    taken[key_slot[keys]] = True
+    occupied = slot_key >= 0
+    score = nu.score(np.where(occupied, slot_key, 0), layer)
+    # the policy does not change while reads start: one order serves every candidate, and a
+    # candidate turned away leaves the same victim for the next
+    order = np.lexsort((np.arange(n_slots), np.where(occupied, score, 0.0), np.where(occupied, 0.0, -math.inf),
+                        taken))
+    key_scores = nu.score(np.asarray(cand, dtype=np.int64), layer)
+    at, started = 0, 0
+    for key, key_score in zip(cand, key_scores):
+        if key_slot[key] >= 0:
+            continue
+        if at >= n_slots or taken[order[at]]:
+            break
+        victim = int(order[at])
+        old = int(slot_key[victim])
+        if old >= 0 and ((nu.used[old] and not nu.hint_accuracy(key) > 0) or not (score[victim] < key_score)):
+            continue
+        if old >= 0:
+            key_slot[old] = -1
+        slot_key[victim] = key
+        key_slot[key] = victim
+        at += 1
+        started += 1
+    return started
 
 
 def _next_uses(trace: Trace) -> list[list[float]]:
@@ -419,24 +552,38 @@ def score_signal(trace: Trace, half_life: float | None = None) -> list[dict[str,
 def replay_table(trace: Trace, budgets: list[float], *, history: np.ndarray | None = None,
                  history_visits: np.ndarray | None = None, warm: int = 0,
                  half_life: float | None = None) -> list[dict[str, float]]:
-    """Hit rates of the three policies at each budget (a fraction of the expert pool)."""
+    """Hit rates of the policies at each budget (a fraction of the expert pool); with the
+    trace's look-ahead hints also ours reading ahead ("ahead") and its disk reads per request
+    ("ahead_reads"; the others read 1 - their hit rate)."""
+    has_hints = any(h is not None for h in trace.hints)
     rows = []
     for b in budgets:
         slots = max(trace.n_experts, int(round(b * trace.n_keys)))
         row: dict[str, float] = {"budget": b, "slots": float(slots)}
-        for policy in ("lru", "ours", "belady"):
-            res = simulate(trace, policy, slots, history=history if policy == "ours" else None,
+        for policy in ("lru", "ours", "belady") + (("ahead",) if has_hints else ()):
+            res = simulate(trace, policy, slots, history=history if policy in ("ours", "ahead") else None,
                            history_visits=history_visits, warm=warm, half_life=half_life)
             row[policy] = res.hit_rate
+            if policy == "ahead":
+                row["ahead_reads"] = res.reads_per_request
         rows.append(row)
     return rows
 
 
 def format_table(rows: list[dict[str, float]]) -> str:
-    lines = [f"{'budget':>8} {'slots':>7} {'lru':>7} {'ours':>7} {'belady':>7} {'gap':>6}"]
+    ahead = bool(rows) and "ahead" in rows[0]
+    head = f"{'budget':>8} {'slots':>7} {'lru':>7} {'ours':>7} {'belady':>7} {'gap':>6}"
+    if ahead:  # ours reading ahead from the hints: hit rate, and reads per request vs ours and Belady
+        head += f" {'ahead':>7} {'gap':>6} {'reads':>6} {'/ours':>6} {'/belady':>7}"
+    lines = [head]
     for r in rows:  # gap: how far ours is below the optimum, in points of hit rate
-        lines.append(f"{r['budget']:>8.3f} {int(r['slots']):>7d} {r['lru']:>7.3f} {r['ours']:>7.3f} "
-                     f"{r['belady']:>7.3f} {100 * (r['belady'] - r['ours']):>6.1f}")
+        line = (f"{r['budget']:>8.3f} {int(r['slots']):>7d} {r['lru']:>7.3f} {r['ours']:>7.3f} "
+                f"{r['belady']:>7.3f} {100 * (r['belady'] - r['ours']):>6.1f}")
+        if ahead:
+            reads = r["ahead_reads"]
+            line += (f" {r['ahead']:>7.3f} {100 * (r['belady'] - r['ahead']):>6.1f} {reads:>6.3f} "
+                     f"{reads / max(1e-12, 1 - r['ours']):>6.2f} {reads / max(1e-12, 1 - r['belady']):>7.2f}")
+        lines.append(line)
     return "\n".join(lines)
 
 

@@ -620,12 +620,37 @@ static float sqrt_softplus(float x) {
     return sqrtf(sp);
 }
 
+/* Decode with a store that wants look-ahead hints (experts.h): layer li + 1's routing applied
+ * to this layer's MoE input predicts most of what that layer will pick (the residual changes
+ * little in one layer; a hash-routed layer's pick is known from the token alone).  Told
+ * before this layer's fetch, the store can read those experts while this layer computes.
+ * Only the cache changes: what is computed is the same.  scr: E floats, then K ints. */
+static void hint_next_layer(state *s, int li, const float *h, int32_t token, float *scr) {
+    const dcfg *c = &s->c;
+    if (li + 1 >= c->n_layers || !mg_expert_store_wants_hints(s->experts)) return;
+    const layer *N = &s->layers[li + 1];
+    const int64_t E = c->E, K = c->K;
+    int *ids = (int *)(scr + E);
+    if (N->tid2eid) {
+        for (int64_t j = 0; j < K; j++) {
+            int64_t idx = (int64_t)token * K + j;
+            ids[j] = N->tid2eid_i64 ? (int)((const int64_t *)N->tid2eid)[idx] : ((const int32_t *)N->tid2eid)[idx];
+        }
+    } else {
+        mg_linear(s->comp, &N->gate, h, 1, scr);
+        for (int64_t e = 0; e < E; e++) scr[e] = sqrt_softplus(scr[e]) + N->gate_bias[e];
+        mg_topk(scr, (int)E, (int)K, ids);
+    }
+    mg_expert_store_hint(s->experts, li + 1, (int)K, ids);
+}
+
 static int moe_block(state *s, int li, const float *h, const int32_t *tokens, int64_t m, float *out, mg_error *err) {
     const dcfg *c = &s->c;
     const layer *L = &s->layers[li];
     const mg_compute *comp = s->comp;
     const int64_t E = c->E, K = c->K, d = c->d;
-    float *logits = mg_buf(&s->buf, B_RLOG, (size_t)(m * E + E), err);
+    /* the router's logits, the last token's ranked values (E), the look-ahead's scratch (E + K) */
+    float *logits = mg_buf(&s->buf, B_RLOG, (size_t)(m * E + 2 * E + K), err);
     float *rw = mg_buf(&s->buf, B_RW, (size_t)(m * K), err);
     float *rids = mg_buf(&s->buf, B_RIDS, (size_t)(m * K), err);
     float *sh = mg_buf(&s->buf, B_SH, (size_t)(m * d), err);
@@ -650,6 +675,7 @@ static int moe_block(state *s, int li, const float *h, const int32_t *tokens, in
         for (int64_t j = 0; j < K; j++) sum += sc[it[j]];
         for (int64_t j = 0; j < K; j++) rw[t * K + j] = sc[it[j]] / (sum + 1e-20f) * (float)c->rsf;
     }
+    if (m == 1) hint_next_layer(s, li, h, tokens[0], choice + E);
     memset(out, 0, sizeof(float) * (size_t)(m * d));
     mg_moe_args a = {
         .store = s->experts, .layer = li, .n_experts = (int)E, .k = (int)K, .x = h, .n_tok = m, .d = d,

@@ -38,6 +38,9 @@ int mg_expert_cache_prefetch(mg_expert_cache *c, int layer, int n, const int *id
 
 int mg_expert_cache_use_history(mg_expert_cache *c, const char *path, double pin_fraction, mg_error *err);
 void mg_expert_cache_set_prefetch(mg_expert_cache *c, int depth);
+/* ids of `layer` predicted for its next fetch: prefetched first, and valued by the policy. */
+void mg_expert_cache_hint(mg_expert_cache *c, int layer, int n, const int *ids);
+int mg_expert_cache_prefetching(const mg_expert_cache *c);
 
 void mg_expert_cache_stats(const mg_expert_cache *c, mg_expert_stats *st);
 int mg_expert_cache_save_usage(mg_expert_cache *c, mg_error *err);

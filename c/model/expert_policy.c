@@ -11,6 +11,8 @@
 /* The default bank of half-lives, in tokens (the first one serves until the errors differ). */
 static const double BANK_TOKENS[MG_POLICY_MAX_MODELS] = {16, 8, 32, 64, 128};
 #define ERR_HALF_LIFE_TOKENS 8.0 /* memory of the bank's prediction errors */
+#define HINT_DECAY 0.98 /* per hint of a layer and rank: a memory of about 50 tokens */
+#define HINT_PRIOR 0.5  /* a rank never measured counts as one hint, half right */
 
 /* One estimate of the next-use model: f at one half-life, and its own stickiness. */
 typedef struct nu_model {
@@ -30,13 +32,16 @@ struct mg_policy {
     double *last;         /* [n_keys] tick of the last request; -inf: never */
     unsigned char *used;  /* [n_keys] NEXT_USE: requested at its layer's latest visit */
     unsigned char *req;   /* [n_experts] scratch: requested by the current batch */
+    unsigned char *hinted; /* [n_keys] NEXT_USE: 1 + rank in the hint for its layer's next visit; 0: none */
+    double *hint_hit, *hint_n; /* [n_layers * MG_POLICY_HINT_RANKS] decayed: hints of that layer and
+                                  rank that came true, hints given */
     int n_models, best;   /* NEXT_USE: the bank, and the model that ranks (lowest err) */
     double err_decay;     /* per fetch */
     nu_model m[MG_POLICY_MAX_MODELS];
 };
 
 size_t mg_policy_bytes_per_key(void) {
-    return sizeof(double) * (1 + MG_POLICY_MAX_MODELS) + 1; /* last, f of each model, used */
+    return sizeof(double) * (1 + MG_POLICY_MAX_MODELS) + 2; /* last, f of each model, used, hinted */
 }
 
 mg_policy *mg_policy_create(int kind, int n_layers, int n_experts, double half_life, mg_error *err) {
@@ -56,7 +61,10 @@ mg_policy *mg_policy_create(int kind, int n_layers, int n_experts, double half_l
         p->last = malloc(sizeof(double) * (size_t)n_keys);
         p->used = calloc((size_t)n_keys, 1);
         p->req = calloc((size_t)n_experts, 1);
-        ok = p->last && p->used && p->req;
+        p->hinted = calloc((size_t)n_keys, 1);
+        p->hint_hit = calloc((size_t)n_layers * MG_POLICY_HINT_RANKS, sizeof(double));
+        p->hint_n = calloc((size_t)n_layers * MG_POLICY_HINT_RANKS, sizeof(double));
+        ok = p->last && p->used && p->req && p->hinted && p->hint_hit && p->hint_n;
         p->n_models = n_models;
         for (int i = 0; i < n_models && ok; i++) ok = (p->m[i].f = calloc((size_t)n_keys, sizeof(double))) != NULL;
     }
@@ -87,6 +95,9 @@ void mg_policy_free(mg_policy *p) {
     for (int i = 0; i < MG_POLICY_MAX_MODELS; i++) free(p->m[i].f);
     free(p->used);
     free(p->req);
+    free(p->hinted);
+    free(p->hint_hit);
+    free(p->hint_n);
     free(p);
 }
 
@@ -147,7 +158,44 @@ void mg_policy_request(mg_policy *p, int layer, int n, const int *keys) {
         p->last[key] = (double)p->now;
         p->req[key - base] = 1;
     }
-    if (p->kind == MG_EXPERT_POLICY_LFRU) next_use_update(p, layer);
+    if (p->kind == MG_EXPERT_POLICY_LFRU) {
+        /* how often each rank of this layer's hint came true; then the hint is spent */
+        unsigned char *hinted = p->hinted + base;
+        double *hit = p->hint_hit + (size_t)layer * MG_POLICY_HINT_RANKS;
+        double *given = p->hint_n + (size_t)layer * MG_POLICY_HINT_RANKS;
+        int any = 0;
+        for (int e = 0; e < p->n_experts; e++) any |= hinted[e];
+        if (any) {
+            double h[MG_POLICY_HINT_RANKS] = {0}, g[MG_POLICY_HINT_RANKS] = {0};
+            for (int e = 0; e < p->n_experts; e++)
+                if (hinted[e]) {
+                    g[hinted[e] - 1] += 1.0;
+                    h[hinted[e] - 1] += p->req[e] ? 1.0 : 0.0;
+                }
+            for (int r = 0; r < MG_POLICY_HINT_RANKS; r++)
+                if (g[r] > 0) {
+                    hit[r] = hit[r] * HINT_DECAY + h[r];
+                    given[r] = given[r] * HINT_DECAY + g[r];
+                }
+            memset(hinted, 0, (size_t)p->n_experts);
+        }
+        next_use_update(p, layer);
+    }
+}
+
+void mg_policy_hint(mg_policy *p, int layer, int n, const int *keys) {
+    if (p->kind != MG_EXPERT_POLICY_LFRU || layer < 0 || layer >= p->n_layers) return;
+    const int base = layer * p->n_experts;
+    memset(p->hinted + base, 0, (size_t)p->n_experts);
+    for (int i = n - 1; i >= 0; i--) /* backwards: a repeated key keeps its best rank */
+        if (keys[i] >= base && keys[i] < base + p->n_experts)
+            p->hinted[keys[i]] = (unsigned char)(1 + (i < MG_POLICY_HINT_RANKS ? i : MG_POLICY_HINT_RANKS - 1));
+}
+
+double mg_policy_hint_accuracy(const mg_policy *p, int key) {
+    if (p->kind != MG_EXPERT_POLICY_LFRU || key < 0 || key >= p->n_keys || !p->hinted[key]) return 0.0;
+    size_t i = (size_t)(key / p->n_experts) * MG_POLICY_HINT_RANKS + (p->hinted[key] - 1);
+    return (p->hint_hit[i] + HINT_PRIOR) / (p->hint_n[i] + 1.0);
 }
 
 void mg_policy_seed(mg_policy *p, const float *counts, const float *visits) {
@@ -175,7 +223,11 @@ void mg_policy_seed(mg_policy *p, const float *counts, const float *visits) {
 /* NEXT_USE: predicted fetches until key is requested again (+inf: no estimate). */
 static double next_use(const mg_policy *p, int key) {
     const nu_model *m = &p->m[p->best];
-    const double prob = visit_prob(m, m->f[key], p->used[key]);
+    double prob = visit_prob(m, m->f[key], p->used[key]);
+    if (p->hinted[key]) {
+        double h = mg_policy_hint_accuracy(p, key);
+        if (h > prob) prob = h;
+    }
     if (!(prob > 0)) return INFINITY;
     const int L = p->n_layers;
     int delta = p->layer < 0 ? L : ((key / p->n_experts - p->layer) % L + L) % L;

@@ -40,6 +40,7 @@
 typedef struct mg_policy mg_policy;
 
 #define MG_POLICY_MAX_MODELS 5 /* NEXT_USE: models in the default bank */
+#define MG_POLICY_HINT_RANKS 16 /* NEXT_USE: hint ranks measured apart */
 
 /* kind: MG_EXPERT_POLICY_* (experts.h).  half_life in fetches (NEXT_USE only): > 0 runs that
  * one model, 0 the default bank. */
@@ -50,6 +51,15 @@ void mg_policy_free(mg_policy *p);
 size_t mg_policy_bytes_per_key(void);
 /* A fetch batch of `layer` requested keys[0..n) (full keys; repeats count once). */
 void mg_policy_request(mg_policy *p, int layer, int n, const int *keys);
+/* NEXT_USE: keys[0..n) of `layer`, best first, are predicted for that layer's next visit (the
+ * layer's router applied one layer early, see experts.h).  Until that visit a hinted key's
+ * request probability is at least its hint accuracy; the visit then scores the hint (per
+ * layer and rank, decayed by HINT_DECAY per hint) and spends it.  A new hint for the layer
+ * replaces the old.  LRU: ignored.  Without hints the ranks are exactly as described above. */
+void mg_policy_hint(mg_policy *p, int layer, int n, const int *keys);
+/* A hinted key's measured accuracy: (hits + 1/2) / (hints + 1) of its layer and rank (ranks
+ * from MG_POLICY_HINT_RANKS - 1 on share one count); 0 when the key is not hinted. */
+double mg_policy_hint_accuracy(const mg_policy *p, int key);
 /* Seeds the statistics from request counts of earlier runs (counts[n_keys], >= 0) and the
  * number of visits of each layer they came from (visits[n_layers], may be NULL): each key's f
  * becomes its count over its layer's visits (over the largest count of its layer when visits

@@ -3,10 +3,13 @@
  * and cache mode (expert_cache.c).
  *
  * Routing trace file (little-endian), read by tools/routing_trace.py:
- *   "MGRTRACE"  u32 version (2)  u32 n_layers  u32 n_experts  u32 reserved (0)
+ *   "MGRTRACE"  u32 version (3)  u32 n_layers  u32 n_experts  u32 reserved (0)
  *   then one record per fetch:  u16 layer  u16 n  u16 ids[n]  u16 n_scores  f32 scores[n_scores]
+ *                               u16 n_hint  [u16 hint_layer  u16 hint_ids[n_hint]]
  *   n_scores is n_experts when the fetch came with the router's scores (the values its top-k
- *   ranked, for the batch's last token), else 0.  Version 1 had no n_scores/scores. */
+ *   ranked, for the batch's last token), else 0.  The hint is the last one given
+ *   (mg_expert_store_hint) since the previous record, best first; n_hint 0: none.  Version 1
+ *   had no scores or hints, version 2 no hints. */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
@@ -27,6 +30,7 @@ struct mg_expert_store {
     mg_expert_stats stats; /* resident mode */
     mg_expert_cache *cache; /* NULL: resident mode */
     FILE *trace;
+    int *hint, hint_n, hint_layer; /* tracing: the hint given since the last record */
     int open_n, open_next; /* resident mode: the batch handed out by fetch_next */
 };
 
@@ -41,8 +45,9 @@ mg_expert_store *mg_expert_store_create(int n_layers, int n_experts, mg_error *e
     if (s) {
         s->table = calloc(n, sizeof *s->table);
         s->set = calloc(n, 1);
+        s->hint = malloc(sizeof(int) * (size_t)n_experts);
     }
-    if (!s || !s->table || !s->set) {
+    if (!s || !s->table || !s->set || !s->hint) {
         mg_expert_store_free(s);
         mg_fail(err, "expert store: out of memory");
         return NULL;
@@ -62,6 +67,7 @@ void mg_expert_store_free(mg_expert_store *s) {
     }
     mg_expert_cache_free(s->cache);
     if (s->trace) fclose(s->trace);
+    free(s->hint);
     free(s->table);
     free(s->set);
     free(s);
@@ -99,6 +105,14 @@ static void trace_record(mg_expert_store *s, int layer, int n, const int *ids, c
     uint16_t n_scores = scores ? (uint16_t)s->n_experts : 0;
     ok = ok && fwrite(&n_scores, sizeof n_scores, 1, s->trace) == 1;
     if (ok && n_scores) ok = fwrite(scores, sizeof(float), n_scores, s->trace) == n_scores;
+    uint16_t n_hint = (uint16_t)s->hint_n, hint_layer = (uint16_t)s->hint_layer;
+    ok = ok && fwrite(&n_hint, sizeof n_hint, 1, s->trace) == 1;
+    if (ok && n_hint) ok = fwrite(&hint_layer, sizeof hint_layer, 1, s->trace) == 1;
+    for (int i = 0; i < s->hint_n && ok; i++) {
+        uint16_t e = (uint16_t)s->hint[i];
+        ok = fwrite(&e, sizeof e, 1, s->trace) == 1;
+    }
+    s->hint_n = 0;
     if (!ok) { /* disk full or similar: stop tracing rather than fail inference */
         fclose(s->trace);
         s->trace = NULL;
@@ -242,10 +256,11 @@ int mg_expert_store_trace(mg_expert_store *s, const char *path, mg_error *err) {
         fclose(s->trace);
         s->trace = NULL;
     }
+    s->hint_n = 0;
     if (!path) return 0;
     FILE *f = fopen(path, "wb");
     if (!f) return mg_fail(err, "expert store: cannot write routing trace %s: %s", path, strerror(errno));
-    uint32_t head[4] = {2, (uint32_t)s->n_layers, (uint32_t)s->n_experts, 0};
+    uint32_t head[4] = {3, (uint32_t)s->n_layers, (uint32_t)s->n_experts, 0};
     if (fwrite("MGRTRACE", 1, 8, f) != 8 || fwrite(head, sizeof head, 1, f) != 1) {
         fclose(f);
         return mg_fail(err, "expert store: cannot write routing trace %s", path);
@@ -262,6 +277,23 @@ int mg_expert_store_use_history(mg_expert_store *s, const char *path, double pin
 
 void mg_expert_store_set_prefetch(mg_expert_store *s, int depth) {
     if (s && s->cache) mg_expert_cache_set_prefetch(s->cache, depth);
+}
+
+int mg_expert_store_wants_hints(const mg_expert_store *s) {
+    return s && (s->trace || (s->cache && mg_expert_cache_prefetching(s->cache)));
+}
+
+void mg_expert_store_hint(mg_expert_store *s, int layer, int n, const int *ids) {
+    if (!s || layer < 0 || layer >= s->n_layers || n <= 0 || !ids) return;
+    if (s->trace) {
+        int k = 0;
+        for (int i = 0; i < n && k < s->n_experts; i++)
+            if (ids[i] >= 0 && ids[i] < s->n_experts) s->hint[k++] = ids[i];
+        s->hint_n = k;
+        s->hint_layer = layer;
+    }
+    /* only a store that reads ahead acts on hints: tracing alone must not change the cache */
+    if (s->cache && mg_expert_cache_prefetching(s->cache)) mg_expert_cache_hint(s->cache, layer, n, ids);
 }
 
 int mg_expert_store_save_usage(mg_expert_store *s, mg_error *err) {

@@ -138,11 +138,22 @@ int mg_expert_store_trace(mg_expert_store *s, const char *path, mg_error *err);
 int mg_expert_store_use_history(mg_expert_store *s, const char *path, double pin_fraction, mg_error *err);
 
 /* Cache mode: when a fetch of layer l has all its bytes and no read is queued or running, the
- * store itself prefetches up to `depth` experts of layer l + 1 (the first layer after the
- * last) that its policy ranks highest and that are not cached, under the rules of
- * mg_expert_store_prefetch: reads overlap the computation on the fetched experts and never
- * evict an expert the policy values more.  0 (the default): off.  Resident mode: no effect. */
+ * store itself reads ahead up to `depth` experts of layer l + 1 from the look-ahead hint
+ * (mg_expert_store_hint; none without one), under the rules of mg_expert_store_prefetch
+ * except the cap on reads at once: reads overlap the computation on the fetched experts and
+ * never evict an expert the policy values more.  0 (the default): off.  Resident mode: no
+ * effect. */
 void mg_expert_store_set_prefetch(mg_expert_store *s, int depth);
+
+/* Look-ahead hints: ids[0..n) are the experts of `layer`, best first, that its router picks
+ * for the hidden state one layer early (decode only), given before the previous layer's
+ * fetch.  Wanted with prefetch on (cache mode) or while a routing trace is written (it keeps
+ * them); callers skip computing them otherwise.  When the previous layer's fetch completes,
+ * the store reads ahead the hinted experts it lacks whose rank of hint has come true often
+ * enough (expert_cache.c), and its policy values hinted experts by that accuracy
+ * (expert_policy.h).  Never changes what is computed. */
+int mg_expert_store_wants_hints(const mg_expert_store *s);
+void mg_expert_store_hint(mg_expert_store *s, int layer, int n, const int *ids);
 
 /* Writes the routing history now (also done by free). */
 int mg_expert_store_save_usage(mg_expert_store *s, mg_error *err);

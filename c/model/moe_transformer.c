@@ -267,6 +267,26 @@ static int attention_block(state *s, int li, float *x, int64_t m, int64_t pos, c
     return 0;
 }
 
+/* Decode with the store prefetching: the next layer's router applied to this layer's MoE input
+ * predicts most of what that layer will pick (the residual changes little in one layer), so the
+ * store is told before this layer's fetch and reads those experts while this layer computes.
+ * Only the cache changes: what is computed is the same.  Scratch as in mlp_block. */
+static void hint_next_layer(state *s, int li, const float *h, float *rscr) {
+    const cfg *c = &s->c;
+    if (li + 1 >= c->n_layers || !s->layers[li + 1].is_moe || !mg_expert_store_wants_hints(s->experts)) return;
+    const layer *N = &s->layers[li + 1];
+    const int64_t E = c->n_experts, K = c->top_k;
+    float *logits = rscr + 3 * E + c->n_group, *w = logits + E;
+    int *ids = (int *)(w + K);
+    mg_linear(s->comp, &N->router, h, 1, logits);
+    if (c->router_sigmoid)
+        mg_route_sigmoid_grouped(logits, N->score_bias, (int)E, (int)c->n_group, (int)c->topk_group, (int)K,
+                                 c->norm_topk, (float)c->scaling, ids, w, rscr);
+    else
+        mg_route_softmax_topk(logits, (int)E, (int)K, c->norm_topk, ids, w);
+    mg_expert_store_hint(s->experts, li + 1, (int)K, ids);
+}
+
 /* MLP sub-block: x += mlp(norm(x)), dense or MoE (+ shared expert). */
 static int mlp_block(state *s, int li, float *x, int64_t m, mg_error *err) {
     const cfg *c = &s->c;
@@ -288,8 +308,9 @@ static int mlp_block(state *s, int li, float *x, int64_t m, mg_error *err) {
     float *logits = mg_buf(&s->buf, B_RLOGITS, (size_t)(m * E), err);
     float *rw = mg_buf(&s->buf, B_RW, (size_t)(m * K), err);
     float *rids = mg_buf(&s->buf, B_RIDS, (size_t)(m * K), err); /* holds ints */
-    /* rscr: the router's scratch (2E + n_group), then the last token's ranked values (E) */
-    float *rscr = mg_buf(&s->buf, B_RSCR, (size_t)(3 * E + c->n_group), err);
+    /* rscr: the router's scratch (2E + n_group), then the last token's ranked values (E), then
+     * the look-ahead hint's logits (E), ids and weights (K each) */
+    float *rscr = mg_buf(&s->buf, B_RSCR, (size_t)(4 * E + c->n_group + 2 * K), err);
     if (!logits || !rw || !rids || !rscr) return -1;
     int *ids = (int *)rids;
     mg_linear(comp, &L->router, h, m, logits);
@@ -310,6 +331,7 @@ static int mlp_block(state *s, int li, float *x, int64_t m, mg_error *err) {
         for (int64_t e = 0; e < E; e++) v[e] = rscr[e] + (L->score_bias ? L->score_bias[e] : 0.0f);
         ranked = v;
     }
+    if (m == 1) hint_next_layer(s, li, h, rscr);
     memset(out, 0, sizeof(float) * (size_t)(m * d));
     float *sh = L->has_shared ? mg_buf(&s->buf, B_O, (size_t)(m * d), err) : NULL;
     if (L->has_shared && !sh) return -1;

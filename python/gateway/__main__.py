@@ -13,6 +13,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", help="checkpoint folder (config.json, safetensors, tokenizer.json); "
                                    "without it a tiny random-weight demo checkpoint is served")
     p.add_argument("--ram", type=float, default=None, metavar="GB", help="memory budget for the whole process")
+    p.add_argument("--read-ahead", action="store_true",
+                   help="with --ram: while a layer computes, read the experts the next layer's router, "
+                        "applied one layer early, predicts (higher hit rate, some wasted reads)")
     p.add_argument("--threads", type=int, default=None, help="compute threads (default: all cores)")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)")
     p.add_argument("--port", type=int, default=8000)
@@ -61,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     from .server.serve import ServeOptions, serve
     try:
         serve(ServeOptions(
-            model=args.model, ram_gb=args.ram, threads=args.threads, host=args.host, port=args.port,
+            model=args.model, ram_gb=args.ram, read_ahead=args.read_ahead, threads=args.threads, host=args.host, port=args.port,
             ctx=args.ctx, kv_dtype=args.kv_dtype, api_key=args.api_key, model_id=args.model_id, max_queue=args.max_queue,
             default_max_tokens=args.max_tokens,
             cors=tuple(o.strip() for o in args.cors.split(",") if o.strip()),

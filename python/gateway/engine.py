@@ -70,9 +70,11 @@ class Engine:
         routing_trace: record every expert fetch to this file (tools/routing_trace.py reads it).
         expert_history: with ram_gb, the routing-history file that seeds the cache policy and
         its hot set read in at start, rewritten at exit; None: beside the model (or a cache folder when that is read-only),
-        False: none.  expert_prefetch: with ram_gb, the store reads the next layer's likely
-        experts while the disk is idle (off by default: on tools/bench_experts.py's checkpoint,
-        a cache of ~1 layer, it read 60% more bytes and lowered the hit rate).
+        False: none.  expert_prefetch: with ram_gb, read-ahead: at each decode step the next
+        layer's router, applied one layer early, hints the experts it will pick; the store reads
+        the hinted ones it lacks while the current layer computes (ranks of hint that come true
+        less than half the time are not read).  Hit rates rise above what any cache without
+        read-ahead can reach, at the price of some wasted reads (docs/ARCHITECTURE.md).
         kv_dtype: "f32" (default) or "bf16": the KV cache's storage (info["kv_bytes_per_token"]
         is what one position costs; a ram_gb budget counts max_ctx of it)."""
         from . import _core  # imported here so config errors surface even without a built core
@@ -104,12 +106,14 @@ class Engine:
         except RuntimeError as exc:
             raise EngineError(str(exc)) from None
         history: Path | None = None
+        self.read_ahead = False  # expert_prefetch took effect (a budget with a cache)
         try:
             if ram_gb is not None and expert_history is not False and self._has_cache():
                 history = default_expert_history(self.path) if expert_history in (None, True) else Path(expert_history)
                 self._model.use_expert_history(str(history))
-            if ram_gb is not None and expert_prefetch:
+            if ram_gb is not None and expert_prefetch and self._has_cache():
                 self._model.set_expert_prefetch(int(self._model.info().get("n_experts_per_tok") or 0))
+                self.read_ahead = True
             if routing_trace is not None:
                 self._model.trace_routing(str(routing_trace))
         except (RuntimeError, OSError) as exc:

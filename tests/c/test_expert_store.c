@@ -511,7 +511,11 @@ static void test_trace_usage_prefetch(const char *dir) {
     float scores[E];
     for (int e = 0; e < E; e++) scores[e] = 0.25f * (float)e - 1.0f;
     mg_expert_store_fetch(r, 2, 3, ids, out, &err);
-    /* with the router's scores (version 2): they follow the ids */
+    /* with the router's scores (version 2): they follow the ids; a look-ahead hint given
+     * before the fetch (version 3) follows them (wanted while tracing, even resident) */
+    CHECK(mg_expert_store_wants_hints(r), "a tracing store does not want hints");
+    int hint[2] = {5, 3};
+    mg_expert_store_hint(r, 1, 2, hint);
     CHECK(mg_expert_store_fetch_begin_scored(r, 0, 1, ids, scores, out, &err) == 0, "%s", err.msg);
     while (mg_expert_store_fetch_next(r, &err) >= 0) {}
     mg_expert_store_free(r);
@@ -521,14 +525,16 @@ static void test_trace_usage_prefetch(const char *dir) {
     if (f) fclose(f);
     uint32_t version;
     memcpy(&version, buf + 8, sizeof version);
-    uint16_t rec[10];
+    uint16_t rec[11], tail[4];
     memcpy(rec, buf + 24, sizeof rec);
     float got[E];
-    memcpy(got, buf + 24 + 20, sizeof got);
-    /* layer 2, 3 ids, no scores | layer 0, 1 id, E scores */
-    CHECK(n == 24 + 12 + 8 + 4 * E && !memcmp(buf, "MGRTRACE", 8) && version == 2 && rec[0] == 2 &&
-              rec[1] == 3 && rec[2] == 4 && rec[4] == 7 && rec[5] == 0 && rec[6] == 0 && rec[7] == 1 &&
-              rec[8] == 4 && rec[9] == E && !memcmp(got, scores, sizeof got),
+    memcpy(got, buf + 24 + 22, sizeof got);
+    memcpy(tail, buf + 24 + 22 + sizeof got, sizeof tail);
+    /* layer 2, 3 ids, no scores, no hint | layer 0, 1 id, E scores, a hint of 2 for layer 1 */
+    CHECK(n == 24 + 14 + 10 + 4 * E + 6 && !memcmp(buf, "MGRTRACE", 8) && version == 3 && rec[0] == 2 &&
+              rec[1] == 3 && rec[2] == 4 && rec[4] == 7 && rec[5] == 0 && rec[6] == 0 && rec[7] == 0 &&
+              rec[8] == 1 && rec[9] == 4 && rec[10] == E && !memcmp(got, scores, sizeof got) && tail[0] == 2 &&
+              tail[1] == 1 && tail[2] == 5 && tail[3] == 3,
           "trace bytes %zu", n);
     /* usage history: expert 6 of layer 1 requested most -> pinned next run */
     uint64_t slot;
@@ -610,35 +616,50 @@ static void test_trace_usage_prefetch(const char *dir) {
     CHECK(st.prefetches == (uint64_t)started && st.hits == (uint64_t)started, "prefetch hits %llu",
           (unsigned long long)st.hits);
     mg_expert_store_free(c);
-    /* the store's own prefetch: layer 1's experts 4 and 6 are requested often; a one-off
-     * batch of layer 2 pushes them out; after the next fetch of layer 0 the store reads them
-     * back while the caller computes, so the fetch of layer 1 that follows hits */
+    /* the store's read-ahead: layer 1's experts 4 and 6 are requested often; a one-off batch
+     * of layer 2 pushes them out; hinted before the next fetch of layer 0, they are read back
+     * behind that fetch's reads (while the caller computes), so layer 1's fetch hits */
     c = mg_expert_store_create(L, E, &err);
     bind_all(ck, c, &err);
     CHECK(mg_expert_store_configure(c, ck, slot * E, NULL, &err) == 0, "%s", err.msg);
+    CHECK(!mg_expert_store_wants_hints(c), "hints wanted with read-ahead off");
     mg_expert_store_set_prefetch(c, 2);
+    CHECK(mg_expert_store_wants_hints(c), "hints not wanted with read-ahead on");
     int l0[2] = {1, 2}, l1[2] = {4, 6}, l2[E] = {0, 1, 2, 3, 4, 5, 6, 7};
-    for (int t = 0; t < 5; t++) {
+    for (int t = 0; t < 5; t++) { /* hinted right each time: the hint's ranks earn their accuracy */
+        mg_expert_store_hint(c, 1, 2, l1);
         CHECK(mg_expert_store_fetch(c, 0, 2, l0, out, &err) == 0, "%s", err.msg);
         CHECK(mg_expert_store_fetch(c, 1, 2, l1, out, &err) == 0, "%s", err.msg);
     }
     CHECK(mg_expert_store_fetch(c, 2, E, l2, out, &err) == 0, "%s", err.msg);
-    st = mg_expert_store_stats(c);
-    uint64_t auto_before = st.auto_prefetches;
-    CHECK(st.auto_prefetches == 0, "prefetch over experts just requested: %llu",
-          (unsigned long long)st.auto_prefetches);
-    for (int t = 0; t < L; t++) /* one token later the one-off batch leaves the recency window */
-        CHECK(mg_expert_store_fetch(c, 2, 1, l2, out, &err) == 0, "%s", err.msg);
+    uint64_t ahead_before = mg_expert_store_stats(c).auto_prefetches;
+    CHECK(mg_expert_store_fetch(c, 0, 2, l0, out, &err) == 0, "%s", err.msg);
+    CHECK(mg_expert_store_stats(c).auto_prefetches == ahead_before, "read ahead without a hint");
+    mg_expert_store_hint(c, 1, 2, l1);
     CHECK(mg_expert_store_fetch(c, 0, 2, l0, out, &err) == 0, "%s", err.msg);
     uint64_t hits_before = mg_expert_store_stats(c).hits;
+    CHECK(mg_expert_store_stats(c).auto_prefetches - ahead_before == 2, "read ahead %llu of 2 hinted",
+          (unsigned long long)(mg_expert_store_stats(c).auto_prefetches - ahead_before));
     CHECK(mg_expert_store_fetch(c, 1, 2, l1, out, &err) == 0, "%s", err.msg);
     mg_expert_store_fetch(res, 1, 2, l1, want, &err);
-    CHECK(same_expert(out[0], want[0]) && same_expert(out[1], want[1]), "auto-prefetched bytes");
+    CHECK(same_expert(out[0], want[0]) && same_expert(out[1], want[1]), "read-ahead bytes");
     st = mg_expert_store_stats(c);
-    CHECK(st.auto_prefetches - auto_before >= 2 && st.hits - hits_before == 2,
-          "auto prefetches %llu, hits %llu", (unsigned long long)(st.auto_prefetches - auto_before),
-          (unsigned long long)(st.hits - hits_before));
-    CHECK(st.auto_prefetches <= st.prefetches, "auto prefetches are prefetches");
+    CHECK(st.hits - hits_before == 2, "read-ahead hits %llu", (unsigned long long)(st.hits - hits_before));
+    CHECK(st.auto_prefetches <= st.prefetches, "read-aheads are prefetches");
+    /* a rank of hint that never comes true stops being read: expert 7 is hinted first for
+     * layer 1 each token and never requested there; after a few misses it is not read ahead */
+    int wrong[2] = {7, 4};
+    uint64_t last_reads = 0;
+    for (int t = 0; t < 12; t++) {
+        uint64_t before = mg_expert_store_stats(c).auto_prefetches;
+        mg_expert_store_hint(c, 1, 2, wrong);
+        CHECK(mg_expert_store_fetch(c, 0, 2, l0, out, &err) == 0, "%s", err.msg);
+        CHECK(mg_expert_store_fetch(c, 1, 2, l1, out, &err) == 0, "%s", err.msg);
+        CHECK(mg_expert_store_fetch(c, 2, 1, l2 + 7, out, &err) == 0, "%s", err.msg); /* evicts 7 again */
+        last_reads = mg_expert_store_stats(c).auto_prefetches - before;
+    }
+    CHECK(last_reads == 0, "a hint rank that never comes true is still read ahead (%llu)",
+          (unsigned long long)last_reads);
     mg_expert_store_free(c);
     mg_expert_store_free(res);
     mg_checkpoint_close(ck);

@@ -28,6 +28,7 @@ log = logging.getLogger("moegate")
 class ServeOptions:
     model: str | None = None
     ram_gb: float | None = None
+    read_ahead: bool = False  # --read-ahead: Engine(expert_prefetch=True)
     threads: int | None = None
     host: str = "127.0.0.1"
     port: int = 8000
@@ -80,7 +81,7 @@ def build_state(opts: ServeOptions, *, demo: bool = False) -> ServerState:
         engine_ram = opts.ram_gb - snapshots_gb
     try:
         engine = Engine(str(path), ram_gb=engine_ram, threads=opts.threads, max_ctx=opts.ctx, kernels=opts.kernels,
-                        kv_dtype=opts.kv_dtype)
+                        kv_dtype=opts.kv_dtype, expert_prefetch=opts.read_ahead)
     except EngineError as exc:
         if opts.ram_gb is not None and snapshots_gb > 0 and "too small" in str(exc):
             raise EngineError(f"{exc} (of --ram {opts.ram_gb:g} GB, {snapshots_gb:g} GB went to the prefix "
@@ -155,8 +156,9 @@ def _memory_summary(state: ServerState) -> str:
     slots, slot_bytes = int(experts.get("slots") or 0), int(experts.get("slot_bytes") or 0)
     if not slots:
         return f"--ram {state.ram_gb:g} GB: everything resident ({weights:.2f} GB of weights, KV {kv:.2f} GB)"
+    ahead = ", the next layer's predicted experts read ahead" if state.engine.read_ahead else ""
     return (f"--ram {state.ram_gb:g} GB: routed experts cached ({slots} slots x {slot_bytes / 1e6:.1f} MB = "
-            f"{slots * slot_bytes / 1e9:.2f} GB, misses read from disk), the rest resident, KV {kv:.2f} GB")
+            f"{slots * slot_bytes / 1e9:.2f} GB, misses read from disk{ahead}), the rest resident, KV {kv:.2f} GB")
 
 
 def _snapshot_summary(state: ServerState) -> str:
