@@ -565,3 +565,22 @@ def test_close_releases_the_model_now(ckpt_root: Path) -> None:
         engine.stats()
     engine.close()  # twice is harmless
     assert "closed" in repr(engine)
+
+
+def test_server_read_ahead_flag(ckpt_root: Path) -> None:
+    """`python -m gateway --ram X --read-ahead` turns the store's read-ahead on, and the startup
+    summary says so; without the flag it stays off."""
+    from gateway.__main__ import build_parser
+    from gateway.server.serve import ServeOptions, build_state, startup_summary
+
+    assert build_parser().parse_args(["--model", "m", "--read-ahead"]).read_ahead
+    assert not build_parser().parse_args(["--model", "m"]).read_ahead
+    ckpt = small_checkpoint(ckpt_root, "qwen3_moe", "bf16")
+    budget = stated_minimum_gb(ckpt)
+    for flag in (True, False):
+        state = build_state(ServeOptions(model=str(ckpt), ram_gb=budget, prefix_cache_gb=0.0, threads=1,
+                                         read_ahead=flag))
+        summary = startup_summary(state, "http://127.0.0.1:8000")
+        assert state.engine.read_ahead is flag
+        assert ("predicted experts read ahead" in summary) is flag, summary
+        state.engine.close()
