@@ -372,7 +372,10 @@ def simulate(trace: Trace, policy: str, n_slots: int, *, half_life: float | None
     look-ahead hints raise the hinted experts' p to their rank's measured accuracy, and once a
     fetch has its slots the next layer's hinted experts that are missing (ranks at least
     HINT_MIN_ACCURACY accurate, best first, up to `depth`) are read into the slots the policy
-    values least, never the fetch's own, and only a slot valued below the hinted expert.
+    values least, never the fetch's own, and only a slot valued below the hinted expert.  The
+    replay has no clock: it reads ahead as if the disk always had the idle time, while the
+    store reads ahead only as much as its disk sat idle (expert_cache.c), so this is the most
+    read-ahead can give.
     model: a fresh _NextUse to use (and inspect afterwards), else one is made."""
     if policy not in ("lru", "ours", "belady", "ahead"):
         raise ValueError(f"unknown policy {policy!r}")

@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "model/expert_io.h"
@@ -84,6 +85,10 @@ struct mg_expert_cache {
     int *cand;          /* [n_experts] prefetch candidates */
     int *hint;          /* [n_experts] keys predicted for hint_layer's next visit (mg_expert_cache_hint) */
     int hint_n, hint_layer;
+    /* read-ahead uses only the disk's idle time: at each fetch, wall time and the I/O pool's busy
+     * time since the previous one give the idle seconds per fetch (moving average); idle
+     * seconds x the pool's read rate / slot bytes accrue as credit, one expert per read-ahead */
+    double ra_wall, ra_busy, ra_idle, ra_credit;
 
     uint64_t fetches, hits, misses, evictions, prefetches, preloaded, auto_prefetches;
 };
@@ -760,23 +765,53 @@ void mg_expert_cache_stats(const mg_expert_cache *c, mg_expert_stats *st) {
  * a third more bytes per token for 7 points of hit rate; 0.7 a tenth more for 4 points. */
 #define MG_HINT_MIN_ACCURACY 0.7
 
+static double wall_seconds(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+#define RA_IDLE_KEEP 0.9 /* per fetch: the idle time's moving average remembers ~10 fetches */
+
+/* Experts the disk's idle time pays for now (see ra_* in the struct), at most `cap`. */
+static int read_ahead_allowance(mg_expert_cache *c, int cap) {
+    const double now = wall_seconds();
+    const mg_io_stats io = mg_io_pool_stats(c->io);
+    if (c->ra_wall > 0) {
+        double idle = (now - c->ra_wall) - (io.busy_seconds - c->ra_busy);
+        c->ra_idle = c->ra_idle * RA_IDLE_KEEP + (1.0 - RA_IDLE_KEEP) * (idle > 0 ? idle : 0.0);
+    }
+    c->ra_wall = now;
+    c->ra_busy = io.busy_seconds;
+    if (!(io.busy_seconds > 0) || !c->slot_bytes) return 0; /* no read rate measured yet */
+    const double rate = (double)io.bytes_read / io.busy_seconds;
+    c->ra_credit += c->ra_idle * rate / (double)c->slot_bytes;
+    if (c->ra_credit > cap) c->ra_credit = cap;
+    return (int)c->ra_credit;
+}
+
 /* Read-ahead, when a fetch of layer - 1 has queued its reads: the hinted experts of `layer`
  * that are not cached and whose rank of hint has come true at least MG_HINT_MIN_ACCURACY of
- * the time, best rank first, up to the prefetch depth.  Their reads queue behind the fetch's
- * own, so the disk goes on to them as soon as it is done with those, while the fetched
- * experts are computed.  All may start at once: when hints come true they are the next
- * fetch's own reads, started early. */
+ * the time, best rank first, up to the prefetch depth and as many as the disk's idle time
+ * pays for (read_ahead_allowance: a disk busy with misses all the time reads nothing ahead,
+ * where extra bytes would only slow it down).  Their reads queue behind the fetch's own, so
+ * the disk goes on to them as soon as it is done with those, while the fetched experts are
+ * computed.  When hints come true they are the next fetch's own reads, started early. */
 static void auto_prefetch(mg_expert_cache *c, int layer) {
     const int n_hint = c->hint_layer == layer ? c->hint_n : 0;
     c->hint_n = 0;
+    const int allowed = read_ahead_allowance(c, c->prefetch_depth);
     const int base = layer * c->n_experts;
     int n = 0;
-    for (int i = 0; i < n_hint && n < c->prefetch_depth; i++) {
+    for (int i = 0; i < n_hint && n < allowed; i++) {
         int key = c->hint[i];
         if (c->key_slot[key] < 0 && mg_policy_hint_accuracy(c->pol, key) >= MG_HINT_MIN_ACCURACY)
             c->cand[n++] = key - base;
     }
-    if (n) c->auto_prefetches += (uint64_t)prefetch_ids(c, layer, n, c->cand, n, 1);
+    if (!n) return;
+    int started = prefetch_ids(c, layer, n, c->cand, n, 1);
+    c->ra_credit -= started;
+    c->auto_prefetches += (uint64_t)started;
 }
 
 void mg_expert_cache_hint(mg_expert_cache *c, int layer, int n, const int *ids) {

@@ -72,9 +72,9 @@ class Engine:
         its hot set read in at start, rewritten at exit; None: beside the model (or a cache folder when that is read-only),
         False: none.  expert_prefetch: with ram_gb, read-ahead: at each decode step the next
         layer's router, applied one layer early, hints the experts it will pick; the store reads
-        the hinted ones it lacks while the current layer computes (ranks of hint that come true
-        less than half the time are not read).  Hit rates rise above what any cache without
-        read-ahead can reach, at the price of some wasted reads (docs/ARCHITECTURE.md).
+        the hinted ones it lacks while the current layer computes, as far as its disk would
+        otherwise sit idle (ranks of hint right less than 70 % of the time are not read).  A
+        higher hit rate for some wasted reads (docs/ARCHITECTURE.md, tools/traces/README.md).
         kv_dtype: "f32" (default) or "bf16": the KV cache's storage (info["kv_bytes_per_token"]
         is what one position costs; a ram_gb budget counts max_ctx of it)."""
         from . import _core  # imported here so config errors surface even without a built core

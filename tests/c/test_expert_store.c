@@ -494,6 +494,9 @@ static void test_policy_bank(void) {
     mg_policy_free(p);
 }
 
+/* A pause between fetches, standing for the computation on the fetched experts. */
+#define COMPUTE() usleep(2000)
+
 static void test_trace_usage_prefetch(const char *dir) {
     mg_error err = {{0}};
     mg_checkpoint *ck = mg_checkpoint_open(dir, &err);
@@ -618,7 +621,9 @@ static void test_trace_usage_prefetch(const char *dir) {
     mg_expert_store_free(c);
     /* the store's read-ahead: layer 1's experts 4 and 6 are requested often; a one-off batch
      * of layer 2 pushes them out; hinted before the next fetch of layer 0, they are read back
-     * behind that fetch's reads (while the caller computes), so layer 1's fetch hits */
+     * behind that fetch's reads (while the caller computes), so layer 1's fetch hits.  The
+     * store reads ahead only as much as its disk sat idle: a pause after each fetch stands for
+     * the computation */
     c = mg_expert_store_create(L, E, &err);
     bind_all(ck, c, &err);
     CHECK(mg_expert_store_configure(c, ck, slot * E, NULL, &err) == 0, "%s", err.msg);
@@ -629,18 +634,24 @@ static void test_trace_usage_prefetch(const char *dir) {
     for (int t = 0; t < 5; t++) { /* hinted right each time: the hint's ranks earn their accuracy */
         mg_expert_store_hint(c, 1, 2, l1);
         CHECK(mg_expert_store_fetch(c, 0, 2, l0, out, &err) == 0, "%s", err.msg);
+        COMPUTE();
         CHECK(mg_expert_store_fetch(c, 1, 2, l1, out, &err) == 0, "%s", err.msg);
+        COMPUTE();
     }
     CHECK(mg_expert_store_fetch(c, 2, E, l2, out, &err) == 0, "%s", err.msg);
+    COMPUTE();
     uint64_t ahead_before = mg_expert_store_stats(c).auto_prefetches;
     CHECK(mg_expert_store_fetch(c, 0, 2, l0, out, &err) == 0, "%s", err.msg);
+    COMPUTE();
     CHECK(mg_expert_store_stats(c).auto_prefetches == ahead_before, "read ahead without a hint");
     mg_expert_store_hint(c, 1, 2, l1);
     CHECK(mg_expert_store_fetch(c, 0, 2, l0, out, &err) == 0, "%s", err.msg);
+    COMPUTE();
     uint64_t hits_before = mg_expert_store_stats(c).hits;
     CHECK(mg_expert_store_stats(c).auto_prefetches - ahead_before == 2, "read ahead %llu of 2 hinted",
           (unsigned long long)(mg_expert_store_stats(c).auto_prefetches - ahead_before));
     CHECK(mg_expert_store_fetch(c, 1, 2, l1, out, &err) == 0, "%s", err.msg);
+    COMPUTE();
     mg_expert_store_fetch(res, 1, 2, l1, want, &err);
     CHECK(same_expert(out[0], want[0]) && same_expert(out[1], want[1]), "read-ahead bytes");
     st = mg_expert_store_stats(c);
@@ -654,7 +665,9 @@ static void test_trace_usage_prefetch(const char *dir) {
         uint64_t before = mg_expert_store_stats(c).auto_prefetches;
         mg_expert_store_hint(c, 1, 2, wrong);
         CHECK(mg_expert_store_fetch(c, 0, 2, l0, out, &err) == 0, "%s", err.msg);
+        COMPUTE();
         CHECK(mg_expert_store_fetch(c, 1, 2, l1, out, &err) == 0, "%s", err.msg);
+        COMPUTE();
         CHECK(mg_expert_store_fetch(c, 2, 1, l2 + 7, out, &err) == 0, "%s", err.msg); /* evicts 7 again */
         last_reads = mg_expert_store_stats(c).auto_prefetches - before;
     }
