@@ -267,10 +267,11 @@ static int attention_block(state *s, int li, float *x, int64_t m, int64_t pos, c
     return 0;
 }
 
-/* Decode with the store prefetching: the next layer's router applied to this layer's MoE input
- * predicts most of what that layer will pick (the residual changes little in one layer), so the
- * store is told before this layer's fetch and reads those experts while this layer computes.
- * Only the cache changes: what is computed is the same.  Scratch as in mlp_block. */
+/* Decode with a store that wants look-ahead hints (experts.h: reading ahead, or tracing): the
+ * next layer's router applied to this layer's MoE input predicts most of what that layer will
+ * pick (the residual changes little in one layer), so the store is told before this layer's
+ * fetch and can read those experts while this layer computes.  Only the cache changes: what is
+ * computed is the same.  Scratch as in mlp_block. */
 static void hint_next_layer(state *s, int li, const float *h, float *rscr) {
     const cfg *c = &s->c;
     if (li + 1 >= c->n_layers || !s->layers[li + 1].is_moe || !mg_expert_store_wants_hints(s->experts)) return;
