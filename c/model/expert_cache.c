@@ -89,6 +89,7 @@ struct mg_expert_cache {
      * time since the previous one give the idle seconds per fetch (moving average); idle
      * seconds x the pool's read rate / slot bytes accrue as credit, one expert per read-ahead */
     double ra_wall, ra_busy, ra_idle, ra_credit;
+    int read_ahead_done; /* the open batch has started its read-ahead (batch_complete) */
 
     uint64_t fetches, hits, misses, evictions, prefetches, preloaded, auto_prefetches;
 };
@@ -521,6 +522,16 @@ static void batch_abort(mg_expert_cache *c, int failed_slot) {
 
 static void auto_prefetch(mg_expert_cache *c, int layer);
 
+/* The open batch has all its bytes: from now until the next fetch the disk would sit idle, so
+ * the next layer's hinted experts are read ahead now, once per batch, while this layer
+ * computes (never competing with the batch's own reads). */
+static void batch_complete(mg_expert_cache *c) {
+    if (c->prefetch_depth > 0 && c->batch_open && c->batch_waiting == 0 && !c->read_ahead_done) {
+        c->read_ahead_done = 1;
+        auto_prefetch(c, (c->batch_layer + 1) % c->n_layers);
+    }
+}
+
 int mg_expert_cache_next(mg_expert_cache *c, mg_error *err) {
     if (!c->batch_open) return -1;
     while (c->ready_len == 0) {
@@ -540,7 +551,10 @@ int mg_expert_cache_next(mg_expert_cache *c, mg_error *err) {
             batch_abort(c, slot);
             return -2;
         }
-        if (!failed) batch_arrived(c, slot);
+        if (!failed) {
+            batch_arrived(c, slot);
+            batch_complete(c);
+        }
     }
     int i = c->ready[c->ready_head];
     c->ready_head = (c->ready_head + 1) % c->n_slots;
@@ -662,6 +676,7 @@ int mg_expert_cache_begin(mg_expert_cache *c, int layer, int n, const int *ids, 
         }
     }
     c->batch_open = 1;
+    c->read_ahead_done = 0;
     if (mg_io_pool_submit(c->io, c->jobs, n_jobs, err)) {
         /* nothing was queued: undo the new slots so they are not waited for */
         for (int i = 0; i < n; i++) {
@@ -675,15 +690,15 @@ int mg_expert_cache_begin(mg_expert_cache *c, int layer, int n, const int *ids, 
         c->batch_open = 0;
         return -1;
     }
-    if (c->prefetch_depth > 0) auto_prefetch(c, (layer + 1) % c->n_layers);
+    batch_complete(c); /* all hits */
     return 0;
 }
 
 /* Starts reads of up to max_started of ids[0..n) of `layer` (see mg_expert_store_prefetch):
- * only while the disk is idle, or with behind_batch, queued behind the open batch's reads
- * (the queue is first in, first out: they never delay the batch). */
-static int prefetch_ids(mg_expert_cache *c, int layer, int n, const int *ids, int max_started, int behind_batch) {
-    if (!behind_batch && (!mg_io_pool_idle(c->io) || (c->batch_open && c->batch_waiting))) return 0;
+ * only while the disk is idle, or for the read-ahead, once the open batch has its bytes
+ * (earlier read-aheads may still be running; the read-ahead paces itself). */
+static int prefetch_ids(mg_expert_cache *c, int layer, int n, const int *ids, int max_started, int read_ahead) {
+    if (!read_ahead && (!mg_io_pool_idle(c->io) || (c->batch_open && c->batch_waiting))) return 0;
     int started = 0;
     const int base_key = layer * c->n_experts;
     if (++c->epoch == 0) {
@@ -790,13 +805,13 @@ static int read_ahead_allowance(mg_expert_cache *c, int cap) {
     return (int)c->ra_credit;
 }
 
-/* Read-ahead, when a fetch of layer - 1 has queued its reads: the hinted experts of `layer`
- * that are not cached and whose rank of hint has come true at least MG_HINT_MIN_ACCURACY of
- * the time, best rank first, up to the prefetch depth and as many as the disk's idle time
- * pays for (read_ahead_allowance: a disk busy with misses all the time reads nothing ahead,
- * where extra bytes would only slow it down).  Their reads queue behind the fetch's own, so
- * the disk goes on to them as soon as it is done with those, while the fetched experts are
- * computed.  When hints come true they are the next fetch's own reads, started early. */
+/* Read-ahead, when a fetch of layer - 1 has its bytes (batch_complete): the hinted experts of
+ * `layer` that are not cached and whose rank of hint has come true at least
+ * MG_HINT_MIN_ACCURACY of the time, best rank first, up to the prefetch depth and as many as
+ * the disk's idle time pays for (read_ahead_allowance: a disk busy with misses all the time
+ * reads nothing ahead, where extra bytes would only slow it down).  They are read while the
+ * fetched experts are computed.  When hints come true they are the next fetch's own reads,
+ * started early. */
 static void auto_prefetch(mg_expert_cache *c, int layer) {
     const int n_hint = c->hint_layer == layer ? c->hint_n : 0;
     c->hint_n = 0;

@@ -137,9 +137,9 @@ int mg_expert_store_trace(mg_expert_store *s, const char *path, mg_error *err);
  * into the cache now (not pinned: the policy may evict them later), and it is rewritten at free. */
 int mg_expert_store_use_history(mg_expert_store *s, const char *path, double pin_fraction, mg_error *err);
 
-/* Cache mode: when a fetch of layer l has all its bytes and no read is queued or running, the
- * store itself reads ahead up to `depth` experts of layer l + 1 from the look-ahead hint
- * (mg_expert_store_hint; none without one), under the rules of mg_expert_store_prefetch
+/* Cache mode: when a fetch of layer l has all its bytes, the store itself reads ahead up to
+ * `depth` experts of layer l + 1 from the look-ahead hint (mg_expert_store_hint; none without
+ * one), as many as the disk's idle time pays for, under the rules of mg_expert_store_prefetch
  * except the cap on reads at once: reads overlap the computation on the fetched experts and
  * never evict an expert the policy values more.  0 (the default): off.  Resident mode: no
  * effect. */
