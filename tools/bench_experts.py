@@ -209,6 +209,12 @@ def decode_at_budget(ckpt: Path, ram_gb: float, tokens: int, threads: int | None
 # ---- report ----------------------------------------------------------------------------------
 
 
+def decode_deltas(dec: DecodeResult) -> dict[str, float]:
+    """The store's counters over the timed decode steps (end minus after the prefill)."""
+    keys = ("hits", "misses", "bytes_read", "read_seconds", "evictions", "fetches", "prefetches", "auto_prefetches")
+    return {k: dec.stats_end[k] - dec.stats_prefill[k] for k in keys}
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     ckpt = ensure_checkpoint(args)
     layout = read_layout(ckpt)
@@ -222,9 +228,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     dec = decode_at_budget(ckpt, budget_gb, args.tokens, args.threads, work / "bench_experts.trace",
                            prefetch=args.prefetch)
 
-    d = {k: dec.stats_end[k] - dec.stats_prefill[k] for k in ("hits", "misses", "bytes_read", "read_seconds",
-                                                               "evictions", "fetches", "prefetches",
-                                                               "auto_prefetches")}
+    d = decode_deltas(dec)
     n_tok = args.tokens
     missed_bytes = d["bytes_read"] / n_tok
     memory_bytes = layout.other_bytes + d["hits"] / n_tok * per_expert
@@ -287,7 +291,7 @@ def read_ahead_side_by_side(args: argparse.Namespace, ckpt: Path, budget_gb: flo
     on = decode_at_budget(ckpt, budget_gb, args.tokens, args.threads, work / "bench_experts_ahead.trace", prefetch=True)
     rows, out = [], {}
     for name, dec in (("off", off), ("on", on)):
-        d = {k: dec.stats_end[k] - dec.stats_prefill[k] for k in ("hits", "misses", "bytes_read", "auto_prefetches")}
+        d = decode_deltas(dec)
         hit = d["hits"] / max(1, d["hits"] + d["misses"])
         rows.append([f"read-ahead {name}", f"{dec.tok_per_s:.2f}", f"{d['bytes_read'] / args.tokens / 1e6:.1f}",
                      f"{hit:.3f}", f"{100 * (hit - belady):+.1f} points", f"{int(d['auto_prefetches'])}"])

@@ -288,12 +288,15 @@ class _NextUse:
         for i in range(len(keys) - 1, -1, -1):
             self.hinted[keys[i]] = 1 + min(i, HINT_RANKS - 1)
 
+    def hint_accuracies(self, k: np.ndarray) -> np.ndarray:
+        """mg_policy_hint_accuracy of each key: its layer and rank's (hits + 1/2) / (hints + 1),
+        0 when not hinted."""
+        r = self.hinted[k]
+        lay, ri = k // self.n_experts, np.maximum(r - 1, 0)
+        return np.where(r > 0, (self.hint_hit[lay, ri] + HINT_PRIOR) / (self.hint_n[lay, ri] + 1.0), 0.0)
+
     def hint_accuracy(self, key: int) -> float:
-        r = int(self.hinted[key])
-        if not r:
-            return 0.0
-        layer = key // self.n_experts
-        return (self.hint_hit[layer, r - 1] + HINT_PRIOR) / (self.hint_n[layer, r - 1] + 1.0)
+        return float(self.hint_accuracies(np.array([key]))[0])
 
     def request(self, layer: int, keys: np.ndarray) -> None:
         E = self.n_experts
@@ -341,11 +344,8 @@ class _NextUse:
         L = self.n_layers
         f, w = self.f[self.best][k], self.w[self.best]
         prob = np.where(self.used[k], f + w * (1.0 - f), (1.0 - w) * f)
-        r = self.hinted[k]
-        if r.any():  # a hinted key: at least its hint's accuracy
-            lay = k // self.n_experts
-            ri = np.maximum(r - 1, 0)
-            acc = np.where(r > 0, (self.hint_hit[lay, ri] + HINT_PRIOR) / (self.hint_n[lay, ri] + 1.0), 0.0)
+        if self.hinted[k].any():  # a hinted key: at least its hint's accuracy
+            acc = self.hint_accuracies(k)
             prob = np.where(acc > prob, acc, prob)
         delta = (k // self.n_experts - layer) % L
         delta = np.where(delta == 0, L, delta)

@@ -620,6 +620,14 @@ static float sqrt_softplus(float x) {
     return sqrtf(sp);
 }
 
+/* A hash-routed layer's experts for a token: its row of the table (I64 or I32). */
+static void hash_route(const layer *L, int32_t token, int64_t K, int *ids) {
+    for (int64_t j = 0; j < K; j++) {
+        int64_t idx = (int64_t)token * K + j;
+        ids[j] = L->tid2eid_i64 ? (int)((const int64_t *)L->tid2eid)[idx] : ((const int32_t *)L->tid2eid)[idx];
+    }
+}
+
 /* Decode with a store that wants look-ahead hints (experts.h): layer li + 1's routing applied
  * to this layer's MoE input predicts most of what that layer will pick (the residual changes
  * little in one layer; a hash-routed layer's pick is known from the token alone).  Told
@@ -632,10 +640,7 @@ static void hint_next_layer(state *s, int li, const float *h, int32_t token, flo
     const int64_t E = c->E, K = c->K;
     int *ids = (int *)(scr + E);
     if (N->tid2eid) {
-        for (int64_t j = 0; j < K; j++) {
-            int64_t idx = (int64_t)token * K + j;
-            ids[j] = N->tid2eid_i64 ? (int)((const int64_t *)N->tid2eid)[idx] : ((const int32_t *)N->tid2eid)[idx];
-        }
+        hash_route(N, token, K, ids);
     } else {
         mg_linear(s->comp, &N->gate, h, 1, scr);
         for (int64_t e = 0; e < E; e++) scr[e] = sqrt_softplus(scr[e]) + N->gate_bias[e];
@@ -663,10 +668,7 @@ static int moe_block(state *s, int li, const float *h, const int32_t *tokens, in
         for (int64_t e = 0; e < E; e++) sc[e] = sqrt_softplus(sc[e]);
         int *it = ids + t * K;
         if (L->tid2eid) {
-            for (int64_t j = 0; j < K; j++) {
-                int64_t idx = (int64_t)tokens[t] * K + j;
-                it[j] = L->tid2eid_i64 ? (int)((const int64_t *)L->tid2eid)[idx] : ((const int32_t *)L->tid2eid)[idx];
-            }
+            hash_route(L, tokens[t], K, it);
         } else {
             for (int64_t e = 0; e < E; e++) choice[e] = sc[e] + L->gate_bias[e];
             mg_topk(choice, (int)E, (int)K, it);

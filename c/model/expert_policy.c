@@ -161,24 +161,20 @@ void mg_policy_request(mg_policy *p, int layer, int n, const int *keys) {
     if (p->kind == MG_EXPERT_POLICY_LFRU) {
         /* how often each rank of this layer's hint came true; then the hint is spent */
         unsigned char *hinted = p->hinted + base;
+        double h[MG_POLICY_HINT_RANKS] = {0}, g[MG_POLICY_HINT_RANKS] = {0};
+        for (int e = 0; e < p->n_experts; e++)
+            if (hinted[e]) {
+                g[hinted[e] - 1] += 1.0;
+                h[hinted[e] - 1] += p->req[e] ? 1.0 : 0.0;
+                hinted[e] = 0;
+            }
         double *hit = p->hint_hit + (size_t)layer * MG_POLICY_HINT_RANKS;
         double *given = p->hint_n + (size_t)layer * MG_POLICY_HINT_RANKS;
-        int any = 0;
-        for (int e = 0; e < p->n_experts; e++) any |= hinted[e];
-        if (any) {
-            double h[MG_POLICY_HINT_RANKS] = {0}, g[MG_POLICY_HINT_RANKS] = {0};
-            for (int e = 0; e < p->n_experts; e++)
-                if (hinted[e]) {
-                    g[hinted[e] - 1] += 1.0;
-                    h[hinted[e] - 1] += p->req[e] ? 1.0 : 0.0;
-                }
-            for (int r = 0; r < MG_POLICY_HINT_RANKS; r++)
-                if (g[r] > 0) {
-                    hit[r] = hit[r] * HINT_DECAY + h[r];
-                    given[r] = given[r] * HINT_DECAY + g[r];
-                }
-            memset(hinted, 0, (size_t)p->n_experts);
-        }
+        for (int r = 0; r < MG_POLICY_HINT_RANKS; r++)
+            if (g[r] > 0) {
+                hit[r] = hit[r] * HINT_DECAY + h[r];
+                given[r] = given[r] * HINT_DECAY + g[r];
+            }
         next_use_update(p, layer);
     }
 }
