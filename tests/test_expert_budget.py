@@ -131,6 +131,8 @@ def open_with_slots(ckpt: Path, want: int, **options: Any) -> Engine:
     # Usage history (on by default under a budget) would pin and preload experts from earlier
     # engines on the same folder, changing which misses happen; these tests want a cold cache.
     options.setdefault("expert_history", False)
+    # Read-ahead (on by default) would add reads and evictions that depend on the disk's timing.
+    options.setdefault("expert_prefetch", False)
     slack = 2 + want // 8
     lo, hi = 0.0, float("inf")  # budgets (GB) known to give too few / too many slots
     gb, last = stated_minimum_gb(ckpt), None
@@ -532,6 +534,7 @@ def check_read_ahead_keeps_logits(ckpt: Path, name: str) -> None:
         assert_bitwise_equal(got, want, f"{name} read-ahead run {run}")
         # decode steps gave look-ahead hints, and the store read hinted experts ahead
         assert st["auto_prefetches"] > 0 and st["evictions"] > 0, st
+        assert st["prefetch_hits"] <= min(st["hits"], st["prefetches"]), st
 
 
 @pytest.mark.parametrize("arch", ["glm4_moe", "qwen3_moe"])
@@ -568,13 +571,16 @@ def test_close_releases_the_model_now(ckpt_root: Path) -> None:
 
 
 def test_server_read_ahead_flag(ckpt_root: Path) -> None:
-    """`python -m gateway --ram X --read-ahead` turns the store's read-ahead on, and the startup
-    summary says so; without the flag it stays off."""
+    """Under `python -m gateway --ram X` the store reads ahead by default (as Engine does with
+    ram_gb) and the startup summary says so; `--no-read-ahead` turns it off and the summary says
+    that too."""
     from gateway.__main__ import build_parser
     from gateway.server.serve import ServeOptions, build_state, startup_summary
 
+    assert build_parser().parse_args(["--model", "m"]).read_ahead
     assert build_parser().parse_args(["--model", "m", "--read-ahead"]).read_ahead
-    assert not build_parser().parse_args(["--model", "m"]).read_ahead
+    assert not build_parser().parse_args(["--model", "m", "--no-read-ahead"]).read_ahead
+    assert ServeOptions(model="m").read_ahead
     ckpt = small_checkpoint(ckpt_root, "qwen3_moe", "bf16")
     budget = stated_minimum_gb(ckpt)
     for flag in (True, False):
@@ -583,4 +589,5 @@ def test_server_read_ahead_flag(ckpt_root: Path) -> None:
         summary = startup_summary(state, "http://127.0.0.1:8000")
         assert state.engine.read_ahead is flag
         assert ("predicted experts read ahead" in summary) is flag, summary
+        assert ("no read-ahead" in summary) is not flag, summary
         state.engine.close()

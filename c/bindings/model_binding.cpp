@@ -151,6 +151,7 @@ class Model {
         d["pinned"] = s.pinned;
         d["preloaded"] = s.preloaded;
         d["auto_prefetches"] = s.auto_prefetches;
+        d["prefetch_hits"] = s.prefetch_hits;
         return d;
     }
 

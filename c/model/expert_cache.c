@@ -60,6 +60,7 @@ struct mg_expert_cache {
     mg_expert *slot_desc;   /* [n_slots] */
     uint32_t *mark;         /* [n_slots]: == epoch while in the open batch */
     unsigned char *loading; /* [n_slots]: a read is in flight */
+    unsigned char *prefetched; /* [n_slots]: read by a prefetch, not requested since (prefetch_hits) */
     int n_loading;
     int *key_slot;          /* [n_keys], -1: not cached */
 
@@ -91,7 +92,7 @@ struct mg_expert_cache {
     double ra_wall, ra_busy, ra_idle, ra_credit;
     int read_ahead_done; /* the open batch has started its read-ahead (batch_complete) */
 
-    uint64_t fetches, hits, misses, evictions, prefetches, preloaded, auto_prefetches;
+    uint64_t fetches, hits, misses, evictions, prefetches, preloaded, auto_prefetches, prefetch_hits;
 };
 
 /* ---- locating expert bytes in the files ------------------------------------------------- */
@@ -246,7 +247,7 @@ int mg_expert_cache_measure(const mg_checkpoint *ck, const mg_expert *table, con
 
 uint64_t mg_expert_cache_table_bytes(int n_keys, uint64_t n_slots, int io_threads) {
     uint64_t per_key = sizeof(piece_src) * N_PIECES + sizeof(int) + mg_policy_bytes_per_key() + 1 + 2 * sizeof(float);
-    uint64_t per_slot = sizeof(int) * 5 + sizeof(mg_expert) + sizeof(uint32_t) + 1 +
+    uint64_t per_slot = sizeof(int) * 5 + sizeof(mg_expert) + sizeof(uint32_t) + 2 +
                         sizeof(mg_io_job) * N_PIECES;
     /* thread stacks only count as far as touched: a few pages each */
     return (uint64_t)n_keys * per_key + n_slots * per_slot + (uint64_t)io_threads * (64u << 10);
@@ -345,6 +346,7 @@ void mg_expert_cache_free(mg_expert_cache *c) {
     free(c->slot_desc);
     free(c->mark);
     free(c->loading);
+    free(c->prefetched);
     free(c->key_slot);
     mg_policy_free(c->pol);
     free(c->pinned);
@@ -413,6 +415,7 @@ mg_expert_cache *mg_expert_cache_create(const mg_checkpoint *ck, const mg_expert
     c->slot_desc = calloc(S, sizeof(mg_expert));
     c->mark = calloc(S, sizeof(uint32_t));
     c->loading = calloc(S, 1);
+    c->prefetched = calloc(S, 1);
     c->key_slot = malloc(sizeof(int) * K);
     c->pinned = calloc(K, 1);
     c->usage_old = calloc(K + (size_t)n_layers, sizeof(float));
@@ -424,8 +427,9 @@ mg_expert_cache *mg_expert_cache_create(const mg_checkpoint *ck, const mg_expert
     c->jobs = malloc(sizeof(mg_io_job) * S * N_PIECES);
     c->cand = malloc(sizeof(int) * (size_t)n_experts);
     c->hint = malloc(sizeof(int) * (size_t)n_experts);
-    if (!c->cand || !c->hint || !c->slot_key || !c->slot_desc || !c->mark || !c->loading || !c->key_slot || !c->pinned ||
-        !c->usage_old || !c->usage_new || !c->batch_slot || !c->ready || !c->victims || !c->heap || !c->jobs)
+    if (!c->cand || !c->hint || !c->slot_key || !c->slot_desc || !c->mark || !c->loading || !c->prefetched ||
+        !c->key_slot || !c->pinned || !c->usage_old || !c->usage_new || !c->batch_slot || !c->ready || !c->victims ||
+        !c->heap || !c->jobs)
         goto oom;
     for (size_t i = 0; i < S; i++) c->slot_key[i] = -1;
     for (size_t k = 0; k < K; k++) c->key_slot[k] = -1;
@@ -464,6 +468,7 @@ static void slot_unmap(mg_expert_cache *c, int slot) {
     int key = c->slot_key[slot];
     if (key >= 0) c->key_slot[key] = -1;
     c->slot_key[slot] = -1;
+    c->prefetched[slot] = 0;
 }
 
 /* Waits for one read group to finish and files it: returns the slot, or -1 when nothing is in
@@ -629,7 +634,11 @@ int mg_expert_cache_begin(mg_expert_cache *c, int layer, int n, const int *ids, 
         c->usage_new[key] += 1.0f;
         int slot = c->key_slot[key];
         if (slot >= 0) {
-            if (c->mark[slot] != c->epoch) c->hits++; /* (a repeated id is not a second request) */
+            if (c->mark[slot] != c->epoch) { /* (a repeated id is not a second request) */
+                c->hits++;
+                c->prefetch_hits += c->prefetched[slot];
+                c->prefetched[slot] = 0;
+            }
             c->mark[slot] = c->epoch;
         } else {
             n_miss++;
@@ -743,6 +752,7 @@ static int prefetch_ids(mg_expert_cache *c, int layer, int n, const int *ids, in
         c->mark[victim] = c->epoch;
         c->loading[victim] = 1;
         c->n_loading++;
+        c->prefetched[victim] = 1;
         c->prefetches++;
         started++;
     }
@@ -771,6 +781,7 @@ void mg_expert_cache_stats(const mg_expert_cache *c, mg_expert_stats *st) {
     st->pinned = (uint64_t)c->n_pinned;
     st->preloaded = c->preloaded;
     st->auto_prefetches = c->auto_prefetches;
+    st->prefetch_hits = c->prefetch_hits;
 }
 
 /* ---- the store's own prefetch and the history's preload ------------------------------------ */

@@ -86,6 +86,7 @@ typedef struct mg_expert_stats {
     uint64_t pinned;          /* experts in the history's hot set (read at start, then evictable) */
     uint64_t preloaded;       /* of those, read into the cache at start */
     uint64_t auto_prefetches; /* of prefetches: started by the store itself (next layer) */
+    uint64_t prefetch_hits;   /* of hits: the first request of an expert a prefetch read */
 } mg_expert_stats;
 
 mg_expert_stats mg_expert_store_stats(const mg_expert_store *s);

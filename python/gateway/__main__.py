@@ -13,9 +13,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", help="checkpoint folder (config.json, safetensors, tokenizer.json); "
                                    "without it a tiny random-weight demo checkpoint is served")
     p.add_argument("--ram", type=float, default=None, metavar="GB", help="memory budget for the whole process")
-    p.add_argument("--read-ahead", action="store_true",
+    p.add_argument("--read-ahead", action=argparse.BooleanOptionalAction, default=True,
                    help="with --ram: while a layer computes, read the experts the next layer's router, "
-                        "applied one layer early, predicts (higher hit rate, some wasted reads)")
+                        "applied one layer early, predicts, as far as the disk would otherwise sit idle "
+                        "(default: on; a higher hit rate for some wasted reads)")
     p.add_argument("--threads", type=int, default=None, help="compute threads (default: all cores)")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)")
     p.add_argument("--port", type=int, default=8000)

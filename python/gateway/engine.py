@@ -63,18 +63,20 @@ class Engine:
         max_ctx: int | None = None,
         routing_trace: str | os.PathLike[str] | None = None,
         expert_history: str | os.PathLike[str] | bool | None = None,
-        expert_prefetch: bool = False,
+        expert_prefetch: bool = True,
         kv_dtype: str = "f32",
     ) -> None:
         """ram_gb: budget for the whole process (experts are then cached and read from disk).
         routing_trace: record every expert fetch to this file (tools/routing_trace.py reads it).
         expert_history: with ram_gb, the routing-history file that seeds the cache policy and
         its hot set read in at start, rewritten at exit; None: beside the model (or a cache folder when that is read-only),
-        False: none.  expert_prefetch: with ram_gb, read-ahead: at each decode step the next
-        layer's router, applied one layer early, hints the experts it will pick; the store reads
-        the hinted ones it lacks while the current layer computes, as far as its disk would
-        otherwise sit idle (ranks of hint right less than 70 % of the time are not read).  A
-        higher hit rate for some wasted reads (docs/ARCHITECTURE.md, tools/traces/README.md).
+        False: none.  expert_prefetch (on by default): with ram_gb, read-ahead: at each decode
+        step the next layer's router, applied one layer early, hints the experts it will pick;
+        the store reads the hinted ones it lacks while the current layer computes, as far as its
+        disk would otherwise sit idle (ranks of hint right less than 70 % of the time are not
+        read).  A higher hit rate for some wasted reads; False: demand reads only, whose hits
+        and misses tools/routing_trace.py replays exactly (docs/ARCHITECTURE.md,
+        tools/traces/README.md).
         kv_dtype: "f32" (default) or "bf16": the KV cache's storage (info["kv_bytes_per_token"]
         is what one position costs; a ram_gb budget counts max_ctx of it)."""
         from . import _core  # imported here so config errors surface even without a built core

@@ -618,6 +618,10 @@ static void test_trace_usage_prefetch(const char *dir) {
     mg_expert_stats st = mg_expert_store_stats(c);
     CHECK(st.prefetches == (uint64_t)started && st.hits == (uint64_t)started, "prefetch hits %llu",
           (unsigned long long)st.hits);
+    CHECK(st.prefetch_hits == (uint64_t)started, "hits on prefetched experts %llu of %d",
+          (unsigned long long)st.prefetch_hits, started);
+    CHECK(mg_expert_store_fetch(c, 2, 2, pf, out, &err) == 0, "%s", err.msg);
+    CHECK(mg_expert_store_stats(c).prefetch_hits == (uint64_t)started, "a second request counted as a prefetch hit");
     mg_expert_store_free(c);
     /* the store's read-ahead: layer 1's experts 4 and 6 are requested often; a one-off batch
      * of layer 2 pushes them out; hinted before the next fetch of layer 0, they are read back
@@ -647,7 +651,7 @@ static void test_trace_usage_prefetch(const char *dir) {
     mg_expert_store_hint(c, 1, 2, l1);
     CHECK(mg_expert_store_fetch(c, 0, 2, l0, out, &err) == 0, "%s", err.msg);
     COMPUTE();
-    uint64_t hits_before = mg_expert_store_stats(c).hits;
+    uint64_t hits_before = mg_expert_store_stats(c).hits, pf_hits_before = mg_expert_store_stats(c).prefetch_hits;
     CHECK(mg_expert_store_stats(c).auto_prefetches - ahead_before == 2, "read ahead %llu of 2 hinted",
           (unsigned long long)(mg_expert_store_stats(c).auto_prefetches - ahead_before));
     CHECK(mg_expert_store_fetch(c, 1, 2, l1, out, &err) == 0, "%s", err.msg);
@@ -656,6 +660,8 @@ static void test_trace_usage_prefetch(const char *dir) {
     CHECK(same_expert(out[0], want[0]) && same_expert(out[1], want[1]), "read-ahead bytes");
     st = mg_expert_store_stats(c);
     CHECK(st.hits - hits_before == 2, "read-ahead hits %llu", (unsigned long long)(st.hits - hits_before));
+    CHECK(st.prefetch_hits - pf_hits_before == 2, "hits on read-ahead %llu",
+          (unsigned long long)(st.prefetch_hits - pf_hits_before));
     CHECK(st.auto_prefetches <= st.prefetches, "read-aheads are prefetches");
     /* a rank of hint that never comes true stops being read: expert 7 is hinted first for
      * layer 1 each token and never requested there; after a few misses it is not read ahead */

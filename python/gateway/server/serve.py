@@ -28,7 +28,7 @@ log = logging.getLogger("moegate")
 class ServeOptions:
     model: str | None = None
     ram_gb: float | None = None
-    read_ahead: bool = False  # --read-ahead: Engine(expert_prefetch=True)
+    read_ahead: bool = True  # --read-ahead / --no-read-ahead: Engine(expert_prefetch=...)
     threads: int | None = None
     host: str = "127.0.0.1"
     port: int = 8000
@@ -156,7 +156,8 @@ def _memory_summary(state: ServerState) -> str:
     slots, slot_bytes = int(experts.get("slots") or 0), int(experts.get("slot_bytes") or 0)
     if not slots:
         return f"--ram {state.ram_gb:g} GB: everything resident ({weights:.2f} GB of weights, KV {kv:.2f} GB)"
-    ahead = ", the next layer's predicted experts read ahead" if state.engine.read_ahead else ""
+    ahead = (", the next layer's predicted experts read ahead" if state.engine.read_ahead
+             else ", no read-ahead")
     return (f"--ram {state.ram_gb:g} GB: routed experts cached ({slots} slots x {slot_bytes / 1e6:.1f} MB = "
             f"{slots * slot_bytes / 1e9:.2f} GB, misses read from disk{ahead}), the rest resident, KV {kv:.2f} GB")
 
