@@ -534,7 +534,8 @@ def check_read_ahead_keeps_logits(ckpt: Path, name: str) -> None:
         assert_bitwise_equal(got, want, f"{name} read-ahead run {run}")
         # decode steps gave look-ahead hints, and the store read hinted experts ahead
         assert st["auto_prefetches"] > 0 and st["evictions"] > 0, st
-        assert st["prefetch_hits"] <= min(st["hits"], st["prefetches"]), st
+        assert st["prefetch_hits"] + st["prefetches_withdrawn"] <= st["prefetches"], st
+        assert st["prefetch_hits"] <= st["hits"], st
 
 
 @pytest.mark.parametrize("arch", ["glm4_moe", "qwen3_moe"])

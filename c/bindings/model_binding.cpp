@@ -152,6 +152,7 @@ class Model {
         d["preloaded"] = s.preloaded;
         d["auto_prefetches"] = s.auto_prefetches;
         d["prefetch_hits"] = s.prefetch_hits;
+        d["prefetches_withdrawn"] = s.prefetches_withdrawn;
         return d;
     }
 

@@ -93,6 +93,7 @@ struct mg_expert_cache {
     int read_ahead_done; /* the open batch has started its read-ahead (batch_complete) */
 
     uint64_t fetches, hits, misses, evictions, prefetches, preloaded, auto_prefetches, prefetch_hits;
+    uint64_t prefetches_withdrawn;
 };
 
 /* ---- locating expert bytes in the files ------------------------------------------------- */
@@ -606,6 +607,12 @@ static void drain_batch(mg_expert_cache *c) {
     c->batch_open = 0;
 }
 
+static int requested(const int *ids, int n, int id) {
+    for (int i = 0; i < n; i++)
+        if (ids[i] == id) return 1;
+    return 0;
+}
+
 int mg_expert_cache_begin(mg_expert_cache *c, int layer, int n, const int *ids, const mg_expert **out,
                           mg_error *err) {
     drain_batch(c);
@@ -644,6 +651,19 @@ int mg_expert_cache_begin(mg_expert_cache *c, int layer, int n, const int *ids, 
             n_miss++;
         }
     }
+    /* read-aheads of this layer that it did not ask for and whose reads have not started are
+     * withdrawn: a wrong hint then costs no bytes, and the batch's reads do not queue behind it */
+    if (c->n_loading)
+        for (int s = 0; s < c->n_slots; s++) {
+            int key = c->slot_key[s];
+            if (!c->loading[s] || !c->prefetched[s] || key < base_key || key >= base_key + c->n_experts ||
+                requested(ids, n, key - base_key) || !mg_io_pool_cancel(c->io, s))
+                continue;
+            c->loading[s] = 0;
+            c->n_loading--;
+            slot_unmap(c, s);
+            c->prefetches_withdrawn++;
+        }
     /* slots with reads in flight (prefetch, or members of a failed batch) are not victims */
     if (c->n_loading)
         for (int s = 0; s < c->n_slots; s++)
@@ -782,6 +802,7 @@ void mg_expert_cache_stats(const mg_expert_cache *c, mg_expert_stats *st) {
     st->preloaded = c->preloaded;
     st->auto_prefetches = c->auto_prefetches;
     st->prefetch_hits = c->prefetch_hits;
+    st->prefetches_withdrawn = c->prefetches_withdrawn;
 }
 
 /* ---- the store's own prefetch and the history's preload ------------------------------------ */

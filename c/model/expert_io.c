@@ -223,6 +223,27 @@ int mg_io_pool_wait_any(mg_io_pool *p, int *failed, char *msg, size_t msg_cap) {
     return g;
 }
 
+int mg_io_pool_cancel(mg_io_pool *p, int group) {
+    if (group < 0 || group >= p->n_groups) return 0;
+    pthread_mutex_lock(&p->mu);
+    int queued = 0;
+    for (int i = 0; i < p->qcount; i++) queued += p->queue[(p->qhead + i) % p->qcap].group == group;
+    int cancel = p->state[group] == GROUP_RUNNING && queued > 0 && queued == p->pending[group];
+    if (cancel) { /* close the ring over its reads, keeping the others' order */
+        int kept = 0;
+        for (int i = 0; i < p->qcount; i++) {
+            mg_io_job j = p->queue[(p->qhead + i) % p->qcap];
+            if (j.group != group) p->queue[(p->qhead + kept++) % p->qcap] = j;
+        }
+        p->qcount = kept;
+        p->pending[group] = 0;
+        p->state[group] = GROUP_IDLE;
+        p->outstanding--;
+    }
+    pthread_mutex_unlock(&p->mu);
+    return cancel;
+}
+
 int mg_io_pool_idle(mg_io_pool *p) {
     pthread_mutex_lock(&p->mu);
     int idle = p->qcount == 0 && p->running == 0;

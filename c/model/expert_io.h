@@ -43,6 +43,11 @@ int mg_io_pool_submit(mg_io_pool *p, const mg_io_job *jobs, int n, mg_error *err
  * -1 at once when no group is outstanding. */
 int mg_io_pool_wait_any(mg_io_pool *p, int *failed, char *msg, size_t msg_cap);
 
+/* Withdraws a group none of whose reads has started: returns 1 and the group is idle again, as
+ * if never submitted (wait_any will not return it); 0 when one of its reads has started or it
+ * is not outstanding (it completes as usual). */
+int mg_io_pool_cancel(mg_io_pool *p, int group);
+
 /* 1 when nothing is queued or running. */
 int mg_io_pool_idle(mg_io_pool *p);
 /* Groups submitted and not yet returned by wait_any. */

@@ -87,6 +87,8 @@ typedef struct mg_expert_stats {
     uint64_t preloaded;       /* of those, read into the cache at start */
     uint64_t auto_prefetches; /* of prefetches: started by the store itself (next layer) */
     uint64_t prefetch_hits;   /* of hits: the first request of an expert a prefetch read */
+    uint64_t prefetches_withdrawn; /* of prefetches: read-aheads its layer did not ask for, withdrawn
+                                      before any of their reads started (no bytes read) */
 } mg_expert_stats;
 
 mg_expert_stats mg_expert_store_stats(const mg_expert_store *s);
@@ -142,7 +144,8 @@ int mg_expert_store_use_history(mg_expert_store *s, const char *path, double pin
  * `depth` experts of layer l + 1 from the look-ahead hint (mg_expert_store_hint; none without
  * one), as many as the disk's idle time pays for, under the rules of mg_expert_store_prefetch
  * except the cap on reads at once: reads overlap the computation on the fetched experts and
- * never evict an expert the policy values more.  0 (the default): off.  Resident mode: no
+ * never evict an expert the policy values more.  The next fetch withdraws those it does not
+ * ask for whose reads have not started.  0 (the default): off.  Resident mode: no
  * effect. */
 void mg_expert_store_set_prefetch(mg_expert_store *s, int depth);
 
