@@ -4,6 +4,7 @@ ours / Belady, and the CLI."""
 from __future__ import annotations
 
 import importlib.util
+import json
 import re
 import struct
 import sys
@@ -570,3 +571,26 @@ def test_demand_bounds_split_the_gap_to_belady() -> None:
         assert row[name] <= row["belady"] + 1e-12, row
     assert row["oracle-token"] - row["ours"] >= 0.25 * (row["belady"] - row["ours"]) > 0, row
     assert row["oracle-token"] >= max(row["oracle-this-token"], row["oracle-next-token"]), row
+
+
+def test_widened_experts_route_and_compute_as_before(small_model: Path, tmp_path: Path) -> None:
+    # tools/widen_experts.py pads each expert with zeros: each expert's bytes grow, and the model's
+    # routing and outputs stay those of the original (what makes it a disk-bound stand-in for a
+    # trained model in tools/traces/README.md).
+    from gateway.engine import Engine
+    from tools import widen_experts
+
+    config = json.loads((small_model / "config.json").read_text())
+    wide = tmp_path / "wide"
+    assert widen_experts.main([str(small_model), str(wide), "--width", str(4 * config["moe_intermediate_size"])]) == 0
+    narrow_size = sum(f.stat().st_size for f in small_model.glob("*.safetensors"))
+    wide_size = sum(f.stat().st_size for f in wide.glob("*.safetensors"))
+    assert wide_size > 2 * narrow_size
+    prompt = [5, 17, 42, 99, 3, 250, 7]
+    a, _ = rt.record(str(small_model), str(tmp_path / "a.trace"), 4, prompt, None)
+    b, _ = rt.record(str(wide), str(tmp_path / "b.trace"), 4, prompt, None)
+    assert len(a) == len(b) and all(np.array_equal(x, y) for x, y in zip(a.batches, b.batches))
+    la, lb = Engine(str(small_model)).eval(prompt), Engine(str(wide)).eval(prompt)
+    assert np.array_equal(la, lb)  # zeros add nothing, in any summation order
+    with pytest.raises(SystemExit):
+        widen_experts.main([str(small_model), str(tmp_path / "same"), "--width", str(config["moe_intermediate_size"])])
