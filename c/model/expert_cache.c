@@ -607,12 +607,6 @@ static void drain_batch(mg_expert_cache *c) {
     c->batch_open = 0;
 }
 
-static int requested(const int *ids, int n, int id) {
-    for (int i = 0; i < n; i++)
-        if (ids[i] == id) return 1;
-    return 0;
-}
-
 int mg_expert_cache_begin(mg_expert_cache *c, int layer, int n, const int *ids, const mg_expert **out,
                           mg_error *err) {
     drain_batch(c);
@@ -651,23 +645,22 @@ int mg_expert_cache_begin(mg_expert_cache *c, int layer, int n, const int *ids, 
             n_miss++;
         }
     }
-    /* read-aheads of this layer that it did not ask for and whose reads have not started are
-     * withdrawn: a wrong hint then costs no bytes, and the batch's reads do not queue behind it */
+    /* slots with reads in flight (prefetch, or members of a failed batch) are not victims,
+     * except prefetches of this layer that the batch did not ask for (unmarked) and whose reads
+     * have not started: they are withdrawn, so a wrong hint costs no bytes and the batch's
+     * reads do not queue behind it */
     if (c->n_loading)
         for (int s = 0; s < c->n_slots; s++) {
-            int key = c->slot_key[s];
-            if (!c->loading[s] || !c->prefetched[s] || key < base_key || key >= base_key + c->n_experts ||
-                requested(ids, n, key - base_key) || !mg_io_pool_cancel(c->io, s))
-                continue;
-            c->loading[s] = 0;
-            c->n_loading--;
-            slot_unmap(c, s);
-            c->prefetches_withdrawn++;
+            if (!c->loading[s] || c->mark[s] == c->epoch) continue;
+            if (c->prefetched[s] && c->slot_key[s] / c->n_experts == layer && mg_io_pool_cancel(c->io, s)) {
+                c->loading[s] = 0;
+                c->n_loading--;
+                slot_unmap(c, s);
+                c->prefetches_withdrawn++;
+            } else {
+                c->mark[s] = c->epoch;
+            }
         }
-    /* slots with reads in flight (prefetch, or members of a failed batch) are not victims */
-    if (c->n_loading)
-        for (int s = 0; s < c->n_slots; s++)
-            if (c->loading[s]) c->mark[s] = c->epoch;
     int got = mg_policy_victims(c->pol, c->slot_key, c->n_slots, c->mark, c->epoch, c->pinned, 1, n_miss,
                                 c->victims, c->heap);
     if (got < n_miss)
