@@ -281,28 +281,43 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     )
     result.update({"belady_hit_rate": belady, "ours_replay_hit_rate": ours, "lru_replay_hit_rate": lru})
     if not args.prefetch:
-        result["read_ahead"] = read_ahead_side_by_side(args, ckpt, budget_gb, dec, hit_rate, belady, work)
+        result["read_ahead"] = read_ahead_side_by_side(args, ckpt, budget_gb, dec, belady, work)
     result["recorded_traces"] = recorded_trace_tables()
     return result
 
 
 def read_ahead_side_by_side(args: argparse.Namespace, ckpt: Path, budget_gb: float, off: DecodeResult,
-                            off_hit_rate: float, belady: float, work: Path) -> dict[str, float]:
-    """The same decode with the store's read-ahead on (the engine's default), printed next to the
-    run above (read-ahead off: demand reads only, which the replay reproduces exactly)."""
-    on = decode_at_budget(ckpt, budget_gb, args.tokens, args.threads, work / "bench_experts_ahead.trace", prefetch=True)
+                            belady: float, work: Path) -> dict[str, float]:
+    """The same decode with the store's read-ahead on (the engine's default) next to the run
+    above (read-ahead off: demand reads only, which the replay reproduces exactly), in
+    args.pairs interleaved pairs (off-on, on-off, ...): single runs on a shared disk differ by
+    more than read-ahead changes, so the ratio is the geometric mean of each pair's."""
+    runs: dict[bool, list[DecodeResult]] = {False: [off], True: []}
+    for i in range(args.pairs):
+        for ahead in ((False, True) if i % 2 == 0 else (True, False)):
+            if i == 0 and not ahead:
+                continue  # the run above
+            runs[ahead].append(decode_at_budget(ckpt, budget_gb, args.tokens, args.threads,
+                                                work / f"bench_experts_{int(ahead)}.trace", prefetch=ahead))
     rows, out = [], {}
-    for name, dec in (("off", off), ("on", on)):
-        d = decode_deltas(dec)
-        hit = d["hits"] / max(1, d["hits"] + d["misses"])
-        label = "read-ahead on (default)" if name == "on" else "read-ahead off"
-        rows.append([label, f"{dec.tok_per_s:.2f}", f"{d['bytes_read'] / args.tokens / 1e6:.1f}",
-                     f"{hit:.3f}", f"{100 * (hit - belady):+.1f} points", f"{int(d['auto_prefetches'])}",
-                     f"{int(d['prefetch_hits'])}"])
-        out[f"{name}_tok_per_s"], out[f"{name}_hit_rate"] = dec.tok_per_s, hit
-    print_table(["decode", "tok/s", "MB read/token", "hit rate", "vs belady", "read ahead", "of them hit"], rows)
-    print(f"read-ahead on / off: {on.tok_per_s / off.tok_per_s:.2f}x decode tok/s (this bench's random weights: "
-          "next-layer hints are right about half the time; trained routers' far more often)")
+    for ahead in (False, True):
+        deltas = [decode_deltas(dec) for dec in runs[ahead]]
+        hit = float(np.mean([d["hits"] / max(1, d["hits"] + d["misses"]) for d in deltas]))
+        tps = float(np.mean([dec.tok_per_s for dec in runs[ahead]]))
+        mb = float(np.mean([d["bytes_read"] for d in deltas])) / args.tokens / 1e6
+        read_ahead = float(np.mean([d["auto_prefetches"] for d in deltas]))
+        right = float(np.mean([d["prefetch_hits"] for d in deltas]))
+        rows.append(["read-ahead on (default)" if ahead else "read-ahead off", f"{tps:.2f}", f"{mb:.1f}",
+                     f"{hit:.3f}", f"{100 * (hit - belady):+.1f} points", f"{read_ahead:.0f}", f"{right:.0f}"])
+        name = "on" if ahead else "off"
+        out[f"{name}_tok_per_s"], out[f"{name}_hit_rate"], out[f"{name}_mb_per_token"] = tps, hit, mb
+    print_table([f"decode (mean of {args.pairs})", "tok/s", "MB read/token", "hit rate", "vs belady",
+                 "read ahead", "of them hit"], rows)
+    ratios = np.array([a.tok_per_s / b.tok_per_s for a, b in zip(runs[True], runs[False])])
+    out["on_over_off"] = float(np.exp(np.log(ratios).mean()))
+    print(f"read-ahead on / off: {out['on_over_off']:.2f}x decode tok/s (geometric mean of {len(ratios)} interleaved "
+          f"pairs, {ratios.min():.2f}-{ratios.max():.2f}; this bench's random weights: next-layer hints are right "
+          "about half the time, trained routers' about nine times in ten, tools/traces/README.md)")
     return out
 
 
@@ -333,6 +348,7 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--prefetch", action="store_true",
                     help="read ahead in the first run too (the engine's default; its hits then depend on the "
                          "disk's timing, so the replay no longer reproduces them, and no side-by-side run)")
+    ap.add_argument("--pairs", type=int, default=3, help="interleaved read-ahead off/on pairs timed")
     ap.add_argument("--disk-probe-mb", type=float, default=256.0, help="bytes read to measure disk GB/s")
     return ap
 
