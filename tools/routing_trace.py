@@ -2,13 +2,16 @@
 
 A routing trace is what the expert store saw: one record per fetch (a layer and the experts
 requested together).  The C store writes it (mg_expert_store_trace); this tool reads it, can
-synthesise one, and replays it through three replacement policies at several cache sizes:
+synthesise one, and replays it through the replacement policies at several cache sizes:
 
   lru     least recently requested expert is evicted
-  ours    predicted next use (the store's default, expert_policy.h): evicts the expert whose
-          next request is furthest away by the layer cycle of decode and a sticky-frequency
-          estimate; optionally seeded and warmed from routing history (--history)
-  belady  offline optimum: evict the expert whose next request is furthest away
+  ours    predicted next use (the store's policy, expert_policy.h; demand reads only, as
+          Engine(expert_prefetch=False)): evicts the expert whose next request is furthest
+          away by the layer cycle of decode and a sticky-frequency estimate; optionally
+          seeded and warmed from routing history (--history)
+  belady  offline optimum of a demand cache: evict the expert whose next request is furthest away
+  ahead   ours plus read-ahead from the trace's look-ahead hints (version 3 traces; the
+          store's default under a budget), as if the disk always had the idle time
 
 The replay follows the store's rules: all experts of a fetch are looked up first (a fetch's own
 experts are never evicted to make room for each other), and the cache needs at least one
