@@ -61,8 +61,9 @@ class _Oracle(rt._NextUse):
 
 
 class _FuturePopularity(rt._NextUse):
-    """ours with f = each expert's share of its layer's visits in [now - window, now + 1 + window],
-    the next visit excluded (its stickiness w is still learned from the past)."""
+    """ours ranking by each expert's share of its layer's visits in [now - window, now + 1 + window],
+    the next visit excluded, instead of its learned f (the stickiness w is still learned from
+    the past)."""
 
     def __init__(self, trace: rt.Trace, window: int) -> None:
         super().__init__(trace.n_layers, trace.n_experts, None)
@@ -89,14 +90,8 @@ class _FuturePopularity(rt._NextUse):
         E = self.n_experts
         self.popularity[layer * E : (layer + 1) * E] = count / max(n, 1)
 
-    def score(self, k: np.ndarray, layer: int) -> np.ndarray:
-        L, w = self.n_layers, self.w[self.best]
-        f = self.popularity[k]
-        prob = np.where(self.used[k], f + w * (1.0 - f), (1.0 - w) * f)
-        delta = (k // self.n_experts - layer) % L
-        delta = np.where(delta == 0, L, delta)
-        safe = np.where(prob > 0, prob, 1.0)
-        return np.where(prob > 0, -(delta + L * (1.0 / safe - 1.0)), -math.inf)
+    def rates(self, k: np.ndarray) -> np.ndarray:
+        return self.popularity[k]
 
 
 def bounds(trace: rt.Trace, n_slots: int, window: int = 64) -> dict[str, float]:

@@ -342,10 +342,14 @@ class _NextUse:
         self.best = best
         self.chosen.append(best)
 
+    def rates(self, k: np.ndarray) -> np.ndarray:
+        """Each key's estimated share of its layer's visits requesting it (f of the ranking model)."""
+        return self.f[self.best][k]
+
     def score(self, k: np.ndarray, layer: int) -> np.ndarray:
         """Minus the predicted fetches until each key's next request (-inf: nothing known)."""
         L = self.n_layers
-        f, w = self.f[self.best][k], self.w[self.best]
+        f, w = self.rates(k), self.w[self.best]
         prob = np.where(self.used[k], f + w * (1.0 - f), (1.0 - w) * f)
         if self.hinted[k].any():  # a hinted key: at least its hint's accuracy
             acc = self.hint_accuracies(k)
