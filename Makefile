@@ -1,12 +1,24 @@
 # moegate — build, test, serve, bench.
-#   make            install runtime deps and build the extension in place (editable)
-#   make test       C tests + the pytest suite (installs test deps: torch CPU, transformers, SDKs)
-#   make serve      build and serve (the demo checkpoint unless MODEL=DIR); HOST=, PORT= honoured
+#   make            create .venv (from the system python3), install runtime deps, build the C core in place
+#   make test       C tests + the pytest suite (installs test deps into .venv: torch CPU, transformers, SDKs)
+#   make serve      build and serve (the demo checkpoint unless MODEL=DIR); HOST=, PORT=, ARGS= honoured
+#   make rehearse   full-size sparse rehearsals (tools/rehearse.py; slow, not part of make test)
 #   make bench      benchmarks (ratios measured side by side in one run)
 #   make sanitize   ASan+UBSan build; the C tests and the C-facing Python tests under it
+#
+# Everything Python lives in the virtual environment $(VENV), made from $(SYSTEM_PYTHON) without
+# the machine's site-packages, so a fresh machine needs nothing installed by hand.  Afterwards:
+#   .venv/bin/python -m gateway --model DIR --ram 22      (or: . .venv/bin/activate)
+# PYTHON=/some/python uses that interpreter (and its packages) instead of the venv.
 
-PYTHON ?= python3
-PIP ?= $(PYTHON) -m pip
+SYSTEM_PYTHON ?= python3
+VENV ?= .venv
+PYTHON ?= $(VENV)/bin/python
+PIP = $(PYTHON) -m pip -q --disable-pip-version-check
+# What the build needs before `pip install --no-build-isolation` (the same floor as
+# pyproject.toml's [build-system] requires; tests/test_packaging.py keeps the two equal).
+# setuptools >= 77 reads PEP 639's `license = "SPDX"`; older ones reject it.
+BUILD_REQUIRES := setuptools>=77 wheel pybind11>=2.12
 HOST ?= 127.0.0.1
 PORT ?= 8000
 ARCH := $(shell uname -m)
@@ -24,21 +36,40 @@ endif
 
 .SECONDARY:
 
-.PHONY: all install deps test-deps build test test-c test-py serve bench sanitize neon-check tsan clean
+.PHONY: all install deps test-deps build test test-c test-py serve rehearse bench sanitize neon-check tsan clean
 
 all: install
 
-deps:
-	$(PIP) install -q --disable-pip-version-check -e . --no-build-isolation
+# ---- the environment: stamps so a second `make test` does not run pip again ---------------
+STAMPS := $(if $(filter $(VENV)/bin/python,$(PYTHON)),$(VENV),build/env)
+
+$(VENV)/bin/python:
+	$(SYSTEM_PYTHON) -m venv $(VENV)
+
+$(STAMPS)/.build-tools: $(if $(filter $(VENV)/bin/python,$(PYTHON)),$(VENV)/bin/python)
+	@mkdir -p $(dir $@)
+	$(PIP) install --upgrade pip $(foreach r,$(BUILD_REQUIRES),'$(r)')
+	@touch $@
+
+# MOEGATE_NO_EXT: pip installs the dependencies and the editable package; the extension is the
+# `build` target's (setup.py build_ext --inplace), so it is compiled once, not by every pip run.
+$(STAMPS)/.deps: pyproject.toml setup.py $(STAMPS)/.build-tools
+	MOEGATE_NO_EXT=1 $(PIP) install -e . --no-build-isolation
+	@touch $@
+
+$(STAMPS)/.test-deps: pyproject.toml setup.py $(STAMPS)/.deps
+	MOEGATE_NO_EXT=1 $(PIP) install -e '.[test]' --no-build-isolation
+	@touch $@
+
+deps: $(STAMPS)/.deps
 
 install: deps build
 
-test-deps:
-	$(PIP) install -q --disable-pip-version-check -e '.[test]' --no-build-isolation
+test-deps: $(STAMPS)/.test-deps
 
 build: python/gateway/.core-built
 
-python/gateway/.core-built: $(C_SRCS) $(C_HDRS) $(wildcard c/bindings/*.cpp) setup.py
+python/gateway/.core-built: $(C_SRCS) $(C_HDRS) $(wildcard c/bindings/*.cpp) setup.py | $(STAMPS)/.build-tools
 	$(PYTHON) setup.py -q build_ext --inplace
 	@touch $@
 
@@ -65,7 +96,10 @@ test-py: test-deps build
 test: test-c test-py
 
 serve: install
-	$(PYTHON) -m gateway --host $(HOST) --port $(PORT) $(if $(MODEL),--model $(MODEL))
+	$(PYTHON) -m gateway --host $(HOST) --port $(PORT) $(if $(MODEL),--model $(MODEL)) $(ARGS)
+
+rehearse: install test-deps
+	$(PYTHON) tools/rehearse.py $(ARGS)
 
 bench: install test-deps
 	$(PYTHON) tools/bench.py
@@ -99,3 +133,4 @@ tsan:
 
 clean:
 	rm -rf build python/gateway/_core*.so python/gateway/.core-built
+	@echo "(the virtual environment $(VENV) is kept; rm -rf $(VENV) to remove it)"

@@ -89,4 +89,6 @@ ext = Pybind11Extension(
     extra_link_args=["-lpthread"] + (["-fsanitize=address,undefined"] if os.environ.get("MOEGATE_SANITIZE") else []),
 )
 
-setup(ext_modules=[ext], cmdclass={"build_ext": BuildCore})
+# The Makefile builds the extension itself, in place and only when a C file changed, and sets
+# MOEGATE_NO_EXT for its `pip install -e .` runs, which would otherwise compile every file again.
+setup(ext_modules=[] if os.environ.get("MOEGATE_NO_EXT") else [ext], cmdclass={"build_ext": BuildCore})

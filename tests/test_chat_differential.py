@@ -4,17 +4,13 @@ from __future__ import annotations
 
 import json
 import random
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from gateway.chat import ChatEncodingError, encode
+from reference_data import template_text
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-SHARED_TEMPLATES = REPO_ROOT.parent / "shared" / "templates"
-if not SHARED_TEMPLATES.is_dir():
-    raise RuntimeError(f"reference data missing: expected {SHARED_TEMPLATES} (copy shared/ beside the repo)")
 
 FORMAT_TEMPLATES = [
     ("glm45", "GLM-4.5.jinja"), ("glm45", "GLM-4.6.jinja"), ("glm47", "GLM-4.7-Flash.jinja"),
@@ -120,7 +116,7 @@ def _render(fmt: str, template: str | None, messages: list[dict], tools: list[di
 
 @pytest.mark.parametrize("fmt,template_name", FORMAT_TEMPLATES)
 def test_hand_written_equals_template_on_generated_conversations(fmt: str, template_name: str) -> None:
-    template = (SHARED_TEMPLATES / template_name).read_text(encoding="utf-8")
+    template = template_text(template_name)
     settings: list[dict[str, Any]] = [
         {"thinking": None, "add_generation_prompt": True},
         {"thinking": False, "add_generation_prompt": True},

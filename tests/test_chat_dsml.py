@@ -1,11 +1,10 @@
-"""DeepSeek-V4 DSML encoder against the worked examples of shared/reference/dsml.md §9
+"""DeepSeek-V4 DSML encoder against the worked examples of docs/reference/dsml.md §9
 (byte for byte, token counts with the V4 tokenizer) and the rules of §4-§6."""
 from __future__ import annotations
 
 import json
 import os
 import re
-from pathlib import Path
 
 import pytest
 from tokenizers import Tokenizer
@@ -13,12 +12,9 @@ from tokenizers import Tokenizer
 from gateway.chat import DSML_FORCE_CALL_OPENER, ChatEncodingError, encode, forced_call_prefix
 from gateway.chat import dsml
 from gateway.chat.normalize import normalize_messages
+from reference_data import DSML_SPEC
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-DSML_MD = REPO_ROOT.parent / "shared" / "reference" / "dsml.md"
-if not DSML_MD.is_file():
-    raise RuntimeError(f"reference data missing: expected {DSML_MD} (copy shared/ beside the repo)")
-SPEC = DSML_MD.read_text(encoding="utf-8")
+SPEC = DSML_SPEC.read_text(encoding="utf-8")
 
 
 def fenced_after(marker: str) -> str:

@@ -1,22 +1,18 @@
-"""Golden renders: every conversation of shared/templates/golden-renders.json, rendered by the
+"""Golden renders: every conversation of tests/data/templates/golden-renders.json, rendered by the
 hand-written encoders and by the sandboxed Jinja fallback, must match byte for byte."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
 from gateway.chat import ChatEncodingError, encode
 from gateway.chat.jinja_render import render_template
 from gateway.chat.registry import TEMPLATES_DIR
+from reference_data import TEMPLATES_DIR as REFERENCE_TEMPLATES
+from reference_data import template_text
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-SHARED_TEMPLATES = REPO_ROOT.parent / "shared" / "templates"
-if not (SHARED_TEMPLATES / "golden-renders.json").is_file():
-    raise RuntimeError(f"reference data missing: expected {SHARED_TEMPLATES}/golden-renders.json (copy shared/ beside the repo)")
-
-GOLDEN = json.loads((SHARED_TEMPLATES / "golden-renders.json").read_text(encoding="utf-8"))
+GOLDEN = json.loads((REFERENCE_TEMPLATES / "golden-renders.json").read_text(encoding="utf-8"))
 CASES = GOLDEN["_about"]["cases"]
 EXTRA_CONTEXT = GOLDEN["_about"]["extra_context"]
 HAND_WRITTEN = {
@@ -38,9 +34,6 @@ def test_golden_file_covers_every_template_and_case() -> None:
     for renders in GOLDEN["renders"].values():
         assert set(renders) == set(CASES)
 
-
-def _template(name: str) -> str:
-    return (SHARED_TEMPLATES / name).read_text(encoding="utf-8")
 
 
 def _thinking(case: dict) -> bool | None:
@@ -78,7 +71,7 @@ def test_raw_render_reproduces_golden(template_name: str, case_name: str) -> Non
     context = dict(EXTRA_CONTEXT, **case["kwargs"])
 
     def render() -> str:
-        return render_template(_template(template_name), messages=case["messages"], tools=case["tools"],
+        return render_template(template_text(template_name), messages=case["messages"], tools=case["tools"],
                                documents=None, add_generation_prompt=case["add_generation_prompt"], **context)
 
     if expected["ok"]:
@@ -103,7 +96,7 @@ def test_hand_written_encoder_matches_golden(template_name: str, case_name: str)
 def test_jinja_fallback_matches_golden(template_name: str, case_name: str) -> None:
     case, expected = CASES[case_name], GOLDEN["renders"][template_name][case_name]
     got = encode("jinja", case["messages"], case["tools"], thinking=_thinking(case), extra=EXTRA_CONTEXT,
-                 add_generation_prompt=case["add_generation_prompt"], chat_template=_template(template_name))
+                 add_generation_prompt=case["add_generation_prompt"], chat_template=template_text(template_name))
     if expected["ok"]:
         assert got.text == expected["text"]
     elif case_name == "tool_conv_dict_args":
@@ -123,13 +116,13 @@ def test_wire_form_renders_like_template_form(template_name: str, case_name: str
     """A real client sends arguments as JSON strings: both our paths must render exactly what
     the template renders from the input form it needs, for every golden conversation."""
     case = CASES[case_name]
-    expected = render_template(_template(template_name), messages=_template_form(case["messages"], template_name),
+    expected = render_template(template_text(template_name), messages=_template_form(case["messages"], template_name),
                                tools=case["tools"], documents=None,
                                add_generation_prompt=case["add_generation_prompt"],
                                **dict(EXTRA_CONTEXT, **case["kwargs"]))
     wire = _wire_form(case["messages"])
     kwargs = dict(thinking=_thinking(case), add_generation_prompt=case["add_generation_prompt"])
-    fallback = encode("jinja", wire, case["tools"], extra=EXTRA_CONTEXT, chat_template=_template(template_name), **kwargs)
+    fallback = encode("jinja", wire, case["tools"], extra=EXTRA_CONTEXT, chat_template=template_text(template_name), **kwargs)
     assert fallback.text == expected
     if template_name in HAND_WRITTEN:
         assert encode(HAND_WRITTEN[template_name], wire, case["tools"], **kwargs).text == expected
@@ -137,4 +130,4 @@ def test_wire_form_renders_like_template_form(template_name: str, case_name: str
 
 @pytest.mark.parametrize("template_name", sorted(set(HAND_WRITTEN)))
 def test_bundled_templates_are_the_reference_files(template_name: str) -> None:
-    assert (TEMPLATES_DIR / template_name).read_bytes() == (SHARED_TEMPLATES / template_name).read_bytes()
+    assert (TEMPLATES_DIR / template_name).read_bytes() == (REFERENCE_TEMPLATES / template_name).read_bytes()

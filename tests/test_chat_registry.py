@@ -19,15 +19,7 @@ from gateway.chat import (
 )
 from gateway.chat.jinja_render import render_template
 from gateway.chat.registry import bundled_template
-
-REPO_ROOT = Path(__file__).resolve().parents[1]
-SHARED_TEMPLATES = REPO_ROOT.parent / "shared" / "templates"
-if not SHARED_TEMPLATES.is_dir():
-    raise RuntimeError(f"reference data missing: expected {SHARED_TEMPLATES} (copy shared/ beside the repo)")
-
-
-def shared(name: str) -> str:
-    return (SHARED_TEMPLATES / name).read_text(encoding="utf-8")
+from reference_data import template_text
 
 
 HI = [{"role": "user", "content": "hi"}]
@@ -107,13 +99,13 @@ def test_tool_choice_validation() -> None:
     ("deepseek_v3", "DeepSeek-V3.1.jinja", "jinja"),
 ])
 def test_detect_format(model_type: str, template: str | None, expected: str) -> None:
-    tokenizer_config = {"chat_template": shared(template)} if template else {}
+    tokenizer_config = {"chat_template": template_text(template)} if template else {}
     assert detect_format({"model_type": model_type}, tokenizer_config) == expected
 
 
 def test_detect_format_reads_nested_text_config_and_named_templates() -> None:
     assert detect_format({"model_type": "x", "text_config": {"model_type": "qwen3_5_moe"}}) == "qwen35"
-    named = {"chat_template": [{"name": "tool_use", "template": "x"}, {"name": "default", "template": shared("Qwen3.jinja")}]}
+    named = {"chat_template": [{"name": "tool_use", "template": "x"}, {"name": "default", "template": template_text("Qwen3.jinja")}]}
     assert detect_format({"model_type": "qwen3_moe"}, named) == "qwen3"
     with pytest.raises(ChatTemplateError):
         detect_format({"model_type": "llama"}, {})
@@ -130,7 +122,7 @@ def _checkpoint(tmp_path: Path, config: dict, tokenizer_config: dict | None = No
 
 
 def test_setup_verifies_hand_written_encoder(tmp_path: Path) -> None:
-    root = _checkpoint(tmp_path, {"model_type": "glm4_moe"}, {"eos_token": "<|endoftext|>"}, shared("GLM-4.6.jinja"))
+    root = _checkpoint(tmp_path, {"model_type": "glm4_moe"}, {"eos_token": "<|endoftext|>"}, template_text("GLM-4.6.jinja"))
     setup = load_chat_setup(root)
     assert (setup.format, setup.tool_dialect, setup.note) == ("glm45", "glm", "")
     assert setup.encode(HI).text == "[gMASK]<sop><|user|>\nhi<|assistant|>"
@@ -138,8 +130,8 @@ def test_setup_verifies_hand_written_encoder(tmp_path: Path) -> None:
 
 def test_setup_falls_back_to_the_template_when_it_differs(tmp_path: Path) -> None:
     # A revised Qwen3 template (thinking-2507 style: the generation prompt opens <think>).
-    revised = shared("Qwen3.jinja").replace("{{- '<|im_start|>assistant\\n' }}", "{{- '<|im_start|>assistant\\n<think>\\n' }}")
-    assert revised != shared("Qwen3.jinja")
+    revised = template_text("Qwen3.jinja").replace("{{- '<|im_start|>assistant\\n' }}", "{{- '<|im_start|>assistant\\n<think>\\n' }}")
+    assert revised != template_text("Qwen3.jinja")
     root = _checkpoint(tmp_path, {"model_type": "qwen3_moe"}, {"chat_template": revised, "eos_token": "<|im_end|>"})
     setup = load_chat_setup(root)
     assert setup.format == "jinja" and setup.tool_dialect == "hermes" and "differs" in setup.note
@@ -151,7 +143,7 @@ def test_setup_falls_back_to_the_template_when_it_differs(tmp_path: Path) -> Non
 def test_setup_jinja_passes_special_tokens(tmp_path: Path) -> None:
     bos = "<｜begin▁of▁sentence｜>"
     root = _checkpoint(tmp_path, {"model_type": "deepseek_v3"},
-                       {"chat_template": shared("DeepSeek-V3.1.jinja"), "bos_token": {"content": bos},
+                       {"chat_template": template_text("DeepSeek-V3.1.jinja"), "bos_token": {"content": bos},
                         "eos_token": {"content": "<｜end▁of▁sentence｜>"}})
     setup = load_chat_setup(root)
     assert setup.format == "jinja" and "<｜end▁of▁sentence｜>" in setup.stop_strings
@@ -192,7 +184,7 @@ def test_template_exceptions_become_request_errors() -> None:
     with pytest.raises(ChatEncodingError, match="no system"):
         render_template("{{ raise_exception('no system') }}")
     with pytest.raises(ChatEncodingError, match="No user query"):
-        encode("jinja", [{"role": "system", "content": "s"}], chat_template=shared("Qwen3.5.jinja"))
+        encode("jinja", [{"role": "system", "content": "s"}], chat_template=template_text("Qwen3.5.jinja"))
 
 
 @pytest.mark.parametrize("template", [

@@ -1,6 +1,6 @@
 /* DeepSeek-V4 (Flash / Pro) forward pass, original checkpoint naming, weights in their stored
  * formats (FP8 + ue8m0 128x128 blocks, FP4 experts + ue8m0 per 32, BF16, F32).
- * Spec: /work/shared/reference/dsv4-arch.md; numerics follow transformers' DeepseekV4 in fp32.
+ * Spec: docs/reference/dsv4-arch.md; numerics follow transformers' DeepseekV4 in fp32.
  *
  * Per layer: mHC collapse -> RMSNorm -> attention (shared K=V MQA over a sliding window plus,
  * for compressed layers, compressed rows: CSA picks them with the lightning indexer, HCA uses

@@ -1,4 +1,4 @@
-"""DeepSeek-V4 prompt encoder (DSML tool calls), written from shared/reference/dsml.md.
+"""DeepSeek-V4 prompt encoder (DSML tool calls), written from docs/reference/dsml.md.
 
 Pipeline (dsml.md §4):
 1. tool results become `<tool_result>` blocks of user turns; consecutive user-side messages

@@ -1,7 +1,7 @@
 """Wire shapes of both APIs, as plain dicts (no I/O, so tests can feed them to the SDKs' own
 stream accumulators).
 
-OpenAI chunks follow /work/shared/reference/gateway-wire.md §2.1: every chunk carries `object`,
+OpenAI chunks follow docs/reference/gateway-wire.md §2.1: every chunk carries `object`,
 the same `id`, `created`, `model` and `choices[].index`; a tool call's id/type/name come once, in
 its first fragment.  Anthropic events follow §2.2: strictly sequential content blocks indexed
 0, 1, 2..., a thinking block closed with a signature, tool_use started with `input: {}`.

@@ -1,7 +1,7 @@
 """The streaming core: one state machine for every dialect.
 
 `StreamParser` turns raw model output, fed in chunks of any size, into OpenAI stream deltas and a
-final assistant message, following /work/shared/reference/toolcall-contract.md.  Dialects only
+final assistant message, following docs/reference/toolcall-contract.md.  Dialects only
 describe their markers and how to read one block (blocks.py, dialects/*.py); think-splitting,
 marker hold-back, block detection, code-fence tracking and the reasoning gates live here.
 
