@@ -26,12 +26,11 @@ ARCH := $(shell uname -m)
 C_SRCS := $(shell find c -name '*.c' | sort)
 C_HDRS := $(shell find c -name '*.h' | sort)
 C_TESTS := $(wildcard tests/c/test_*.c)
-CFLAGS_BASE := -std=c11 -O2 -g -Wall -Wextra -Wno-unused-parameter -Ic
+include c/flags.mk
+CFLAGS_BASE := $(C_FLAGS) -g -Ic
 ifeq ($(ARCH),x86_64)
-ISA_avx2 := -mavx2 -mfma -mf16c
-ISA_avx512 := -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx2 -mfma -mf16c
-# GCC < 10 lacks -mavx512bf16: the file then builds as its stub and the dispatcher skips its table.
-ISA_avx512bf16 := $(ISA_avx512) $(shell $(CC) -mavx512bf16 -x c -c /dev/null -o /dev/null 2>/dev/null && echo -mavx512bf16)
+ISA_UNKNOWN := $(foreach f,$(ISA_OPTIONAL),$(shell $(CC) $(f) -x c -c /dev/null -o /dev/null 2>/dev/null || echo $(f)))
+isa_flags = $(filter-out $(ISA_UNKNOWN),$(if $(findstring _avx2.c,$(1)),$(ISA_avx2))$(if $(findstring _avx512.c,$(1)),$(ISA_avx512))$(if $(findstring _avx512bf16.c,$(1)),$(ISA_avx512bf16)))
 endif
 
 .SECONDARY:
@@ -69,7 +68,7 @@ test-deps: $(STAMPS)/.test-deps
 
 build: python/gateway/.core-built
 
-python/gateway/.core-built: $(C_SRCS) $(C_HDRS) $(wildcard c/bindings/*.cpp) setup.py | $(STAMPS)/.build-tools
+python/gateway/.core-built: $(C_SRCS) $(C_HDRS) $(wildcard c/bindings/*.cpp) setup.py c/flags.mk | $(STAMPS)/.build-tools
 	$(PYTHON) setup.py -q build_ext --inplace
 	@touch $@
 
@@ -77,9 +76,9 @@ python/gateway/.core-built: $(C_SRCS) $(C_HDRS) $(wildcard c/bindings/*.cpp) set
 OBJDIR ?= build/c
 TESTDIR ?= build/tests
 
-$(OBJDIR)/%.o: c/%.c $(C_HDRS)
+$(OBJDIR)/%.o: c/%.c $(C_HDRS) c/flags.mk
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS_BASE) $(SAN) $(if $(findstring _avx2.c,$<),$(ISA_avx2)) $(if $(findstring _avx512.c,$<),$(ISA_avx512)) $(if $(findstring _avx512bf16.c,$<),$(ISA_avx512bf16)) -c $< -o $@
+	$(CC) $(CFLAGS_BASE) $(SAN) $(call isa_flags,$<) -c $< -o $@
 
 C_OBJS = $(patsubst c/%.c,$(OBJDIR)/%.o,$(C_SRCS))
 

@@ -1,10 +1,11 @@
 """Build the gateway._core extension from c/.
 
-Every C source is compiled for the baseline of the target (x86-64 or arm64). Files named
-*_avx2.c hold the AVX2/FMA/F16C kernels, *_avx512.c the AVX-512 (F/BW/VL/DQ) ones and
-*_avx512bf16.c those that also use AVX512_BF16; only they
-get those instruction-set flags, and the runtime dispatcher (c/core/cpu.c) picks them only on a
-CPU that has the features. This keeps one shipped binary that runs on any x86-64.
+Every C source is compiled for the baseline of the target (x86-64 or arm64) with the flags of
+c/flags.mk, the file the Makefile's C-test builds include too. Files named *_avx2.c hold the
+AVX2/FMA/F16C kernels, *_avx512.c the AVX-512 (F/BW/VL/DQ) ones and *_avx512bf16.c those that
+also use AVX512_BF16; only they get those instruction-set flags, and the runtime dispatcher
+(c/core/cpu.c) picks them only on a CPU that has the features. This keeps one shipped binary
+that runs on any x86-64.
 """
 from __future__ import annotations
 
@@ -19,16 +20,21 @@ from setuptools.command.build_ext import build_ext
 ROOT = Path(__file__).resolve().parent
 C_DIR = ROOT / "c"
 
-ISA_FLAGS = {
-    "_avx2.c": ["-mavx2", "-mfma", "-mf16c"],
-    "_avx512.c": ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx2", "-mfma", "-mf16c"],
-    "_avx512bf16.c": ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx512bf16", "-mavx2", "-mfma",
-                      "-mf16c"],
-}
-# Flags an older compiler may not know (GCC < 10): without them the file builds as its stub, whose
-# table reports itself unavailable, and the dispatcher picks the next one.
-OPTIONAL_FLAGS = {"-mavx512bf16"}
-COMMON_C_FLAGS = ["-std=c11", "-O3", "-fno-math-errno", "-Wall", "-Wextra", "-Wno-unused-parameter"]
+
+def _read_flags(path: Path) -> dict[str, list[str]]:
+    """The `NAME := flags` lines of c/flags.mk, which the Makefile includes: one list of flags."""
+    flags = {}
+    for line in path.read_text(encoding="utf-8").splitlines():
+        name, sep, value = line.partition(":=")
+        if sep and not line.lstrip().startswith("#"):
+            flags[name.strip()] = value.split()
+    return flags
+
+
+FLAGS = _read_flags(C_DIR / "flags.mk")
+ISA_FLAGS = {f"_{isa}.c": FLAGS[f"ISA_{isa}"] for isa in ("avx2", "avx512", "avx512bf16")}
+OPTIONAL_FLAGS = set(FLAGS["ISA_OPTIONAL"])
+COMMON_C_FLAGS = FLAGS["C_FLAGS"]
 
 
 def _is_x86() -> bool:
