@@ -8,7 +8,8 @@ from typing import Any
 
 import pytest
 
-from gateway.chat import ChatEncodingError, encode
+from gateway.chat import ChatEncodingError
+from gateway.families import encode
 from reference_data import template_text
 
 

@@ -35,11 +35,6 @@ INVOKE_END_TAG = "</｜DSML｜invoke>"
 PARAMETER_END_TAG = "</｜DSML｜parameter>"
 # What separates visible content from a call block; the parser's trigger (dsml.md §8.2).
 TOOL_CALLS_START = "\n\n" + TOOL_CALLS_TAG
-# Text the server appends where the answer starts to force a call (tool_choice "required"):
-# the model must continue with a tool name.  For a named tool see `forced_call_prefix`.
-FORCE_CALL_OPENER = TOOL_CALLS_START + '\n<｜DSML｜invoke name="'
-
-DSML_STOP_STRINGS = (EOS, USER, ASSISTANT)
 
 TOOLS_BLOCK_TEMPLATE = (
     "## Tools\n\nYou have access to a set of tools to help answer the user's question. You can invoke tools by "
@@ -119,13 +114,6 @@ def render_tool_calls(calls: Sequence[ToolCall]) -> str:
         return ""
     invokes = "\n".join(render_invoke(c.name, c.arguments) for c in calls)
     return f"{TOOL_CALLS_START}\n{invokes}\n{TOOL_CALLS_END_TAG}"
-
-
-def forced_call_prefix(function_name: str | None = None) -> str:
-    """Text that forces a DSML call: any tool (None) or the named one."""
-    if function_name is None:
-        return FORCE_CALL_OPENER
-    return f'{FORCE_CALL_OPENER}{function_name}">\n'
 
 
 # --------------------------------------------------------------------------- preprocessing

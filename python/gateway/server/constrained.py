@@ -61,7 +61,7 @@ def warm_up(state: "ServerState") -> float:
     from ..structured import tokenizer_context
 
     t0 = time.perf_counter()
-    stops, _ = request_stop_ids(state, tuple(getattr(state.chat, "stop_strings", ()) or ()))
+    stops, _ = request_stop_ids(state, state.chat.stop_strings)
     if not stops:
         log.warning("structured output: the checkpoint declares no stop token; constrained replies "
                     "will end at max_tokens")
@@ -70,8 +70,7 @@ def warm_up(state: "ServerState") -> float:
     return time.perf_counter() - t0
 
 
-def build_for_request(state: "ServerState", spec: "ChatSpec", *, chat_format: str, dialect: str | None,
-                      start_in_call: str | None, in_reasoning: bool,
+def build_for_request(state: "ServerState", spec: "ChatSpec", *, in_reasoning: bool,
                       stop_ids: frozenset[int]) -> "Constraint | None":
     """The request's constraint (None when it needs none); ApiError 400 when the schema cannot
     be satisfied or the format has nothing to force."""
@@ -85,10 +84,10 @@ def build_for_request(state: "ServerState", spec: "ChatSpec", *, chat_format: st
         raise bad_request("structured output needs an end-of-turn token, and this checkpoint declares none",
                           "tool_choice")
     try:
-        return build_constraint(state.tokenizer, kind="tool_call", chat_format=chat_format, dialect=dialect,
+        return build_constraint(state.tokenizer, kind="tool_call", calls=state.chat.family.calls,
                                 tools=spec.active_tools, forced_name=spec.forced_name,
-                                parallel=spec.parallel_tool_calls, start_in_call_text=start_in_call,
-                                stop_token_ids=sorted(stop_ids), n_vocab=engine_vocab(state))
+                                parallel=spec.parallel_tool_calls, stop_token_ids=sorted(stop_ids),
+                                n_vocab=engine_vocab(state))
     except ConstraintError as exc:
         raise bad_request(f"this schema cannot be enforced: {exc}", "tools") from None
 

@@ -94,51 +94,41 @@ class PreparedChat:
     constraint: Any = None  # gateway.structured.Constraint when every token is grammar-constrained
 
 
-def _encoder_tool_choice(spec: ChatSpec) -> Any:
-    if not spec.active_tools:
-        return None
-    if spec.tool_choice == "function":
-        return {"type": "function", "function": {"name": spec.forced_name}}
-    return spec.tool_choice
-
-
 def prepare_chat(state: ServerState, spec: ChatSpec, *, constrain: bool = False) -> PreparedChat:
     """Renders and tokenises the prompt; raises ApiError for anything the client got wrong.
     `constrain`: also build the grammar constraint the request needs (forced call, JSON reply);
     this compiles a grammar, so callers on the event loop run it in a worker thread."""
     from ..chat.types import ChatEncodingError
 
+    family = state.chat.family
     forced = spec.forces_call
     try:
         enc = state.chat.encode(spec.messages, spec.active_tools or None,
                                 add_generation_prompt=True,
                                 # a forced call starts right after the prompt: no reasoning first
                                 thinking=False if forced else spec.thinking,
-                                reasoning_effort=spec.reasoning_effort,
-                                tool_choice=_encoder_tool_choice(spec))
+                                reasoning_effort=spec.reasoning_effort)
     except ChatEncodingError as exc:
         raise bad_request(str(exc), "messages") from None
     text = enc.text
     start_in_call = None
     in_reasoning = enc.prompt_opens_reasoning
     if forced:
-        if not enc.forced_call_prefix:
-            raise bad_request(f"tool_choice '{spec.tool_choice}' cannot be honoured: the chat format "
-                              f"'{enc.format}' has no tool-call opener", "tool_choice")
-        start_in_call = enc.forced_call_prefix
+        if family.calls is None:
+            raise bad_request("tool_choice cannot be forced: this chat template has no known tool-call syntax",
+                              "tool_choice")
+        start_in_call = family.calls.opener(spec.forced_name)
         text += start_in_call
         in_reasoning = False
     ids = state.tokenizer.encode(text)
     if len(ids) >= state.max_ctx:
         raise bad_request(f"the prompt has {len(ids)} tokens but the context holds {state.max_ctx}",
                           "messages", code="context_length_exceeded")
-    prep = PreparedChat(ids, text, enc.tool_dialect if spec.active_tools else None, in_reasoning,
-                        start_in_call, tuple(enc.stop_strings), enc.format)
+    prep = PreparedChat(ids, text, family.tool_dialect if spec.active_tools else None, in_reasoning,
+                        start_in_call, family.stop_strings, family.name)
     if constrain:
         stop_ids, _ = constrained.request_stop_ids(state, prep.stop_strings)
-        prep.constraint = constrained.build_for_request(
-            state, spec, chat_format=enc.format, dialect=enc.tool_dialect, start_in_call=start_in_call,
-            in_reasoning=in_reasoning, stop_ids=stop_ids)
+        prep.constraint = constrained.build_for_request(state, spec, in_reasoning=in_reasoning, stop_ids=stop_ids)
         if prep.constraint is not None and not forced:
             prep.dialect = None  # a JSON reply: tool-call markup inside a string is just text
     return prep

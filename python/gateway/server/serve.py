@@ -12,6 +12,7 @@ from pathlib import Path
 
 from aiohttp import web
 
+from ..families import load_chat_setup
 from ..generate import Slot
 from ..prefix_cache import MIN_SNAPSHOT_TOKENS, PrefixCache
 from ..prefix_disk import DiskSnapshots, model_folder
@@ -66,7 +67,6 @@ def _read_json(path: Path) -> dict:
 
 
 def build_state(opts: ServeOptions, *, demo: bool = False) -> ServerState:
-    from ..chat import load_chat_setup
     from ..engine import Engine, EngineError
 
     path = Path(opts.model).expanduser()

@@ -5,6 +5,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 
+from ..families import ChatSetup
 from ..generate import GenerationResult, Slot
 from ..scheduler import Job, Scheduler
 from ..tokenizer import Tokenizer
@@ -70,7 +71,7 @@ class ServerState:
     tokenizer: Tokenizer
     slot: Slot
     scheduler: Scheduler
-    chat: object  # gateway.chat.ChatSetup: the checkpoint's format, template and stop strings
+    chat: ChatSetup  # the checkpoint's chat family (bound to its template) and defaults
     model_id: str
     model_path: str
     max_ctx: int

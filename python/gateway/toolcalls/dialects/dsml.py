@@ -84,11 +84,3 @@ class DsmlBlock(BlockParser):
                     raw = yield from self.until(PARAM_CLOSE)
                     self.arg_value(key, coerce(raw, types))
             invokes += 1
-
-
-def opener(name: str | None = None) -> str:
-    """Prefill as the reference encoder lays it out, optionally opening an invoke of `name`."""
-    text = f"\n\n{MARKER}\n"
-    if name:
-        text += f'{INVOKE} name="{name}">\n'
-    return text

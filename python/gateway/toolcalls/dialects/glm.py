@@ -49,8 +49,3 @@ class GlmBlock(BlockParser):
                 self.call_end()
                 return
             yield from self.expect(KEY_OPEN)
-
-
-def opener(name: str | None = None) -> str:
-    """Prefill that puts the model inside a call (optionally to a named function)."""
-    return MARKER + (name or "")

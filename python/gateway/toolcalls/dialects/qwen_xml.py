@@ -120,8 +120,3 @@ class QwenXmlBlock(BlockParser):
             else:
                 raw = yield from self._value(None)
                 self.arg_value(key, coerce(raw, types))
-
-
-def opener(name: str | None = None) -> str:
-    """Prefill that puts the model inside a call (optionally to a named function)."""
-    return f"{MARKER}\n" + (f"{FUNCTION}{name}>\n" if name else "")
