@@ -17,8 +17,9 @@ from openai.types.chat import ChatCompletionChunk
 
 from gateway.families import FAMILIES
 from gateway.server.pipeline import ChatOutput
-from gateway.server.wire import (AnthropicBlocks, OpenAIChunks, anthropic_content, anthropic_message_end,
-                                 anthropic_message_start, anthropic_stop_reason, openai_message)
+from gateway.server.anthropic_protocol import (AnthropicBlocks, anthropic_content, anthropic_message_end,
+                                               anthropic_message_start, anthropic_stop_reason)
+from gateway.server.openai_protocol import OpenAIChunks, openai_message
 
 BAR = "\uff5c"
 

@@ -5,10 +5,11 @@ import time
 
 from aiohttp import web
 
-from .chat_request import parse_json_body, parse_openai_chat
 from .errors import bad_request
-from .openai_routes import STATE_KEY
+from .openai_protocol import parse_openai_chat
 from .pipeline import prepare_chat
+from .spec import check_token_ids, parse_json_body
+from .state import STATE_KEY
 
 
 async def health(request: web.Request) -> web.Response:
@@ -123,6 +124,5 @@ async def detokenize(request: web.Request) -> web.Response:
     tokens = body.get("tokens") if isinstance(body, dict) else None
     if not isinstance(tokens, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in tokens):
         raise bad_request("'tokens' must be a list of token ids", "tokens")
-    if any(t < 0 or t >= state.tokenizer.vocab_size for t in tokens):
-        raise bad_request("'tokens' holds an id outside the vocabulary", "tokens")
+    check_token_ids(tokens, state.tokenizer.vocab_size, "tokens")
     return web.json_response({"content": state.tokenizer.decode(tokens)})

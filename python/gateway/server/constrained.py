@@ -4,7 +4,7 @@ With tool_choice required / a named function, or response_format json_object / j
 (Anthropic output_config.format), every generated token is sampled under a grammar
 (gateway.structured), so the reply is always a complete call in the model's own dialect whose
 arguments validate against the tool schema, or a JSON value that validates against the schema.
-Other servers' constraint parameters work too (chat_request._EXTENSIONS: vLLM's guided_json /
+Other servers' constraint parameters work too (openai_protocol._EXTENSIONS: vLLM's guided_json /
 guided_regex / guided_choice / guided_grammar and structured_outputs, llama.cpp's GBNF grammar
 and json_schema): the reply then matches the regex, is one of the choices, or follows the grammar.
 
@@ -26,7 +26,7 @@ from .errors import bad_request
 
 if TYPE_CHECKING:
     from ..structured import Constraint
-    from .chat_request import ChatSpec
+    from .spec import ChatSpec
     from .state import ServerState
 
 log = logging.getLogger("moegate.server")
@@ -94,7 +94,7 @@ def build_for_request(state: "ServerState", spec: "ChatSpec", *, in_reasoning: b
 
 def build_reply_constraint(state: "ServerState", fmt: dict, stop_ids: frozenset[int], *,
                            in_reasoning: bool = False) -> "Constraint":
-    """A constraint on the whole reply from a normalised format (chat_request: response_format
+    """A constraint on the whole reply from a normalised format (the protocol modules: response_format
     and the other servers' parameters): json_object, json_schema, regex, choice or grammar."""
     from ..structured import ConstraintError, build_constraint
 

@@ -1,7 +1,11 @@
-"""One request from spec to events, shared by both APIs.
+"""One request from spec to events, shared by every API.
 
-    ChatSpec -> chat encoder (prompt text) -> token ids -> scheduler job (engine) -> text pieces
-             -> streaming tool-call parser (ChatOutput) -> OpenAI-style deltas -> the API's wire format
+    ChatSpec -> the family's encoder (prompt text) -> token ids -> scheduler job (engine)
+             -> TextEvents -> streaming tool-call parser (ChatOutput) -> Delta ... Finish
+
+The events a run yields are the one vocabulary from the generation loop to the wire: Queued
+(first, at once), generate.ProgressEvent while prefilling, then Delta ... Finish (chat) or
+generate.TextEvent ... GenerationResult (raw completions); each API's protocol module writes them.
 
 Everything that can be the client's fault (bad messages, context overflow, a full queue) is raised
 as ApiError by `start_chat` / `JobRun(...)` *before* a route opens its response, so those errors
@@ -20,12 +24,12 @@ from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..generate import GenerationRequest, GenerationResult, ProgressEvent, TextEvent
+from ..generate import GenerationRequest, GenerationResult, TextEvent
 from ..sampling import SamplingParams
 from ..scheduler import Done, Failed, QueueFull
 from . import constrained
-from .chat_request import ChatSpec
 from .errors import ApiError, bad_request
+from .spec import ChatSpec
 from .state import ServerState
 
 log = logging.getLogger("moegate.server")
@@ -37,21 +41,18 @@ class Usage:
     completion_tokens: int = 0
     cached_tokens: int = 0
 
-    def openai(self) -> dict:
-        return {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
-                "total_tokens": self.prompt_tokens + self.completion_tokens,
-                "prompt_tokens_details": {"cached_tokens": self.cached_tokens}}
-
-    def anthropic(self) -> dict:
-        # Anthropic counts cache reads apart from input_tokens.
-        return {"input_tokens": self.prompt_tokens - self.cached_tokens, "output_tokens": self.completion_tokens,
-                "cache_read_input_tokens": self.cached_tokens, "cache_creation_input_tokens": 0}
-
     @classmethod
     def of(cls, result: GenerationResult | None) -> "Usage":
         if result is None:
             return cls()
         return cls(result.prompt_tokens, result.completion_tokens, result.cached_tokens)
+
+    def add_choice(self, choice: "Usage", index: int) -> "Usage":
+        """With choice `index` added: the prompt counts once (as OpenAI reports n > 1),
+        completion tokens add up."""
+        if index == 0:
+            return Usage(choice.prompt_tokens, choice.completion_tokens, choice.cached_tokens)
+        return Usage(self.prompt_tokens, self.completion_tokens + choice.completion_tokens, self.cached_tokens)
 
 
 @dataclass
@@ -60,12 +61,6 @@ class Queued:
     keepalives) before a long wait.  `ahead` counts jobs that run first (0: starting now)."""
     ahead: int
     prompt_tokens: int
-
-
-@dataclass
-class Progress:
-    done: int
-    total: int
 
 
 @dataclass
@@ -89,9 +84,16 @@ class PreparedChat:
     dialect: str | None
     in_reasoning: bool
     start_in_call: str | None  # the forced-call opener appended to the prompt, if any
-    stop_strings: tuple[str, ...]
-    format: str = ""
+    stop_ids: frozenset[int]   # the server's end-of-turn tokens + the family's single-token stops
+    stop_texts: list[str]      # the family's stop strings that are no single token
     constraint: Any = None  # gateway.structured.Constraint when every token is grammar-constrained
+
+
+def check_context(state: ServerState, ids: list[int], param: str) -> None:
+    """The one context check of a request (the engine keeps its own guard)."""
+    if len(ids) >= state.max_ctx:
+        raise bad_request(f"the prompt has {len(ids)} tokens but the context holds {state.max_ctx}",
+                          param, code="context_length_exceeded")
 
 
 def prepare_chat(state: ServerState, spec: ChatSpec, *, constrain: bool = False) -> PreparedChat:
@@ -121,13 +123,11 @@ def prepare_chat(state: ServerState, spec: ChatSpec, *, constrain: bool = False)
         text += start_in_call
         in_reasoning = False
     ids = state.tokenizer.encode(text)
-    if len(ids) >= state.max_ctx:
-        raise bad_request(f"the prompt has {len(ids)} tokens but the context holds {state.max_ctx}",
-                          "messages", code="context_length_exceeded")
+    check_context(state, ids, "messages")
+    stop_ids, stop_texts = constrained.request_stop_ids(state, family.stop_strings)
     prep = PreparedChat(ids, text, family.tool_dialect if spec.active_tools else None, in_reasoning,
-                        start_in_call, family.stop_strings, family.name)
+                        start_in_call, stop_ids, stop_texts)
     if constrain:
-        stop_ids, _ = constrained.request_stop_ids(state, prep.stop_strings)
         prep.constraint = constrained.build_for_request(state, spec, in_reasoning=in_reasoning, stop_ids=stop_ids)
         if prep.constraint is not None and not forced:
             prep.dialect = None  # a JSON reply: tool-call markup inside a string is just text
@@ -135,18 +135,24 @@ def prepare_chat(state: ServerState, spec: ChatSpec, *, constrain: bool = False)
 
 
 def generation_request(state: ServerState, prompt_ids: list[int], max_tokens: int | None,
-                       sampling: SamplingParams, stop: list[str], extra_stop_strings: tuple[str, ...] = (),
-                       ignore_eos: bool = False) -> GenerationRequest:
-    """`stop` are the client's stop strings; `extra_stop_strings` the chat format's (usually
-    special tokens, matched by id).  `ignore_eos` drops every stop token (benchmarks, tests)."""
+                       sampling: SamplingParams, stop: list[str], *, stop_ids: frozenset[int] | None = None,
+                       stop_texts: list[str] = (), ignore_eos: bool = False,
+                       constraint: Any = None) -> GenerationRequest:
+    """`stop` are the client's stop strings; `stop_ids` / `stop_texts` the end of a turn (default:
+    the server's end-of-turn tokens).  `ignore_eos` drops every stop token (benchmarks, tests).
+    With a `constraint` the grammar decides where the reply ends: it allows the stop tokens
+    exactly when the structure is complete, so the loop stops on those same ids, and no stop
+    string may cut the structure short."""
     room = state.max_ctx - len(prompt_ids)
     budget = min(max_tokens or state.default_max_tokens, room)
-    stop_ids, format_text_stops = constrained.request_stop_ids(state, extra_stop_strings)
-    if ignore_eos:
-        stop_ids = frozenset()
-    text_stops = list(stop) + format_text_stops
-    return GenerationRequest(prompt_ids=prompt_ids, max_tokens=budget, sampling=sampling,
-                             stop_token_ids=frozenset(stop_ids), stop_strings=tuple(text_stops))
+    stop_ids = state.stop_token_ids if stop_ids is None else stop_ids
+    request = GenerationRequest(prompt_ids=prompt_ids, max_tokens=budget, sampling=sampling,
+                                stop_token_ids=frozenset() if ignore_eos and constraint is None else stop_ids,
+                                stop_strings=tuple(stop) + tuple(stop_texts))
+    if constraint is not None:
+        request.stop_strings = ()
+        request.token_mask = constraint.token_mask_hook(request.max_tokens)
+    return request
 
 
 def logprob_entries(state: ServerState, event: TextEvent) -> list[dict]:
@@ -166,7 +172,7 @@ def logprob_entries(state: ServerState, event: TextEvent) -> list[dict]:
 
 class JobRun:
     """One submitted generation job.  Construction submits (429 when the queue is full);
-    `events()` yields Queued, Progress, TextEvent ... and finally the GenerationResult.
+    `events()` yields Queued, ProgressEvent, TextEvent ... and finally the GenerationResult.
 
     Whoever stops consuming early (the client went away: the handler task is cancelled or a
     write fails) must leave through `close()`, which cancels the job: a queued one leaves the
@@ -265,16 +271,9 @@ class ChatRun:
 
     def __init__(self, state: ServerState, spec: ChatSpec, prep: PreparedChat, id_salt: str = "") -> None:
         self.state, self.spec, self.prep = state, spec, prep
-        constraint = prep.constraint
         request = generation_request(state, prep.prompt_ids, spec.max_tokens, spec.sampling, spec.stop,
-                                     prep.stop_strings, ignore_eos=spec.ignore_eos and constraint is None)
-        if constraint is not None:
-            # The grammar decides where the reply ends: it allows the stop tokens exactly when
-            # the call / JSON value is complete, so the loop must stop on those same ids, and a
-            # stop string must not cut the structure short.
-            assert frozenset(constraint.ctx.stop_ids) == request.stop_token_ids, "stop ids disagree"
-            request.stop_strings = ()
-            request.token_mask = constraint.token_mask_hook(request.max_tokens)
+                                     stop_ids=prep.stop_ids, stop_texts=prep.stop_texts,
+                                     ignore_eos=spec.ignore_eos, constraint=prep.constraint)
         self.output = ChatOutput(prep.dialect, spec.active_tools, in_reasoning=prep.in_reasoning,
                                  start_in_call=prep.start_in_call,
                                  parallel_tool_calls=spec.parallel_tool_calls, id_salt=id_salt)
@@ -294,18 +293,14 @@ class ChatRun:
         return finish
 
     async def events(self) -> AsyncIterator[object]:
-        """Yields Queued, Progress, Delta ... then exactly one Finish."""
+        """Yields Queued, ProgressEvent, Delta ... then exactly one Finish."""
         result: GenerationResult | None = None
         out = self.output
         want_logprobs = self.spec.sampling.logprobs
         events = self.job.events()
         try:
             async for event in events:
-                if isinstance(event, (Queued, Progress)):
-                    yield event
-                elif isinstance(event, ProgressEvent):
-                    yield Progress(event.done, event.total)
-                elif isinstance(event, TextEvent):
+                if isinstance(event, TextEvent):
                     if out.cut:
                         continue  # draining a server-side stop: only the result matters now
                     lps = logprob_entries(self.state, event) if want_logprobs else []
@@ -318,6 +313,8 @@ class ChatRun:
                         self.job.stop()
                 elif isinstance(event, GenerationResult):
                     result = event
+                else:  # Queued, ProgressEvent
+                    yield event
         finally:
             await events.aclose()
         natural = "length" if result is not None and result.finish_reason == "length" else "stop"
@@ -353,66 +350,12 @@ class ChatRun:
         return complete
 
 
-def start_chat(state: ServerState, spec: ChatSpec, id_salt: str = "") -> ChatRun:
-    """Validates, renders, tokenises and queues a chat request (ApiError on any problem)."""
-    return ChatRun(state, spec, prepare_chat(state, spec, constrain=True), id_salt)
-
-
-async def start_chat_async(state: ServerState, spec: ChatSpec, id_salt: str = "") -> ChatRun:
-    """start_chat with the rendering and grammar compilation off the event loop (a large tool
-    schema can take a moment to compile); queueing stays on the loop."""
+async def start_chat(state: ServerState, spec: ChatSpec, id_salt: str = "") -> ChatRun:
+    """Validates, renders, tokenises and queues a chat request (ApiError on any problem), with
+    the rendering and grammar compilation off the event loop when the request needs a grammar
+    (a large tool schema can take a moment to compile); queueing stays on the loop."""
     if constrained.wants_constraint(spec):
         prep = await asyncio.to_thread(prepare_chat, state, spec, constrain=True)
     else:
         prep = prepare_chat(state, spec)
     return ChatRun(state, spec, prep, id_salt)
-
-
-async def keepalive(source: AsyncIterator[object], interval: float) -> AsyncIterator[object | None]:
-    """Re-yields items from source, and None whenever `interval` seconds pass without one
-    (the caller writes an SSE comment or ping so clients and proxies keep the connection).
-    Closing this generator closes `source`."""
-    it = source.__aiter__()
-    pending: asyncio.Future | None = None
-    try:
-        while True:
-            if pending is None:
-                pending = asyncio.ensure_future(it.__anext__())
-            done, _ = await asyncio.wait({pending}, timeout=interval)
-            if not done:
-                yield None
-                continue
-            task, pending = pending, None
-            try:
-                item = task.result()
-            except StopAsyncIteration:
-                return
-            yield item
-    finally:
-        if pending is not None:
-            pending.cancel()
-            try:
-                await pending
-            except BaseException:  # noqa: BLE001 - the source is being torn down either way
-                pass
-        aclose = getattr(it, "aclose", None)
-        if aclose:
-            await aclose()
-
-
-async def send_waiting_comment(resp, item: object) -> bool:
-    """OpenAI-style streams: while a request waits, SSE comments keep the connection alive and
-    say why (queue position, prefill progress); clients ignore them.  True if `item` was one of
-    those waiting events (None is the keepalive tick of `keepalive`)."""
-    from . import sse
-
-    if item is None:
-        await sse.send_comment(resp, "keepalive")
-    elif isinstance(item, Queued):
-        if item.ahead:
-            await sse.send_comment(resp, f"queued ahead={item.ahead}")
-    elif isinstance(item, Progress):
-        await sse.send_comment(resp, f"prefill {item.done}/{item.total}")
-    else:
-        return False
-    return True

@@ -5,6 +5,8 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 
+from aiohttp import web
+
 from ..families import ChatSetup
 from ..generate import GenerationResult, Slot
 from ..scheduler import Job, Scheduler
@@ -86,3 +88,6 @@ class ServerState:
     ram_gb: float | None = None  # --ram (the whole process), for the startup summary
     metrics: Metrics = field(default_factory=Metrics)
     ready: bool = True
+
+
+STATE_KEY = web.AppKey("state", ServerState)  # request.app[STATE_KEY]: the handlers' way to the state
