@@ -20,7 +20,7 @@ STOP_STRINGS = (dsml.EOS, dsml.USER, dsml.ASSISTANT)
 
 
 def opener(name: str | None = None) -> str:
-    """The block as the reference encoder lays it out, up to the invoke's name (dsml.md §8.2)."""
+    """The block as the reference encoder lays it out, up to the invoke's name (docs/reference/dsml.md §8.2)."""
     text = f'\n\n{MARKER}\n{INVOKE} name="'
     return f'{text}{name}">\n' if name else text
 

@@ -296,7 +296,7 @@ class MessagesStream(StreamWriter):
     def waiting(self, item: Queued | ProgressEvent | None) -> list[Frame]:
         if item is None:
             return [("ping", {"type": "ping"})]
-        # Unknown event types pass through the SDKs (gateway-wire.md §5.2).
+        # Unknown event types pass through the SDKs (docs/reference/gateway-wire.md §5.2).
         if isinstance(item, Queued):
             return [("prefill_progress", {"type": "prefill_progress", "queue_ahead": item.ahead})]
         return [("prefill_progress", {"type": "prefill_progress", "done": item.done, "total": item.total})]

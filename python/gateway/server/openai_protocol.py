@@ -232,7 +232,7 @@ def chat_choice(index: int, finish: Finish, logprobs: list[dict] | None, mirror_
 
 
 def error_frames(exc: ApiError) -> list[Frame]:
-    """The status line is gone: the error travels in the stream (gateway-wire.md §2.3)."""
+    """The status line is gone: the error travels in the stream (docs/reference/gateway-wire.md §2.3)."""
     return [(None, exc.openai_body())]
 
 

@@ -1,6 +1,6 @@
 """Qwen3-Coder / Qwen3.5 calls: `<tool_call><function=N><parameter=K>V</parameter></function></tool_call>`.
 
-Contract §3/§4 rules for this dialect:
+docs/reference/toolcall-contract.md §3/§4 rules for this dialect:
 
 * `<tool_call>` must be followed (after whitespace) by `<function=`; a bare `<function=...>` is
   text (it never starts a block because the core only looks for `<tool_call>`).
