@@ -12,7 +12,6 @@ from gateway.chat import ChatEncodingError
 from gateway.families import encode
 from reference_data import template_text
 
-
 FORMAT_TEMPLATES = [
     ("glm45", "GLM-4.5.jinja"), ("glm45", "GLM-4.6.jinja"), ("glm47", "GLM-4.7-Flash.jinja"),
     ("qwen3", "Qwen3.jinja"), ("qwen3_coder", "Qwen3-Coder.jinja"), ("qwen35", "Qwen3.5.jinja"),

@@ -9,10 +9,9 @@ import re
 import pytest
 from tokenizers import Tokenizer
 
-from gateway.chat import ChatEncodingError
-from gateway.families import FAMILIES, encode
-from gateway.chat import dsml
+from gateway.chat import ChatEncodingError, dsml
 from gateway.chat.normalize import normalize_messages
+from gateway.families import FAMILIES, encode
 from reference_data import DSML_SPEC
 
 SPEC = DSML_SPEC.read_text(encoding="utf-8")

@@ -7,8 +7,8 @@ import json
 import pytest
 
 from gateway.chat import ChatEncodingError
-from gateway.families import encode
 from gateway.chat.jinja_render import render_template
+from gateway.families import encode
 from gateway.families.checkpoint import TEMPLATES_DIR
 from reference_data import TEMPLATES_DIR as REFERENCE_TEMPLATES
 from reference_data import template_text

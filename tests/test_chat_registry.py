@@ -13,7 +13,6 @@ from gateway.chat.jinja_render import render_template
 from gateway.families import FAMILIES, bundled_template, detect_format, encode, load_chat_setup
 from reference_data import template_text
 
-
 HI = [{"role": "user", "content": "hi"}]
 TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {}}}}
 

@@ -16,10 +16,15 @@ from openai.lib.streaming.chat import ChatCompletionStreamState
 from openai.types.chat import ChatCompletionChunk
 
 from gateway.families import FAMILIES
-from gateway.server.pipeline import ChatOutput
-from gateway.server.anthropic_protocol import (AnthropicBlocks, anthropic_content, anthropic_message_end,
-                                               anthropic_message_start, anthropic_stop_reason)
+from gateway.server.anthropic_protocol import (
+    AnthropicBlocks,
+    anthropic_content,
+    anthropic_message_end,
+    anthropic_message_start,
+    anthropic_stop_reason,
+)
 from gateway.server.openai_protocol import OpenAIChunks, openai_message
+from gateway.server.pipeline import ChatOutput
 
 BAR = "\uff5c"
 

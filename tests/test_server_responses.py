@@ -373,9 +373,9 @@ def test_input_items_become_one_assistant_turn_per_reply():
 def test_events_satisfy_the_sdk_accumulator():
     """ResponseEvents fed straight into the SDK's own stream state: reasoning, text and two
     calls (one namespaced) rebuild into the same final response."""
+    from openai._models import construct_type
     from openai.lib.streaming.responses._responses import ResponseStreamState
     from openai.types.responses import ResponseStreamEvent
-    from openai._models import construct_type
 
     from gateway.server.responses_protocol import ResponseEvents, ResponseObject
 
@@ -404,8 +404,8 @@ def test_events_satisfy_the_sdk_accumulator():
 
 
 def test_builtin_tool_records_and_tool_output_parts():
-    from gateway.server.responses_protocol import parse_responses
     from gateway.server.errors import ApiError
+    from gateway.server.responses_protocol import parse_responses
 
     spec = parse_responses({"model": "m", "input": [
         {"role": "user", "content": "List."},

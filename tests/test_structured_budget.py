@@ -21,8 +21,7 @@ import pytest
 
 from gateway.families import FAMILIES
 from gateway.structured import build_constraint
-from test_structured import (  # noqa: F401  (the module-scoped tokenizers fixture)
-    FORMATS, SCHEMAS, _check_calls, _parse, tokenizers)
+from test_structured import FORMATS, SCHEMAS, _check_calls, _parse, tokenizers  # noqa: F401  (the module-scoped tokenizers fixture)
 
 Preference = Callable[[str], float]
 SCORED_AT_MOST = 4096  # larger allowed sets (free text) are sampled uniformly: scoring is slow

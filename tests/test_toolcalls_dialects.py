@@ -10,7 +10,6 @@ import pytest
 
 from gateway.families import FAMILIES
 from gateway.toolcalls import DIALECTS, coerce, make_parser, schema_types
-
 from test_toolcalls_stream import BAR, EOS, TOOLS, calls_of, run, run_all_ways
 
 D = f"{BAR}DSML{BAR}"

@@ -18,8 +18,8 @@ import numpy as np
 
 from .prefix_cache import MIN_SNAPSHOT_TOKENS, PrefixCache, common_prefix
 from .prefix_disk import DiskSnapshots
+from .sampling import SampledToken, Sampler, SamplingParams
 from .snapshots import ConversationSnapshots
-from .sampling import Sampler, SampledToken, SamplingParams
 from .tokenizer import IncrementalDecoder, Tokenizer
 
 log = logging.getLogger("moegate.generate")

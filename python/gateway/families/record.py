@@ -11,7 +11,6 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..chat.types import Message
 from ..structured.grammars import GrammarText, Markup, ToolSpec
 
 # (messages, tools, *, add_generation_prompt, thinking, reasoning_effort, extra, chat_template)

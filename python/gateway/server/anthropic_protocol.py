@@ -15,8 +15,16 @@ from ..generate import ProgressEvent
 from .errors import ApiError, bad_request
 from .pipeline import Delta, Finish, Queued, Usage
 from .serving import Frame, StreamWriter
-from .spec import (ChatSpec, apply_tool_choice, check_tools, expect, json_format, positive_int, sampling_params,
-                   stop_list)
+from .spec import (
+    ChatSpec,
+    apply_tool_choice,
+    check_tools,
+    expect,
+    json_format,
+    positive_int,
+    sampling_params,
+    stop_list,
+)
 
 THINKING_SIGNATURE = "moegate-local"  # clients replay thinking blocks with it; any is accepted back
 

@@ -20,9 +20,20 @@ from ..sampling import SamplingParams
 from .errors import ApiError, bad_request
 from .pipeline import Delta, Finish, Usage
 from .serving import Frame, StreamWriter
-from .spec import (ChatSpec, check_messages, check_tools, apply_tool_choice, choices_count, expect, int_field,
-                   json_format, positive_int, sampling_params, stop_list, thinking_switch)
-
+from .spec import (
+    ChatSpec,
+    apply_tool_choice,
+    check_messages,
+    check_tools,
+    choices_count,
+    expect,
+    int_field,
+    json_format,
+    positive_int,
+    sampling_params,
+    stop_list,
+    thinking_switch,
+)
 
 # --------------------------------------------------------------------------- chat completions: parse
 
@@ -193,18 +204,6 @@ class OpenAIChunks:
 
     def usage(self, usage: dict) -> dict:
         return dict(self._base([]), usage=usage)
-
-
-def openai_message(message: dict, mirror_reasoning: bool = False) -> dict:
-    """The non-streaming `choices[0].message` from the parser's final message."""
-    out = {"role": "assistant", "content": message.get("content")}
-    if message.get("reasoning_content") is not None:
-        out["reasoning_content"] = message["reasoning_content"]
-        if mirror_reasoning:
-            out["reasoning"] = message["reasoning_content"]
-    if message.get("tool_calls"):
-        out["tool_calls"] = message["tool_calls"]
-    return out
 
 
 def openai_message(message: dict, mirror_reasoning: bool = False) -> dict:

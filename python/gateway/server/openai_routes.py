@@ -12,8 +12,19 @@ from aiohttp import web
 from ..generate import GenerationResult, TextEvent
 from . import constrained
 from .errors import ApiError, bad_request
-from .openai_protocol import (ChatStream, Completions, CompletionStream, OpenAIChunks, chat_choice, chat_completion,
-                              completion_finish, model_card, openai_usage, parse_completion, parse_openai_chat)
+from .openai_protocol import (
+    ChatStream,
+    Completions,
+    CompletionStream,
+    OpenAIChunks,
+    chat_choice,
+    chat_completion,
+    completion_finish,
+    model_card,
+    openai_usage,
+    parse_completion,
+    parse_openai_chat,
+)
 from .pipeline import Delta, Finish, JobRun, Usage, check_context, generation_request, start_chat
 from .serving import choice_sampling, one_after_another, stream
 from .spec import check_token_ids, parse_json_body

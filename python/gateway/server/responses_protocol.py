@@ -33,9 +33,18 @@ from typing import Any
 from .errors import ApiError, bad_request
 from .pipeline import Delta, Finish, Usage
 from .serving import Frame, StreamWriter
-from .spec import (MAX_MESSAGES, ChatSpec, apply_tool_choice, check_messages, check_tools, expect, json_format,
-                   positive_int, sampling_params, thinking_switch)
-
+from .spec import (
+    MAX_MESSAGES,
+    ChatSpec,
+    apply_tool_choice,
+    check_messages,
+    check_tools,
+    expect,
+    json_format,
+    positive_int,
+    sampling_params,
+    thinking_switch,
+)
 
 # --------------------------------------------------------------------------- parse
 

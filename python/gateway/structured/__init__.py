@@ -39,8 +39,16 @@ from typing import Any
 import llguidance as llg
 import numpy as np
 
-from .grammars import (ConstraintError, GrammarText, Markup, choice_grammar, json_grammar, regex_grammar,
-                       tool_call_grammar, user_grammar)
+from .grammars import (
+    ConstraintError,
+    GrammarText,
+    Markup,
+    choice_grammar,
+    json_grammar,
+    regex_grammar,
+    tool_call_grammar,
+    user_grammar,
+)
 
 __all__ = ["Constraint", "ConstraintError", "TokenizerContext", "build_constraint",
            "tokenizer_context"]

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from ..blocks import BlockError, BlockParser, Wait
+from ..blocks import BlockParser, Wait
 from ..schema_coerce import coerce, is_verbatim
 
 MARKER = "<tool_call>"
