@@ -4,15 +4,10 @@ Thinking: the model opens its own `<think>`; `thinking=False` pre-fills an empty
 """
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
-
 from ..chat import qwen
-from ..chat.normalize import require_text_only
-from ..chat.types import Message
 from ..structured.grammars import hermes_grammar
 from ..toolcalls.dialects.hermes import MARKER
-from .record import CallSyntax, Family
+from .record import CallSyntax, Family, text_encoder
 
 STOP_STRINGS = ("<|im_end|>", "<|endoftext|>")
 
@@ -22,12 +17,5 @@ def opener(name: str | None = None) -> str:
     return f'{MARKER}\n{{"name": "' + (f'{name}", "arguments": ' if name else "")
 
 
-def encode(messages: list[Message], tools: list[dict[str, Any]], *, add_generation_prompt: bool,
-           thinking: bool | None, reasoning_effort: str | None, extra: Mapping[str, Any],
-           chat_template: str | None) -> tuple[str, bool | None]:
-    require_text_only(messages)
-    return qwen.encode_qwen3(messages, tools, add_generation_prompt=add_generation_prompt, thinking=thinking), thinking
-
-
 CALLS = CallSyntax("hermes", opener, hermes_grammar)
-FAMILY = Family("qwen3", encode, STOP_STRINGS, CALLS, reference_template="Qwen3.jinja")
+FAMILY = Family("qwen3", text_encoder(qwen.encode_qwen3), STOP_STRINGS, CALLS, reference_template="Qwen3.jinja")

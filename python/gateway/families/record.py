@@ -11,6 +11,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ..chat.normalize import require_text_only
+from ..chat.types import Message
 from ..structured.grammars import GrammarText, Markup, ToolSpec
 
 # (messages, tools, *, add_generation_prompt, thinking, reasoning_effort, extra, chat_template)
@@ -67,3 +69,15 @@ class Family:
             return self
         return self.for_template(self, chat_template or "", template_vars)
 
+
+def text_encoder(render: Callable[..., str], *, takes_thinking: bool = True) -> Encoder:
+    """The `Encoder` of a hand-written encoder for text-only messages that takes (messages, tools,
+    add_generation_prompt[, thinking]) and no options."""
+    def encode(messages: list[Message], tools: list[dict[str, Any]], *, add_generation_prompt: bool,
+               thinking: bool | None, reasoning_effort: str | None, extra: Mapping[str, Any],
+               chat_template: str | None) -> tuple[str, bool | None]:
+        require_text_only(messages)
+        if not takes_thinking:
+            return render(messages, tools, add_generation_prompt=add_generation_prompt), None
+        return render(messages, tools, add_generation_prompt=add_generation_prompt, thinking=thinking), thinking
+    return encode
