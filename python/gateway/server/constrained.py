@@ -38,20 +38,6 @@ def engine_vocab(state: "ServerState") -> int:
     return int(info.get("vocab_size") or state.tokenizer.vocab_size)
 
 
-def request_stop_ids(state: "ServerState", extra_stop_strings: tuple[str, ...]) -> tuple[frozenset[int], list[str]]:
-    """(stop token ids, stop strings that are not single tokens) for a chat request: the
-    server's end-of-turn tokens plus the chat format's stop strings held as one token."""
-    ids = set(state.stop_token_ids)
-    texts: list[str] = []
-    for s in extra_stop_strings:
-        tid = state.tokenizer.token_id(s)
-        if tid is None:
-            texts.append(s)
-        else:
-            ids.add(tid)
-    return frozenset(ids), texts
-
-
 def wants_constraint(spec: "ChatSpec") -> bool:
     return spec.forces_call or spec.response_format is not None
 
@@ -61,7 +47,7 @@ def warm_up(state: "ServerState") -> float:
     from ..structured import tokenizer_context
 
     t0 = time.perf_counter()
-    stops, _ = request_stop_ids(state, state.chat.stop_strings)
+    stops = state.stop_token_ids
     if not stops:
         log.warning("structured output: the checkpoint declares no stop token; constrained replies "
                     "will end at max_tokens")
@@ -70,16 +56,17 @@ def warm_up(state: "ServerState") -> float:
     return time.perf_counter() - t0
 
 
-def build_for_request(state: "ServerState", spec: "ChatSpec", *, in_reasoning: bool,
-                      stop_ids: frozenset[int]) -> "Constraint | None":
+def build_for_request(state: "ServerState", spec: "ChatSpec", *, in_reasoning: bool) -> "Constraint | None":
     """The request's constraint (None when it needs none); ApiError 400 when the schema cannot
     be satisfied or the format has nothing to force."""
     if not wants_constraint(spec):
         return None
     if not spec.forces_call:
-        return build_reply_constraint(state, spec.response_format or {}, stop_ids, in_reasoning=in_reasoning)
+        return build_reply_constraint(state, spec.response_format or {}, state.stop_token_ids,
+                                      in_reasoning=in_reasoning)
     from ..structured import ConstraintError, build_constraint
 
+    stop_ids = state.stop_token_ids
     if not stop_ids:
         raise bad_request("structured output needs an end-of-turn token, and this checkpoint declares none",
                           "tool_choice")

@@ -65,12 +65,17 @@ class Queued:
 
 @dataclass
 class Delta:
+    """One OpenAI-style delta of the parsed output ({"content"}, {"reasoning_content"} or
+    {"tool_calls"}), with the logprobs of the token that produced it."""
+
     delta: dict
     logprobs: list[dict] = field(default_factory=list)
 
 
 @dataclass
 class Finish:
+    """The last event of a chat run: the whole parsed message and why it ended."""
+
     finish_reason: str  # stop | length | tool_calls
     usage: Usage
     message: dict
@@ -79,13 +84,12 @@ class Finish:
 
 @dataclass
 class PreparedChat:
+    """What a chat request needs beyond its spec: the prompt as ids, how to read the output."""
+
     prompt_ids: list[int]
-    prompt_text: str
     dialect: str | None
     in_reasoning: bool
     start_in_call: str | None  # the forced-call opener appended to the prompt, if any
-    stop_ids: frozenset[int]   # the server's end-of-turn tokens + the family's single-token stops
-    stop_texts: list[str]      # the family's stop strings that are no single token
     constraint: Any = None  # gateway.structured.Constraint when every token is grammar-constrained
 
 
@@ -124,11 +128,9 @@ def prepare_chat(state: ServerState, spec: ChatSpec, *, constrain: bool = False)
         in_reasoning = False
     ids = state.tokenizer.encode(text)
     check_context(state, ids, "messages")
-    stop_ids, stop_texts = constrained.request_stop_ids(state, family.stop_strings)
-    prep = PreparedChat(ids, text, family.tool_dialect if spec.active_tools else None, in_reasoning,
-                        start_in_call, stop_ids, stop_texts)
+    prep = PreparedChat(ids, family.tool_dialect if spec.active_tools else None, in_reasoning, start_in_call)
     if constrain:
-        prep.constraint = constrained.build_for_request(state, spec, in_reasoning=in_reasoning, stop_ids=stop_ids)
+        prep.constraint = constrained.build_for_request(state, spec, in_reasoning=in_reasoning)
         if prep.constraint is not None and not forced:
             prep.dialect = None  # a JSON reply: tool-call markup inside a string is just text
     return prep
@@ -136,11 +138,11 @@ def prepare_chat(state: ServerState, spec: ChatSpec, *, constrain: bool = False)
 
 def generation_request(state: ServerState, prompt_ids: list[int], max_tokens: int | None,
                        sampling: SamplingParams, stop: list[str], *, stop_ids: frozenset[int] | None = None,
-                       stop_texts: list[str] = (), ignore_eos: bool = False,
+                       stop_texts: tuple[str, ...] = (), ignore_eos: bool = False,
                        constraint: Any = None) -> GenerationRequest:
-    """`stop` are the client's stop strings; `stop_ids` / `stop_texts` the end of a turn (default:
-    the server's end-of-turn tokens).  `ignore_eos` drops every stop token (benchmarks, tests).
-    With a `constraint` the grammar decides where the reply ends: it allows the stop tokens
+    """`stop` are the client's stop strings; `stop_ids` the tokens that end the turn (default: the
+    server's), `stop_texts` the chat family's stop strings that are no single token.  `ignore_eos`
+    drops every stop token (benchmarks, tests).  With a `constraint` the grammar decides where the reply ends: it allows the stop tokens
     exactly when the structure is complete, so the loop stops on those same ids, and no stop
     string may cut the structure short."""
     room = state.max_ctx - len(prompt_ids)
@@ -272,7 +274,7 @@ class ChatRun:
     def __init__(self, state: ServerState, spec: ChatSpec, prep: PreparedChat, id_salt: str = "") -> None:
         self.state, self.spec, self.prep = state, spec, prep
         request = generation_request(state, prep.prompt_ids, spec.max_tokens, spec.sampling, spec.stop,
-                                     stop_ids=prep.stop_ids, stop_texts=prep.stop_texts,
+                                     stop_texts=state.stop_texts,
                                      ignore_eos=spec.ignore_eos, constraint=prep.constraint)
         self.output = ChatOutput(prep.dialect, spec.active_tools, in_reasoning=prep.in_reasoning,
                                  start_in_call=prep.start_in_call,

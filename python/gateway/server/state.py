@@ -77,7 +77,8 @@ class ServerState:
     model_id: str
     model_path: str
     max_ctx: int
-    stop_token_ids: frozenset[int]
+    stop_token_ids: frozenset[int]  # every token that ends a turn (the chat family's among them)
+    stop_texts: tuple[str, ...] = ()  # the chat family's stop strings that are no single token
     default_max_tokens: int = 4096
     api_key: str | None = None
     cors_origins: tuple[str, ...] = ()
