@@ -12,7 +12,6 @@ from pathlib import Path
 
 import numpy as np
 import torch
-
 from tools.ckpt import deepseek_v4 as writer
 
 E2M1 = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0])

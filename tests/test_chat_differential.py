@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from gateway.chat import ChatEncodingError, encode
+from gateway.chat import ChatEncodingError
+from gateway.families import encode
 from reference_data import template_text
-
 
 FORMAT_TEMPLATES = [
     ("glm45", "GLM-4.5.jinja"), ("glm45", "GLM-4.6.jinja"), ("glm47", "GLM-4.7-Flash.jinja"),

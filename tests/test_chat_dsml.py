@@ -9,9 +9,9 @@ import re
 import pytest
 from tokenizers import Tokenizer
 
-from gateway.chat import DSML_FORCE_CALL_OPENER, ChatEncodingError, encode, forced_call_prefix
-from gateway.chat import dsml
+from gateway.chat import ChatEncodingError, dsml
 from gateway.chat.normalize import normalize_messages
+from gateway.families import FAMILIES, encode
 from reference_data import DSML_SPEC
 
 SPEC = DSML_SPEC.read_text(encoding="utf-8")
@@ -129,13 +129,13 @@ def test_example3_tool_prompt_and_append_only_round_trip(tokenizer: Tokenizer) -
 def test_example3_forced_call_prefix_continues_into_the_reference_block() -> None:
     generated = literal(fenced_after("Generated text (72 tokens"))
     answer = generated.split("</think>", 1)[1]
-    assert DSML_FORCE_CALL_OPENER == "\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\""
-    assert answer.startswith(DSML_FORCE_CALL_OPENER)
-    assert answer.startswith(forced_call_prefix("dsml", "get_weather"))
+    assert FAMILIES["dsml"].calls.opener(None) == "\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\""
+    assert answer.startswith(FAMILIES["dsml"].calls.opener(None))
+    assert answer.startswith(FAMILIES["dsml"].calls.opener("get_weather"))
     required = encode("dsml", EX3, EX3_TOOLS, thinking=True, tool_choice="required")
-    assert required.forced_call_prefix == DSML_FORCE_CALL_OPENER
+    assert required.forced_call_prefix == FAMILIES["dsml"].calls.opener(None)
     named = encode("dsml", EX3, EX3_TOOLS, tool_choice={"type": "function", "function": {"name": "get_weather"}})
-    assert named.forced_call_prefix == DSML_FORCE_CALL_OPENER + 'get_weather">\n'
+    assert named.forced_call_prefix == FAMILIES["dsml"].calls.opener(None) + 'get_weather">\n'
     with pytest.raises(ChatEncodingError):
         encode("dsml", EX3, EX3_TOOLS, tool_choice={"type": "function", "function": {"name": "nope"}})
 

@@ -6,9 +6,10 @@ import json
 
 import pytest
 
-from gateway.chat import ChatEncodingError, encode
+from gateway.chat import ChatEncodingError
 from gateway.chat.jinja_render import render_template
-from gateway.chat.registry import TEMPLATES_DIR
+from gateway.families import encode
+from gateway.families.checkpoint import TEMPLATES_DIR
 from reference_data import TEMPLATES_DIR as REFERENCE_TEMPLATES
 from reference_data import template_text
 

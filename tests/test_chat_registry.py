@@ -8,19 +8,10 @@ from typing import Any
 
 import pytest
 
-from gateway.chat import (
-    FORMATS,
-    ChatEncodingError,
-    ChatTemplateError,
-    detect_format,
-    encode,
-    forced_call_prefix,
-    load_chat_setup,
-)
+from gateway.chat import ChatEncodingError, ChatTemplateError
 from gateway.chat.jinja_render import render_template
-from gateway.chat.registry import bundled_template
+from gateway.families import FAMILIES, bundled_template, detect_format, encode, load_chat_setup
 from reference_data import template_text
-
 
 HI = [{"role": "user", "content": "hi"}]
 TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {}}}}
@@ -29,14 +20,14 @@ TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "ob
 # --------------------------------------------------------------------------- registry facts
 
 def test_every_format_declares_dialect_and_stops() -> None:
-    assert set(FORMATS) == {"dsml", "glm45", "glm47", "qwen3", "qwen3_coder", "qwen35", "jinja"}
-    assert FORMATS["dsml"].tool_dialect == "dsml" and "<｜end▁of▁sentence｜>" in FORMATS["dsml"].stop_strings
-    assert FORMATS["glm45"].tool_dialect == FORMATS["glm47"].tool_dialect == "glm"
-    assert set(FORMATS["glm45"].stop_strings) == {"<|endoftext|>", "<|user|>", "<|observation|>"}
-    assert FORMATS["qwen3"].tool_dialect == "hermes"
-    assert FORMATS["qwen3_coder"].tool_dialect == FORMATS["qwen35"].tool_dialect == "qwen_xml"
-    assert set(FORMATS["qwen35"].stop_strings) == {"<|im_end|>", "<|endoftext|>"}
-    for name, fmt in FORMATS.items():
+    assert set(FAMILIES) == {"dsml", "glm45", "glm47", "qwen3", "qwen3_coder", "qwen35", "jinja"}
+    assert FAMILIES["dsml"].tool_dialect == "dsml" and "<｜end▁of▁sentence｜>" in FAMILIES["dsml"].stop_strings
+    assert FAMILIES["glm45"].tool_dialect == FAMILIES["glm47"].tool_dialect == "glm"
+    assert set(FAMILIES["glm45"].stop_strings) == {"<|endoftext|>", "<|user|>", "<|observation|>"}
+    assert FAMILIES["qwen3"].tool_dialect == "hermes"
+    assert FAMILIES["qwen3_coder"].tool_dialect == FAMILIES["qwen35"].tool_dialect == "qwen_xml"
+    assert set(FAMILIES["qwen35"].stop_strings) == {"<|im_end|>", "<|endoftext|>"}
+    for name, fmt in FAMILIES.items():
         if fmt.reference_template:
             assert bundled_template(name)
 
@@ -49,7 +40,7 @@ def test_every_format_declares_dialect_and_stops() -> None:
 def test_prompt_opens_reasoning(fmt: str, thinking: bool | None, opens: bool) -> None:
     got = encode(fmt, HI, thinking=thinking)
     assert got.prompt_opens_reasoning is opens
-    assert FORMATS[fmt].reasoning_opened is (fmt in ("glm47", "qwen35"))
+    assert FAMILIES[fmt].reasoning_opened is (fmt in ("glm47", "qwen35"))
     assert not encode(fmt, HI, thinking=thinking, add_generation_prompt=False).prompt_opens_reasoning
 
 
@@ -67,7 +58,7 @@ def test_thinking_switch_from_chat_template_kwargs() -> None:
     ("qwen3_coder", "f", "<tool_call>\n<function=f>\n"), ("qwen35", None, "<tool_call>\n<function="),
 ])
 def test_forced_call_prefixes(fmt: str, name: str | None, expected: str) -> None:
-    assert forced_call_prefix(fmt, name) == expected
+    assert FAMILIES[fmt].calls.opener(name) == expected
     choice: Any = "required" if name is None else {"type": "function", "function": {"name": name}}
     assert encode(fmt, HI, [TOOL], tool_choice=choice).forced_call_prefix == expected
 

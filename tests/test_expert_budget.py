@@ -29,9 +29,9 @@ from typing import Any
 
 import numpy as np
 import pytest
+from tools.ckpt import write_checkpoint
 
 from gateway.engine import Engine, EngineError  # noqa: E402  (conftest puts python/ on sys.path)
-from tools.ckpt import write_checkpoint
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 

@@ -14,7 +14,6 @@ from gateway.generate import GenerationRequest, ProgressEvent, Slot, StopStringF
 from gateway.sampling import SamplingParams
 from gateway.tokenizer import IncrementalDecoder, Tokenizer
 
-
 # ------------------------------------------------------------------------ stop-string filter
 
 def first_stop(text: str, stops: list[str]) -> tuple[str, str | None]:

@@ -11,7 +11,6 @@ import torch
 from gateway import _core
 
 
-
 def usable_tables() -> list[str]:
     """Tables this CPU runs: the binding's list plus "avx512", which it may not list by name."""
     tables = list(_core.kernel_tables())

@@ -22,12 +22,12 @@ from typing import Any, Callable, Iterator
 import numpy as np
 import pytest
 import torch
+from tools.ckpt import deepseek_v4 as dsv4_writer
+from tools.ckpt import write_checkpoint
 
 import oracle
 import oracle_dsv4
 from gateway.engine import Engine, EngineError
-from tools.ckpt import deepseek_v4 as dsv4_writer
-from tools.ckpt import write_checkpoint
 
 TOL = 1e-3  # max |diff| / max |logit|, as the oracle tests
 PREFILL, DECODE_TO, CUT = 40, 52, 29  # prefill 40, decode one at a time to 52, truncate to 29, replay

@@ -15,10 +15,7 @@ import numpy as np
 import pytest
 import torch
 from safetensors import safe_open
-
-import oracle
 from tools.ckpt import WRITERS, write_checkpoint
-from gateway.model_config import ConfigError, normalise
 from tools.ckpt.common import (
     FP8_E4M3_MAX,
     dequantize_fp8_blocks,
@@ -27,6 +24,9 @@ from tools.ckpt.common import (
     quantize_fp8_channel,
 )
 from tools.ckpt.tokenizer import FAMILIES
+
+import oracle
+from gateway.model_config import ConfigError, normalise
 
 ARCHS = ("glm4_moe", "qwen3_moe")
 FORMATS = ("f32", "bf16", "fp8", "fp8-channel")

@@ -13,9 +13,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from tools.ckpt import deepseek_v4 as writer
 
 import oracle_dsv4 as oracle
-from tools.ckpt import deepseek_v4 as writer
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from tools.ckpt import deepseek_v4 as writer
 
 import oracle_dsv4 as oracle
-from tools.ckpt import deepseek_v4 as writer
 
 TOL = 1e-3
 PROMPT = 61  # not a multiple of 4 or 8: decoding then crosses the 64 boundary of both ratios

@@ -237,6 +237,7 @@ def test_server_restart_resumes_from_the_snapshot_folder(build_checkpoint, tmp_p
     """--prefix-cache-dir end to end: the server keeps its slot on disk when it stops, and the
     next server starts a conversation with the same long system prompt without prefilling it."""
     import openai
+
     from server_fixtures import start_server, stop_server
 
     model = build_checkpoint("qwen3_moe", "bf16")

@@ -422,8 +422,9 @@ def test_replay_reproduces_the_cache_under_pressure(tmp_path: Path) -> None:
     """As above with experts large enough that the smallest budget holds about half of them,
     over a run long enough that the bank hands the ranking from model to model: every eviction
     the store makes, the replay makes too."""
-    from gateway.engine import Engine, EngineError
     from tools.ckpt import write_checkpoint
+
+    from gateway.engine import Engine, EngineError
 
     model = write_checkpoint("qwen3_moe", "bench", "bf16", tmp_path / "q", seed=4, overrides=CACHED)
     with pytest.raises(EngineError) as info:
@@ -577,8 +578,9 @@ def test_widened_experts_route_and_compute_as_before(small_model: Path, tmp_path
     # tools/widen_experts.py pads each expert with zeros: each expert's bytes grow, and the model's
     # routing and outputs stay those of the original (what makes it a disk-bound stand-in for a
     # trained model in tools/traces/README.md).
-    from gateway.engine import Engine
     from tools import widen_experts
+
+    from gateway.engine import Engine
 
     config = json.loads((small_model / "config.json").read_text())
     wide = tmp_path / "wide"

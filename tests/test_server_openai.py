@@ -12,7 +12,7 @@ import openai
 import pytest
 
 pytest.register_assert_rewrite("server_fixtures")
-from server_fixtures import TIME_TOOL, WEATHER_TOOL, check_openai_chunks, open_stream, openai_text
+from server_fixtures import TIME_TOOL, WEATHER_TOOL, check_openai_chunks, open_stream, openai_text  # noqa: E402
 
 pytest_plugins = ["server_fixtures"]  # live_server, qwen_server, ... shared by the whole session
 

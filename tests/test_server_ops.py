@@ -151,6 +151,7 @@ def test_cli_rejects_a_missing_checkpoint():
     import os
     import subprocess
     import sys
+
     from server_fixtures import REPO_ROOT
     done = subprocess.run([sys.executable, "-m", "gateway", "--model", "/nonexistent/model", "--port", "0"],
                           capture_output=True, text=True, timeout=60, cwd=REPO_ROOT,

@@ -15,10 +15,16 @@ from anthropic.lib.streaming._messages import accumulate_event
 from openai.lib.streaming.chat import ChatCompletionStreamState
 from openai.types.chat import ChatCompletionChunk
 
-from gateway.chat import forced_call_prefix
+from gateway.families import FAMILIES
+from gateway.server.anthropic_protocol import (
+    AnthropicBlocks,
+    anthropic_content,
+    anthropic_message_end,
+    anthropic_message_start,
+    anthropic_stop_reason,
+)
+from gateway.server.openai_protocol import OpenAIChunks, openai_message
 from gateway.server.pipeline import ChatOutput
-from gateway.server.wire import (AnthropicBlocks, OpenAIChunks, anthropic_content, anthropic_message_end,
-                                 anthropic_message_start, anthropic_stop_reason, openai_message)
 
 BAR = "\uff5c"
 
@@ -152,7 +158,7 @@ def test_recorded_calls_reach_both_sdks(dialect, seed):
 @pytest.mark.parametrize("fmt, dialect", [("qwen3", "hermes"), ("glm45", "glm"), ("dsml", "dsml")])
 def test_forced_call_starts_inside_the_call(fmt, dialect):
     """tool_choice named: the prompt ends with the opener (and name); the model writes the rest."""
-    prefix = forced_call_prefix(fmt, "get_weather")
+    prefix = FAMILIES[fmt].calls.opener("get_weather")
     full = {"hermes": hermes, "glm": glm}.get(dialect, lambda n, a: dsml([(n, a)]))("get_weather", {"city": "Rome"})
     assert full.startswith(prefix.lstrip("\n")) or full.startswith(prefix)
     continuation = full[len(prefix):] if full.startswith(prefix) else full[len(prefix.lstrip("\n")):]
@@ -170,7 +176,7 @@ def test_forced_call_starts_inside_the_call(fmt, dialect):
 
 def test_forced_call_with_noise_does_not_crash():
     """What random weights do after a forced opener: the parser degrades, the wire stays valid."""
-    prefix = forced_call_prefix("qwen3", None)
+    prefix = FAMILIES["qwen3"].calls.opener(None)
     output = ChatOutput("hermes", TOOLS, start_in_call=prefix)
     deltas, message, finish = run_output(output, "\ufffd.first[{\" la valueksch(Path", seed=3, natural="length")
     assert finish in ("length", "tool_calls")

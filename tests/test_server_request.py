@@ -6,8 +6,10 @@ import json
 
 import pytest
 
-from gateway.server.chat_request import parse_anthropic, parse_json_body, parse_openai_chat
+from gateway.server.anthropic_protocol import parse_anthropic
 from gateway.server.errors import ApiError
+from gateway.server.openai_protocol import parse_openai_chat
+from gateway.server.spec import parse_json_body
 
 TOOL = {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}
 HI = [{"role": "user", "content": "hi"}]

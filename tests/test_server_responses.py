@@ -347,7 +347,7 @@ def test_disconnect_cancels_the_generation(qwen_server):
 # ------------------------------------------------------------- engine-free translation checks
 
 def test_input_items_become_one_assistant_turn_per_reply():
-    from gateway.server.chat_request import parse_responses
+    from gateway.server.responses_protocol import parse_responses
 
     spec = parse_responses({"model": "m", "instructions": "Be brief.", "tools": [WEATHER], "input": [
         {"role": "user", "content": "Weather?"},
@@ -373,11 +373,11 @@ def test_input_items_become_one_assistant_turn_per_reply():
 def test_events_satisfy_the_sdk_accumulator():
     """ResponseEvents fed straight into the SDK's own stream state: reasoning, text and two
     calls (one namespaced) rebuild into the same final response."""
+    from openai._models import construct_type
     from openai.lib.streaming.responses._responses import ResponseStreamState
     from openai.types.responses import ResponseStreamEvent
-    from openai._models import construct_type
 
-    from gateway.server.responses_wire import ResponseEvents, ResponseObject
+    from gateway.server.responses_protocol import ResponseEvents, ResponseObject
 
     events = ResponseEvents(ResponseObject("resp_x", "m", {"tools": [WEATHER]}, temperature=1.0, top_p=1.0),
                             {"read_file": "mcp__fs"})
@@ -404,8 +404,8 @@ def test_events_satisfy_the_sdk_accumulator():
 
 
 def test_builtin_tool_records_and_tool_output_parts():
-    from gateway.server.chat_request import parse_responses
     from gateway.server.errors import ApiError
+    from gateway.server.responses_protocol import parse_responses
 
     spec = parse_responses({"model": "m", "input": [
         {"role": "user", "content": "List."},

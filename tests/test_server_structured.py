@@ -133,7 +133,7 @@ def test_required_any_tool_and_parallel(server):
 def _shortest_completion(server, body: dict) -> int:
     """What the server's own pipeline computes as the fewest tokens that finish the request's
     structure (the request is prepared in-process on the same checkpoint, never queued)."""
-    from gateway.server.chat_request import parse_openai_chat
+    from gateway.server.openai_protocol import parse_openai_chat
     from gateway.server.pipeline import prepare_chat
 
     state = _state_for(server.model_dir)

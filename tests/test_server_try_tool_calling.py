@@ -14,8 +14,9 @@ import pytest
 from anthropic.types import Message
 from openai.types.chat import ChatCompletionMessage
 
+from gateway.server.anthropic_protocol import anthropic_content
+from gateway.server.openai_protocol import openai_message
 from gateway.server.pipeline import ChatOutput
-from gateway.server.wire import anthropic_content, openai_message
 
 pytest.register_assert_rewrite("server_fixtures")
 from server_fixtures import REPO_ROOT  # noqa: E402

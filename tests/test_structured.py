@@ -14,7 +14,7 @@ import jsonschema
 import numpy as np
 import pytest
 
-from gateway.chat.registry import forced_call_prefix
+from gateway.families import FAMILIES
 from gateway.structured import ConstraintError, build_constraint
 from gateway.toolcalls import make_parser
 
@@ -138,9 +138,9 @@ def test_forced_named_call_random_logits(tokenizers, fmt):
     seeds = 2 if fmt == "dsml" else 3
     for i, tool in enumerate(SCHEMAS):
         name = tool["function"]["name"]
-        c = build_constraint(path, kind="tool_call", chat_format=fmt, tools=[tool], forced_name=name,
+        c = build_constraint(path, kind="tool_call", calls=FAMILIES[fmt].calls, tools=[tool], forced_name=name,
                              parallel=False, stop_token_ids=stops, n_vocab=n_vocab)
-        assert c.prefix == forced_call_prefix(fmt, name)
+        assert c.prefix == FAMILIES[fmt].calls.opener(name)
         for seed in range(seeds):
             out, finish = _run(c if seed == 0 else _fresh(path, fmt, tool, name, stops, n_vocab),
                                stops, 160, seed * 100 + i)
@@ -150,7 +150,7 @@ def test_forced_named_call_random_logits(tokenizers, fmt):
 
 
 def _fresh(path, fmt, tool, name, stops, n_vocab, parallel=False):
-    return build_constraint(path, kind="tool_call", chat_format=fmt, tools=[tool], forced_name=name,
+    return build_constraint(path, kind="tool_call", calls=FAMILIES[fmt].calls, tools=[tool], forced_name=name,
                             parallel=parallel, stop_token_ids=stops, n_vocab=n_vocab)
 
 
@@ -159,7 +159,7 @@ def test_required_any_tool_parallel(tokenizers, fmt):
     path, stops, n_vocab, dialect = tokenizers[fmt]
     tools = SCHEMAS[:6]
     for seed in range(4):
-        c = build_constraint(path, kind="tool_call", chat_format=fmt, tools=tools, forced_name=None,
+        c = build_constraint(path, kind="tool_call", calls=FAMILIES[fmt].calls, tools=tools, forced_name=None,
                              parallel=seed % 2 == 0, stop_token_ids=stops, n_vocab=n_vocab)
         out, finish = _run(c, stops, 200, seed)
         assert finish == "stop"
@@ -233,7 +233,7 @@ def test_unsatisfiable_schema_is_an_error(tokenizers, fmt, schema, why):
     path, stops, n_vocab, _ = tokenizers[fmt]
     tool = _tool("bad", {"x": schema}, ["x"])
     with pytest.raises(ConstraintError) as err:
-        build_constraint(path, kind="tool_call", chat_format=fmt, tools=[tool], forced_name="bad",
+        build_constraint(path, kind="tool_call", calls=FAMILIES[fmt].calls, tools=[tool], forced_name="bad",
                          stop_token_ids=stops, n_vocab=n_vocab)
     assert str(err.value)
     with pytest.raises(ConstraintError):
@@ -244,7 +244,7 @@ def test_unsatisfiable_schema_is_an_error(tokenizers, fmt, schema, why):
 def test_unknown_forced_name_is_an_error(tokenizers):
     path, stops, n_vocab, _ = tokenizers["qwen3"]
     with pytest.raises(ConstraintError, match="not among"):
-        build_constraint(path, kind="tool_call", chat_format="qwen3", tools=SCHEMAS[:2],
+        build_constraint(path, kind="tool_call", calls=FAMILIES["qwen3"].calls, tools=SCHEMAS[:2],
                          forced_name="nope", stop_token_ids=stops, n_vocab=n_vocab)
 
 

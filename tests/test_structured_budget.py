@@ -19,9 +19,9 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 
+from gateway.families import FAMILIES
 from gateway.structured import build_constraint
-from test_structured import (  # noqa: F401  (the module-scoped tokenizers fixture)
-    FORMATS, SCHEMAS, _check_calls, _parse, tokenizers)
+from test_structured import FORMATS, SCHEMAS, _check_calls, _parse, tokenizers  # noqa: F401  (the module-scoped tokenizers fixture)
 
 Preference = Callable[[str], float]
 SCORED_AT_MOST = 4096  # larger allowed sets (free text) are sampled uniformly: scoring is slow
@@ -63,7 +63,7 @@ def _plain_letters(text: str) -> float:
 
 def _build(tokenizers, fmt: str, tools: list[dict], forced: str | None, parallel: bool):
     path, stops, n_vocab, dialect = tokenizers[fmt]
-    c = build_constraint(path, kind="tool_call", chat_format=fmt, tools=tools, forced_name=forced,
+    c = build_constraint(path, kind="tool_call", calls=FAMILIES[fmt].calls, tools=tools, forced_name=forced,
                          parallel=parallel, stop_token_ids=stops, n_vocab=n_vocab)
     return c, stops, dialect
 

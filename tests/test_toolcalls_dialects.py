@@ -8,8 +8,8 @@ import time
 
 import pytest
 
-from gateway.toolcalls import DIALECTS, coerce, make_parser, opener, schema_types
-
+from gateway.families import FAMILIES
+from gateway.toolcalls import DIALECTS, coerce, make_parser, schema_types
 from test_toolcalls_stream import BAR, EOS, TOOLS, calls_of, run, run_all_ways
 
 D = f"{BAR}DSML{BAR}"
@@ -244,16 +244,32 @@ def test_dsml_example4_parallel_json_values() -> None:
 
 
 # ---------------------------------------------------------------------- forced calls (seed 001)
+# Prefills of the parser's own markers: any text the server prefilled is read as model output.
 START_IN_CALL = [
-    ("glm", opener("glm", "get_weather"), "\n<arg_key>city</arg_key>\n<arg_value>Paris</arg_value>\n</tool_call>"),
-    ("glm", opener("glm"), "get_time</tool_call>"),
-    ("qwen_xml", opener("qwen_xml", "get_weather"), "<parameter=city>\nParis\n</parameter>\n</function>\n</tool_call>"),
-    ("qwen_xml", opener("qwen_xml"), "<function=get_time>\n</function>\n</tool_call>"),
-    ("hermes", opener("hermes", "get_weather"), '{"city": "Paris"}}\n</tool_call>'),
-    ("hermes", opener("hermes"), '{"name": "get_time", "arguments": {}}\n</tool_call>'),
-    ("dsml", opener("dsml", "get_weather"), f"{dsml_param('city', 'Paris')}\n</{D}invoke>\n</{D}tool_calls>"),
-    ("dsml", opener("dsml"), f'<{D}invoke name="get_time">\n\n</{D}invoke>\n</{D}tool_calls>'),
+    ("glm", "<tool_call>get_weather", "\n<arg_key>city</arg_key>\n<arg_value>Paris</arg_value>\n</tool_call>"),
+    ("glm", "<tool_call>", "get_time</tool_call>"),
+    ("qwen_xml", "<tool_call>\n<function=get_weather>\n", "<parameter=city>\nParis\n</parameter>\n</function>\n</tool_call>"),
+    ("qwen_xml", "<tool_call>\n", "<function=get_time>\n</function>\n</tool_call>"),
+    ("hermes", '<tool_call>\n{"name": "get_weather", "arguments": ', '{"city": "Paris"}}\n</tool_call>'),
+    ("hermes", "<tool_call>\n", '{"name": "get_time", "arguments": {}}\n</tool_call>'),
+    ("dsml", f'\n\n<{D}tool_calls>\n<{D}invoke name="get_weather">\n', f"{dsml_param('city', 'Paris')}\n</{D}invoke>\n</{D}tool_calls>"),
+    ("dsml", f"\n\n<{D}tool_calls>\n", f'<{D}invoke name="get_time">\n\n</{D}invoke>\n</{D}tool_calls>'),
 ]
+# What each family's own opener (the production prefill) leaves the model to write:
+# (family, continuation after the named opener, continuation after the any-tool opener).
+AFTER_FAMILY_OPENER = [
+    ("glm45", "<arg_key>city</arg_key>\n<arg_value>Paris</arg_value>\n</tool_call>", "get_time\n</tool_call>"),
+    ("glm47", "<arg_key>city</arg_key><arg_value>Paris</arg_value></tool_call>", "get_time</tool_call>"),
+    ("qwen3", '{"city": "Paris"}}\n</tool_call>', 'get_time", "arguments": {}}\n</tool_call>'),
+    ("qwen3_coder", "<parameter=city>\nParis\n</parameter>\n</function>\n</tool_call>",
+     "get_time>\n</function>\n</tool_call>"),
+    ("qwen35", "<parameter=city>\nParis\n</parameter>\n</function>\n</tool_call>", "get_time>\n</function>\n</tool_call>"),
+    ("dsml", f"{dsml_param('city', 'Paris')}\n</{D}invoke>\n</{D}tool_calls>",
+     f'get_time">\n\n</{D}invoke>\n</{D}tool_calls>'),
+]
+START_IN_CALL += [(FAMILIES[f].calls.dialect, FAMILIES[f].calls.opener(name), output)
+                  for f, named, anyone in AFTER_FAMILY_OPENER
+                  for name, output in (("get_weather", named), (None, anyone))]
 
 
 @pytest.mark.parametrize("dialect,prefill,output", START_IN_CALL,
@@ -269,11 +285,13 @@ def test_start_in_call(dialect: str, prefill: str, output: str, in_reasoning: bo
 
 
 def test_opener_shapes() -> None:
+    def opener(family: str, name: str | None = None) -> str:
+        return FAMILIES[family].calls.opener(name)
     assert opener("dsml", "get_weather") == f'\n\n<{D}tool_calls>\n<{D}invoke name="get_weather">\n'
-    assert opener("glm", "get_weather") == "<tool_call>get_weather"
-    assert opener("glm") == "<tool_call>"
-    assert opener("qwen_xml", "f") == "<tool_call>\n<function=f>\n"
-    assert opener("hermes", "f") == '<tool_call>\n{"name": "f", "arguments": '
+    assert opener("glm47", "get_weather") == "<tool_call>get_weather"
+    assert opener("glm47") == "<tool_call>"
+    assert opener("qwen3_coder", "f") == "<tool_call>\n<function=f>\n"
+    assert opener("qwen3", "f") == '<tool_call>\n{"name": "f", "arguments": '
     assert set(DIALECTS) == {"dsml", "glm", "qwen_xml", "hermes"}
     with pytest.raises(ValueError):
         make_parser("nope", TOOLS)

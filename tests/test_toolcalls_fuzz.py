@@ -11,7 +11,6 @@ import time
 import pytest
 
 from gateway.toolcalls import DIALECTS, make_parser
-
 from test_toolcalls_stream import BAR, TOOLS, call_text, calls_of, run, run_all_ways
 
 D = f"{BAR}DSML{BAR}"

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from gateway.toolcalls import DIALECTS, make_parser, opener
+from gateway.toolcalls import DIALECTS, make_parser
 
 BAR = "\uff5c"
 EOS = f"<{BAR}end\u2581of\u2581sentence{BAR}>"

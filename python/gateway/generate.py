@@ -16,9 +16,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .prefix_cache import MIN_SNAPSHOT_TOKENS, ConversationSnapshots, PrefixCache, common_prefix
+from .prefix_cache import MIN_SNAPSHOT_TOKENS, PrefixCache, common_prefix
 from .prefix_disk import DiskSnapshots
-from .sampling import Sampler, SampledToken, SamplingParams
+from .sampling import SampledToken, Sampler, SamplingParams
+from .snapshots import ConversationSnapshots
 from .tokenizer import IncrementalDecoder, Tokenizer
 
 log = logging.getLogger("moegate.generate")
@@ -107,7 +108,7 @@ MIN_RESTORE_GAIN = 64
 
 class Slot:
     """The engine plus the token ids its KV state holds (and, optionally, snapshots of the
-    conversations it left: gateway.prefix_cache.ConversationSnapshots)."""
+    conversations it left: gateway.snapshots.ConversationSnapshots)."""
 
     def __init__(self, engine, tokenizer: Tokenizer, max_ctx: int, prefix_cache: PrefixCache | None = None,
                  prefix_disk: DiskSnapshots | None = None, budgeted: bool = False) -> None:

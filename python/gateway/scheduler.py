@@ -11,12 +11,11 @@ import asyncio
 import logging
 import threading
 from collections import deque
-from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from .generate import GenerationRequest, GenerationResult, Slot
-
 
 log = logging.getLogger("moegate.scheduler")
 

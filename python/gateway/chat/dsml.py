@@ -1,6 +1,6 @@
 """DeepSeek-V4 prompt encoder (DSML tool calls), written from docs/reference/dsml.md.
 
-Pipeline (dsml.md §4):
+Pipeline (docs/reference/dsml.md §4):
 1. tool results become `<tool_result>` blocks of user turns; consecutive user-side messages
    merge into one `<｜User｜>` turn;
 2. tool results inside a turn are re-ordered to the order of the preceding assistant's calls;
@@ -33,13 +33,8 @@ TOOL_CALLS_TAG = "<｜DSML｜tool_calls>"
 TOOL_CALLS_END_TAG = "</｜DSML｜tool_calls>"
 INVOKE_END_TAG = "</｜DSML｜invoke>"
 PARAMETER_END_TAG = "</｜DSML｜parameter>"
-# What separates visible content from a call block; the parser's trigger (dsml.md §8.2).
+# What separates visible content from a call block; the parser's trigger (docs/reference/dsml.md §8.2).
 TOOL_CALLS_START = "\n\n" + TOOL_CALLS_TAG
-# Text the server appends where the answer starts to force a call (tool_choice "required"):
-# the model must continue with a tool name.  For a named tool see `forced_call_prefix`.
-FORCE_CALL_OPENER = TOOL_CALLS_START + '\n<｜DSML｜invoke name="'
-
-DSML_STOP_STRINGS = (EOS, USER, ASSISTANT)
 
 TOOLS_BLOCK_TEMPLATE = (
     "## Tools\n\nYou have access to a set of tools to help answer the user's question. You can invoke tools by "
@@ -72,7 +67,7 @@ EFFORT_MAX_TEXT = (
     "independently verified the solution from multiple angles and are certain that no assumption remains "
     "unchecked and no error remains undiscovered.\n\n"
 )
-# Which prefix each requested level gets, per weights release (dsml.md §4.4).
+# Which prefix each requested level gets, per weights release (docs/reference/dsml.md §4.4).
 EFFORT_TABLES: dict[str, dict[str, str]] = {
     "preview": {"none": "", "high": "", "max": EFFORT_HIGH_TEXT},
     "0731": {"none": "", "high": EFFORT_HIGH_TEXT, "max": EFFORT_MAX_TEXT},
@@ -97,7 +92,7 @@ def effort_prefix(reasoning_effort: str | None, table: str = "preview") -> str:
 
 
 def tools_block(tools: Sequence[Mapping[str, Any]]) -> str:
-    """The tools instruction with one JSON line per function object (dsml.md §5)."""
+    """The tools instruction with one JSON line per function object (docs/reference/dsml.md §5)."""
     schemas = "\n".join(json.dumps(t.get("function", t), ensure_ascii=False) for t in tools)
     return TOOLS_BLOCK_TEMPLATE.replace("{SCHEMAS}", schemas)
 
@@ -114,18 +109,11 @@ def render_invoke(name: str, arguments: Mapping[str, Any]) -> str:
 
 
 def render_tool_calls(calls: Sequence[ToolCall]) -> str:
-    """TOOL_CALLS_PART of an assistant turn (dsml.md §6); empty without calls."""
+    """TOOL_CALLS_PART of an assistant turn (docs/reference/dsml.md §6); empty without calls."""
     if not calls:
         return ""
     invokes = "\n".join(render_invoke(c.name, c.arguments) for c in calls)
     return f"{TOOL_CALLS_START}\n{invokes}\n{TOOL_CALLS_END_TAG}"
-
-
-def forced_call_prefix(function_name: str | None = None) -> str:
-    """Text that forces a DSML call: any tool (None) or the named one."""
-    if function_name is None:
-        return FORCE_CALL_OPENER
-    return f'{FORCE_CALL_OPENER}{function_name}">\n'
 
 
 # --------------------------------------------------------------------------- preprocessing

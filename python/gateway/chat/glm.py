@@ -34,8 +34,6 @@ _TOOLS_TAIL_47 = (
     "<arg_key>{arg-key-2}</arg_key><arg_value>{arg-value-2}</arg_value>...</tool_call>"
 )
 
-GLM_STOP_STRINGS = ("<|endoftext|>", "<|user|>", "<|observation|>")
-
 
 def _tools_block(tools: Sequence[Mapping[str, Any]], tail: str) -> str:
     return _TOOLS_HEAD + "".join(tojson(t) + "\n" for t in tools) + tail

@@ -13,8 +13,6 @@ from typing import Any
 from .common import is_jinja_sequence_container, jinja_string, split_inline_reasoning, tojson
 from .types import ChatEncodingError, Message, ToolCall
 
-QWEN_STOP_STRINGS = ("<|im_end|>", "<|endoftext|>")
-
 _QWEN3_TOOLS_HEAD = (
     "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
     "You are provided with function signatures within <tools></tools> XML tags:\n<tools>"

@@ -56,31 +56,3 @@ class Message:
     tool_call_id: str | None = None
     name: str | None = None
     extras: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class EncodedPrompt:
-    """What an encoder produced.
-
-    text                    the prompt, to be tokenised with special tokens recognised and
-                            without adding a BOS (every format writes its own).
-    prompt_opens_reasoning  the prompt ends inside an opened reasoning block (`<think>`), so
-                            the model's output starts as reasoning and only contains `</think>`.
-    format                  registry name of the format used.
-    tool_dialect            "dsml" | "glm" | "qwen_xml" | "hermes" | None: which tool-call
-                            parser reads the output.
-    stop_strings            strings (special-token texts) that end generation.
-    thinking                the effective thinking switch (None: the format/template default).
-    forced_call_prefix      set when tool_choice forces a call: the exact text the server
-                            appends to the model output where the answer starts (right after
-                            the prompt when prompt_opens_reasoning is false and the model does
-                            not reason, else right after the reasoning's `</think>`).
-    """
-
-    text: str
-    prompt_opens_reasoning: bool
-    format: str
-    tool_dialect: str | None
-    stop_strings: tuple[str, ...]
-    thinking: bool | None = None
-    forced_call_prefix: str | None = None

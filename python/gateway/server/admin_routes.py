@@ -1,14 +1,19 @@
-"""Operational endpoints: /health, /metrics (Prometheus text), /props, /tokenize, /detokenize."""
+"""Operational endpoints: /health, /metrics (Prometheus text, by prometheus_client), /props, /tokenize,
+/detokenize."""
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 
 from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from .chat_request import parse_json_body, parse_openai_chat
 from .errors import bad_request
-from .openai_routes import STATE_KEY
+from .openai_protocol import parse_openai_chat
 from .pipeline import prepare_chat
+from .spec import check_token_ids, parse_json_body
+from .state import STATE_KEY, ServerState
 
 
 async def health(request: web.Request) -> web.Response:
@@ -29,62 +34,81 @@ def _engine_stats(state) -> dict:
     return stats if isinstance(stats, dict) else {}
 
 
+class StateMetrics:
+    """The server's figures as Prometheus metric families (prometheus_client renders the text);
+    read at each scrape, so nothing is counted twice."""
+
+    def __init__(self, state: ServerState) -> None:
+        self.state = state
+
+    def collect(self) -> Iterator[Metric]:
+        state, m = self.state, self.state.metrics
+
+        def counter(name: str, help_text: str, value: float) -> Metric:
+            return CounterMetricFamily(f"moegate_{name}", help_text, value=value)
+
+        def gauge(name: str, help_text: str, value: float) -> Metric:
+            return GaugeMetricFamily(f"moegate_{name}", help_text, value=value)
+
+        def tiers(name: str, help_text: str, ram: float, disk: float) -> Metric:
+            family = GaugeMetricFamily(f"moegate_{name}", help_text, labels=["tier"])
+            family.add_metric(["ram"], ram)
+            family.add_metric(["disk"], disk)
+            return family
+
+        if m.requests:
+            requests = CounterMetricFamily("moegate_requests_total", "HTTP requests by endpoint and status",
+                                           labels=["endpoint", "status"])
+            for (endpoint, status), n in sorted(m.requests.items()):
+                requests.add_metric([endpoint, status], n)
+            yield requests
+        else:
+            yield counter("requests_total", "HTTP requests by endpoint and status", 0)
+        yield counter("prompt_tokens_total", "Prompt tokens received", m.prompt_tokens)
+        yield counter("prompt_tokens_cached_total", "Prompt tokens served from the prefix cache", m.cached_tokens)
+        yield counter("completion_tokens_total", "Tokens generated", m.completion_tokens)
+        yield counter("prefix_cache_hits_total", "Requests that reused a cached prefix", state.slot.prefix_hits)
+        snapshots = state.slot.prefix_cache.stats() if state.slot.prefix_cache is not None else {}
+        on_disk = state.slot.prefix_disk.stats() if state.slot.prefix_disk is not None else {}
+        yield tiers("prefix_snapshots", "Conversation snapshots held (the slot left them)",
+                    snapshots.get("snapshots", 0), on_disk.get("files", 0))
+        yield tiers("prefix_snapshot_bytes", "Bytes held by conversation snapshots",
+                    snapshots.get("bytes", 0), on_disk.get("bytes", 0))
+        yield counter("prefix_snapshot_restores_total", "Requests that resumed a conversation from a snapshot",
+                      state.slot.snapshot_restores)
+        yield counter("prefix_snapshot_restored_tokens_total", "Prompt tokens a snapshot restore saved from prefill",
+                      state.slot.snapshot_restored_tokens)
+        yield gauge("decode_tokens_per_second", "Decode speed of the last request", m.last_decode_tps)
+        yield gauge("prefill_tokens_per_second", "Prefill speed of the last request", m.last_prefill_tps)
+        yield gauge("queue_depth", "Requests waiting for the slot", state.scheduler.queue_depth)
+        yield gauge("busy", "1 while a request holds the slot", int(state.scheduler.running is not None))
+        yield counter("requests_rejected_total", "Requests refused because the queue was full", m.rejected)
+        yield counter("requests_cancelled_total", "Requests cancelled by a client disconnect", m.cancelled)
+        yield counter("reasoning_calls_delivered_total", "Tool calls delivered from inside the reasoning",
+                      m.reasoning_calls_delivered)
+        yield counter("reasoning_calls_kept_as_text_total",
+                      "Complete calls to a declared tool inside the reasoning that stayed text",
+                      m.reasoning_calls_kept_as_text)
+        yield counter("constrained_requests_total", "Requests decoded under a grammar (forced calls, JSON)",
+                      m.constrained_requests)
+        yield counter("constraint_masks_total", "Grammar token masks computed", m.constraint_masks)
+        yield counter("constraint_mask_seconds_total", "Time spent computing masks and closing plans",
+                      round(m.constraint_mask_seconds, 6))
+        yield counter("constraint_steered_tokens_total", "Tokens steered to close a structure within max_tokens",
+                      m.constraint_steered)
+        stats = _engine_stats(state)
+        experts = stats.get("experts") if isinstance(stats.get("experts"), dict) else {}
+        for key, value in sorted(experts.items()):
+            # A snapshot of Engine.stats(): gauges, since a Prometheus counter's name ends in _total.
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                yield gauge(f"expert_cache_{key}", f"Expert store: {key}", value)
+        yield gauge("uptime_seconds", "Seconds since start", round(time.time() - m.started, 3))
+
+
 async def metrics(request: web.Request) -> web.Response:
     state = request.app[STATE_KEY]
-    m = state.metrics
-    lines: list[str] = []
-
-    def metric(name: str, kind: str, help_text: str, samples: list[tuple[str, float]]) -> None:
-        lines.append(f"# HELP moegate_{name} {help_text}")
-        lines.append(f"# TYPE moegate_{name} {kind}")
-        for labels, value in samples:
-            lines.append(f"moegate_{name}{labels} {value}")
-
-    metric("requests_total", "counter", "HTTP requests by endpoint and status",
-           [(f'{{endpoint="{ep}",status="{st}"}}', n) for (ep, st), n in sorted(m.requests.items())] or [("", 0)])
-    metric("prompt_tokens_total", "counter", "Prompt tokens received", [("", m.prompt_tokens)])
-    metric("prompt_tokens_cached_total", "counter", "Prompt tokens served from the prefix cache",
-           [("", m.cached_tokens)])
-    metric("completion_tokens_total", "counter", "Tokens generated", [("", m.completion_tokens)])
-    metric("prefix_cache_hits_total", "counter", "Requests that reused a cached prefix",
-           [("", state.slot.prefix_hits)])
-    snapshots = state.slot.prefix_cache.stats() if state.slot.prefix_cache is not None else {}
-    on_disk = state.slot.prefix_disk.stats() if state.slot.prefix_disk is not None else {}
-    metric("prefix_snapshots", "gauge", "Conversation snapshots held (the slot left them)",
-           [('{tier="ram"}', snapshots.get("snapshots", 0)), ('{tier="disk"}', on_disk.get("files", 0))])
-    metric("prefix_snapshot_bytes", "gauge", "Bytes held by conversation snapshots",
-           [('{tier="ram"}', snapshots.get("bytes", 0)), ('{tier="disk"}', on_disk.get("bytes", 0))])
-    metric("prefix_snapshot_restores_total", "counter", "Requests that resumed a conversation from a snapshot",
-           [("", state.slot.snapshot_restores)])
-    metric("prefix_snapshot_restored_tokens_total", "counter", "Prompt tokens a snapshot restore saved from prefill",
-           [("", state.slot.snapshot_restored_tokens)])
-    metric("decode_tokens_per_second", "gauge", "Decode speed of the last request", [("", m.last_decode_tps)])
-    metric("prefill_tokens_per_second", "gauge", "Prefill speed of the last request", [("", m.last_prefill_tps)])
-    metric("queue_depth", "gauge", "Requests waiting for the slot", [("", state.scheduler.queue_depth)])
-    metric("busy", "gauge", "1 while a request holds the slot", [("", int(state.scheduler.running is not None))])
-    metric("requests_rejected_total", "counter", "Requests refused because the queue was full", [("", m.rejected)])
-    metric("requests_cancelled_total", "counter", "Requests cancelled by a client disconnect", [("", m.cancelled)])
-    metric("reasoning_calls_delivered_total", "counter", "Tool calls delivered from inside the reasoning",
-           [("", m.reasoning_calls_delivered)])
-    metric("reasoning_calls_kept_as_text_total", "counter",
-           "Complete calls to a declared tool inside the reasoning that stayed text",
-           [("", m.reasoning_calls_kept_as_text)])
-    metric("constrained_requests_total", "counter", "Requests decoded under a grammar (forced calls, JSON)",
-           [("", m.constrained_requests)])
-    metric("constraint_masks_total", "counter", "Grammar token masks computed", [("", m.constraint_masks)])
-    metric("constraint_mask_seconds_total", "counter", "Time spent computing masks and closing plans",
-           [("", round(m.constraint_mask_seconds, 6))])
-    metric("constraint_steered_tokens_total", "counter", "Tokens steered to close a structure within max_tokens",
-           [("", m.constraint_steered)])
-    stats = _engine_stats(state)
-    experts = stats.get("experts") if isinstance(stats.get("experts"), dict) else {}
-    for key, value in sorted(experts.items()):
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            metric(f"expert_cache_{key}", "gauge" if "rate" in key else "counter", f"Expert store: {key}",
-                   [("", value)])
-    metric("uptime_seconds", "gauge", "Seconds since start", [("", round(time.time() - m.started, 3))])
-    return web.Response(text="\n".join(lines) + "\n", content_type="text/plain", charset="utf-8",
-                        headers={"X-Content-Type-Options": "nosniff"})
+    return web.Response(body=generate_latest(StateMetrics(state)),
+                        headers={"Content-Type": CONTENT_TYPE_LATEST, "X-Content-Type-Options": "nosniff"})
 
 
 async def props(request: web.Request) -> web.Response:
@@ -123,6 +147,5 @@ async def detokenize(request: web.Request) -> web.Response:
     tokens = body.get("tokens") if isinstance(body, dict) else None
     if not isinstance(tokens, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in tokens):
         raise bad_request("'tokens' must be a list of token ids", "tokens")
-    if any(t < 0 or t >= state.tokenizer.vocab_size for t in tokens):
-        raise bad_request("'tokens' holds an id outside the vocabulary", "tokens")
+    check_token_ids(tokens, state.tokenizer.vocab_size, "tokens")
     return web.json_response({"content": state.tokenizer.decode(tokens)})

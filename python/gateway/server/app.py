@@ -9,8 +9,7 @@ from aiohttp import web
 
 from . import admin_routes, anthropic_routes, openai_routes, responses_routes
 from .errors import ApiError
-from .openai_routes import STATE_KEY
-from .state import ServerState
+from .state import STATE_KEY, ServerState
 
 log = logging.getLogger("moegate.server")
 

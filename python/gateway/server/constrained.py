@@ -4,7 +4,7 @@ With tool_choice required / a named function, or response_format json_object / j
 (Anthropic output_config.format), every generated token is sampled under a grammar
 (gateway.structured), so the reply is always a complete call in the model's own dialect whose
 arguments validate against the tool schema, or a JSON value that validates against the schema.
-Other servers' constraint parameters work too (chat_request._EXTENSIONS: vLLM's guided_json /
+Other servers' constraint parameters work too (openai_protocol._EXTENSIONS: vLLM's guided_json /
 guided_regex / guided_choice / guided_grammar and structured_outputs, llama.cpp's GBNF grammar
 and json_schema): the reply then matches the regex, is one of the choices, or follows the grammar.
 
@@ -26,7 +26,7 @@ from .errors import bad_request
 
 if TYPE_CHECKING:
     from ..structured import Constraint
-    from .chat_request import ChatSpec
+    from .spec import ChatSpec
     from .state import ServerState
 
 log = logging.getLogger("moegate.server")
@@ -38,20 +38,6 @@ def engine_vocab(state: "ServerState") -> int:
     return int(info.get("vocab_size") or state.tokenizer.vocab_size)
 
 
-def request_stop_ids(state: "ServerState", extra_stop_strings: tuple[str, ...]) -> tuple[frozenset[int], list[str]]:
-    """(stop token ids, stop strings that are not single tokens) for a chat request: the
-    server's end-of-turn tokens plus the chat format's stop strings held as one token."""
-    ids = set(state.stop_token_ids)
-    texts: list[str] = []
-    for s in extra_stop_strings:
-        tid = state.tokenizer.token_id(s)
-        if tid is None:
-            texts.append(s)
-        else:
-            ids.add(tid)
-    return frozenset(ids), texts
-
-
 def wants_constraint(spec: "ChatSpec") -> bool:
     return spec.forces_call or spec.response_format is not None
 
@@ -61,7 +47,7 @@ def warm_up(state: "ServerState") -> float:
     from ..structured import tokenizer_context
 
     t0 = time.perf_counter()
-    stops, _ = request_stop_ids(state, tuple(getattr(state.chat, "stop_strings", ()) or ()))
+    stops = state.stop_token_ids
     if not stops:
         log.warning("structured output: the checkpoint declares no stop token; constrained replies "
                     "will end at max_tokens")
@@ -70,32 +56,32 @@ def warm_up(state: "ServerState") -> float:
     return time.perf_counter() - t0
 
 
-def build_for_request(state: "ServerState", spec: "ChatSpec", *, chat_format: str, dialect: str | None,
-                      start_in_call: str | None, in_reasoning: bool,
-                      stop_ids: frozenset[int]) -> "Constraint | None":
+def build_for_request(state: "ServerState", spec: "ChatSpec", *, in_reasoning: bool) -> "Constraint | None":
     """The request's constraint (None when it needs none); ApiError 400 when the schema cannot
     be satisfied or the format has nothing to force."""
     if not wants_constraint(spec):
         return None
     if not spec.forces_call:
-        return build_reply_constraint(state, spec.response_format or {}, stop_ids, in_reasoning=in_reasoning)
+        return build_reply_constraint(state, spec.response_format or {}, state.stop_token_ids,
+                                      in_reasoning=in_reasoning)
     from ..structured import ConstraintError, build_constraint
 
+    stop_ids = state.stop_token_ids
     if not stop_ids:
         raise bad_request("structured output needs an end-of-turn token, and this checkpoint declares none",
                           "tool_choice")
     try:
-        return build_constraint(state.tokenizer, kind="tool_call", chat_format=chat_format, dialect=dialect,
+        return build_constraint(state.tokenizer, kind="tool_call", calls=state.chat.family.calls,
                                 tools=spec.active_tools, forced_name=spec.forced_name,
-                                parallel=spec.parallel_tool_calls, start_in_call_text=start_in_call,
-                                stop_token_ids=sorted(stop_ids), n_vocab=engine_vocab(state))
+                                parallel=spec.parallel_tool_calls, stop_token_ids=sorted(stop_ids),
+                                n_vocab=engine_vocab(state))
     except ConstraintError as exc:
         raise bad_request(f"this schema cannot be enforced: {exc}", "tools") from None
 
 
 def build_reply_constraint(state: "ServerState", fmt: dict, stop_ids: frozenset[int], *,
                            in_reasoning: bool = False) -> "Constraint":
-    """A constraint on the whole reply from a normalised format (chat_request: response_format
+    """A constraint on the whole reply from a normalised format (the protocol modules: response_format
     and the other servers' parameters): json_object, json_schema, regex, choice or grammar."""
     from ..structured import ConstraintError, build_constraint
 

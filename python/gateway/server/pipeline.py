@@ -1,7 +1,11 @@
-"""One request from spec to events, shared by both APIs.
+"""One request from spec to events, shared by every API.
 
-    ChatSpec -> chat encoder (prompt text) -> token ids -> scheduler job (engine) -> text pieces
-             -> streaming tool-call parser (ChatOutput) -> OpenAI-style deltas -> the API's wire format
+    ChatSpec -> the family's encoder (prompt text) -> token ids -> scheduler job (engine)
+             -> TextEvents -> streaming tool-call parser (ChatOutput) -> Delta ... Finish
+
+The events a run yields are the one vocabulary from the generation loop to the wire: Queued
+(first, at once), generate.ProgressEvent while prefilling, then Delta ... Finish (chat) or
+generate.TextEvent ... GenerationResult (raw completions); each API's protocol module writes them.
 
 Everything that can be the client's fault (bad messages, context overflow, a full queue) is raised
 as ApiError by `start_chat` / `JobRun(...)` *before* a route opens its response, so those errors
@@ -20,12 +24,12 @@ from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..generate import GenerationRequest, GenerationResult, ProgressEvent, TextEvent
+from ..generate import GenerationRequest, GenerationResult, TextEvent
 from ..sampling import SamplingParams
 from ..scheduler import Done, Failed, QueueFull
 from . import constrained
-from .chat_request import ChatSpec
 from .errors import ApiError, bad_request
+from .spec import ChatSpec
 from .state import ServerState
 
 log = logging.getLogger("moegate.server")
@@ -37,21 +41,18 @@ class Usage:
     completion_tokens: int = 0
     cached_tokens: int = 0
 
-    def openai(self) -> dict:
-        return {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
-                "total_tokens": self.prompt_tokens + self.completion_tokens,
-                "prompt_tokens_details": {"cached_tokens": self.cached_tokens}}
-
-    def anthropic(self) -> dict:
-        # Anthropic counts cache reads apart from input_tokens.
-        return {"input_tokens": self.prompt_tokens - self.cached_tokens, "output_tokens": self.completion_tokens,
-                "cache_read_input_tokens": self.cached_tokens, "cache_creation_input_tokens": 0}
-
     @classmethod
     def of(cls, result: GenerationResult | None) -> "Usage":
         if result is None:
             return cls()
         return cls(result.prompt_tokens, result.completion_tokens, result.cached_tokens)
+
+    def add_choice(self, choice: "Usage", index: int) -> "Usage":
+        """With choice `index` added: the prompt counts once (as OpenAI reports n > 1),
+        completion tokens add up."""
+        if index == 0:
+            return Usage(choice.prompt_tokens, choice.completion_tokens, choice.cached_tokens)
+        return Usage(self.prompt_tokens, self.completion_tokens + choice.completion_tokens, self.cached_tokens)
 
 
 @dataclass
@@ -63,19 +64,18 @@ class Queued:
 
 
 @dataclass
-class Progress:
-    done: int
-    total: int
-
-
-@dataclass
 class Delta:
+    """One OpenAI-style delta of the parsed output ({"content"}, {"reasoning_content"} or
+    {"tool_calls"}), with the logprobs of the token that produced it."""
+
     delta: dict
     logprobs: list[dict] = field(default_factory=list)
 
 
 @dataclass
 class Finish:
+    """The last event of a chat run: the whole parsed message and why it ended."""
+
     finish_reason: str  # stop | length | tool_calls
     usage: Usage
     message: dict
@@ -84,22 +84,20 @@ class Finish:
 
 @dataclass
 class PreparedChat:
+    """What a chat request needs beyond its spec: the prompt as ids, how to read the output."""
+
     prompt_ids: list[int]
-    prompt_text: str
     dialect: str | None
     in_reasoning: bool
     start_in_call: str | None  # the forced-call opener appended to the prompt, if any
-    stop_strings: tuple[str, ...]
-    format: str = ""
     constraint: Any = None  # gateway.structured.Constraint when every token is grammar-constrained
 
 
-def _encoder_tool_choice(spec: ChatSpec) -> Any:
-    if not spec.active_tools:
-        return None
-    if spec.tool_choice == "function":
-        return {"type": "function", "function": {"name": spec.forced_name}}
-    return spec.tool_choice
+def check_context(state: ServerState, ids: list[int], param: str) -> None:
+    """The one context check of a request (the engine keeps its own guard)."""
+    if len(ids) >= state.max_ctx:
+        raise bad_request(f"the prompt has {len(ids)} tokens but the context holds {state.max_ctx}",
+                          param, code="context_length_exceeded")
 
 
 def prepare_chat(state: ServerState, spec: ChatSpec, *, constrain: bool = False) -> PreparedChat:
@@ -108,55 +106,55 @@ def prepare_chat(state: ServerState, spec: ChatSpec, *, constrain: bool = False)
     this compiles a grammar, so callers on the event loop run it in a worker thread."""
     from ..chat.types import ChatEncodingError
 
+    family = state.chat.family
     forced = spec.forces_call
     try:
         enc = state.chat.encode(spec.messages, spec.active_tools or None,
                                 add_generation_prompt=True,
                                 # a forced call starts right after the prompt: no reasoning first
                                 thinking=False if forced else spec.thinking,
-                                reasoning_effort=spec.reasoning_effort,
-                                tool_choice=_encoder_tool_choice(spec))
+                                reasoning_effort=spec.reasoning_effort)
     except ChatEncodingError as exc:
         raise bad_request(str(exc), "messages") from None
     text = enc.text
     start_in_call = None
     in_reasoning = enc.prompt_opens_reasoning
     if forced:
-        if not enc.forced_call_prefix:
-            raise bad_request(f"tool_choice '{spec.tool_choice}' cannot be honoured: the chat format "
-                              f"'{enc.format}' has no tool-call opener", "tool_choice")
-        start_in_call = enc.forced_call_prefix
+        if family.calls is None:
+            raise bad_request("tool_choice cannot be forced: this chat template has no known tool-call syntax",
+                              "tool_choice")
+        start_in_call = family.calls.opener(spec.forced_name)
         text += start_in_call
         in_reasoning = False
     ids = state.tokenizer.encode(text)
-    if len(ids) >= state.max_ctx:
-        raise bad_request(f"the prompt has {len(ids)} tokens but the context holds {state.max_ctx}",
-                          "messages", code="context_length_exceeded")
-    prep = PreparedChat(ids, text, enc.tool_dialect if spec.active_tools else None, in_reasoning,
-                        start_in_call, tuple(enc.stop_strings), enc.format)
+    check_context(state, ids, "messages")
+    prep = PreparedChat(ids, family.tool_dialect if spec.active_tools else None, in_reasoning, start_in_call)
     if constrain:
-        stop_ids, _ = constrained.request_stop_ids(state, prep.stop_strings)
-        prep.constraint = constrained.build_for_request(
-            state, spec, chat_format=enc.format, dialect=enc.tool_dialect, start_in_call=start_in_call,
-            in_reasoning=in_reasoning, stop_ids=stop_ids)
+        prep.constraint = constrained.build_for_request(state, spec, in_reasoning=in_reasoning)
         if prep.constraint is not None and not forced:
             prep.dialect = None  # a JSON reply: tool-call markup inside a string is just text
     return prep
 
 
 def generation_request(state: ServerState, prompt_ids: list[int], max_tokens: int | None,
-                       sampling: SamplingParams, stop: list[str], extra_stop_strings: tuple[str, ...] = (),
-                       ignore_eos: bool = False) -> GenerationRequest:
-    """`stop` are the client's stop strings; `extra_stop_strings` the chat format's (usually
-    special tokens, matched by id).  `ignore_eos` drops every stop token (benchmarks, tests)."""
+                       sampling: SamplingParams, stop: list[str], *, stop_ids: frozenset[int] | None = None,
+                       stop_texts: tuple[str, ...] = (), ignore_eos: bool = False,
+                       constraint: Any = None) -> GenerationRequest:
+    """`stop` are the client's stop strings; `stop_ids` the tokens that end the turn (default: the
+    server's), `stop_texts` the chat family's stop strings that are no single token.  `ignore_eos`
+    drops every stop token (benchmarks, tests).  With a `constraint` the grammar decides where the reply ends: it allows the stop tokens
+    exactly when the structure is complete, so the loop stops on those same ids, and no stop
+    string may cut the structure short."""
     room = state.max_ctx - len(prompt_ids)
     budget = min(max_tokens or state.default_max_tokens, room)
-    stop_ids, format_text_stops = constrained.request_stop_ids(state, extra_stop_strings)
-    if ignore_eos:
-        stop_ids = frozenset()
-    text_stops = list(stop) + format_text_stops
-    return GenerationRequest(prompt_ids=prompt_ids, max_tokens=budget, sampling=sampling,
-                             stop_token_ids=frozenset(stop_ids), stop_strings=tuple(text_stops))
+    stop_ids = state.stop_token_ids if stop_ids is None else stop_ids
+    request = GenerationRequest(prompt_ids=prompt_ids, max_tokens=budget, sampling=sampling,
+                                stop_token_ids=frozenset() if ignore_eos and constraint is None else stop_ids,
+                                stop_strings=tuple(stop) + tuple(stop_texts))
+    if constraint is not None:
+        request.stop_strings = ()
+        request.token_mask = constraint.token_mask_hook(request.max_tokens)
+    return request
 
 
 def logprob_entries(state: ServerState, event: TextEvent) -> list[dict]:
@@ -176,7 +174,7 @@ def logprob_entries(state: ServerState, event: TextEvent) -> list[dict]:
 
 class JobRun:
     """One submitted generation job.  Construction submits (429 when the queue is full);
-    `events()` yields Queued, Progress, TextEvent ... and finally the GenerationResult.
+    `events()` yields Queued, ProgressEvent, TextEvent ... and finally the GenerationResult.
 
     Whoever stops consuming early (the client went away: the handler task is cancelled or a
     write fails) must leave through `close()`, which cancels the job: a queued one leaves the
@@ -275,16 +273,9 @@ class ChatRun:
 
     def __init__(self, state: ServerState, spec: ChatSpec, prep: PreparedChat, id_salt: str = "") -> None:
         self.state, self.spec, self.prep = state, spec, prep
-        constraint = prep.constraint
         request = generation_request(state, prep.prompt_ids, spec.max_tokens, spec.sampling, spec.stop,
-                                     prep.stop_strings, ignore_eos=spec.ignore_eos and constraint is None)
-        if constraint is not None:
-            # The grammar decides where the reply ends: it allows the stop tokens exactly when
-            # the call / JSON value is complete, so the loop must stop on those same ids, and a
-            # stop string must not cut the structure short.
-            assert frozenset(constraint.ctx.stop_ids) == request.stop_token_ids, "stop ids disagree"
-            request.stop_strings = ()
-            request.token_mask = constraint.token_mask_hook(request.max_tokens)
+                                     stop_texts=state.stop_texts,
+                                     ignore_eos=spec.ignore_eos, constraint=prep.constraint)
         self.output = ChatOutput(prep.dialect, spec.active_tools, in_reasoning=prep.in_reasoning,
                                  start_in_call=prep.start_in_call,
                                  parallel_tool_calls=spec.parallel_tool_calls, id_salt=id_salt)
@@ -304,18 +295,14 @@ class ChatRun:
         return finish
 
     async def events(self) -> AsyncIterator[object]:
-        """Yields Queued, Progress, Delta ... then exactly one Finish."""
+        """Yields Queued, ProgressEvent, Delta ... then exactly one Finish."""
         result: GenerationResult | None = None
         out = self.output
         want_logprobs = self.spec.sampling.logprobs
         events = self.job.events()
         try:
             async for event in events:
-                if isinstance(event, (Queued, Progress)):
-                    yield event
-                elif isinstance(event, ProgressEvent):
-                    yield Progress(event.done, event.total)
-                elif isinstance(event, TextEvent):
+                if isinstance(event, TextEvent):
                     if out.cut:
                         continue  # draining a server-side stop: only the result matters now
                     lps = logprob_entries(self.state, event) if want_logprobs else []
@@ -328,6 +315,8 @@ class ChatRun:
                         self.job.stop()
                 elif isinstance(event, GenerationResult):
                     result = event
+                else:  # Queued, ProgressEvent
+                    yield event
         finally:
             await events.aclose()
         natural = "length" if result is not None and result.finish_reason == "length" else "stop"
@@ -363,66 +352,12 @@ class ChatRun:
         return complete
 
 
-def start_chat(state: ServerState, spec: ChatSpec, id_salt: str = "") -> ChatRun:
-    """Validates, renders, tokenises and queues a chat request (ApiError on any problem)."""
-    return ChatRun(state, spec, prepare_chat(state, spec, constrain=True), id_salt)
-
-
-async def start_chat_async(state: ServerState, spec: ChatSpec, id_salt: str = "") -> ChatRun:
-    """start_chat with the rendering and grammar compilation off the event loop (a large tool
-    schema can take a moment to compile); queueing stays on the loop."""
+async def start_chat(state: ServerState, spec: ChatSpec, id_salt: str = "") -> ChatRun:
+    """Validates, renders, tokenises and queues a chat request (ApiError on any problem), with
+    the rendering and grammar compilation off the event loop when the request needs a grammar
+    (a large tool schema can take a moment to compile); queueing stays on the loop."""
     if constrained.wants_constraint(spec):
         prep = await asyncio.to_thread(prepare_chat, state, spec, constrain=True)
     else:
         prep = prepare_chat(state, spec)
     return ChatRun(state, spec, prep, id_salt)
-
-
-async def keepalive(source: AsyncIterator[object], interval: float) -> AsyncIterator[object | None]:
-    """Re-yields items from source, and None whenever `interval` seconds pass without one
-    (the caller writes an SSE comment or ping so clients and proxies keep the connection).
-    Closing this generator closes `source`."""
-    it = source.__aiter__()
-    pending: asyncio.Future | None = None
-    try:
-        while True:
-            if pending is None:
-                pending = asyncio.ensure_future(it.__anext__())
-            done, _ = await asyncio.wait({pending}, timeout=interval)
-            if not done:
-                yield None
-                continue
-            task, pending = pending, None
-            try:
-                item = task.result()
-            except StopAsyncIteration:
-                return
-            yield item
-    finally:
-        if pending is not None:
-            pending.cancel()
-            try:
-                await pending
-            except BaseException:  # noqa: BLE001 - the source is being torn down either way
-                pass
-        aclose = getattr(it, "aclose", None)
-        if aclose:
-            await aclose()
-
-
-async def send_waiting_comment(resp, item: object) -> bool:
-    """OpenAI-style streams: while a request waits, SSE comments keep the connection alive and
-    say why (queue position, prefill progress); clients ignore them.  True if `item` was one of
-    those waiting events (None is the keepalive tick of `keepalive`)."""
-    from . import sse
-
-    if item is None:
-        await sse.send_comment(resp, "keepalive")
-    elif isinstance(item, Queued):
-        if item.ahead:
-            await sse.send_comment(resp, f"queued ahead={item.ahead}")
-    elif isinstance(item, Progress):
-        await sse.send_comment(resp, f"prefill {item.done}/{item.total}")
-    else:
-        return False
-    return True

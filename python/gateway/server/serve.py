@@ -12,6 +12,7 @@ from pathlib import Path
 
 from aiohttp import web
 
+from ..families import load_chat_setup
 from ..generate import Slot
 from ..prefix_cache import MIN_SNAPSHOT_TOKENS, PrefixCache
 from ..prefix_disk import DiskSnapshots, model_folder
@@ -66,7 +67,6 @@ def _read_json(path: Path) -> dict:
 
 
 def build_state(opts: ServeOptions, *, demo: bool = False) -> ServerState:
-    from ..chat import load_chat_setup
     from ..engine import Engine, EngineError
 
     path = Path(opts.model).expanduser()
@@ -91,11 +91,15 @@ def build_state(opts: ServeOptions, *, demo: bool = False) -> ServerState:
     chat = load_chat_setup(path)
     if chat.note:
         log.warning("chat format: %s", chat.note)
-    stop_ids = set()
+    # The end of a turn: the family's stop strings held as one token, the tokenizer's EOS and
+    # generation_config's; the family's stop strings that are no single token are matched as text.
+    stop_ids, stop_texts = set(), []
     for text in chat.stop_strings + ((tokenizer.eos_token,) if tokenizer.eos_token else ()):
         tid = tokenizer.token_id(text)
         if tid is not None:
             stop_ids.add(tid)
+        elif text in chat.stop_strings:
+            stop_texts.append(text)
     for tid in _generation_eos(path):
         stop_ids.add(tid)
     disk = None
@@ -112,7 +116,8 @@ def build_state(opts: ServeOptions, *, demo: bool = False) -> ServerState:
     state = ServerState(
         engine=engine, tokenizer=tokenizer, slot=slot, scheduler=scheduler,
         chat=chat, model_id=opts.model_id or path.name, model_path=str(path), max_ctx=max_ctx,
-        stop_token_ids=frozenset(stop_ids), default_max_tokens=opts.default_max_tokens, api_key=opts.api_key,
+        stop_token_ids=frozenset(stop_ids), stop_texts=tuple(stop_texts), default_max_tokens=opts.default_max_tokens,
+        api_key=opts.api_key,
         cors_origins=opts.cors, reasoning_field_mirror=opts.reasoning_mirror,
         keepalive_seconds=opts.keepalive_seconds,
         retry_after_seconds=opts.retry_after_seconds, demo=demo, ram_gb=opts.ram_gb, metrics=metrics)

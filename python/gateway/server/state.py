@@ -5,6 +5,9 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 
+from aiohttp import web
+
+from ..families import ChatSetup
 from ..generate import GenerationResult, Slot
 from ..scheduler import Job, Scheduler
 from ..tokenizer import Tokenizer
@@ -70,11 +73,12 @@ class ServerState:
     tokenizer: Tokenizer
     slot: Slot
     scheduler: Scheduler
-    chat: object  # gateway.chat.ChatSetup: the checkpoint's format, template and stop strings
+    chat: ChatSetup  # the checkpoint's chat family (bound to its template) and defaults
     model_id: str
     model_path: str
     max_ctx: int
-    stop_token_ids: frozenset[int]
+    stop_token_ids: frozenset[int]  # every token that ends a turn (the chat family's among them)
+    stop_texts: tuple[str, ...] = ()  # the chat family's stop strings that are no single token
     default_max_tokens: int = 4096
     api_key: str | None = None
     cors_origins: tuple[str, ...] = ()
@@ -85,3 +89,6 @@ class ServerState:
     ram_gb: float | None = None  # --ram (the whole process), for the startup summary
     metrics: Metrics = field(default_factory=Metrics)
     ready: bool = True
+
+
+STATE_KEY = web.AppKey("state", ServerState)  # request.app[STATE_KEY]: the handlers' way to the state

@@ -1,14 +1,14 @@
 """Grammar-constrained decoding: forced tool calls and JSON replies that always hold.
 
     from gateway.structured import build_constraint, ConstraintError
-    c = build_constraint(tokenizer, kind="tool_call", chat_format="glm45", tools=tools,
+    c = build_constraint(tokenizer, kind="tool_call", calls=family.calls, tools=tools,
                          forced_name=None, parallel=True, stop_token_ids=[...], n_vocab=V)
-    c.prefix                      # text the server prefills after the generation prompt
+    c.prefix                      # the family's opener: what the server prefills
     mask = c.allowed(remaining)   # bool[V]: tokens that keep the output valid (and closable)
     c.advance(token_id)           # after sampling
     c.is_complete()               # the grammar accepts (the stop token is allowed)
 
-`kind`: "tool_call" (needs chat_format or dialect, tools), "json_schema" (json_schema),
+`kind`: "tool_call" (needs calls, a gateway.families CallSyntax, and tools), "json_schema" (json_schema),
 "json_object".  Masks come from llguidance (Earley parser + token trie over the real
 tokenizer.json); a ConstraintError (-> HTTP 400) says why a schema cannot be satisfied.
 
@@ -39,8 +39,16 @@ from typing import Any
 import llguidance as llg
 import numpy as np
 
-from .grammars import (ConstraintError, GrammarText, Markup, choice_grammar, json_grammar, regex_grammar,
-                       tool_call_grammar, user_grammar)
+from .grammars import (
+    ConstraintError,
+    GrammarText,
+    Markup,
+    choice_grammar,
+    json_grammar,
+    regex_grammar,
+    tool_call_grammar,
+    user_grammar,
+)
 
 __all__ = ["Constraint", "ConstraintError", "TokenizerContext", "build_constraint",
            "tokenizer_context"]
@@ -382,10 +390,9 @@ def _clean_error(text: str) -> str:
     return text[:500] or "the grammar is invalid"
 
 
-def build_constraint(tokenizer: Any, *, kind: str, dialect: str | None = None,
-                     chat_format: str | None = None, tools: Sequence[Mapping[str, Any]] | None = None,
-                     forced_name: str | None = None, parallel: bool = True,
-                     start_in_call_text: str | None = None, json_schema: Any = None,
+def build_constraint(tokenizer: Any, *, kind: str, calls: Any = None,
+                     tools: Sequence[Mapping[str, Any]] | None = None,
+                     forced_name: str | None = None, parallel: bool = True, json_schema: Any = None,
                      reasoning_open: bool = False, stop_token_ids: Sequence[int] | None = None,
                      n_vocab: int | None = None, pattern: str | None = None,
                      choices: Sequence[str] | None = None, grammar: str | None = None) -> Constraint:
@@ -393,11 +400,10 @@ def build_constraint(tokenizer: Any, *, kind: str, dialect: str | None = None,
 
     tokenizer        path to tokenizer.json, a tokenizers.Tokenizer or gateway.tokenizer.Tokenizer
     kind             "tool_call" | "json_schema" | "json_object" | "regex" | "choice" | "grammar"
-    dialect          tool-call dialect (default: the chat format's)
-    chat_format      gateway.chat format name ("dsml", "glm45", "glm47", "qwen3", ...)
+    calls            kind "tool_call": the chat family's CallSyntax (gateway.families): its opener
+                     is the constraint's prefix, its grammar what may follow
     forced_name      tool_choice's function (None: any declared tool)
     parallel         False: exactly one call
-    start_in_call_text  the text the server prefilled; checked against the format's own opener
     reasoning_open   reply kinds (all but tool_call): the prompt opened <think>, reasoning first
     pattern          kind "regex": the whole reply matches it (Rust regex syntax)
     choices          kind "choice": the reply is exactly one of these strings
@@ -407,18 +413,10 @@ def build_constraint(tokenizer: Any, *, kind: str, dialect: str | None = None,
     """
     ctx = tokenizer_context(tokenizer, n_vocab=n_vocab, stop_token_ids=stop_token_ids)
     if kind == "tool_call":
-        from ..chat.registry import forced_call_prefix, get_format
-        if dialect is None:
-            if chat_format is None:
-                raise ValueError("a tool_call constraint needs chat_format or dialect")
-            dialect = get_format(chat_format).tool_dialect
-        prefix = forced_call_prefix(chat_format or "jinja", forced_name, dialect)
-        if prefix is None:
-            raise ConstraintError(f"chat format {chat_format!r} has no tool-call syntax to force")
-        if start_in_call_text is not None and start_in_call_text != prefix:
-            raise ValueError(f"prefilled text {start_in_call_text!r} is not the opener {prefix!r}")
-        grammar = tool_call_grammar(ctx.markup, dialect or "", tools, forced_name, parallel, prefix)
-        return Constraint(ctx, grammar, kind=kind, prefix=prefix)
+        if calls is None:
+            raise ConstraintError("this chat format has no tool-call syntax to force")
+        text = tool_call_grammar(ctx.markup, calls.grammar, tools, forced_name, parallel)
+        return Constraint(ctx, text, kind=kind, prefix=calls.opener(forced_name))
     if kind == "json_schema":
         if not isinstance(json_schema, (Mapping, bool)):
             raise ConstraintError("response_format json_schema needs a `schema` object")

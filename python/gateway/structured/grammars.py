@@ -1,7 +1,7 @@
 """Lark grammars (llguidance dialect) for forced tool calls and JSON replies.
 
-Each grammar starts right after the text the server prefilled (`forced_call_prefix` in
-gateway.chat.registry) and describes only output that our own parsers in gateway.toolcalls read
+Each call grammar starts right after the text the server prefilled (the chat family's opener,
+gateway.families) and describes only output that our own parsers in gateway.toolcalls read
 back as well-formed calls whose arguments validate against the tool's schema:
 
 * hermes   JSON arguments through `%json{...}` (llguidance's JSON-schema compiler);
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -67,9 +67,6 @@ class Markup:
         if not parts:
             return '""'
         return " ".join(lark_string(v) if k == "text" else f"<[{v}]>" for k, v in parts)
-
-    def is_special(self, text: str) -> bool:
-        return text in self.specials
 
 
 def lark_string(text: str) -> str:
@@ -552,22 +549,13 @@ def user_grammar(m: Markup, grammar: str, reasoning_open: bool) -> GrammarText:
     return GrammarText(b.text(_reply(b, "@client", reasoning_open)), ["</think>"], {"client": lark})
 
 
-GRAMMARS = {"glm", "qwen_xml", "hermes", "dsml"}
-
-
-def tool_call_grammar(m: Markup, dialect: str, tools: Sequence[Mapping[str, Any]] | None,
-                      forced: str | None, parallel: bool, prefix: str) -> GrammarText:
+def tool_call_grammar(m: Markup, build: Callable[[Markup, list[ToolSpec], str | None, bool], GrammarText],
+                      tools: Sequence[Mapping[str, Any]] | None, forced: str | None,
+                      parallel: bool) -> GrammarText:
+    """The calls after a family's opener: `build` is the family's grammar (CallSyntax.grammar)."""
     specs = tool_specs(tools)
     if not specs:
         raise ConstraintError("a forced tool call needs at least one tool")
     if forced is not None and forced not in {s.name for s in specs}:
         raise ConstraintError(f"tool_choice names {forced!r}, which is not among the tools")
-    if dialect == "glm":
-        return glm_grammar(m, specs, forced, parallel, newlines=prefix.startswith("\n"))
-    if dialect == "qwen_xml":
-        return qwen_xml_grammar(m, specs, forced, parallel)
-    if dialect == "hermes":
-        return hermes_grammar(m, specs, forced, parallel)
-    if dialect == "dsml":
-        return dsml_grammar(m, specs, forced, parallel)
-    raise ConstraintError(f"no call grammar for tool-call dialect {dialect!r}")
+    return build(m, specs, forced, parallel)

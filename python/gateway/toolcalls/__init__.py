@@ -9,8 +9,9 @@
     p.counters                         # reasoning_calls_delivered, reasoning_calls_kept_as_text, ...
 
 One streaming core (core.py) holds the state machine; each dialect (dialects/*.py) is a small
-description: its block marker, a block parser for its argument syntax and an opener builder used
-to prefill forced calls (`tool_choice`).  Design decisions are documented in core.py.
+description: its block marker and a block parser for its argument syntax.  How a chat family
+forces a call in its dialect (the opener the server prefills) is that family's record
+(gateway.families).  Design decisions are documented in core.py.
 
 Notes for the server:
 
@@ -29,7 +30,7 @@ Notes for the server:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from .blocks import BlockParser
 from .core import StreamParser, TrimWriter
@@ -44,30 +45,14 @@ class Dialect:
     name: str
     marker: str  # the string that opens a call block
     block: type[BlockParser]  # reads one block, from its marker on
-    opener: Callable[[str | None], str]  # prefill text for a forced call
-    models: str  # which checkpoints speak it
-    description: str
 
 
-DIALECTS: dict[str, Dialect] = {
-    "dsml": Dialect("dsml", dsml.MARKER, dsml.DsmlBlock, dsml.opener,
-                    "DeepSeek-V4",
-                    "<｜DSML｜tool_calls> block of <｜DSML｜invoke> with typed parameters"),
-    "glm": Dialect("glm", glm.MARKER, glm.GlmBlock, glm.opener,
-                   "GLM-4.5/4.6/4.7, GLM-5, Ling 3",
-                   "<tool_call>NAME then <arg_key>/<arg_value> pairs"),
-    "qwen_xml": Dialect("qwen_xml", qwen_xml.MARKER, qwen_xml.QwenXmlBlock, qwen_xml.opener,
-                        "Qwen3-Coder, Qwen3.5",
-                        "<tool_call><function=NAME> with <parameter=KEY> values"),
-    "hermes": Dialect("hermes", hermes.MARKER, hermes.HermesBlock, hermes.opener,
-                      "Qwen3 (hybrid), Ling 2",
-                      '<tool_call> holding one JSON object {"name": ..., "arguments": {...}}'),
-}
-
-
-def opener(dialect: str, name: str | None = None) -> str:
-    """Prefill text that starts a call in `dialect` (to `name` when given)."""
-    return _dialect(dialect).opener(name)
+DIALECTS: dict[str, Dialect] = {d.name: d for d in (
+    Dialect("dsml", dsml.MARKER, dsml.DsmlBlock),
+    Dialect("glm", glm.MARKER, glm.GlmBlock),
+    Dialect("qwen_xml", qwen_xml.MARKER, qwen_xml.QwenXmlBlock),
+    Dialect("hermes", hermes.MARKER, hermes.HermesBlock),
+)}
 
 
 def _dialect(name: str) -> Dialect:
@@ -86,7 +71,7 @@ def make_parser(dialect: str | None, tools: list[dict[str, Any]] | None,
     dialect        "dsml", "glm", "qwen_xml" or "hermes"; None only splits reasoning.
     tools          the request's OpenAI tools list; empty/None parses no calls at all.
     in_reasoning   the prompt already opened <think> (the output starts inside reasoning).
-    start_in_call  the exact text the server prefilled to force a call (see `opener`); the
+    start_in_call  the exact text the server prefilled to force a call (the family's opener); the
                    output is read as if it followed that text, which itself is never shown.
                    The output then starts in the answer, whatever `in_reasoning` says.
     id_salt        mixed into the deterministic call ids; pass something unique per request.
@@ -98,4 +83,4 @@ def make_parser(dialect: str | None, tools: list[dict[str, Any]] | None,
 
 
 __all__ = ["DIALECTS", "Dialect", "StreamParser", "ToolCatalog", "TrimWriter", "coerce",
-           "make_parser", "opener", "schema_types"]
+           "make_parser", "schema_types"]

@@ -33,7 +33,7 @@ from .schema_coerce import ToolCatalog
 Event = tuple
 Wait = Generator[None, None, Any]
 
-# Contract §3.2: a function name is non-empty and holds no whitespace or <>{}"'.
+# docs/reference/toolcall-contract.md §3.2: a function name is non-empty and holds no whitespace or <>{}"'.
 _BAD_NAME_CHARS = re.compile(r"[\s<>{}\"']")
 MAX_NAME = 256  # longer "names" are prose; the cap also keeps re-checks cheap
 

@@ -1,4 +1,4 @@
-"""Where text stands relative to Markdown code (contract §3.3, Strata 0.1.40.1's rule).
+"""Where text stands relative to Markdown code (docs/reference/toolcall-contract.md §3.3, Strata 0.1.40.1's rule).
 
 A fence is a line starting (after spaces/tabs) with ``` or ~~~ and lasts until a line starting
 with the same three characters.  Inline code means an odd number of backticks (outside fences)

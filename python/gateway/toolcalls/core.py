@@ -13,7 +13,7 @@ still turn into a marker (a suffix like `<tool_` or `</thi`) is held back and ne
 Calls in the answer, and the "malformed block degrades to text" rule
 --------------------------------------------------------------------
 Two rules meet here: "arguments stream as fragments as they are generated" and "a malformed or
-truncated block stays visible text" (contract §3).  Once a fragment has left, the call cannot be
+truncated block stays visible text" (docs/reference/toolcall-contract.md §3).  Once a fragment has left, the call cannot be
 taken back, so they cannot both hold for a block that fails after streaming began.  The parser
 keeps the zone where they conflict as small as it can:
 
@@ -40,7 +40,7 @@ exactly: its raw text stays in `content`, unchanged.  After the commit point:
 Either way the stream and `message()` agree: the argument fragments concatenate to the final
 arguments, which are always valid JSON, and the finish reason (`length`) tells the client.
 
-Calls inside the reasoning (contract §5) are never streamed: from a candidate opener on, the
+Calls inside the reasoning (docs/reference/toolcall-contract.md §5) are never streamed: from a candidate opener on, the
 reasoning is held until the turn ends, then delivered (finish "stop" and every gate passed) or
 released as reasoning text.
 """
@@ -95,7 +95,7 @@ class _Call:
 
 
 class _Tail:
-    """Held reasoning from the first candidate block opener to the end (contract §5)."""
+    """Held reasoning from the first candidate block opener to the end (docs/reference/toolcall-contract.md §5)."""
 
     def __init__(self, start: int) -> None:
         self.start = start

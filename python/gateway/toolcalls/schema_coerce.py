@@ -1,4 +1,4 @@
-"""Tool schemas and argument-value conversion (toolcall contract §4).
+"""Tool schemas and argument-value conversion (docs/reference/toolcall-contract.md §4).
 
 `ToolCatalog` answers the two questions the block parsers ask: is a function declared, and which
 JSON types does a parameter allow.  `coerce` turns the raw text of an XML-style argument value into
@@ -140,7 +140,7 @@ _TRY_ORDER = ("null", "boolean", "integer", "number", "object", "array")
 
 
 def coerce(raw: str, types: frozenset[str] | None) -> Any:
-    """Convert raw argument text by its declared types (contract §4). Never raises."""
+    """Convert raw argument text by its declared types (docs/reference/toolcall-contract.md §4). Never raises."""
     if types is None:
         ok, value = _json_or_none(raw.strip())
         return value if ok else raw

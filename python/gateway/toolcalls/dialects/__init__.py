@@ -1,1 +1,1 @@
-"""Dialect descriptions: markers, a block parser for the argument syntax, an opener builder."""
+"""Dialect descriptions: the block marker and a block parser for the argument syntax."""

@@ -1,4 +1,4 @@
-"""DeepSeek-V4 DSML calls (dsml.md §6): one `<｜DSML｜tool_calls>` block holding invokes.
+"""DeepSeek-V4 DSML calls (docs/reference/dsml.md §6): one `<｜DSML｜tool_calls>` block holding invokes.
 
     <｜DSML｜tool_calls>
     <｜DSML｜invoke name="N">
@@ -9,7 +9,7 @@
 The bars are U+FF5C.  Any whitespace between tags is accepted (including none).  Every parameter
 needs `string="true"` or `string="false"`, names are unique within an invoke, and the block needs
 at least one invoke.  `string="true"` values are the raw text; `string="false"` values follow the
-schema (contract §4, DSML).
+schema (docs/reference/toolcall-contract.md §4, DSML).
 """
 
 from __future__ import annotations
@@ -84,11 +84,3 @@ class DsmlBlock(BlockParser):
                     raw = yield from self.until(PARAM_CLOSE)
                     self.arg_value(key, coerce(raw, types))
             invokes += 1
-
-
-def opener(name: str | None = None) -> str:
-    """Prefill as the reference encoder lays it out, optionally opening an invoke of `name`."""
-    text = f"\n\n{MARKER}\n"
-    if name:
-        text += f'{INVOKE} name="{name}">\n'
-    return text

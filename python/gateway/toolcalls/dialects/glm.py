@@ -2,7 +2,7 @@
 
 Both layouts are read: 4.5/4.6 put newlines between the parts, 4.7/5 put none; the name ends at
 the first `<` (so `NAME\\n<arg_key>`, `NAME <arg_key>` and `NAME</tool_call>` all work).  Values
-are the text between the tags verbatim, then converted by the schema (contract §4).
+are the text between the tags verbatim, then converted by the schema (docs/reference/toolcall-contract.md §4).
 """
 
 from __future__ import annotations
@@ -49,8 +49,3 @@ class GlmBlock(BlockParser):
                 self.call_end()
                 return
             yield from self.expect(KEY_OPEN)
-
-
-def opener(name: str | None = None) -> str:
-    """Prefill that puts the model inside a call (optionally to a named function)."""
-    return MARKER + (name or "")

@@ -170,8 +170,3 @@ def _escaped(buf: str, quote: int) -> bool:
         count += 1
         i -= 1
     return count % 2 == 1
-
-
-def opener(name: str | None = None) -> str:
-    """Prefill that puts the model inside a call (optionally naming the function)."""
-    return f"{MARKER}\n" + (f'{{"name": {json_text(name)}, "arguments": ' if name else "")

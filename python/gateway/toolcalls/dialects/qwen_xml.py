@@ -1,6 +1,6 @@
 """Qwen3-Coder / Qwen3.5 calls: `<tool_call><function=N><parameter=K>V</parameter></function></tool_call>`.
 
-Contract §3/§4 rules for this dialect:
+docs/reference/toolcall-contract.md §3/§4 rules for this dialect:
 
 * `<tool_call>` must be followed (after whitespace) by `<function=`; a bare `<function=...>` is
   text (it never starts a block because the core only looks for `<tool_call>`).
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from ..blocks import BlockError, BlockParser, Wait
+from ..blocks import BlockParser, Wait
 from ..schema_coerce import coerce, is_verbatim
 
 MARKER = "<tool_call>"
@@ -120,8 +120,3 @@ class QwenXmlBlock(BlockParser):
             else:
                 raw = yield from self._value(None)
                 self.arg_value(key, coerce(raw, types))
-
-
-def opener(name: str | None = None) -> str:
-    """Prefill that puts the model inside a call (optionally to a named function)."""
-    return f"{MARKER}\n" + (f"{FUNCTION}{name}>\n" if name else "")

@@ -1,0 +1,24 @@
+"""GLM-4.5 / GLM-4.6: `<|role|>\\n` turns, tool calls one tag per line.
+
+Thinking: the model opens its own `<think>`; `thinking=False` appends `/nothink` to user turns
+and pre-fills an empty `<think></think>`.
+"""
+from __future__ import annotations
+
+from functools import partial
+
+from ..chat import glm
+from ..structured.grammars import glm_grammar
+from ..toolcalls.dialects.glm import MARKER
+from .record import CallSyntax, Family, text_encoder
+
+STOP_STRINGS = ("<|endoftext|>", "<|user|>", "<|observation|>")
+
+
+def opener(name: str | None = None) -> str:
+    """`\\n<tool_call>NAME\\n`: the 4.5/4.6 layout, a newline before the call and after the name."""
+    return f"\n{MARKER}" + (f"{name}\n" if name else "")
+
+
+CALLS = CallSyntax("glm", opener, partial(glm_grammar, newlines=True))
+FAMILY = Family("glm45", text_encoder(glm.encode_glm45), STOP_STRINGS, CALLS, reference_template="GLM-4.5.jinja")

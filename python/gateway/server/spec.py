@@ -1,0 +1,248 @@
+"""The one request spec every API's protocol module parses into, and the field checks they share.
+
+Each API's protocol module (openai_protocol, anthropic_protocol, responses_protocol) turns its
+body into a `ChatSpec` in the OpenAI chat form (messages, tools, tool_choice), so everything
+after parsing speaks one dialect.  Every field is type-checked: a bad value is a 400 naming the
+field, never a 500 from deep inside.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..sampling import SamplingParams
+from .errors import ApiError, bad_request
+
+MAX_MESSAGES = 4096
+MAX_STOP_STRINGS = 16
+MAX_TOOLS = 256
+# n > 1 runs the choices one after another: bounded so one request cannot hold the slot forever.
+MAX_CHOICES = 8
+
+
+@dataclass
+class ChatSpec:
+    messages: list[dict]
+    tools: list[dict] = field(default_factory=list)
+    tool_choice: str = "auto"            # auto | none | required | function
+    forced_name: str | None = None       # set when tool_choice names a function
+    parallel_tool_calls: bool = True
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    max_tokens: int | None = None
+    stop: list[str] = field(default_factory=list)
+    stream: bool = False
+    include_usage: bool = False
+    thinking: bool | None = None
+    reasoning_effort: str | None = None
+    response_format: dict | None = None
+    model: str = ""
+    ignore_eos: bool = False  # llama.cpp/vLLM extension: generate through end-of-turn tokens
+    omit_thinking: bool = False  # Anthropic thinking.display "omitted": thinking blocks carry no text
+    n: int = 1  # OpenAI choices: generated one after another in the single slot (prompt reused)
+    tool_namespaces: dict[str, str] = field(default_factory=dict)  # Responses: function -> namespace
+
+    @property
+    def active_tools(self) -> list[dict]:
+        """Tools the model sees: none when tool_choice is "none"."""
+        return [] if self.tool_choice == "none" else self.tools
+
+    @property
+    def forces_call(self) -> bool:
+        return self.tool_choice in ("required", "function") and bool(self.tools)
+
+
+def expect(value: Any, kind: type | tuple[type, ...], param: str) -> Any:
+    if not isinstance(value, kind) or (kind in (int, float, (int, float)) and isinstance(value, bool)):
+        names = kind.__name__ if isinstance(kind, type) else " or ".join(k.__name__ for k in kind)
+        raise bad_request(f"'{param}' must be of type {names}", param)
+    return value
+
+
+def number_field(body: dict, key: str, default: float) -> float:
+    value = body.get(key)
+    if value is None:
+        return default
+    return float(expect(value, (int, float), key))
+
+
+def int_field(body: dict, key: str, default: int | None) -> int | None:
+    value = body.get(key)
+    if value is None:
+        return default
+    return expect(value, int, key)
+
+
+def stop_list(value: Any, param: str) -> list[str]:
+    if value is None:
+        return []
+    if isinstance(value, str):
+        value = [value]
+    expect(value, list, param)
+    if len(value) > MAX_STOP_STRINGS:
+        raise bad_request(f"'{param}' may hold at most {MAX_STOP_STRINGS} strings", param)
+    for s in value:
+        expect(s, str, param)
+    return [s for s in value if s]
+
+
+def check_tools(tools: list[dict]) -> list[dict]:
+    if len(tools) > MAX_TOOLS:
+        raise bad_request(f"at most {MAX_TOOLS} tools are allowed", "tools")
+    names = set()
+    for i, tool in enumerate(tools):
+        if not isinstance(tool, dict) or tool.get("type", "function") != "function":
+            raise bad_request(f"tools[{i}]: only tools of type 'function' are supported", "tools")
+        fn = tool.get("function")
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not fn["name"]:
+            raise bad_request(f"tools[{i}].function.name is required", "tools")
+        params = fn.get("parameters", {})
+        if params is not None and not isinstance(params, dict):
+            raise bad_request(f"tools[{i}].function.parameters must be a JSON Schema object", "tools")
+        names.add(fn["name"])
+    return tools
+
+
+def apply_tool_choice(spec: ChatSpec, choice: Any) -> None:
+    names = {t["function"]["name"] for t in spec.tools}
+    if choice is None:
+        spec.tool_choice = "auto"
+    elif isinstance(choice, str):
+        if choice not in ("auto", "none", "required"):
+            raise bad_request("'tool_choice' must be 'auto', 'none', 'required' or a named function", "tool_choice")
+        spec.tool_choice = choice
+    elif isinstance(choice, dict):
+        fn = choice.get("function")
+        name = fn.get("name") if isinstance(fn, dict) else None
+        if choice.get("type") != "function" or not isinstance(name, str):
+            raise bad_request("'tool_choice' object must be {\"type\": \"function\", \"function\": {\"name\": ...}}",
+                              "tool_choice")
+        spec.tool_choice, spec.forced_name = "function", name
+    else:
+        raise bad_request("'tool_choice' must be a string or an object", "tool_choice")
+    if spec.tool_choice in ("required", "function") and not spec.tools:
+        raise bad_request(f"tool_choice '{spec.tool_choice}' needs a non-empty 'tools' list", "tool_choice")
+    if spec.forced_name is not None and spec.forced_name not in names:
+        raise bad_request(f"tool_choice names function '{spec.forced_name}', which is not in 'tools'",
+                          "tool_choice")
+
+
+def check_messages(messages: Any) -> list[dict]:
+    expect(messages, list, "messages")
+    if not messages:
+        raise bad_request("'messages' must not be empty", "messages")
+    if len(messages) > MAX_MESSAGES:
+        raise bad_request(f"'messages' may hold at most {MAX_MESSAGES} entries", "messages")
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict):
+            raise bad_request(f"messages[{i}] must be an object", "messages")
+        role = m.get("role")
+        if role not in ("system", "developer", "user", "assistant", "tool"):
+            raise bad_request(f"messages[{i}].role must be one of system, developer, user, assistant, tool",
+                              "messages")
+        content = m.get("content")
+        if content is not None and not isinstance(content, (str, list)):
+            raise bad_request(f"messages[{i}].content must be a string, a list of parts or null", "messages")
+        if isinstance(content, list):
+            for part in content:
+                if not isinstance(part, dict) or part.get("type") not in ("text", "input_text"):
+                    raise bad_request(f"messages[{i}].content: only text parts are supported", "messages")
+        if role == "tool" and not isinstance(m.get("tool_call_id", ""), str):
+            raise bad_request(f"messages[{i}].tool_call_id must be a string", "messages")
+        calls = m.get("tool_calls")
+        if calls is not None:
+            expect(calls, list, "messages")
+            for call in calls:
+                fn = call.get("function") if isinstance(call, dict) else None
+                if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+                    raise bad_request(f"messages[{i}].tool_calls entries need function.name", "messages")
+                args = fn.get("arguments", "{}")
+                if isinstance(args, str):
+                    try:
+                        json.loads(args or "{}")
+                    except json.JSONDecodeError:
+                        raise bad_request(f"messages[{i}].tool_calls: arguments must be a JSON string",
+                                          "messages") from None
+    return messages
+
+
+def sampling_params(body: dict, *, default_temperature: float = 1.0) -> SamplingParams:
+    top_logprobs = int_field(body, "top_logprobs", 0) or 0
+    bias: dict[int, float] = {}
+    raw_bias = body.get("logit_bias")
+    if raw_bias is not None:
+        expect(raw_bias, dict, "logit_bias")
+        for key, value in raw_bias.items():
+            try:
+                bias[int(key)] = float(expect(value, (int, float), "logit_bias"))
+            except ValueError:
+                raise bad_request("'logit_bias' keys must be token ids", "logit_bias") from None
+    params = SamplingParams(
+        temperature=number_field(body, "temperature", default_temperature),
+        top_p=number_field(body, "top_p", 1.0),
+        top_k=int_field(body, "top_k", 0) or 0,
+        min_p=number_field(body, "min_p", 0.0),
+        presence_penalty=number_field(body, "presence_penalty", 0.0),
+        frequency_penalty=number_field(body, "frequency_penalty", 0.0),
+        seed=int_field(body, "seed", None),
+        logprobs=bool(body.get("logprobs")) or top_logprobs > 0,
+        top_logprobs=top_logprobs,
+        logit_bias=bias,
+    )
+    try:
+        params.validate()
+    except ValueError as exc:
+        raise bad_request(str(exc), str(exc).split(":")[0]) from None
+    return params
+
+
+def json_format(schema: Any, param: str) -> dict:
+    """The one normalised form both APIs' JSON formats become: {"type": "json_object"} or
+    {"type": "json_schema", "schema": {...}} (a missing schema means any JSON object)."""
+    if schema is None:
+        return {"type": "json_object"}
+    if not isinstance(schema, (dict, bool)):
+        raise bad_request(f"'{param}' schema must be a JSON Schema object", param)
+    return {"type": "json_schema", "schema": schema}
+
+
+def thinking_switch(body: dict) -> bool | None:
+    """OpenAI-side switches used by local servers: chat_template_kwargs.enable_thinking / thinking."""
+    kwargs = body.get("chat_template_kwargs")
+    if isinstance(kwargs, dict):
+        for key in ("enable_thinking", "thinking"):
+            if isinstance(kwargs.get(key), bool):
+                return kwargs[key]
+    return None
+
+
+def parse_json_body(raw: bytes) -> Any:
+    try:
+        return json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ApiError(400, f"the request body is not valid JSON: {exc}") from None
+
+
+def positive_int(body: dict, key: str, param: str | None = None) -> int | None:
+    """An optional count that must be at least 1 (max_tokens and friends)."""
+    value = body.get(key)
+    if value is None:
+        return None
+    name = param or key
+    expect(value, int, name)
+    if value < 1:
+        raise bad_request(f"'{name}' must be at least 1", name)
+    return value
+
+
+def choices_count(body: dict) -> int:
+    n = int_field(body, "n", 1)
+    if n is None or not 1 <= n <= MAX_CHOICES:
+        raise bad_request(f"'n' must be between 1 and {MAX_CHOICES}", "n")
+    return n
+
+
+def check_token_ids(ids: list[int], vocab_size: int, param: str) -> None:
+    """Client-sent token ids (completions prompt, /detokenize) must lie inside the vocabulary."""
+    if any(t < 0 or t >= vocab_size for t in ids):
+        raise bad_request(f"'{param}' holds a token id outside the vocabulary", param)
