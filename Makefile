@@ -1,6 +1,6 @@
 # moegate — build, test, serve, bench.
 #   make            create .venv (from the system python3), install runtime deps, build the C core in place
-#   make test       C tests + the pytest suite (installs test deps into .venv: torch CPU, transformers, SDKs)
+#   make test       C tests + lint (ruff) + the pytest suite (installs test deps into .venv: torch CPU, transformers, SDKs)
 #   make serve      build and serve (the demo checkpoint unless MODEL=DIR); HOST=, PORT=, ARGS= honoured
 #   make rehearse   full-size sparse rehearsals (tools/rehearse.py; slow, not part of make test)
 #   make bench      benchmarks (ratios measured side by side in one run)
@@ -35,7 +35,7 @@ endif
 
 .SECONDARY:
 
-.PHONY: all install deps test-deps build test test-c test-py serve rehearse bench sanitize neon-check tsan clean
+.PHONY: all install deps test-deps build test test-c test-py lint serve rehearse bench sanitize neon-check tsan clean
 
 all: install
 
@@ -92,7 +92,11 @@ test-c: $(patsubst tests/c/%.c,$(TESTDIR)/%,$(C_TESTS))
 test-py: test-deps build
 	$(PYTHON) -m pytest -q tests
 
-test: test-c test-py
+# ruff with the small rule set of pyproject.toml ([tool.ruff])
+lint: test-deps
+	$(PYTHON) -m ruff check python tests tools
+
+test: test-c lint test-py
 
 serve: install
 	$(PYTHON) -m gateway --host $(HOST) --port $(PORT) $(if $(MODEL),--model $(MODEL)) $(ARGS)

@@ -1,5 +1,5 @@
 """The server's output pipeline without the engine: recorded model text in each dialect goes
-through the real streaming parser (ChatOutput) and the real wire builders (server/wire.py), and
+through the real streaming parser (ChatOutput) and the real wire builders (server/*_protocol.py), and
 the official SDKs' own stream accumulators rebuild the message from the produced chunks/events.
 
 Random-weight checkpoints never write a well-formed call, so this is where tool calls are

@@ -1,5 +1,6 @@
-"""Request parsing (server/chat_request.py): both APIs into one ChatSpec, Anthropic translated to
-the OpenAI message form, every bad field a 400 naming it."""
+"""Request parsing (server/openai_protocol.py, anthropic_protocol.py, responses_protocol.py):
+every API into one ChatSpec, Anthropic translated to the OpenAI message form, every bad field a
+400 naming it."""
 from __future__ import annotations
 
 import json

@@ -28,7 +28,7 @@ sys.path.insert(0, str(ROOT / "python"))
 from gateway.demo import ensure_demo_checkpoint  # noqa: E402
 from gateway.generate import GenerationRequest, GenerationResult  # noqa: E402
 from gateway.sampling import SamplingParams  # noqa: E402
-from gateway.server.chat_request import parse_openai_chat  # noqa: E402
+from gateway.server.openai_protocol import parse_openai_chat  # noqa: E402
 from gateway.server.pipeline import generation_request, prepare_chat  # noqa: E402
 from gateway.server.serve import ServeOptions, build_state  # noqa: E402
 
