@@ -197,23 +197,23 @@ def usage_counts(trace: Trace) -> np.ndarray:
     return counts
 
 
-USAGE_MAGICS = (b"MGUSAGE1", b"MGUSAGE2")  # the store's routing history (expert_cache.c)
+USAGE_MAGIC = b"MGUSAGE2"  # the store's routing history (expert_cache.c)
 
 
-def read_history(path: str | os.PathLike[str]) -> tuple[np.ndarray, np.ndarray | None, int, int]:
-    """The store's routing-history file: (counts per key, visits per layer or None for the
-    first format, n_layers, n_experts), as float32 values widened like the store does."""
+def read_history(path: str | os.PathLike[str]) -> tuple[np.ndarray, np.ndarray, int, int]:
+    """The store's routing-history file: (counts per key, visits per layer, n_layers,
+    n_experts), as float32 values widened like the store does."""
     data = Path(path).read_bytes()
-    if len(data) < 16 or data[:8] not in USAGE_MAGICS:
+    if len(data) < 16 or data[:8] != USAGE_MAGIC:
         raise ValueError(f"{path}: not a routing history")
     n_layers, n_experts = struct.unpack_from("<II", data, 8)
     n_keys = n_layers * n_experts
-    n = n_keys + (n_layers if data[:8] == b"MGUSAGE2" else 0)
+    n = n_keys + n_layers
     values = np.frombuffer(data, dtype="<f4", offset=16)
     if len(values) != n:
         raise ValueError(f"{path}: routing history of {len(values)} values, expected {n}")
     values = np.where(np.isfinite(values) & (values >= 0), values, 0).astype(np.float64)
-    return values[:n_keys], (values[n_keys:] if n > n_keys else None), n_layers, n_experts
+    return values[:n_keys], values[n_keys:], n_layers, n_experts
 
 
 def usage_visits(trace: Trace) -> np.ndarray:
@@ -681,7 +681,7 @@ def main(argv: list[str] | None = None) -> int:
     elif args.cmd == "replay":
         tr = read_trace(args.trace)
         hist = visits = None
-        if args.history and Path(args.history).read_bytes()[:8] in USAGE_MAGICS:
+        if args.history and Path(args.history).read_bytes()[:8] == USAGE_MAGIC:
             hist, visits, _, _ = read_history(args.history)
         elif args.history:
             old = read_trace(args.history)

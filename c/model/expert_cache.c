@@ -20,8 +20,7 @@
 
 #define N_PIECES 6                   /* gate, gate scale, up, up scale, down, down scale */
 #define MERGE_GAP ((uint64_t)64 << 10) /* read through gaps this small rather than split */
-#define USAGE_MAGIC_V1 "MGUSAGE1" /* counts only */
-#define USAGE_MAGIC "MGUSAGE2"    /* counts, then visits of each layer */
+#define USAGE_MAGIC "MGUSAGE2" /* counts, then visits of each layer */
 
 typedef struct piece_src {
     uint64_t file_off, nbytes;
@@ -265,9 +264,7 @@ static void usage_load(mg_expert_cache *c) {
     const size_t n = (size_t)c->n_keys + (size_t)c->n_layers;
     int ok = fread(magic, 1, 8, f) == 8 && fread(dims, 4, 2, f) == 2 && dims[0] == (uint32_t)c->n_layers &&
              dims[1] == (uint32_t)c->n_experts;
-    int v1 = ok && !memcmp(magic, USAGE_MAGIC_V1, 8); /* no visits: they stay 0 */
-    ok = ok && (v1 || !memcmp(magic, USAGE_MAGIC, 8)) &&
-         fread(c->usage_old, sizeof(float), v1 ? (size_t)c->n_keys : n, f) == (v1 ? (size_t)c->n_keys : n);
+    ok = ok && !memcmp(magic, USAGE_MAGIC, 8) && fread(c->usage_old, sizeof(float), n, f) == n;
     fclose(f);
     if (!ok) { /* another model's or a damaged history: start afresh (it is only a hint) */
         memset(c->usage_old, 0, sizeof(float) * n);
