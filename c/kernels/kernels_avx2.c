@@ -23,7 +23,7 @@
  */
 #include <math.h>
 #include <string.h>
-#include "core/kernels.h"
+#include "kernels/tables.h"
 
 #if defined(__x86_64__) && defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #include <immintrin.h>
@@ -1166,18 +1166,20 @@ static float read_sum_avx2(const float *p, int64_t n) {
     return hsum8(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
 }
 
-static const mg_kernels AVX2 = {
-    .name = "avx2",
-    .linear = {linear_f32, linear_bf16, linear_f16, linear_fp8, linear_fp4},
-    .dot = dot_avx2,
-    .axpy = axpy_avx2,
-    .scale = scale_avx2,
-    .rmsnorm = rmsnorm_avx2,
-    .swiglu = swiglu_avx2,
-    .read_sum = read_sum_avx2,
-};
-
-const mg_kernels *mg_kernels_avx2(void) { return &AVX2; }
+int mg_kernels_override_avx2(mg_kernels *k) {
+    k->linear[MG_F32] = linear_f32;
+    k->linear[MG_BF16] = linear_bf16;
+    k->linear[MG_F16] = linear_f16;
+    k->linear[MG_FP8_E4M3] = linear_fp8;
+    k->linear[MG_FP4_E2M1] = linear_fp4;
+    k->dot = dot_avx2;
+    k->axpy = axpy_avx2;
+    k->scale = scale_avx2;
+    k->rmsnorm = rmsnorm_avx2;
+    k->swiglu = swiglu_avx2;
+    k->read_sum = read_sum_avx2;
+    return 1;
+}
 #else
-const mg_kernels *mg_kernels_avx2(void) { return NULL; }
+int mg_kernels_override_avx2(mg_kernels *k) { return 0; }
 #endif

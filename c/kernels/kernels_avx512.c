@@ -38,7 +38,7 @@
  */
 #include <math.h>
 #include <string.h>
-#include "core/kernels.h"
+#include "kernels/tables.h"
 
 #if defined(__x86_64__) && defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && \
     defined(__AVX512DQ__) && defined(__FMA__) && defined(__F16C__)
@@ -447,25 +447,13 @@ INLINE int linear_decode(const mg_matrix *w, mg_format f, const float *x, float 
     static void NAME(const mg_matrix *w, const float *x, int64_t x_stride, int64_t n_tok, float *y,   \
                      int64_t y_stride, int64_t r0, int64_t r1) {                                 \
         if (n_tok == 1 && linear_decode(w, FMT, x, y, r0, r1)) return;                    \
-        mg_kernels_avx2()->linear[FMT](w, x, x_stride, n_tok, y, y_stride, r0, r1);              \
+        mg_kernels_avx512()->parent->linear[FMT](w, x, x_stride, n_tok, y, y_stride, r0, r1);    \
     }
 LINEAR_FN(linear_f32, MG_F32)
 LINEAR_FN(linear_bf16, MG_BF16)
 LINEAR_FN(linear_f16, MG_F16)
 LINEAR_FN(linear_fp8, MG_FP8_E4M3)
 LINEAR_FN(linear_fp4, MG_FP4_E2M1)
-
-/* ---- vector ops: the AVX2 table's (they are not bandwidth bound at these sizes) ------------ */
-
-static float dot_fwd(const float *a, const float *b, int64_t n) { return mg_kernels_avx2()->dot(a, b, n); }
-static void axpy_fwd(float *y, float a, const float *x, int64_t n) { mg_kernels_avx2()->axpy(y, a, x, n); }
-static void scale_fwd(float *y, float a, int64_t n) { mg_kernels_avx2()->scale(y, a, n); }
-static void rmsnorm_fwd(float *out, const float *x, const float *w, int64_t n, float eps) {
-    mg_kernels_avx2()->rmsnorm(out, x, w, n, eps);
-}
-static void swiglu_fwd(float *out, const float *gate, const float *up, int64_t n, float limit) {
-    mg_kernels_avx2()->swiglu(out, gate, up, n, limit);
-}
 
 /* The bandwidth yardstick with the same 64-byte loads the decode kernels use. */
 static float read_sum_avx512(const float *p, int64_t n) {
@@ -482,18 +470,16 @@ static float read_sum_avx512(const float *p, int64_t n) {
     return _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));
 }
 
-static const mg_kernels AVX512 = {
-    .name = "avx512",
-    .linear = {linear_f32, linear_bf16, linear_f16, linear_fp8, linear_fp4},
-    .dot = dot_fwd,
-    .axpy = axpy_fwd,
-    .scale = scale_fwd,
-    .rmsnorm = rmsnorm_fwd,
-    .swiglu = swiglu_fwd,
-    .read_sum = read_sum_avx512,
-};
-
-const mg_kernels *mg_kernels_avx512(void) { return mg_kernels_avx2() ? &AVX512 : NULL; }
+/* The vector ops stay the parent's (avx2): they are not bandwidth bound at these sizes. */
+int mg_kernels_override_avx512(mg_kernels *k) {
+    k->linear[MG_F32] = linear_f32;
+    k->linear[MG_BF16] = linear_bf16;
+    k->linear[MG_F16] = linear_f16;
+    k->linear[MG_FP8_E4M3] = linear_fp8;
+    k->linear[MG_FP4_E2M1] = linear_fp4;
+    k->read_sum = read_sum_avx512;
+    return 1;
+}
 #else
-const mg_kernels *mg_kernels_avx512(void) { return NULL; }
+int mg_kernels_override_avx512(mg_kernels *k) { return 0; }
 #endif

@@ -24,11 +24,10 @@
  * Lanes: vector k (nibble k of each 16-bit lane) holds columns 4j + k in 16-bit lane j, so fp32
  * lane i sums columns 8i + k and 8i + 4 + k: lanes 4g..4g+3 hold group g of the line, exactly as
  * in the avx512 loop, and the same scale vector [s0 x4, s1 x4, s2 x4, s3 x4] applies. */
-#include "core/kernels.h"
+#include "kernels/tables.h"
 
 #if defined(__x86_64__) && defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && \
     defined(__AVX512DQ__) && defined(__AVX512BF16__) && defined(__FMA__) && defined(__F16C__)
-#include <pthread.h>
 #include "kernels/avx512_rows.h"
 
 /* bf16 of the e2m1 code i & 15, for i < 32 (vpermw indexes with five bits). */
@@ -129,25 +128,14 @@ static int fp4_decode(const mg_matrix *w, const float *x, float *y, int64_t r0, 
 static void linear_fp4(const mg_matrix *w, const float *x, int64_t x_stride, int64_t n_tok, float *y,
                        int64_t y_stride, int64_t r0, int64_t r1) {
     if (n_tok == 1 && fp4_decode(w, x, y, r0, r1)) return;
-    mg_kernels_avx512()->linear[MG_FP4_E2M1](w, x, x_stride, n_tok, y, y_stride, r0, r1);
+    mg_kernels_avx512bf16()->parent->linear[MG_FP4_E2M1](w, x, x_stride, n_tok, y, y_stride, r0, r1);
 }
 
-/* Everything else is the avx512 table's: the table is a copy of it with this fp4 entry, made
- * once (a dispatch table, like the others; pthread_once makes the first use from any thread safe). */
-static mg_kernels avx512_bf16;
-static pthread_once_t avx512_bf16_once = PTHREAD_ONCE_INIT;
-
-static void make_table(void) {
-    avx512_bf16 = *mg_kernels_avx512();
-    avx512_bf16.name = "avx512bf16";
-    avx512_bf16.linear[MG_FP4_E2M1] = linear_fp4;
-}
-
-const mg_kernels *mg_kernels_avx512bf16(void) {
-    if (!mg_kernels_avx512()) return NULL;
-    pthread_once(&avx512_bf16_once, make_table);
-    return &avx512_bf16;
+/* Everything else is the parent's (avx512). */
+int mg_kernels_override_avx512bf16(mg_kernels *k) {
+    k->linear[MG_FP4_E2M1] = linear_fp4;
+    return 1;
 }
 #else
-const mg_kernels *mg_kernels_avx512bf16(void) { return NULL; }
+int mg_kernels_override_avx512bf16(mg_kernels *k) { return 0; }
 #endif

@@ -13,7 +13,7 @@
  *         table (vqtbl1q_u8) gives the high byte, a zip with zeros makes the f16 bits.
  * Quantised values are multiplied by their block scale before the FMA, as the scalar twin does;
  * a per-row scale (MG_SCALE_F32_ROW) multiplies the row's dot product once, also as it does. */
-#include "core/kernels.h"
+#include "kernels/tables.h"
 
 #if defined(__aarch64__) && defined(__ARM_NEON)
 #include <arm_neon.h>
@@ -418,23 +418,21 @@ static float read_sum_neon(const float *p, int64_t n) {
     return hsum4(a0, a1, a2, a3) + tail;
 }
 
-static const mg_kernels NEON = {
-    .name = "neon",
-    .linear = {[MG_F32] = linear_f32,
-               [MG_BF16] = linear_bf16,
-               [MG_F16] = linear_f16,
-               [MG_FP8_E4M3] = linear_fp8,
-               [MG_FP4_E2M1] = linear_fp4},
-    .dot = dot_neon,
-    .axpy = axpy_neon,
-    .scale = scale_neon,
-    .rmsnorm = rmsnorm_neon,
-    .swiglu = swiglu_neon,
-    .read_sum = read_sum_neon,
-};
-
-const mg_kernels *mg_kernels_neon(void) { return &NEON; }
+int mg_kernels_override_neon(mg_kernels *k) {
+    k->linear[MG_F32] = linear_f32;
+    k->linear[MG_BF16] = linear_bf16;
+    k->linear[MG_F16] = linear_f16;
+    k->linear[MG_FP8_E4M3] = linear_fp8;
+    k->linear[MG_FP4_E2M1] = linear_fp4;
+    k->dot = dot_neon;
+    k->axpy = axpy_neon;
+    k->scale = scale_neon;
+    k->rmsnorm = rmsnorm_neon;
+    k->swiglu = swiglu_neon;
+    k->read_sum = read_sum_neon;
+    return 1;
+}
 
 #else
-const mg_kernels *mg_kernels_neon(void) { return NULL; }
+int mg_kernels_override_neon(mg_kernels *k) { return 0; }
 #endif

@@ -2,7 +2,7 @@
  * CPUs without a SIMD table.  Written for clarity, not speed. */
 #include <math.h>
 #include <string.h>
-#include "core/kernels.h"
+#include "kernels/tables.h"
 
 /* The scale of row r for MG_SCALE_F32_ROW (1 otherwise).  Row scales are applied once to the
  * row's dot product, not to each weight: every table does the same, so they agree up to fp32
@@ -138,15 +138,14 @@ static float read_sum_scalar(const float *p, int64_t n) {
     return acc;
 }
 
-static const mg_kernels SCALAR = {
-    .name = "scalar",
-    .linear = {linear_scalar, linear_scalar, linear_scalar, linear_scalar, linear_scalar},
-    .dot = dot_scalar,
-    .axpy = axpy_scalar,
-    .scale = scale_scalar,
-    .rmsnorm = rmsnorm_scalar,
-    .swiglu = swiglu_scalar,
-    .read_sum = read_sum_scalar,
-};
-
-const mg_kernels *mg_kernels_scalar(void) { return &SCALAR; }
+/* The root table: every entry (c/kernels/tables.h). */
+int mg_kernels_override_scalar(mg_kernels *k) {
+    for (int f = 0; f < MG_FORMAT_COUNT; f++) k->linear[f] = linear_scalar;
+    k->dot = dot_scalar;
+    k->axpy = axpy_scalar;
+    k->scale = scale_scalar;
+    k->rmsnorm = rmsnorm_scalar;
+    k->swiglu = swiglu_scalar;
+    k->read_sum = read_sum_scalar;
+    return 1;
+}
