@@ -28,7 +28,8 @@
 
 #if defined(__x86_64__) && defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && \
     defined(__AVX512DQ__) && defined(__AVX512BF16__) && defined(__FMA__) && defined(__F16C__)
-#include "kernels/avx512_rows.h"
+#include "kernels/avx512/avx512.h"
+#include "kernels/avx512bf16/avx512bf16.h"
 
 /* bf16 of the e2m1 code i & 15, for i < 32 (vpermw indexes with five bits). */
 INLINE __m512i fp4_bf16_table(void) {
@@ -109,8 +110,8 @@ INLINE void rows_fp4_dp(const int R, const uint8_t *const *p, const uint16_t *xb
 
 MG_FP4_ROWS_FN(fp4_rows_dp, rows_fp4_dp, uint16_t)
 
-/* Decode of rows [r0, r1); returns 0 (having written nothing) when the avx512 table must do it. */
-static int fp4_decode(const mg_matrix *w, const float *x, float *y, int64_t r0, int64_t r1) {
+/* Decode of rows [r0, r1); returns 0 (having written nothing) when the parent table's entry must do it. */
+int mg_avx512bf16_decode_fp4(const mg_matrix *w, const float *x, float *y, int64_t r0, int64_t r1) {
     if (w->cols % 128 || !(w->scale_kind == MG_SCALE_NONE || w->scale_kind == MG_SCALE_E8M0_G32 ||
                            w->scale_kind == MG_SCALE_F32_ROW))
         return 0;
@@ -125,17 +126,4 @@ static int fp4_decode(const mg_matrix *w, const float *x, float *y, int64_t r0, 
     return 1;
 }
 
-static void linear_fp4(const mg_matrix *w, const float *x, int64_t x_stride, int64_t n_tok, float *y,
-                       int64_t y_stride, int64_t r0, int64_t r1) {
-    if (n_tok == 1 && fp4_decode(w, x, y, r0, r1)) return;
-    mg_kernels_avx512bf16()->parent->linear[MG_FP4_E2M1](w, x, x_stride, n_tok, y, y_stride, r0, r1);
-}
-
-/* Everything else is the parent's (avx512). */
-int mg_kernels_override_avx512bf16(mg_kernels *k) {
-    k->linear[MG_FP4_E2M1] = linear_fp4;
-    return 1;
-}
-#else
-int mg_kernels_override_avx512bf16(mg_kernels *k) { return 0; }
 #endif
