@@ -1,4 +1,14 @@
-/* AVX2 decode (n_tok == 1) of bf16, fp8 and fp4 several rows per pass, sharing the x loads. */
+/* AVX2 decode (n_tok == 1) of bf16, fp8 and fp4 several rows per pass, sharing the x loads.
+ *
+ * Why: one row at a time (decode_avx2.c), fp8 and fp4 reach only a third of one core's read
+ * bandwidth.  These loops take two to four rows per pass, start each step's partial sums afresh
+ * where a long FMA chain would bound them, prefetch the same line of a later group of rows
+ * (rows_ahead) into L2, which streamed better than into L1, and decode fp8
+ * without vcvtph2ps (folded scales, as the AVX-512 table does).  fp4 stays bound by its decoding:
+ * per 64 codes four vpshufb, four unpacks and five shifts share the two shuffle pipes with part
+ * of the eight FMAs; the alternatives tried (other chain counts, rows per pass and decodings) were
+ * no faster.  Needs whole steps (fp8, bf16: 32 columns; fp4: 64), otherwise the call takes the
+ * one-row loop.  Measurements: docs/KERNELS.md. */
 #include <math.h>
 #include <string.h>
 #include "kernels/tables.h"
@@ -6,29 +16,8 @@
 #if defined(__x86_64__) && defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #include "kernels/avx2/avx2.h"
 
-/* ---- decode fast paths: several rows per pass ------------------------------------------------
- *
- * The one-row loop above ran fp4 / fp8 at 0.30-0.37 of read bandwidth on one Zen 4 core (fp8 with
- * 128x128 block scales: 13 GB/s from L2).  The loops below take two to four rows per pass sharing
- * the x loads, start each step's partial sums afresh where a long FMA chain would bound them,
- * prefetch the same line of a later group of rows (rows_ahead) into L2, and decode fp8 without
- * vcvtph2ps (folded scales, as the AVX-512 table does): fp8 22 GB/s from L2 per core, streamed
- * 0.9+ of read bandwidth on one core (thread CPU time).  Rows per pass (group_rows), Zen 4: fp8
- * and fp4 two (four: 5% slower from L2 and 0.84 instead of 0.95 streamed; three: 0.61 streamed),
- * bf16 four (two: 50 instead of 57 GB/s from L2).  Prefetch into L2 (T1): 0.70-0.78 streamed
- * against 0.51-0.54 into L1 (T0), with 4, 8 or 16 KiB ahead alike.
- *
- * fp4 stays bound by its decoding (10.5 GB/s of codes per core from L2, about 0.35 of one core's
- * read bandwidth): per 64 codes four vpshufb, four unpacks and five shifts share the two shuffle
- * pipes with part of the eight FMAs; a single FMA chain per step, four chains, or fewer rows per
- * pass did not change that, and two other decodings were slower (8.0 GB/s each): the codes as
- * int8 in the top byte of each 32-bit lane through vcvtdq2ps, and f16 high bytes through
- * vcvtph2ps (one scale broadcast per group, no permute).  Needs whole steps (fp8, bf16: 32 columns; fp4: 64), otherwise the
- * call takes the one-row loop. */
-
 /* Prefetch distance of the multi-row loops: the same line of a later group of rows, at least
- * MG_AVX2_MIN_AHEAD bytes on (narrow rows would otherwise prefetch too close, see the AVX-512
- * file). */
+ * MG_AVX2_MIN_AHEAD bytes on (narrow rows would otherwise prefetch too close, see avx512.h). */
 #ifndef MG_AVX2_MIN_AHEAD
 #define MG_AVX2_MIN_AHEAD 8192
 #endif
@@ -232,7 +221,7 @@ INLINE int64_t fast_rows(const mg_matrix *w, mg_format f, int64_t r, int64_t n, 
     return n;
 }
 
-/* Rows per pass (Zen 4, one core: see "decode fast paths" above). */
+/* Rows per pass: the best measured on Zen 4 (docs/KERNELS.md). */
 #ifndef MG_AVX2_GROUP_BF16
 #define MG_AVX2_GROUP_BF16 4
 #endif

@@ -277,7 +277,7 @@ INLINE void micro_tokens(const int T, const float *tile, const float *x, int64_t
 
 /* One function per token count, kept out of line: inlined into the tile loop, the compiler kept
  * loop-invariant values of the caller in registers and spilled an accumulator of the 6-token
- * loop to the stack (a store-to-load dependency per column, a third slower). */
+ * loop to the stack (a store-to-load dependency per column). */
 #define MICRO_FN(T)                                                                                     \
     static __attribute__((noinline)) void micro_tokens##T(const float *tile, const float *x, int64_t xs, \
                                                           int64_t kc, float *y, int64_t ys, int64_t nr,   \

@@ -16,9 +16,9 @@
 enum { XP_COLS = 8192 };
 
 /* Software prefetch of streamed weights, in bytes ahead of the current step.  Rows are often one
- * or two 4 KiB pages and the hardware streamer stops at page ends.  Into L2 (T1), 2 KiB ahead:
- * on a Sapphire-Rapids-class Xeon this beat T0 (which competes with the demand loads for L1 fill
- * buffers) and 1, 4 and 8 KiB, and prefetching only the heads of pages, by 5-20% for fp4/fp8. */
+ * or two 4 KiB pages and the hardware streamer stops at page ends.  Into L2 (T1): into L1 (T0)
+ * the prefetches compete with the demand loads for fill buffers.  The distance is the best
+ * measured (docs/KERNELS.md). */
 #ifndef MG_AVX512_PREFETCH_BYTES
 #define MG_AVX512_PREFETCH_BYTES 2048
 #endif
@@ -54,9 +54,8 @@ INLINE void row_scales_g32(const mg_matrix *w, int64_t r, int64_t g0, int64_t n,
 }
 
 /* Prefetch distance of the multi-row loops: the same line of a later group of rows, at least
- * MG_AVX512_MIN_AHEAD bytes on.  One group ahead is too close for narrow rows: fp8 with 1024
- * columns (DeepSeek-V4's wq_b) streamed 12.5 GB/s on one Zen 4 core at 2 KiB (two rows) and
- * 19 GB/s at 8 KiB; 16 KiB gave no more. */
+ * MG_AVX512_MIN_AHEAD bytes on.  One group ahead is too close for narrow rows (fp8 with 1024
+ * columns, DeepSeek-V4's wq_b: docs/KERNELS.md). */
 #ifndef MG_AVX512_MIN_AHEAD
 #define MG_AVX512_MIN_AHEAD 8192
 #endif

@@ -1,13 +1,12 @@
-/* AVX-512 (F, BW, VL, DQ) kernels for x86-64.  Compiled with -mavx512f -mavx512bw -mavx512vl
- * -mavx512dq -mfma -mf16c; selected at run time only on CPUs that have these features and whose
- * OS saves ZMM state (c/core/cpu.c).
+/* AVX-512 (F, BW, VL, DQ) decode (n_tok == 1) for x86-64.  Compiled with -mavx512f -mavx512bw
+ * -mavx512vl -mavx512dq -mfma -mf16c; selected at run time only on CPUs that have these features
+ * and whose OS saves ZMM state (c/core/cpu.c).
  *
- * Only decode (n_tok == 1) differs from the AVX2 table.  It streams weights from memory, but
- * measured on a Xeon the decoding work still shows in the achieved bandwidth (fewer instructions
- * per weight byte gave a higher fraction of the read bandwidth even where the decoder alone ran
- * faster than memory), so the 512-bit decoders below use as few instructions per cache line as
- * we found.  Every other entry (prefill, vector ops) and every decode case outside the fast paths
- * forwards to the AVX2 table, which the same CPU runs.
+ * Only decode differs from the parent (avx2) table.  It streams weights from memory, but the
+ * decoding work still shows in the achieved bandwidth (fewer instructions per weight byte gave a
+ * higher fraction of the read bandwidth even where the decoder alone ran faster than memory), so
+ * the 512-bit decoders use as few instructions per cache line as we found.  Every decode case
+ * outside these loops is declined and runs the parent's entry (table_avx512.c).
  *
  * Every fast path consumes exactly 64 weight bytes (one cache line) per step and reads x in a
  * permuted order (xp, built once per call) that matches the lanes the cheapest widening of the
@@ -19,7 +18,7 @@
  *   fp8 e4m3: 64 columns; in each 16-bit lane, shift and mask 0xBF80 turn each byte into the f16
  *         encoding of v * 2^-8 (exact, subnormals included; NaN codes are not supported), then
  *         vcvtph2ps.  xp holds x * 256, which makes the products exact values again; calls whose
- *         x would overflow that go to the AVX2 table.
+ *         x would overflow that are declined.
  *   fp4 e2m1: 128 columns; vpermps looks up the exact fp32 value of the low nibble of each
  *         32-bit lane in a 16-entry table; shifts by 4, 8, ..., 28 of the one load bring up the
  *         other nibbles: vector k holds columns 8i + k in lane i, so lanes 4g..4g+3 hold group
@@ -33,8 +32,9 @@
  * for e8m0, so results equal the scalar twin's up to summation order.  Per-row scales (F32_ROW,
  * any format) multiply each row's unscaled dot product once, as the scalar twin does.
  * Unscaled fp8 runs two rows per pass sharing the xp loads (row2_fp8); fp8 with folded block
- * scales, fp4 and bf16 run four (rows_fp8_folded, rows_fp4, rows_bf16); a lone last unscaled fp8
- * row, or fp8 blocks whose scales could not be folded, take the one-row loops.
+ * scales, fp4 and bf16 run four (decode_rows_avx512.c); a lone last unscaled fp8 row, or fp8
+ * blocks whose scales could not be folded, take the one-row loops.  Measurements behind these
+ * choices: docs/KERNELS.md.
  */
 #include "kernels/tables.h"
 
@@ -176,9 +176,8 @@ INLINE float row_fp8_block128(const uint8_t *p, const float *xp, int64_t nb, con
 
 /* Two rows at once (pa, pb: the same columns of rows r and r + 1), sharing each xp load between
  * them: x is half of the loads per weight line.  fp8 prefetches the same line of the next pair
- * of rows (ahead = 2 row strides) instead of a fixed distance: with two rows in flight a fixed
- * 2 KiB ran at 0.71 of read bandwidth and 1 KiB at 0.67, 4 KiB 0.75, the next pair's line
- * (8 KiB for 4096-column rows) 0.87-0.89, above the one-row loop's 0.79 (Xeon, 4096 columns). */
+ * of rows (ahead = 2 row strides) instead of a fixed distance, which with two rows in flight
+ * fell behind the loads (docs/KERNELS.md). */
 INLINE void row2_fp8(const uint8_t *pa, const uint8_t *pb, const float *xp, int64_t nb, size_t ahead, float *ya,
                      float *yb) {
     const __m512i m = _mm512_set1_epi16((short)0xBF80);

@@ -15,8 +15,7 @@ INLINE __m512 fp4_table(void) {
 }
 
 /* fp8 with folded block scales, R (1..4) rows at once, decoded without vcvtph2ps: on Zen 4 the
- * four conversions per line bounded the former loop (row2_fp8 on this data: 20 GB/s per core from
- * L2; with the conversions replaced by shifts, 32).  In each 16-bit lane, an arithmetic shift by 4
+ * four conversions per line bounded the f16-decoding loop (row2_fp8).  In each 16-bit lane, an arithmetic shift by 4
  * and the mask 0x87F0 turn a byte s.eeee.mmm into s << 15 | eeeemmm << 4: the upper half of an
  * fp32 whose value is exactly v * 2^-120 (eeee = 0 lands in the fp32 denormals, still exact).  A
  * 16-bit shift or a mask then widens the lanes as for bf16, and xq carries the 2^120 (see
@@ -47,11 +46,10 @@ INLINE void rows_fp8_folded(const int R, const uint8_t *const *p, const float *x
  * (NULL: unscaled).  Each 64-byte line is loaded once per row and shifts by 0, 4, ..., 28
  * bring each of its eight nibbles to the bottom of the 32-bit lanes (vpermps reads only those 4
  * bits), so vector k holds columns 8i + k in lane i; the sixteen xp loads of a line serve all R
- * rows.  On an AMD EPYC (Zen 4) four rows ran 30 Gw/s from L2 against 23 for the former two-row
- * loop (four unaligned loads per line, now gone: they split cache lines), and six or eight rows ran
- * slower (register spills).  Prefetch: the same line of the next group of R rows (ahead = R row
- * strides), as for fp8; the former fixed 2 KiB pointed inside the group being read and left the
- * loop waiting on memory (6 GB/s streamed on one core, 14 GB/s with this distance). */
+ * rows.  Four rows, because two needed unaligned loads that split cache lines and six or eight
+ * spill registers.  Prefetch: the same line of the next group of R rows (ahead = R row strides),
+ * as for fp8; a fixed 2 KiB pointed inside the group being read and left the loop waiting on
+ * memory (docs/KERNELS.md). */
 INLINE void rows_fp4(const int R, const uint8_t *const *p, const float *xp, int64_t nb, const float *const *s,
                      size_t ahead, float *out) {
     const __m512 tab = fp4_table();
@@ -111,9 +109,8 @@ int mg_avx512_fold_block_scales(const mg_matrix *w, int64_t r, int64_t c0, int64
 }
 
 /* bf16 (unscaled or F32_ROW), R (1..4) rows at once sharing the xp loads, prefetching the same line
- * of a later group of rows (see rows_ahead); p[j]: row j's columns, nb 64-byte steps.  Four rows
- * ran 62 GB/s from L2 on one Zen 4 core against 48 for one row at a time (row_plain), and
- * streamed the DeepSeek-V4 head's shape (4096 columns) ~10% faster. */
+ * of a later group of rows (see rows_ahead); p[j]: row j's columns, nb 64-byte steps.  Faster
+ * than one row at a time (row_plain) from L2 and streamed (docs/KERNELS.md). */
 INLINE void rows_bf16(const int R, const uint8_t *const *p, const float *xp, int64_t nb, size_t ahead, float *out) {
     const __m512i hi = _mm512_set1_epi32((int)0xFFFF0000u);
     __m512 a0[4], a1[4];

@@ -1,25 +1,23 @@
 /* AVX-512 with AVX512_BF16 (AMD Zen 4 and later, Intel Cooper Lake / Sapphire Rapids and later):
- * the avx512 table with a cheaper decode (n_tok == 1) of fp4 e2m1 weights.  Compiled with the
+ * a cheaper decode (n_tok == 1) of fp4 e2m1 weights than the parent (avx512) table's.  Compiled with the
  * avx512 flags plus -mavx512bf16; c/core/cpu.c selects it only on CPUs that report the feature.
  *
  * Why: the avx512 fp4 loop spends 26 512-bit operations per 64-byte line and row (seven shifts,
- * nine vpermps, nine FMAs, an add).  On a Zen 4 core that fills the four 256-bit FP pipes at
- * about 14 GB/s of weights, well below what memory gives one core, so fp4 decode was compute
- * bound.  vdpbf16ps multiplies 32 pairs per operation against 16 for an FMA, and every e2m1
+ * nine vpermps, nine FMAs, an add).  On a Zen 4 core that fills the four 256-bit FP pipes well
+ * below what memory gives one core, so fp4 decode was compute bound.  vdpbf16ps multiplies 32 pairs per operation against 16 for an FMA, and every e2m1
  * value is exact in bf16, so here a line and row costs 18: three 16-bit shifts and four vpermw
  * (a 32-entry table of the codes' bf16 values; vpermw reads the low five bits of each 16-bit
  * lane, so shifts by 4, 8 and 12 bring each nibble down and the table repeats after 16), eight
- * vdpbf16ps, one add and the group-scale multiply.  Measured from L2 on one Zen 4 core: 22.5
- * against 17.2 GB/s.
+ * vdpbf16ps, one add and the group-scale multiply (docs/KERNELS.md for what it gained).
  *
  * Exactness: x goes in as two bf16 parts, hi = bf16(x) and lo = bf16(x - hi), both rounded to
  * nearest even; x - hi is exact in fp32, so |hi + lo - x| <= 2^-18 |x|.  Each product of an e2m1
  * value and a part is exact in fp32 and vdpbf16ps adds them with fp32 rounding, so a row differs
  * from the scalar twin by at most 2^-18 of sum |w x| beyond fp32 reordering (3.8e-6, inside the
- * kernel tests' 1e-5; a third part would make it exact but measured no faster than the avx512
- * loop).  vdpbf16ps treats denormal inputs as zero, so x with a non-finite value, a magnitude of
- * 2^127 or more, or a non-zero magnitude under 2^-100 (whose lo part could be denormal) takes
- * the avx512 table's loop instead.
+ * kernel tests' 1e-5; a third part would make it exact but was no faster than the avx512 loop).
+ * vdpbf16ps treats denormal inputs as zero, so x with a non-finite value, a magnitude of 2^127 or
+ * more, or a non-zero magnitude under 2^-100 (whose lo part could be denormal) takes the parent
+ * table's loop instead.
  *
  * Lanes: vector k (nibble k of each 16-bit lane) holds columns 4j + k in 16-bit lane j, so fp32
  * lane i sums columns 8i + k and 8i + 4 + k: lanes 4g..4g+3 hold group g of the line, exactly as

@@ -1,5 +1,5 @@
-/* Scalar reference kernels: the twin every SIMD kernel is tested against, and the fallback on
- * CPUs without a SIMD table.  Written for clarity, not speed. */
+/* Scalar linear (every format, decode and prefill): the twin every SIMD linear entry is tested
+ * against, and the fallback on CPUs without a SIMD table.  Written for clarity, not speed. */
 #include <math.h>
 #include <string.h>
 #include "kernels/scalar/scalar.h"
