@@ -132,6 +132,7 @@ int64_t mg_avx512_bf16_rows(const mg_matrix *w, int64_t r, int64_t n, int64_t c0
                             float *y) {
     const uint8_t *p[4];
     float part[4];
+    if (n < 1 || n > 4) __builtin_unreachable(); /* n is 1..4; said so, -O3 stops warning part may be read unwritten */
     row_ptrs(w, r, n, (size_t)c0 * 2, p);
     MG_ROWS_CALL(n, mg_matrix_row_bytes(w), part, rows_bf16, p, xs, kc / 32);
     store_row_parts(w, r, n, c0, part, y);
@@ -151,6 +152,7 @@ int64_t mg_avx512_fp8_folded_rows(const mg_matrix *w, int64_t r, int64_t n, int6
                                   const float *xq, float *y) {
     const uint8_t *p[4];
     float part[4];
+    if (n < 1 || n > 4) __builtin_unreachable(); /* n is 1..4; said so, -O3 stops warning part may be read unwritten */
     row_ptrs(w, r, n, (size_t)c0, p);
     MG_ROWS_CALL(n, mg_matrix_row_bytes(w), part, rows_fp8_folded, p, xq, kc / 64);
     store_row_parts(w, r, n, c0, part, y); /* block-128 scaled: no F32_ROW scale */
