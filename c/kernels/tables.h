@@ -20,6 +20,24 @@
 
 #include "core/kernels.h"
 
+/* The vector ops as a family file exports them (P##_dot, P##_axpy, ...): their declarations, and
+ * the table entries set to them. */
+#define MG_VECTOR_OPS_DECLARE(P)                                                   \
+    float P##_dot(const float *a, const float *b, int64_t n);                      \
+    void P##_axpy(float *y, float a, const float *x, int64_t n);                   \
+    void P##_scale(float *y, float a, int64_t n);                                  \
+    void P##_rmsnorm(float *out, const float *x, const float *w, int64_t n, float eps); \
+    void P##_swiglu(float *out, const float *gate, const float *up, int64_t n, float limit); \
+    float P##_read_sum(const float *p, int64_t n);
+#define MG_VECTOR_OPS_SET(k, P)                                                        \
+    ((k)->dot = P##_dot, (k)->axpy = P##_axpy, (k)->scale = P##_scale, (k)->rmsnorm = P##_rmsnorm, \
+     (k)->swiglu = P##_swiglu, (k)->read_sum = P##_read_sum)
+
+/* The linear entries of every format set to P##_f32, P##_bf16, P##_f16, P##_fp8, P##_fp4. */
+#define MG_LINEAR_SET(k, P)                                                                      \
+    ((k)->linear[MG_F32] = P##_f32, (k)->linear[MG_BF16] = P##_bf16, (k)->linear[MG_F16] = P##_f16, \
+     (k)->linear[MG_FP8_E4M3] = P##_fp8, (k)->linear[MG_FP4_E2M1] = P##_fp4)
+
 int mg_kernels_override_scalar(mg_kernels *k);
 int mg_kernels_override_avx2(mg_kernels *k);
 int mg_kernels_override_avx512(mg_kernels *k);

@@ -195,11 +195,6 @@ mg_avx2_prefill_fn mg_avx2_prefill_f32, mg_avx2_prefill_bf16, mg_avx2_prefill_f1
     mg_avx2_prefill_fp4;
 
 /* vector_avx2.c: the vector ops of mg_kernels. */
-float mg_avx2_dot(const float *a, const float *b, int64_t n);
-void mg_avx2_axpy(float *y, float a, const float *x, int64_t n);
-void mg_avx2_scale(float *y, float a, int64_t n);
-void mg_avx2_rmsnorm(float *out, const float *x, const float *w, int64_t n, float eps);
-void mg_avx2_swiglu(float *out, const float *gate, const float *up, int64_t n, float limit);
-float mg_avx2_read_sum(const float *p, int64_t n);
+MG_VECTOR_OPS_DECLARE(mg_avx2)
 
 #endif

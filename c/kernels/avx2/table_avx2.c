@@ -32,17 +32,8 @@ LINEAR_FN(linear_fp8, decode_fp8, mg_avx2_prefill_fp8)
 LINEAR_FN(linear_fp4, decode_fp4, mg_avx2_prefill_fp4)
 
 int mg_kernels_override_avx2(mg_kernels *k) {
-    k->linear[MG_F32] = linear_f32;
-    k->linear[MG_BF16] = linear_bf16;
-    k->linear[MG_F16] = linear_f16;
-    k->linear[MG_FP8_E4M3] = linear_fp8;
-    k->linear[MG_FP4_E2M1] = linear_fp4;
-    k->dot = mg_avx2_dot;
-    k->axpy = mg_avx2_axpy;
-    k->scale = mg_avx2_scale;
-    k->rmsnorm = mg_avx2_rmsnorm;
-    k->swiglu = mg_avx2_swiglu;
-    k->read_sum = mg_avx2_read_sum;
+    MG_LINEAR_SET(k, linear);
+    MG_VECTOR_OPS_SET(k, mg_avx2);
     return 1;
 }
 #else

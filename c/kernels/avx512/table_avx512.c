@@ -24,11 +24,7 @@ LINEAR_FN(linear_fp4, MG_FP4_E2M1, mg_avx512_decode_fp4)
 
 /* The vector ops stay the parent's (avx2): they are not bandwidth bound at these sizes. */
 int mg_kernels_override_avx512(mg_kernels *k) {
-    k->linear[MG_F32] = linear_f32;
-    k->linear[MG_BF16] = linear_bf16;
-    k->linear[MG_F16] = linear_f16;
-    k->linear[MG_FP8_E4M3] = linear_fp8;
-    k->linear[MG_FP4_E2M1] = linear_fp4;
+    MG_LINEAR_SET(k, linear);
     k->read_sum = mg_avx512_read_sum;
     return 1;
 }

@@ -21,11 +21,6 @@ mg_neon_linear_fn mg_neon_linear_f32, mg_neon_linear_bf16, mg_neon_linear_f16, m
     mg_neon_linear_fp4;
 
 /* vector_neon.c: the vector ops of mg_kernels. */
-float mg_neon_dot(const float *a, const float *b, int64_t n);
-void mg_neon_axpy(float *y, float a, const float *x, int64_t n);
-void mg_neon_scale(float *y, float a, int64_t n);
-void mg_neon_rmsnorm(float *out, const float *x, const float *w, int64_t n, float eps);
-void mg_neon_swiglu(float *out, const float *gate, const float *up, int64_t n, float limit);
-float mg_neon_read_sum(const float *p, int64_t n);
+MG_VECTOR_OPS_DECLARE(mg_neon)
 
 #endif

@@ -11,11 +11,6 @@ void mg_scalar_linear(const mg_matrix *w, const float *x, int64_t x_stride, int6
                       int64_t r0, int64_t r1);
 
 /* vector_scalar.c */
-float mg_scalar_dot(const float *a, const float *b, int64_t n);
-void mg_scalar_axpy(float *y, float a, const float *x, int64_t n);
-void mg_scalar_scale(float *y, float a, int64_t n);
-void mg_scalar_rmsnorm(float *out, const float *x, const float *w, int64_t n, float eps);
-void mg_scalar_swiglu(float *out, const float *gate, const float *up, int64_t n, float limit);
-float mg_scalar_read_sum(const float *p, int64_t n);
+MG_VECTOR_OPS_DECLARE(mg_scalar)
 
 #endif
