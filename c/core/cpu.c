@@ -44,22 +44,37 @@ mg_cpu_features mg_cpu_detect(void) {
 }
 #endif
 
+/* Whether this CPU has the features table k adds to its parent's. */
+static int runs_own_features(const mg_kernels *k, const mg_cpu_features *f) {
+    if (!strcmp(k->name, "avx2")) return f->avx2 && f->fma && f->f16c;
+    if (!strcmp(k->name, "avx512")) return f->avx512;
+    if (!strcmp(k->name, "avx512bf16")) return f->avx512bf16;
+    if (!strcmp(k->name, "neon")) return f->neon;
+    return !strcmp(k->name, "scalar");
+}
+
+/* Every table, fastest first. */
+static const mg_kernels *(*const TABLES[])(void) = {mg_kernels_avx512bf16, mg_kernels_avx512, mg_kernels_avx2,
+                                                   mg_kernels_neon, mg_kernels_scalar};
+
 const mg_kernels *mg_kernels_named(const char *name) {
-    mg_cpu_features f = mg_cpu_detect();
-    if (!name || !strcmp(name, "scalar")) return mg_kernels_scalar();
-    if (!strcmp(name, "avx2")) return (f.avx2 && f.fma && f.f16c) ? mg_kernels_avx2() : NULL;
-    if (!strcmp(name, "avx512"))
-        return (f.avx512 && f.avx2 && f.fma && f.f16c && mg_kernels_avx2()) ? mg_kernels_avx512() : NULL;
-    if (!strcmp(name, "avx512bf16"))
-        return f.avx512bf16 && mg_kernels_named("avx512") ? mg_kernels_avx512bf16() : NULL;
-    if (!strcmp(name, "neon")) return f.neon ? mg_kernels_neon() : NULL;
+    const mg_cpu_features f = mg_cpu_detect();
+    if (!name) name = "scalar";
+    for (size_t i = 0; i < sizeof TABLES / sizeof *TABLES; i++) {
+        const mg_kernels *k = TABLES[i]();
+        if (!k || strcmp(k->name, name)) continue;
+        /* a table runs where its own features and all its ancestors' are present */
+        for (const mg_kernels *t = k; t; t = t->parent)
+            if (!runs_own_features(t, &f)) return NULL;
+        return k;
+    }
     return NULL;
 }
 
 const mg_kernels *mg_kernels_best(void) {
-    const mg_kernels *k = mg_kernels_named("avx512bf16");
-    if (!k) k = mg_kernels_named("avx512");
-    if (!k) k = mg_kernels_named("avx2");
-    if (!k) k = mg_kernels_named("neon");
-    return k ? k : mg_kernels_scalar();
+    for (size_t i = 0; i < sizeof TABLES / sizeof *TABLES; i++) {
+        const mg_kernels *k = TABLES[i]();
+        if (k && mg_kernels_named(k->name)) return k;
+    }
+    return mg_kernels_scalar();
 }

@@ -1,5 +1,6 @@
 /* The dispatch table: every hot kernel, once per instruction set.  The scalar table is the
- * reference twin of every SIMD entry; tests compare them on odd sizes. */
+ * reference twin of every SIMD entry; tests compare them on odd sizes.  Each SIMD table is its
+ * parent's with the entries that instruction set implements overridden (c/kernels/tables.h). */
 #ifndef MG_KERNELS_H
 #define MG_KERNELS_H
 
@@ -16,6 +17,9 @@ typedef void (*mg_linear_fn)(const mg_matrix *w, const float *x, int64_t x_strid
 
 typedef struct mg_kernels {
     const char *name; /* "scalar", "avx2", "avx512", "avx512bf16", "neon" */
+    /* The table this one was built from (NULL: scalar, the root).  An entry that declines a
+     * case passes it to the same entry of its own table's parent. */
+    const struct mg_kernels *parent;
     mg_linear_fn linear[MG_FORMAT_COUNT];
     float (*dot)(const float *a, const float *b, int64_t n);
     void (*axpy)(float *y, float a, const float *x, int64_t n); /* y += a * x */
@@ -28,10 +32,12 @@ typedef struct mg_kernels {
     float (*read_sum)(const float *p, int64_t n);
 } mg_kernels;
 
+/* The tables of this build (built once, on first use from any thread); NULL when the build does
+ * not contain that instruction set.  Whether the CPU runs them is c/core/cpu.h's business. */
 const mg_kernels *mg_kernels_scalar(void);
-const mg_kernels *mg_kernels_avx2(void); /* NULL when not built for x86-64 */
-const mg_kernels *mg_kernels_avx512(void); /* NULL when not built for x86-64 */
-const mg_kernels *mg_kernels_avx512bf16(void); /* NULL when not built for x86-64 */
-const mg_kernels *mg_kernels_neon(void); /* NULL when not built for arm64 */
+const mg_kernels *mg_kernels_avx2(void);       /* x86-64 */
+const mg_kernels *mg_kernels_avx512(void);     /* x86-64 */
+const mg_kernels *mg_kernels_avx512bf16(void); /* x86-64, compiler with -mavx512bf16 */
+const mg_kernels *mg_kernels_neon(void);       /* arm64 */
 
 #endif

@@ -33,16 +33,6 @@ void mg_rope_apply(float *x, int n_heads, int head_stride, int rot_off, int half
     }
 }
 
-void mg_softmax(float *x, int64_t n) {
-    if (n <= 0) return;
-    float mx = x[0];
-    for (int64_t i = 1; i < n; i++) mx = x[i] > mx ? x[i] : mx;
-    double sum = 0.0;
-    for (int64_t i = 0; i < n; i++) { x[i] = expf(x[i] - mx); sum += x[i]; }
-    float inv = (float)(1.0 / sum);
-    for (int64_t i = 0; i < n; i++) x[i] *= inv;
-}
-
 float mg_sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
 
 /* Insertion into a sorted list of k: the fastest for expert routing (k <= 16 of a few hundred).

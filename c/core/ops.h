@@ -1,4 +1,4 @@
-/* Small scalar ops that are not worth SIMD: RoPE, top-k, softmax and friends. */
+/* Small scalar ops that are not worth SIMD: RoPE, top-k, sigmoid. */
 #ifndef MG_OPS_H
 #define MG_OPS_H
 
@@ -16,7 +16,6 @@ void mg_rope_cos_sin(float *cos_out, float *sin_out, const float *inv_freq, int 
 void mg_rope_apply(float *x, int n_heads, int head_stride, int rot_off, int half,
                    const float *cos_v, const float *sin_v, int interleaved, int inverse);
 
-void mg_softmax(float *x, int64_t n);              /* in place, max-subtracted */
 float mg_sigmoid(float x);
 
 /* Indices of the k largest values, largest first; ties keep the lower index first. */

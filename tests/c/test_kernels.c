@@ -1,8 +1,11 @@
 /* Kernel tables against ground truth.
+ *  0. The tables' inheritance (c/kernels/tables.h), for every table the build has: parents,
+ *     no entry left empty, entries not overridden are the parent's.
  *  1. The scalar table against a double-precision dequantisation built from formats.h decoders.
- *  2. Every SIMD table this CPU runs (avx2, neon) against the scalar table, for every weight
- *     format and scale kind, odd shapes, decode and prefill token counts, sub-ranges of rows and
- *     padded strides; then the vector ops (dot, axpy, scale, rmsnorm, swiglu, read_sum).
+ *  2. Every SIMD table this CPU runs (avx2, avx512, avx512bf16, neon: whichever the build has
+ *     and mg_kernels_named accepts here) against the scalar table, for every weight format and
+ *     scale kind, odd shapes, decode and prefill token counts, sub-ranges of rows and padded
+ *     strides; then the vector ops (dot, axpy, scale, rmsnorm, swiglu, read_sum).
  * Linear tolerance: |y - y_ref| <= 1e-5 * sum_c |w[r,c] * x[t,c]| (fp32 reordering only). */
 #include <math.h>
 #include <stdio.h>
@@ -503,6 +506,31 @@ static void test_vector_ops(tally *t, const mg_kernels *k, const mg_kernels *ref
     }
 }
 
+/* Every table of the build, whether this CPU runs it or not: its parent is the one tables.h
+ * names (avx512bf16 -> avx512 -> avx2 -> scalar; neon -> scalar), every entry is set, and an entry
+ * a table does not override is its parent's (checked for avx512's dot). */
+static void test_inheritance(tally *t) {
+    const mg_kernels *const tables[] = {mg_kernels_scalar(), mg_kernels_avx2(), mg_kernels_avx512(),
+                                        mg_kernels_avx512bf16(), mg_kernels_neon()};
+    const int n_tables = (int)(sizeof tables / sizeof *tables);
+    static const char *const parents[][2] = {{"avx2", "scalar"}, {"avx512", "avx2"}, {"avx512bf16", "avx512"},
+                                             {"neon", "scalar"}};
+    for (int k = 0; k < n_tables; k++) {
+        const mg_kernels *tb = tables[k];
+        if (!tb) continue; /* not in this build */
+        int ok = tb->dot && tb->axpy && tb->scale && tb->rmsnorm && tb->swiglu && tb->read_sum;
+        for (int f = 0; f < MG_FORMAT_COUNT; f++) ok = ok && tb->linear[f];
+        check(t, ok, "table entries set", tb->name, "", 0, 0, 0, 0, 0);
+        const char *want = NULL;
+        for (size_t i = 0; i < sizeof parents / sizeof *parents; i++)
+            if (!strcmp(parents[i][0], tb->name)) want = parents[i][1];
+        check(t, want ? tb->parent && !strcmp(tb->parent->name, want) : tb->parent == NULL, "table parent", tb->name,
+              tb->parent ? tb->parent->name : "-", 0, 0, 0, 0, 0);
+        if (!strcmp(tb->name, "avx512"))
+            check(t, tb->dot == tb->parent->dot, "inherited entry", tb->name, "dot", 0, 0, 0, 0, 0);
+    }
+}
+
 int main(void) {
     tally t = {0, 0};
     rng g = {0x9e3779b97f4a7c15ull};
@@ -517,6 +545,7 @@ int main(void) {
     printf("tables:");
     for (int i = 0; i < n; i++) printf(" %s", tables[i]->name);
     printf("\n");
+    test_inheritance(&t);
     test_linear(&t, tables, n, &g);
     test_linear_fp8_unfoldable(&t, tables, n, &g);
     test_linear_fp8_wide_x(&t, tables, n, &g);

@@ -1,35 +1,33 @@
 /* AVX-512 with AVX512_BF16 (AMD Zen 4 and later, Intel Cooper Lake / Sapphire Rapids and later):
- * the avx512 table with a cheaper decode (n_tok == 1) of fp4 e2m1 weights.  Compiled with the
+ * a cheaper decode (n_tok == 1) of fp4 e2m1 weights than the parent (avx512) table's.  Compiled with the
  * avx512 flags plus -mavx512bf16; c/core/cpu.c selects it only on CPUs that report the feature.
  *
  * Why: the avx512 fp4 loop spends 26 512-bit operations per 64-byte line and row (seven shifts,
- * nine vpermps, nine FMAs, an add).  On a Zen 4 core that fills the four 256-bit FP pipes at
- * about 14 GB/s of weights, well below what memory gives one core, so fp4 decode was compute
- * bound.  vdpbf16ps multiplies 32 pairs per operation against 16 for an FMA, and every e2m1
+ * nine vpermps, nine FMAs, an add).  On a Zen 4 core that fills the four 256-bit FP pipes well
+ * below what memory gives one core, so fp4 decode was compute bound.  vdpbf16ps multiplies 32 pairs per operation against 16 for an FMA, and every e2m1
  * value is exact in bf16, so here a line and row costs 18: three 16-bit shifts and four vpermw
  * (a 32-entry table of the codes' bf16 values; vpermw reads the low five bits of each 16-bit
  * lane, so shifts by 4, 8 and 12 bring each nibble down and the table repeats after 16), eight
- * vdpbf16ps, one add and the group-scale multiply.  Measured from L2 on one Zen 4 core: 22.5
- * against 17.2 GB/s.
+ * vdpbf16ps, one add and the group-scale multiply (docs/KERNELS.md for what it gained).
  *
  * Exactness: x goes in as two bf16 parts, hi = bf16(x) and lo = bf16(x - hi), both rounded to
  * nearest even; x - hi is exact in fp32, so |hi + lo - x| <= 2^-18 |x|.  Each product of an e2m1
  * value and a part is exact in fp32 and vdpbf16ps adds them with fp32 rounding, so a row differs
  * from the scalar twin by at most 2^-18 of sum |w x| beyond fp32 reordering (3.8e-6, inside the
- * kernel tests' 1e-5; a third part would make it exact but measured no faster than the avx512
- * loop).  vdpbf16ps treats denormal inputs as zero, so x with a non-finite value, a magnitude of
- * 2^127 or more, or a non-zero magnitude under 2^-100 (whose lo part could be denormal) takes
- * the avx512 table's loop instead.
+ * kernel tests' 1e-5; a third part would make it exact but was no faster than the avx512 loop).
+ * vdpbf16ps treats denormal inputs as zero, so x with a non-finite value, a magnitude of 2^127 or
+ * more, or a non-zero magnitude under 2^-100 (whose lo part could be denormal) takes the parent
+ * table's loop instead.
  *
  * Lanes: vector k (nibble k of each 16-bit lane) holds columns 4j + k in 16-bit lane j, so fp32
  * lane i sums columns 8i + k and 8i + 4 + k: lanes 4g..4g+3 hold group g of the line, exactly as
  * in the avx512 loop, and the same scale vector [s0 x4, s1 x4, s2 x4, s3 x4] applies. */
-#include "core/kernels.h"
+#include "kernels/tables.h"
 
 #if defined(__x86_64__) && defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && \
     defined(__AVX512DQ__) && defined(__AVX512BF16__) && defined(__FMA__) && defined(__F16C__)
-#include <pthread.h>
-#include "kernels/avx512_rows.h"
+#include "kernels/avx512/avx512.h"
+#include "kernels/avx512bf16/avx512bf16.h"
 
 /* bf16 of the e2m1 code i & 15, for i < 32 (vpermw indexes with five bits). */
 INLINE __m512i fp4_bf16_table(void) {
@@ -110,8 +108,8 @@ INLINE void rows_fp4_dp(const int R, const uint8_t *const *p, const uint16_t *xb
 
 MG_FP4_ROWS_FN(fp4_rows_dp, rows_fp4_dp, uint16_t)
 
-/* Decode of rows [r0, r1); returns 0 (having written nothing) when the avx512 table must do it. */
-static int fp4_decode(const mg_matrix *w, const float *x, float *y, int64_t r0, int64_t r1) {
+/* Decode of rows [r0, r1); returns 0 (having written nothing) when the parent table's entry must do it. */
+int mg_avx512bf16_decode_fp4(const mg_matrix *w, const float *x, float *y, int64_t r0, int64_t r1) {
     if (w->cols % 128 || !(w->scale_kind == MG_SCALE_NONE || w->scale_kind == MG_SCALE_E8M0_G32 ||
                            w->scale_kind == MG_SCALE_F32_ROW))
         return 0;
@@ -126,28 +124,4 @@ static int fp4_decode(const mg_matrix *w, const float *x, float *y, int64_t r0, 
     return 1;
 }
 
-static void linear_fp4(const mg_matrix *w, const float *x, int64_t x_stride, int64_t n_tok, float *y,
-                       int64_t y_stride, int64_t r0, int64_t r1) {
-    if (n_tok == 1 && fp4_decode(w, x, y, r0, r1)) return;
-    mg_kernels_avx512()->linear[MG_FP4_E2M1](w, x, x_stride, n_tok, y, y_stride, r0, r1);
-}
-
-/* Everything else is the avx512 table's: the table is a copy of it with this fp4 entry, made
- * once (a dispatch table, like the others; pthread_once makes the first use from any thread safe). */
-static mg_kernels avx512_bf16;
-static pthread_once_t avx512_bf16_once = PTHREAD_ONCE_INIT;
-
-static void make_table(void) {
-    avx512_bf16 = *mg_kernels_avx512();
-    avx512_bf16.name = "avx512bf16";
-    avx512_bf16.linear[MG_FP4_E2M1] = linear_fp4;
-}
-
-const mg_kernels *mg_kernels_avx512bf16(void) {
-    if (!mg_kernels_avx512()) return NULL;
-    pthread_once(&avx512_bf16_once, make_table);
-    return &avx512_bf16;
-}
-#else
-const mg_kernels *mg_kernels_avx512bf16(void) { return NULL; }
 #endif

@@ -1,8 +1,8 @@
-/* Scalar reference kernels: the twin every SIMD kernel is tested against, and the fallback on
- * CPUs without a SIMD table.  Written for clarity, not speed. */
+/* Scalar linear (every format, decode and prefill): the twin every SIMD linear entry is tested
+ * against, and the fallback on CPUs without a SIMD table.  Written for clarity, not speed. */
 #include <math.h>
 #include <string.h>
-#include "core/kernels.h"
+#include "kernels/scalar/scalar.h"
 
 /* The scale of row r for MG_SCALE_F32_ROW (1 otherwise).  Row scales are applied once to the
  * row's dot product, not to each weight: every table does the same, so they agree up to fp32
@@ -62,7 +62,7 @@ static void dequant_row(const mg_matrix *w, int64_t r, float *out) {
     }
 }
 
-static void linear_scalar(const mg_matrix *w, const float *x, int64_t x_stride, int64_t n_tok,
+void mg_scalar_linear(const mg_matrix *w, const float *x, int64_t x_stride, int64_t n_tok,
                           float *y, int64_t y_stride, int64_t r0, int64_t r1) {
     float row[4096];
     /* Wide rows read elements through mg_matrix_get, which would apply a row scale per weight:
@@ -99,54 +99,3 @@ static void linear_scalar(const mg_matrix *w, const float *x, int64_t x_stride, 
         }
     }
 }
-
-static float dot_scalar(const float *a, const float *b, int64_t n) {
-    float acc = 0.0f;
-    for (int64_t i = 0; i < n; i++) acc += a[i] * b[i];
-    return acc;
-}
-
-static void axpy_scalar(float *y, float a, const float *x, int64_t n) {
-    for (int64_t i = 0; i < n; i++) y[i] += a * x[i];
-}
-
-static void scale_scalar(float *y, float a, int64_t n) {
-    for (int64_t i = 0; i < n; i++) y[i] *= a;
-}
-
-static void rmsnorm_scalar(float *out, const float *x, const float *w, int64_t n, float eps) {
-    double ss = 0.0;
-    for (int64_t i = 0; i < n; i++) ss += (double)x[i] * x[i];
-    float inv = 1.0f / sqrtf((float)(ss / (double)n) + eps);
-    for (int64_t i = 0; i < n; i++) out[i] = x[i] * inv * (w ? w[i] : 1.0f);
-}
-
-static void swiglu_scalar(float *out, const float *gate, const float *up, int64_t n, float limit) {
-    for (int64_t i = 0; i < n; i++) {
-        float g = gate[i], u = up[i];
-        if (limit > 0.0f) {
-            g = g > limit ? limit : g;
-            u = u > limit ? limit : (u < -limit ? -limit : u);
-        }
-        out[i] = g / (1.0f + expf(-g)) * u;
-    }
-}
-
-static float read_sum_scalar(const float *p, int64_t n) {
-    float acc = 0.0f;
-    for (int64_t i = 0; i < n; i++) acc += p[i];
-    return acc;
-}
-
-static const mg_kernels SCALAR = {
-    .name = "scalar",
-    .linear = {linear_scalar, linear_scalar, linear_scalar, linear_scalar, linear_scalar},
-    .dot = dot_scalar,
-    .axpy = axpy_scalar,
-    .scale = scale_scalar,
-    .rmsnorm = rmsnorm_scalar,
-    .swiglu = swiglu_scalar,
-    .read_sum = read_sum_scalar,
-};
-
-const mg_kernels *mg_kernels_scalar(void) { return &SCALAR; }

@@ -1,13 +1,14 @@
-/* Shared by the AVX-512 kernel files (kernels_avx512.c, kernels_avx512bf16.c): the x chunking,
- * prefetch distances and scale readers of the multi-row decode loops.  Include only from files
- * compiled with the AVX-512 F/BW/VL/DQ flags. */
-#ifndef MG_AVX512_ROWS_H
-#define MG_AVX512_ROWS_H
+/* Shared by the AVX-512 kernel files (c/kernels/avx512/<family>_avx512.c and the avx512bf16
+ * ones built on them): the x chunking, prefetch distances and scale readers of the decode loops,
+ * and each family's entry points, which table_avx512.c puts in the table.  Include only from
+ * files compiled with the AVX-512 F/BW/VL/DQ flags. */
+#ifndef MG_KERNELS_AVX512_H
+#define MG_KERNELS_AVX512_H
 
 #include <immintrin.h>
 #include <math.h>
 #include <string.h>
-#include "core/kernels.h"
+#include "kernels/tables.h"
 
 #define INLINE static inline __attribute__((always_inline))
 
@@ -15,9 +16,9 @@
 enum { XP_COLS = 8192 };
 
 /* Software prefetch of streamed weights, in bytes ahead of the current step.  Rows are often one
- * or two 4 KiB pages and the hardware streamer stops at page ends.  Into L2 (T1), 2 KiB ahead:
- * on a Sapphire-Rapids-class Xeon this beat T0 (which competes with the demand loads for L1 fill
- * buffers) and 1, 4 and 8 KiB, and prefetching only the heads of pages, by 5-20% for fp4/fp8. */
+ * or two 4 KiB pages and the hardware streamer stops at page ends.  Into L2 (T1): into L1 (T0)
+ * the prefetches compete with the demand loads for fill buffers.  The distance is the best
+ * measured (docs/KERNELS.md). */
 #ifndef MG_AVX512_PREFETCH_BYTES
 #define MG_AVX512_PREFETCH_BYTES 2048
 #endif
@@ -53,9 +54,8 @@ INLINE void row_scales_g32(const mg_matrix *w, int64_t r, int64_t g0, int64_t n,
 }
 
 /* Prefetch distance of the multi-row loops: the same line of a later group of rows, at least
- * MG_AVX512_MIN_AHEAD bytes on.  One group ahead is too close for narrow rows: fp8 with 1024
- * columns (DeepSeek-V4's wq_b) streamed 12.5 GB/s on one Zen 4 core at 2 KiB (two rows) and
- * 19 GB/s at 8 KiB; 16 KiB gave no more. */
+ * MG_AVX512_MIN_AHEAD bytes on.  One group ahead is too close for narrow rows (fp8 with 1024
+ * columns, DeepSeek-V4's wq_b: docs/KERNELS.md). */
 #ifndef MG_AVX512_MIN_AHEAD
 #define MG_AVX512_MIN_AHEAD 8192
 #endif
@@ -133,5 +133,41 @@ INLINE void store_row_parts(const mg_matrix *w, int64_t r, int64_t n, int64_t c0
         store_row_parts(w, r, n, c0, part, y);                                                            \
         return n;                                                                                         \
     }
+
+INLINE float scale_block128(const mg_matrix *w, int64_t r, int64_t c) {
+    const size_t at = (size_t)(r / 128) * (size_t)w->scale_cols + (size_t)(c / 128);
+    if (w->scale_kind == MG_SCALE_F32_BLOCK128) { /* memcpy: scales inside a mapped shard may be unaligned */
+        float s;
+        memcpy(&s, (const uint8_t *)w->scale + at * 4, 4);
+        return s;
+    }
+    return mg_e8m0_to_f32(((const uint8_t *)w->scale)[at]);
+}
+
+/* ---- entry points of the op families ------------------------------------------------------ */
+
+/* decode_avx512.c: decode (n_tok == 1) of rows [r0, r1); returns 0, having written nothing, for
+ * a matrix or x it does not take (then the parent table's entry runs). */
+typedef int mg_avx512_decode_fn(const mg_matrix *w, const float *x, float *y, int64_t r0, int64_t r1);
+mg_avx512_decode_fn mg_avx512_decode_f32, mg_avx512_decode_bf16, mg_avx512_decode_f16, mg_avx512_decode_fp8,
+    mg_avx512_decode_fp4;
+
+/* decode_rows_avx512.c: the four-row loops decode_avx512.c runs, over columns [c0, c0 + kc) of
+ * rows [r, r + n) (n in 1..4); each writes (c0 == 0) or adds its rows' sums and returns n. */
+int64_t mg_avx512_bf16_rows(const mg_matrix *w, int64_t r, int64_t n, int64_t c0, int64_t kc, const float *xp,
+                            float *y);
+int64_t mg_avx512_fp4_rows(const mg_matrix *w, int64_t r, int64_t n, int64_t c0, int64_t kc, const float *xp,
+                           float *y, float (*sfr)[XP_COLS / 32]);
+/* fp8 rows inside one 128-row scale block, against xq folded for that block: */
+int64_t mg_avx512_fp8_folded_rows(const mg_matrix *w, int64_t r, int64_t n, int64_t c0, int64_t kc,
+                                  const float *xq, float *y);
+/* x * 256 in the folded loop's order, and the fold of a row block's scales into it (returns 0
+ * when the products would leave the normal range: then the block takes the one-row loop). */
+void mg_avx512_permute_x_fp8_folded(const float *x, int64_t kc, float *xo);
+int mg_avx512_fold_block_scales(const mg_matrix *w, int64_t r, int64_t c0, int64_t kc, const float *xo, float xmax,
+                                float xmin, float *xq);
+
+/* vector_avx512.c */
+float mg_avx512_read_sum(const float *p, int64_t n);
 
 #endif

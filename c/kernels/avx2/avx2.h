@@ -1,0 +1,200 @@
+/* Shared by the AVX2 + FMA + F16C kernel files (c/kernels/avx2/<family>_avx2.c, compiled with -mavx2
+ * -mfma -mf16c and selected at run time only on CPUs that have all three, c/core/cpu.c): the
+ * helpers, scale readers and raw decodings every op family uses, the permuted x of the decode
+ * loops, and each family's entry points, which table_avx2.c puts in the table.
+ *
+ * Raw decodings (all exact, no denormals):
+ *   bf16: 16-bit left shift into fp32 bits.
+ *   f16:  vcvtph2ps.
+ *   fp8 e4m3: sign-extend the byte to 16 bits, shift left 7 and mask 0xBF80: an f16 whose value
+ *         is v * 2^-8 (subnormals included), then vcvtph2ps.  NaN codes are not supported.
+ *   fp4 e2m1: vpshufb on a 16-entry table of the values' f16 high bytes (the low bytes are
+ *         zero), then vcvtph2ps: exact values.
+ * A raw value is a power-of-two multiple of the true value (raw_factor); a block's partial sum
+ * is multiplied by its scale, a per-row scale (F32_ROW) multiplies the row's whole sum once. */
+#ifndef MG_KERNELS_AVX2_H
+#define MG_KERNELS_AVX2_H
+
+#include <immintrin.h>
+#include <math.h>
+#include <string.h>
+#include "kernels/tables.h"
+
+#define INLINE static inline __attribute__((always_inline))
+
+/* ---- small helpers ---------------------------------------------------------------------- */
+
+INLINE float hsum8(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+/* Mask selecting the first n (0..8) lanes, for maskload/maskstore. */
+INLINE __m256i lane_mask(int64_t n) {
+    const __m256i idx = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    return _mm256_cmpgt_epi32(_mm256_set1_epi32((int)n), idx);
+}
+
+/* Values decoded per step, and the power of two the raw decoding must be multiplied by. */
+INLINE int64_t fmt_step(mg_format f) {
+    return f == MG_FP4_E2M1 ? 32 : (f == MG_FP8_E4M3 ? 16 : 8);
+}
+INLINE float raw_factor(mg_format f) {
+    return f == MG_FP8_E4M3 ? 256.0f : 1.0f;
+}
+/* Byte offset of column c in a row (c even for fp4). */
+INLINE size_t col_bytes(mg_format f, int64_t c) {
+    switch (f) {
+    case MG_F32: return (size_t)c * 4;
+    case MG_BF16:
+    case MG_F16: return (size_t)c * 2;
+    case MG_FP8_E4M3: return (size_t)c;
+    default: return (size_t)c / 2;
+    }
+}
+
+/* Columns sharing one scale (NONE and F32_ROW: an arbitrary block, which keeps several
+ * accumulators busy; a row scale is applied to the row's whole sum, see row_scale). */
+INLINE int64_t block_cols(mg_scale_kind k) {
+    return k == MG_SCALE_E8M0_G32 ? 32 : (k == MG_SCALE_NONE || k == MG_SCALE_F32_ROW ? 256 : 128);
+}
+
+/* MG_SCALE_F32_ROW: the scale of row r, multiplied into the row's dot product once (1 for every
+ * other kind, whose scales scale_at applies per block). */
+INLINE float row_scale(const mg_matrix *w, int64_t r) {
+    if (w->scale_kind != MG_SCALE_F32_ROW) return 1.0f;
+    float s;
+    memcpy(&s, (const uint8_t *)w->scale + (size_t)r * (size_t)w->scale_cols * 4, 4);
+    return s;
+}
+
+INLINE float scale_at(const mg_matrix *w, int64_t r, int64_t c) {
+    switch (w->scale_kind) {
+    case MG_SCALE_F32_BLOCK128: { /* memcpy: scales inside a mapped shard may be unaligned */
+        float s;
+        memcpy(&s, (const uint8_t *)w->scale + ((size_t)(r / 128) * (size_t)w->scale_cols + (size_t)(c / 128)) * 4, 4);
+        return s;
+    }
+    case MG_SCALE_E8M0_BLOCK128: return mg_e8m0_to_f32(((const uint8_t *)w->scale)[(r / 128) * w->scale_cols + c / 128]);
+    case MG_SCALE_E8M0_G32: return mg_e8m0_to_f32(((const uint8_t *)w->scale)[r * w->scale_cols + c / 32]);
+    default: return 1.0f; /* NONE, and F32_ROW (applied per row by row_scale) */
+    }
+}
+
+/* f16 high bytes of the 16 e2m1 values (their low bytes are all zero): a vpshufb table. */
+INLINE __m128i fp4_f16_lut(void) {
+    return _mm_setr_epi8(0x00, 0x38, 0x3c, 0x3e, 0x40, 0x42, 0x44, 0x46,
+                         (char)0x80, (char)0xb8, (char)0xbc, (char)0xbe, (char)0xc0, (char)0xc2, (char)0xc4, (char)0xc6);
+}
+
+/* The codes of the first n columns at p copied into buf (size bytes), zero-padded: zero codes
+ * decode to zeros, and an odd fp4 count keeps only its last byte's low nibble. */
+INLINE void copy_tail(mg_format f, const uint8_t *p, int64_t n, uint8_t *buf, size_t size) {
+    memset(buf, 0, size);
+    memcpy(buf, p, col_bytes(f, n + (f == MG_FP4_E2M1 ? (n & 1) : 0)));
+    if (f == MG_FP4_E2M1 && (n & 1)) buf[n / 2] &= 0x0f;
+}
+
+/* Loads n (<= 8) floats, zeros beyond. */
+INLINE __m256 load_partial(const float *x, int64_t n) {
+    return n >= 8 ? _mm256_loadu_ps(x) : _mm256_maskload_ps(x, lane_mask(n));
+}
+
+/* Decode reads x in a permuted order (xp) that matches what the cheapest widening of each format
+ * produces, so no shuffles are needed per weight:
+ *   bf16, fp8 (per 32 columns): [even columns | odd columns]  (16-bit lanes split by shift / mask)
+ *   fp4 (per 64 columns, two groups of 32 in the two 128-bit lanes): see FP4_OFFSETS. */
+enum { XP_COLS = 8192 };
+
+/* fp4 vector v, element i < 4 (first group) reads column FP4_OFFSETS[v] + 4i, element 4 + i the
+ * same column of the second group (+32). */
+static const int FP4_OFFSETS[8] = {0, 2, 16, 18, 1, 3, 17, 19};
+
+INLINE int64_t xp_span(mg_format f) { return f == MG_FP4_E2M1 ? 64 : 32; }
+
+INLINE void permute_x(mg_format f, const float *x, int64_t kc, float *xp) {
+    const int64_t span = xp_span(f);
+    for (int64_t g = 0; g + span <= kc; g += span) {
+        const float *xs = x + g;
+        float *o = xp + g;
+        if (f == MG_FP4_E2M1) {
+            for (int v = 0; v < 8; v++)
+                for (int i = 0; i < 4; i++) {
+                    o[8 * v + i] = xs[FP4_OFFSETS[v] + 4 * i];
+                    o[8 * v + 4 + i] = xs[32 + FP4_OFFSETS[v] + 4 * i];
+                }
+        } else {
+            for (int i = 0; i < 16; i++) o[i] = xs[2 * i], o[16 + i] = xs[2 * i + 1];
+        }
+    }
+}
+
+/* bf16 encodings of the 16 e2m1 codes (sign bit 3), high and low byte, in both 128-bit lanes:
+ * vpshufb tables for step64_fp4 and rows_fp4. */
+INLINE __m256i fp4_bf16_hi_table(void) {
+    return _mm256_setr_epi8(0x00, 0x3f, 0x3f, 0x3f, 0x40, 0x40, 0x40, 0x40, (char)0x80, (char)0xbf, (char)0xbf,
+                            (char)0xbf, (char)0xc0, (char)0xc0, (char)0xc0, (char)0xc0, 0x00, 0x3f, 0x3f, 0x3f, 0x40,
+                            0x40, 0x40, 0x40, (char)0x80, (char)0xbf, (char)0xbf, (char)0xbf, (char)0xc0, (char)0xc0,
+                            (char)0xc0, (char)0xc0);
+}
+
+INLINE __m256i fp4_bf16_lo_table(void) {
+    return _mm256_setr_epi8(0x00, 0x00, (char)0x80, (char)0xc0, 0x00, 0x40, (char)0x80, (char)0xc0, 0x00, 0x00,
+                            (char)0x80, (char)0xc0, 0x00, 0x40, (char)0x80, (char)0xc0, 0x00, 0x00, (char)0x80,
+                            (char)0xc0, 0x00, 0x40, (char)0x80, (char)0xc0, 0x00, 0x00, (char)0x80, (char)0xc0, 0x00,
+                            0x40, (char)0x80, (char)0xc0);
+}
+
+/* Scale of every block of row r in [c0, c0 + kc), times the raw factor; 1 if some product
+ * overflowed (then the caller multiplies in two steps). */
+INLINE int row_scales(const mg_matrix *w, mg_format f, int64_t r, int64_t c0, int64_t kc, int64_t bc, float *sf) {
+    const int64_t nb = (kc + bc - 1) / bc;
+    const float factor = raw_factor(f);
+    int64_t i = 0;
+    if (w->scale_kind == MG_SCALE_E8M0_G32 && factor == 1.0f) {
+        const uint8_t *s = (const uint8_t *)w->scale + r * w->scale_cols + c0 / 32;
+        const __m256i lowest = _mm256_set1_epi32(0x00400000), nan_code = _mm256_set1_epi32(255);
+        for (; i + 8 <= nb; i += 8) {
+            __m256i b = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(s + i)));
+            __m256i u = _mm256_max_epi32(_mm256_slli_epi32(b, 23), lowest); /* byte 0 is 2^-127 */
+            __m256 v = _mm256_or_ps(_mm256_castsi256_ps(u), _mm256_castsi256_ps(_mm256_cmpeq_epi32(b, nan_code)));
+            _mm256_storeu_ps(sf + i, v);
+        }
+    }
+    int overflow = 0;
+    for (; i < nb; i++) {
+        const float s = scale_at(w, r, c0 + i * bc);
+        sf[i] = s * factor;
+        overflow |= !isfinite(sf[i]) && isfinite(s);
+    }
+    return overflow;
+}
+
+
+/* ---- entry points of the op families ------------------------------------------------------ */
+
+/* decode_avx2.c: y[r] for rows [r0, r1) one row at a time; takes every matrix. */
+typedef void mg_avx2_decode_fn(const mg_matrix *w, const float *x, float *y, int64_t r0, int64_t r1);
+mg_avx2_decode_fn mg_avx2_decode_f32, mg_avx2_decode_bf16, mg_avx2_decode_f16, mg_avx2_decode_fp8,
+    mg_avx2_decode_fp4;
+/* The one-row loop's dot product of fp8 row r over columns [c0, c0 + kc), xp holding x permuted
+ * (permute_x), before the row scale: decode_rows_avx2.c's fallback for scales it cannot fold. */
+float mg_avx2_row_dot_fp8(const mg_matrix *w, int64_t r, int64_t c0, int64_t kc, const float *xp, const float *x);
+
+/* decode_rows_avx2.c: several rows per pass; returns 0, having written nothing, for a matrix or
+ * x it does not take (then decode_avx2.c's loop runs). */
+typedef int mg_avx2_decode_rows_fn(const mg_matrix *w, const float *x, float *y, int64_t r0, int64_t r1);
+mg_avx2_decode_rows_fn mg_avx2_decode_rows_bf16, mg_avx2_decode_rows_fp8, mg_avx2_decode_rows_fp4;
+
+/* prefill_avx2.c: n_tok > 1 tokens through fp32 tiles; takes every matrix. */
+typedef void mg_avx2_prefill_fn(const mg_matrix *w, const float *x, int64_t x_stride, int64_t n_tok, float *y,
+                                int64_t y_stride, int64_t r0, int64_t r1);
+mg_avx2_prefill_fn mg_avx2_prefill_f32, mg_avx2_prefill_bf16, mg_avx2_prefill_f16, mg_avx2_prefill_fp8,
+    mg_avx2_prefill_fp4;
+
+/* vector_avx2.c: the vector ops of mg_kernels. */
+MG_VECTOR_OPS_DECLARE(mg_avx2)
+
+#endif

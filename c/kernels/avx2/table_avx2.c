@@ -1,0 +1,41 @@
+/* The avx2 table (parent: scalar, see c/kernels/tables.h): every entry is overridden, and this
+ * file says which op family serves which case.  A new op family is a <family>_avx2.c file whose
+ * entry points avx2.h declares and whose entries are set here. */
+#include "kernels/tables.h"
+
+#if defined(__x86_64__) && defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#include "kernels/avx2/avx2.h"
+
+/* Decode: the multi-row loops where they take the matrix and x, else one row at a time. */
+#define DECODE_WITH_ROWS(NAME, ROWS, ONE_ROW)                                                  \
+    static void NAME(const mg_matrix *w, const float *x, float *y, int64_t r0, int64_t r1) {  \
+        if (!ROWS(w, x, y, r0, r1)) ONE_ROW(w, x, y, r0, r1);                                 \
+    }
+DECODE_WITH_ROWS(decode_bf16, mg_avx2_decode_rows_bf16, mg_avx2_decode_bf16)
+DECODE_WITH_ROWS(decode_fp8, mg_avx2_decode_rows_fp8, mg_avx2_decode_fp8)
+DECODE_WITH_ROWS(decode_fp4, mg_avx2_decode_rows_fp4, mg_avx2_decode_fp4)
+
+/* One linear entry per format: decode for one token, prefill for more. */
+#define LINEAR_FN(NAME, DECODE, PREFILL)                                                            \
+    static void NAME(const mg_matrix *w, const float *x, int64_t x_stride, int64_t n_tok, float *y, \
+                     int64_t y_stride, int64_t r0, int64_t r1) {                                   \
+        if (n_tok == 1) {                                                                           \
+            DECODE(w, x, y, r0, r1);                                                                \
+        } else if (n_tok > 1) {                                                                     \
+            PREFILL(w, x, x_stride, n_tok, y, y_stride, r0, r1);                                    \
+        }                                                                                           \
+    }
+LINEAR_FN(linear_f32, mg_avx2_decode_f32, mg_avx2_prefill_f32)
+LINEAR_FN(linear_bf16, decode_bf16, mg_avx2_prefill_bf16)
+LINEAR_FN(linear_f16, mg_avx2_decode_f16, mg_avx2_prefill_f16)
+LINEAR_FN(linear_fp8, decode_fp8, mg_avx2_prefill_fp8)
+LINEAR_FN(linear_fp4, decode_fp4, mg_avx2_prefill_fp4)
+
+int mg_kernels_override_avx2(mg_kernels *k) {
+    MG_LINEAR_SET(k, linear);
+    MG_VECTOR_OPS_SET(k, mg_avx2);
+    return 1;
+}
+#else
+int mg_kernels_override_avx2(mg_kernels *k) { return 0; }
+#endif

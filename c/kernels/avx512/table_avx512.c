@@ -1,0 +1,33 @@
+/* The avx512 table (parent: avx2, see c/kernels/tables.h): the linear entries' decode and
+ * read_sum are overridden; prefill and the other vector ops stay the parent's (the vector ops are
+ * not bandwidth bound at these sizes).  A new op family is a <family>_avx512.c file whose entry
+ * points avx512.h declares and whose entries are set here. */
+#include "kernels/tables.h"
+
+#if defined(__x86_64__) && defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && \
+    defined(__AVX512DQ__) && defined(__FMA__) && defined(__F16C__)
+#include "kernels/avx512/avx512.h"
+
+/* Decode where decode_avx512.c takes the matrix and x; every other case (prefill, other shapes,
+ * scale kinds and x) is the parent table's entry. */
+#define LINEAR_FN(NAME, FMT, DECODE)                                                                \
+    static void NAME(const mg_matrix *w, const float *x, int64_t x_stride, int64_t n_tok, float *y, \
+                     int64_t y_stride, int64_t r0, int64_t r1) {                                   \
+        if (n_tok == 1 && DECODE(w, x, y, r0, r1)) return;                                          \
+        mg_kernels_avx512()->parent->linear[FMT](w, x, x_stride, n_tok, y, y_stride, r0, r1);       \
+    }
+LINEAR_FN(linear_f32, MG_F32, mg_avx512_decode_f32)
+LINEAR_FN(linear_bf16, MG_BF16, mg_avx512_decode_bf16)
+LINEAR_FN(linear_f16, MG_F16, mg_avx512_decode_f16)
+LINEAR_FN(linear_fp8, MG_FP8_E4M3, mg_avx512_decode_fp8)
+LINEAR_FN(linear_fp4, MG_FP4_E2M1, mg_avx512_decode_fp4)
+
+/* The vector ops stay the parent's (avx2): they are not bandwidth bound at these sizes. */
+int mg_kernels_override_avx512(mg_kernels *k) {
+    MG_LINEAR_SET(k, linear);
+    k->read_sum = mg_avx512_read_sum;
+    return 1;
+}
+#else
+int mg_kernels_override_avx512(mg_kernels *k) { return 0; }
+#endif

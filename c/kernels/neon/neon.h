@@ -1,0 +1,26 @@
+/* Shared by the NEON kernel files (c/kernels/neon/<family>_neon.c, arm64): helpers and each
+ * family's entry points, which table_neon.c puts in the table. */
+#ifndef MG_KERNELS_NEON_H
+#define MG_KERNELS_NEON_H
+
+#include <arm_neon.h>
+#include <math.h>
+#include <string.h>
+#include "kernels/tables.h"
+
+#define ALWAYS_INLINE static inline __attribute__((always_inline))
+
+ALWAYS_INLINE float hsum4(float32x4_t a, float32x4_t b, float32x4_t c, float32x4_t d) {
+    return vaddvq_f32(vaddq_f32(vaddq_f32(a, b), vaddq_f32(c, d)));
+}
+
+/* linear_neon.c: decode and prefill, one entry per format. */
+typedef void mg_neon_linear_fn(const mg_matrix *w, const float *x, int64_t x_stride, int64_t n_tok, float *y,
+                               int64_t y_stride, int64_t r0, int64_t r1);
+mg_neon_linear_fn mg_neon_linear_f32, mg_neon_linear_bf16, mg_neon_linear_f16, mg_neon_linear_fp8,
+    mg_neon_linear_fp4;
+
+/* vector_neon.c: the vector ops of mg_kernels. */
+MG_VECTOR_OPS_DECLARE(mg_neon)
+
+#endif

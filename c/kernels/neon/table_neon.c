@@ -1,0 +1,16 @@
+/* The neon table (parent: scalar, see c/kernels/tables.h): every entry is overridden.  A new op
+ * family is a <family>_neon.c file whose entry points neon.h declares and whose entries are set
+ * here. */
+#include "kernels/tables.h"
+
+#if defined(__aarch64__) && defined(__ARM_NEON)
+#include "kernels/neon/neon.h"
+
+int mg_kernels_override_neon(mg_kernels *k) {
+    MG_LINEAR_SET(k, mg_neon_linear);
+    MG_VECTOR_OPS_SET(k, mg_neon);
+    return 1;
+}
+#else
+int mg_kernels_override_neon(mg_kernels *k) { return 0; }
+#endif

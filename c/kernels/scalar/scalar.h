@@ -1,0 +1,16 @@
+/* The scalar kernel files (c/kernels/scalar/<family>_scalar.c): reference twins of every SIMD
+ * entry and the fallback on CPUs without a SIMD table, written for clarity, not speed;
+ * table_scalar.c puts them in the root table. */
+#ifndef MG_KERNELS_SCALAR_H
+#define MG_KERNELS_SCALAR_H
+
+#include "kernels/tables.h"
+
+/* linear_scalar.c: every format, decode and prefill. */
+void mg_scalar_linear(const mg_matrix *w, const float *x, int64_t x_stride, int64_t n_tok, float *y, int64_t y_stride,
+                      int64_t r0, int64_t r1);
+
+/* vector_scalar.c */
+MG_VECTOR_OPS_DECLARE(mg_scalar)
+
+#endif

@@ -1,0 +1,9 @@
+/* The scalar table: the root of every other (c/kernels/tables.h). */
+#include "kernels/scalar/scalar.h"
+
+/* The root table: every entry (c/kernels/tables.h). */
+int mg_kernels_override_scalar(mg_kernels *k) {
+    for (int f = 0; f < MG_FORMAT_COUNT; f++) k->linear[f] = mg_scalar_linear;
+    MG_VECTOR_OPS_SET(k, mg_scalar);
+    return 1;
+}
