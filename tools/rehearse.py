@@ -54,6 +54,7 @@ if str(TOOLS) not in sys.path:
     sys.path.insert(0, str(TOOLS))
 
 from ckpt import common, hf_moe  # noqa: E402  (ckpt.common puts the checkout's python/ on sys.path)
+from ckpt import deepseek_v4 as ckpt_dsv4  # noqa: E402
 from gateway.checkpoints import deepseek_v4 as dsv4  # noqa: E402
 from gateway.checkpoints.shards import Entry, Hole, tensor_rng, write_shards  # noqa: E402
 
@@ -62,32 +63,9 @@ GB = 1e9  # the engine's ram_gb unit
 # ----------------------------------------------------------------------------------------------
 # The releases' geometry
 
-# DeepSeek-V4-Flash, config.json as published (reproduced in the project's reference notes from
-# the release's config.json and checked against transformers' DeepseekV4Config): 43 layers =
-# 2 sliding-only + CSA (ratio 4) / HCA (ratio 128) alternating from layer 2 (21 CSA, 20 HCA),
-# 3 hash-routed layers, 256 routed experts (top-6) of width 2048 + 1 shared, vocab 129280.
-# The remaining Dims defaults (hc_mult 4, 20 Sinkhorn iterations, eps 1e-6, scaling 1.5,
-# swiglu_limit 10, rope 10000 / compress 160000 with YaRN x16 over 65536, 1M context) are
-# Flash's own values.
-FLASH = dsv4.Dims(
-    vocab_size=129280,
-    hidden_size=4096,
-    compress_ratios=(0, 0) + (4, 128) * 20 + (4,),
-    num_hash_layers=3,
-    num_attention_heads=64,
-    head_dim=512,
-    qk_rope_head_dim=64,
-    q_lora_rank=1024,
-    o_groups=8,
-    o_lora_rank=1024,
-    sliding_window=128,
-    n_routed_experts=256,
-    num_experts_per_tok=6,
-    moe_intermediate_size=2048,
-    index_n_heads=64,
-    index_head_dim=128,
-    index_topk=512,
-)
+# DeepSeek-V4-Flash: the project's own definition of the release (tools/ckpt/deepseek_v4.py,
+# from the published config.json).
+FLASH = ckpt_dsv4.FLASH
 
 # GLM-4.6 (zai-org/GLM-4.6 config.json; model_type glm4_moe, 355B-A32B).  Values: the project's
 # reference notes (GGUF metadata of GLM-4.5 in ik_llama.cpp issue #809, the Megatron launch
@@ -434,6 +412,24 @@ def measured(engine: Any, kind: str, tokens: int, run: Callable[[], np.ndarray])
     return phase, logits
 
 
+PREFILL_CHUNK = 256  # the engine's own prefill chunk: feeding it these pieces costs nothing extra
+
+
+def prefill_in_chunks(engine: Any, ids: list[int], log: Callable[[str], None]) -> np.ndarray:
+    """engine.eval(ids, last_only=True), one engine chunk per call so a long prefill reports
+    progress (the server's generation loop feeds the engine the same way)."""
+    started = time.perf_counter()
+    read0 = engine.stats()["experts"]["bytes_read"]
+    logits = np.zeros((0, engine.vocab_size), dtype=np.float32)
+    for start in range(0, len(ids), PREFILL_CHUNK):
+        logits = engine.eval(ids[start:start + PREFILL_CHUNK], last_only=True)
+        done = min(start + PREFILL_CHUNK, len(ids))
+        if done < len(ids):
+            read = engine.stats()["experts"]["bytes_read"] - read0
+            log(f"    {done}/{len(ids)} tokens, {time.perf_counter() - started:.0f} s, {read / GB:.1f} GB read")
+    return logits
+
+
 @dataclass
 class Result:
     family: str
@@ -471,7 +467,7 @@ def rehearse(release: Release, written: Written, *, prompts: Sequence[int], deco
             engine.reset()
             ids = rng.integers(0, vocab, n).tolist()
             log(f"  prompt {n} tokens ...")
-            prefill, logits = measured(engine, "prefill", n, lambda: engine.eval(ids, last_only=True))
+            prefill, logits = measured(engine, "prefill", n, lambda: prefill_in_chunks(engine, ids, log))
             finite = bool(np.isfinite(logits).all())
             log(f"    prefill {prefill.wall_s:.1f} s, {prefill.bytes_read / GB:.1f} GB read")
             # Random decode ids, not the argmax: on hole weights the logits are all zero, and one
@@ -663,16 +659,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         if not args.keep:
             shutil.rmtree(root, ignore_errors=True)
+    report = sys.stderr if args.json else sys.stdout  # --json: the table still goes to the terminal
+    print(file=report)
+    for r in results:
+        print(checkpoint_line(r), file=report)
+    print(file=report)
+    print(table(results, args.disk_gbps), file=report)
+    print(f"\nprojected = compute + bytes read / {args.disk_gbps:g} GB/s (compute = wall - the store's read "
+          "seconds; reads assumed not to overlap compute)", file=report)
     if args.json:
-        print(json.dumps({"disk_gbps": args.disk_gbps, "results": [asdict(r) for r in results]}, indent=2))
-    else:
-        print()
-        for r in results:
-            print(checkpoint_line(r))
-        print()
-        print(table(results, args.disk_gbps))
-        print(f"\nprojected = compute + bytes read / {args.disk_gbps:g} GB/s (compute = wall - the store's read "
-              "seconds; reads assumed not to overlap compute)")
+        print(json.dumps({"disk_gbps": args.disk_gbps, "argv": sys.argv[1:], "results": [asdict(r) for r in results]},
+                         indent=2))
     return 0 if all(r.finite for r in results) else 1
 
 
