@@ -606,6 +606,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--keep", type=Path, default=None, metavar="DIR",
                    help="write the checkpoints into DIR/<family> and keep them (default: a temp dir, deleted)")
     p.add_argument("--reuse", action="store_true", help="with --keep: use a checkpoint already in DIR/<family>")
+    p.add_argument("--write-only", action="store_true", help="with --keep: write the checkpoints, run nothing")
     p.add_argument("--json", action="store_true", help="print the results as JSON")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--max-tokens", type=int, default=48, help="serve: max_tokens of each probe request")
@@ -620,6 +621,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     unknown = [f for f in args.families if f not in RELEASES]
     if unknown:
         p.error(f"unknown family {unknown[0]!r}; known: {', '.join(RELEASES)}")
+    if args.write_only and not args.keep:
+        p.error("--write-only needs --keep DIR (a temp folder would be deleted at once)")
     if args.decode < 0 or args.ram <= 0 or args.disk_gbps <= 0:
         p.error("--decode must be >= 0, --ram and --disk-gbps > 0")
     return args
@@ -650,6 +653,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             release = RELEASES[family]
             log(f"{family}: {release.title}")
             written = prepare(release, root, args)
+            if args.write_only:
+                log(f"  {written.path}: {written.shards} shards, {_gb(written.apparent_bytes)} GB apparent, "
+                    f"{_gb(written.allocated_bytes)} GB on disk, {written.seconds:.0f} s")
+                continue
             if args.serve:
                 return serve_and_probe(written.path, args.ram, args.max_tokens, args.timeout)
             results.append(rehearse(release, written, prompts=args.prompt, decode=args.decode, ram_gb=args.ram,
@@ -659,6 +666,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         if not args.keep:
             shutil.rmtree(root, ignore_errors=True)
+    if not results:  # --write-only
+        return 0
     report = sys.stderr if args.json else sys.stdout  # --json: the table still goes to the terminal
     print(file=report)
     for r in results:
