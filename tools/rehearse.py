@@ -524,9 +524,10 @@ def table(results: Sequence[Result], disk_gbps: float) -> str:
 
 def checkpoint_line(r: Result) -> str:
     c = r.checkpoint
+    made = f"written in {c['seconds']:.0f} s" if c["seconds"] else "reused"
     return (f"{r.family}: {r.title}, {r.layers} layers: {c['shards']} shards, {_gb(c['apparent_bytes'])} GB apparent, "
-            f"{_gb(c['allocated_bytes'])} GB on disk ({_gb(c['value_bytes'])} GB of values), written in "
-            f"{c['seconds']:.0f} s; {r.cache_slots} expert cache slots; logits finite: {r.finite}")
+            f"{_gb(c['allocated_bytes'])} GB on disk ({_gb(c['value_bytes'])} GB of values), {made}; "
+            f"{r.cache_slots} expert cache slots; logits finite: {r.finite}")
 
 
 # ----------------------------------------------------------------------------------------------
