@@ -442,12 +442,13 @@ class Result:
     cache_slots: int = 0
     runs: list[dict[str, Any]] = field(default_factory=list)  # per prompt: prefill + decode phases
     finite: bool = True
+    error: str | None = None  # the engine refused to load (e.g. the budget is below its minimum)
 
 
 def rehearse(release: Release, written: Written, *, prompts: Sequence[int], decode: int, ram_gb: float,
              kv_dtype: str, disk_bps: float, seed: int = 0, log: Callable[[str], None] = print) -> Result:
     """Loads the checkpoint under the budget and measures each prompt + `decode` tokens."""
-    from gateway.engine import Engine
+    from gateway.engine import Engine, EngineError
 
     config = json.loads((written.path / "config.json").read_text())
     result = Result(release.family, release.title, int(config["num_hidden_layers"]), asdict(written) | {
@@ -457,7 +458,13 @@ def rehearse(release: Release, written: Written, *, prompts: Sequence[int], deco
     # max_ctx = the longest run: the budget reserves the KV slot at max_ctx (a 32k-token f32 slot
     # of GLM-4.6 alone would exceed 20 GB); bf16 KV as the server's default; no routing history
     # (.moegate-expert-usage), so every rehearsal starts cold and runs compare.
-    with Engine(written.path, ram_gb=ram_gb, max_ctx=ctx, kv_dtype=kv_dtype, expert_history=False) as engine:
+    try:
+        engine = Engine(written.path, ram_gb=ram_gb, max_ctx=ctx, kv_dtype=kv_dtype, expert_history=False)
+    except EngineError as exc:  # a finding, not a crash: e.g. GLM-4.6 FP8 does not fit 20 GB
+        result.error = str(exc)
+        log(f"  not loaded: {exc}")
+        return result
+    with engine:
         result.load_s = engine.load_seconds  # shards are mapped, not read: weights page in on first use
         result.cache_slots = int(engine.stats()["experts"].get("slots", 0))
         log(f"  loaded in {result.load_s:.1f} s; {result.cache_slots} expert slots under {ram_gb:g} GB")
@@ -505,6 +512,8 @@ def table(results: Sequence[Result], disk_gbps: float) -> str:
             "MB/token", "read s", "compute s", f"disk floor s @{disk_gbps:g}", "projected s", "projected tok/s")
     rows = [head]
     for r in results:
+        if r.error:
+            rows.append((r.family, str(r.layers), "-", f"-/{r.ram_gb:g}", "not loaded", *["-"] * (len(head) - 5)))
         for run in r.runs:
             for kind in ("prefill", "decode"):
                 p = run[kind]
@@ -673,6 +682,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(file=report)
     for r in results:
         print(checkpoint_line(r), file=report)
+        if r.error:
+            print(f"  not loaded: {r.error}", file=report)
     print(file=report)
     print(table(results, args.disk_gbps), file=report)
     print(f"\nprojected = compute + bytes read / {args.disk_gbps:g} GB/s (compute = wall - the store's read "
@@ -680,7 +691,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.json:
         print(json.dumps({"disk_gbps": args.disk_gbps, "argv": sys.argv[1:], "results": [asdict(r) for r in results]},
                          indent=2))
-    return 0 if all(r.finite for r in results) else 1
+    return 0 if all(r.finite and not r.error for r in results) else 1
 
 
 if __name__ == "__main__":
