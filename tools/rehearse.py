@@ -111,17 +111,21 @@ def random_bf16(rng: np.random.Generator, count: int, exponent: int) -> Iterator
     """bf16 bit patterns with random sign and mantissa and magnitude in [2^(e-128), 2^(e-126)):
     the same spread as a normal draw, without generating float32 first (an embedding is 1 GB)."""
     for start in range(0, count, _CHUNK):
-        r = np.frombuffer(rng.bytes(2 * min(_CHUNK, count - start)), dtype="<u2")
-        # sign and mantissa from r, exponent field e-1 or e from r's bit 7
-        bits = (r & 0x807F) | ((exponent - 1 + ((r >> 7) & 1)) << 7).astype(np.uint16)
-        yield bits.astype("<u2").tobytes()
+        bits = np.frombuffer(bytearray(rng.bytes(2 * min(_CHUNK, count - start))), dtype="<u2")
+        # Keep sign, mantissa and bit 7; adding (e-1) << 7 makes the exponent field e-1 + bit 7.
+        np.bitwise_and(bits, 0x80FF, out=bits)
+        np.add(bits, (exponent - 1) << 7, out=bits)
+        yield bits.tobytes()
 
 
 def random_ue8m0(rng: np.random.Generator, entry: Entry, fan_in: int, headroom: int) -> bytes:
     """Power-of-two block scales near what quantising ~N(0, 1/fan_in) weights gives (amax over
     the format's range), +-1 octave; never 255 (NaN)."""
     centre = 127 - round(math.log2(math.sqrt(fan_in))) - headroom
-    return rng.integers(centre - 1, centre + 2, entry.shape, dtype=np.uint8).tobytes()
+    codes = np.frombuffer(bytearray(rng.bytes(math.prod(entry.shape))), dtype=np.uint8)
+    np.remainder(codes, 3, out=codes)
+    np.add(codes, centre - 1, out=codes)
+    return codes.tobytes()
 
 
 def random_f32_scales(rng: np.random.Generator, entry: Entry, fan_in: int) -> bytes:
