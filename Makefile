@@ -101,7 +101,7 @@ test: test-c lint test-py
 serve: install
 	$(PYTHON) -m gateway --host $(HOST) --port $(PORT) $(if $(MODEL),--model $(MODEL)) $(ARGS)
 
-rehearse: install test-deps
+rehearse: install
 	$(PYTHON) tools/rehearse.py $(ARGS)
 
 bench: install test-deps

@@ -76,11 +76,17 @@ TINY = Dims(
     index_topk=4,  # fewer than the compressed rows of a 60-token prompt: selection matters
 )
 
-BENCH = Dims(
+# DeepSeek-V4-Flash as released (config.json as published, checked against transformers'
+# DeepseekV4Config): 43 layers = 2 sliding-only + CSA (ratio 4) / HCA (ratio 128) alternating
+# from layer 2 (21 CSA, 20 HCA), 3 hash-routed layers, 256 routed experts (top-6) of width 2048
+# + 1 shared, vocab 129280.  The other Dims defaults (hc_mult 4, 20 Sinkhorn iterations, eps
+# 1e-6, scaling 1.5, swiglu_limit 10, rope 10000 / compress 160000 with YaRN x16 over 65536, 1M
+# positions) are Flash's own values.  tools/rehearse.py writes it whole, as a sparse checkpoint.
+FLASH = Dims(
     vocab_size=129280,
     hidden_size=4096,
-    compress_ratios=(0, 4, 128, 4),
-    num_hash_layers=1,
+    compress_ratios=(0, 0) + (4, 128) * 20 + (4,),
+    num_hash_layers=3,
     num_attention_heads=64,
     head_dim=512,
     qk_rope_head_dim=64,
@@ -88,13 +94,16 @@ BENCH = Dims(
     o_groups=8,
     o_lora_rank=1024,
     sliding_window=128,
-    n_routed_experts=32,
+    n_routed_experts=256,
     num_experts_per_tok=6,
     moe_intermediate_size=2048,
     index_n_heads=64,
     index_head_dim=128,
     index_topk=512,
 )
+
+# Flash's widths with four layers (sliding, CSA, HCA, CSA) and 32 experts: a few GB, written whole.
+BENCH = dims_with(FLASH, compress_ratios=(0, 4, 128, 4), num_hash_layers=1, n_routed_experts=32)
 
 DIMS = {"tiny": TINY, "bench": BENCH}
 

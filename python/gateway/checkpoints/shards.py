@@ -2,6 +2,10 @@
 model.safetensors.index.json, written one tensor at a time so memory stays at one tensor
 whatever the checkpoint size.
 
+A piece may be a `Hole` instead of bytes: the writer seeks past it, so on a file system with
+sparse files those bytes read back as zeros and take no disk (tools/rehearse.py writes
+full-size releases that way).
+
 A checkpoint is described as a list of *items* (logical tensors); each item becomes one or more
 stored `Entry`s (a weight and its scale), which always land in the same shard.
 """
@@ -9,6 +13,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import struct
 import zlib
 from collections.abc import Callable, Iterable, Sequence
@@ -35,6 +40,13 @@ class Entry:
     @property
     def nbytes(self) -> int:
         return math.prod(self.shape) * DTYPE_BYTES[self.dtype]
+
+
+@dataclass(frozen=True)
+class Hole:
+    """`nbytes` zero bytes that are not written: the file gets a hole there (sparse file)."""
+
+    nbytes: int
 
 
 def tensor_rng(seed: int, name: str) -> np.random.Generator:
@@ -81,18 +93,23 @@ def write_shards(
     out_dir: Path,
     items: Sequence[Item],
     entries_of: Callable[[Item], list[Entry]],
-    chunks_of: Callable[[Item], Iterable[tuple[str, bytes]]],
+    chunks_of: Callable[[Item], Iterable[tuple[str, bytes | Hole]]],
     max_shard_bytes: int,
     on_bytes: Callable[[int], None] | None = None,
+    *,
+    shards: Sequence[Sequence[Item]] | None = None,
 ) -> dict[str, str]:
     """Write the shards and the index; returns the index's weight_map (entry name -> file).
 
-    `chunks_of(item)` yields (entry name, bytes) pieces in entry order; every entry's pieces
-    must add up to exactly its planned size (checked, since the header was written first).
-    `on_bytes` is called with each piece's size (a progress bar).
+    `chunks_of(item)` yields (entry name, bytes or Hole) pieces in entry order; every entry's
+    pieces must add up to exactly its planned size (checked, since the header was written
+    first).  `on_bytes` is called with each piece's size (a progress bar).  `shards` fixes the
+    grouping of items into files (a release's own layout, e.g. one layer per shard) instead of
+    filling files up to `max_shard_bytes`.
     """
     out_dir = Path(out_dir)
-    shards = plan_shards(items, entries_of, max_shard_bytes)
+    if shards is None:
+        shards = plan_shards(items, entries_of, max_shard_bytes)
     weight_map: dict[str, str] = {}
     total = 0
     for shard_index, shard in enumerate(shards):
@@ -104,11 +121,13 @@ def write_shards(
                 total += _write_item(handle, entries, chunks_of(item), on_bytes)
                 for entry in entries:
                     weight_map[entry.name] = file_name
+            handle.truncate()  # a shard that ends in a hole still gets its full length
     write_json(out_dir / INDEX_FILE, {"metadata": {"total_size": total}, "weight_map": weight_map})
     return weight_map
 
 
-def _write_item(handle, entries: list[Entry], chunks: Iterable[tuple[str, bytes]], on_bytes: Callable[[int], None] | None) -> int:
+def _write_item(handle, entries: list[Entry], chunks: Iterable[tuple[str, bytes | Hole]],
+                on_bytes: Callable[[int], None] | None) -> int:
     """Writes one item's pieces, checking they come in entry order with exactly planned sizes."""
     position = 0  # index of the entry being written
     written = 0
@@ -119,10 +138,15 @@ def _write_item(handle, entries: list[Entry], chunks: Iterable[tuple[str, bytes]
             position, written = position + 1, 0
         if position == len(entries):
             raise AssertionError(f"{name}: not an expected entry here (expected {[e.name for e in entries]})")
-        handle.write(data)
-        written += len(data)
+        if isinstance(data, Hole):
+            handle.seek(data.nbytes, os.SEEK_CUR)
+            size = data.nbytes
+        else:
+            handle.write(data)
+            size = len(data)
+        written += size
         if on_bytes:
-            on_bytes(len(data))
+            on_bytes(size)
     if position != len(entries) - 1 or written != entries[-1].nbytes:
         got = entries[position].name if position < len(entries) else "?"
         raise AssertionError(f"{got}: item ended after {written} bytes of entry {position + 1}/{len(entries)} "
