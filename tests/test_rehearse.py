@@ -20,6 +20,7 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT / "tools"))
 import rehearse  # noqa: E402
 from ckpt import common, hf_moe  # noqa: E402
+
 from gateway.checkpoints import deepseek_v4 as dsv4  # noqa: E402
 from gateway.checkpoints.shards import INDEX_FILE, Entry  # noqa: E402
 

@@ -55,6 +55,7 @@ if str(TOOLS) not in sys.path:
 
 from ckpt import common, hf_moe  # noqa: E402  (ckpt.common puts the checkout's python/ on sys.path)
 from ckpt import deepseek_v4 as ckpt_dsv4  # noqa: E402
+
 from gateway.checkpoints import deepseek_v4 as dsv4  # noqa: E402
 from gateway.checkpoints.shards import Entry, Hole, tensor_rng, write_shards  # noqa: E402
 
@@ -306,7 +307,8 @@ def write_hf(family: str, out: Path, layers: int | None, seed: int = 0, quiet: b
     started = time.perf_counter()
     config, tokenizer = hf_moe.start_checkpoint(family, "bench", out, hf_overrides(family, layers))
     specs = hf_moe.tensor_specs(config)
-    entries_of: Callable[[common.TensorSpec], list[Entry]] = lambda spec: common.stored_entries(spec, HF_FORMAT)
+    def entries_of(spec: common.TensorSpec) -> list[Entry]:
+        return common.stored_entries(spec, HF_FORMAT)
     total = common.planned_bytes(specs, HF_FORMAT)
     with _progress(total, f"{family} {config['num_hidden_layers']}L sparse", quiet) as bar:
         counter = _Counter(bar)
