@@ -282,7 +282,7 @@ static int attention_block(state *s, int li, float *x, int64_t m, int64_t pos, c
  * next layer's router applied to this layer's MoE input predicts most of what that layer will
  * pick (the residual changes little in one layer), so the store is told before this layer's
  * fetch and can read those experts while this layer computes.  Only the cache changes: what is
- * computed is the same.  Scratch as in mlp_block. */
+ * computed is the same.  Scratch as in moe_block. */
 static void hint_next_layer(state *s, int li, const float *h, float *rscr) {
     const cfg *c = &s->c;
     if (li + 1 >= c->n_layers || !s->layers[li + 1].is_moe || !mg_expert_store_wants_hints(s->experts)) return;
@@ -314,7 +314,7 @@ static int dense_block(state *s, const layer *L, float *x, int64_t m, mg_error *
 }
 
 /* Routes the m tokens of a sub-chunk from their MoE input h (the router's product per
- * sub-chunk, as a pass per chunk ran it): ids/rw [m, K].  rscr: mlp_block's router scratch;
+ * sub-chunk, as a pass per chunk ran it): ids/rw [m, K].  rscr: moe_block's router scratch;
  * it ends with the last token's sigmoids (sigmoid router).  logits: [m, E], left in place. */
 static void route_rows(state *s, const layer *L, const float *h, int64_t m, float *logits, int *ids, float *rw,
                        float *rscr) {
