@@ -6,11 +6,13 @@
 #include <pybind11/stl.h>
 
 #include <cstring>
+#include <exception>
 #include <mutex>
 #include <optional>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "bindings/bindings.h"
@@ -30,13 +32,14 @@ namespace {
 class Model {
   public:
     Model(const std::string &dir, const std::string &config_json, int n_threads, const std::string &kernels,
-          int64_t max_ctx, double ram_gb, const std::string &kv_dtype) {
+          int64_t max_ctx, double ram_gb, const std::string &kv_dtype, int64_t prefill_window) {
         mg_model_options opt{};
         opt.n_threads = n_threads;
         opt.kernels = kernels.empty() ? nullptr : kernels.c_str();
         opt.max_ctx = max_ctx;
         opt.ram_gb = ram_gb;
         opt.kv_dtype = kv_dtype.c_str();
+        opt.prefill_window = prefill_window;
         mg_error err{};
         {
             py::gil_scoped_release nogil;
@@ -49,21 +52,35 @@ class Model {
     Model &operator=(const Model &) = delete;
 
     py::array_t<float> eval(const std::vector<int64_t> &tokens, bool last_only) {
+        return std::move(eval_hooked(tokens, last_only, py::none()).first);
+    }
+
+    // eval with a progress callable (None: none), called between layers with (layer, n_layers,
+    // done, window) while the GIL is re-acquired for it alone; a truthy return cancels.
+    // Returns (logits, done): logits None when cancelled, done = tokens the slot kept.  An
+    // exception raised by the callable cancels too and is re-raised here (the slot then keeps
+    // `done` tokens, see n_past).
+    std::pair<py::object, int64_t> eval_hooked(const std::vector<int64_t> &tokens, bool last_only,
+                                               py::object progress) {
         const int64_t vocab = mg_model_vocab(m_);
         const int64_t n = static_cast<int64_t>(tokens.size());
-        std::vector<int32_t> ids(tokens.size());
-        for (size_t i = 0; i < tokens.size(); i++) {
-            if (tokens[i] < 0 || tokens[i] >= vocab)
-                throw std::runtime_error("token id " + std::to_string(tokens[i]) + " at index " + std::to_string(i) +
-                                         " is outside the vocabulary of " + std::to_string(vocab) + " tokens");
-            ids[i] = static_cast<int32_t>(tokens[i]);
-        }
+        std::vector<int32_t> ids = checked_ids(tokens, vocab);
         const int64_t rows = n == 0 ? 0 : (last_only ? 1 : n);
         py::array_t<float> out({rows, vocab});
-        if (n == 0) return out;
+        if (n == 0) return {std::move(out), 0};
         float *dst = out.mutable_data();
-        checked([&](mg_error *err) { return mg_model_eval(m_, ids.data(), n, last_only ? 1 : 0, dst, err); });
-        return out;
+        Hook hook{progress, nullptr};
+        mg_eval_hook h{&Hook::call, &hook};
+        int64_t done = 0;
+        mg_error err{};
+        const int rc = locked([&] {
+            return mg_model_eval_hooked(m_, ids.data(), n, last_only ? 1 : 0, dst, progress.is_none() ? nullptr : &h,
+                                        &done, &err);
+        });
+        if (hook.error) std::rethrow_exception(hook.error);
+        if (rc == MG_EVAL_CANCELLED) return {py::none(), done};
+        if (rc != 0) throw std::runtime_error(err.msg);
+        return {std::move(out), done};
     }
 
     void truncate(int64_t n) {
@@ -129,6 +146,7 @@ class Model {
         d["model_bytes"] = mg_model_checkpoint_bytes(m_);
         d["kv_dtype"] = mg_model_kv_dtype(m_);
         d["kv_bytes_per_token"] = mg_model_kv_bytes_per_token(m_);
+        d["prefill_window"] = mg_model_prefill_window(m_);
         return d;
     }
 
@@ -174,6 +192,33 @@ class Model {
     }
 
   private:
+    // The progress callable behind mg_eval_hook: runs with the GIL taken back for the call.
+    struct Hook {
+        py::object fn;
+        std::exception_ptr error;
+        static int call(void *ctx, int layer, int n_layers, int64_t done, int64_t window) {
+            auto *self = static_cast<Hook *>(ctx);
+            py::gil_scoped_acquire gil;
+            try {
+                return py::bool_(self->fn(layer, n_layers, done, window)) ? 1 : 0;
+            } catch (...) {
+                self->error = std::current_exception();
+                return 1;
+            }
+        }
+    };
+
+    static std::vector<int32_t> checked_ids(const std::vector<int64_t> &tokens, int64_t vocab) {
+        std::vector<int32_t> ids(tokens.size());
+        for (size_t i = 0; i < tokens.size(); i++) {
+            if (tokens[i] < 0 || tokens[i] >= vocab)
+                throw std::runtime_error("token id " + std::to_string(tokens[i]) + " at index " + std::to_string(i) +
+                                         " is outside the vocabulary of " + std::to_string(vocab) + " tokens");
+            ids[i] = static_cast<int32_t>(tokens[i]);
+        }
+        return ids;
+    }
+
     // Runs f on the model without the GIL, one call at a time (a model holds one slot).
     template <class F>
     std::invoke_result_t<F> locked(F &&f) {
@@ -199,11 +244,16 @@ class Model {
 void register_model(py::module_ &m) {
     py::class_<Model>(m, "Model", "One loaded model with one sequence slot (KV cache).")
         .def(py::init<const std::string &, const std::string &, int, const std::string &, int64_t, double,
-                      const std::string &>(),
+                      const std::string &, int64_t>(),
              py::arg("path"), py::arg("config_json"), py::arg("threads") = 0, py::arg("kernels") = "",
-             py::arg("max_ctx") = 0, py::arg("ram_gb") = 0.0, py::arg("kv_dtype") = "f32")
+             py::arg("max_ctx") = 0, py::arg("ram_gb") = 0.0, py::arg("kv_dtype") = "f32",
+             py::arg("prefill_window") = 0)
         .def("eval", &Model::eval, py::arg("tokens"), py::arg("last_only") = false,
              "Appends tokens; returns float32 logits [n, vocab] ([1, vocab] with last_only).")
+        .def("eval_hooked", &Model::eval_hooked, py::arg("tokens"), py::arg("last_only"), py::arg("progress"),
+             "eval with progress(layer, n_layers, done, window) called between layers (truthy: cancel); "
+             "returns (logits or None when cancelled, tokens kept).")
+
         .def("truncate", &Model::truncate, py::arg("n"))
         .def("reset", &Model::reset)
         .def("prefix_bytes", &Model::prefix_bytes, py::arg("n"))

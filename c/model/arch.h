@@ -8,7 +8,9 @@
  *
  *   load      builds the arch state from the checkpoint and config (binds every tensor,
  *             checks every shape, allocates the KV cache for env->max_ctx positions)
- *   eval      runs n tokens at positions [pos, pos + n); tokens are already validated
+ *   eval      runs n tokens at positions [pos, pos + n); tokens are already validated; a
+ *             prefill runs layer by layer over windows (blocks.h, section 11), calling the
+ *             hook between layers
  *   truncate  forgets positions >= n (n <= current n_past, already validated)
  *   free      releases the state (NULL-safe)
  *   info      fixed facts about the loaded model (filled once after load)
@@ -38,6 +40,7 @@ typedef struct mg_arch_env {
     int64_t max_ctx;             /* positions the sequence slot must hold (already resolved > 0) */
     double ram_gb;               /* <= 0: no budget (expert-store sizing) */
     int kv_type;                 /* mg_kv_type (blocks.h): how the KV state stores its rows */
+    int64_t prefill_window;      /* tokens per layer-major prefill window asked for; <= 0: auto */
 } mg_arch_env;
 
 /* Bound weight matrices by stored format: what `Engine.info["weights"]` reports. */
@@ -55,6 +58,7 @@ typedef struct mg_arch_info {
     const mg_expert_store *experts; /* for mg_expert_store_stats(); may be NULL */
     int kv_type;                 /* mg_kv_type of the KV state */
     uint64_t kv_bytes_per_token; /* what one more position of context costs (what --ram counts) */
+    int64_t prefill_window;      /* tokens evaluated layer by layer at once (counted under --ram) */
 } mg_arch_info;
 
 /* Called once per region, in a fixed order; non-zero stops the walk (and is returned). */
@@ -64,9 +68,11 @@ typedef struct mg_arch {
     const char *name;
     void *(*load)(const mg_arch_env *env, mg_error *err);            /* NULL + err on failure */
     /* logits: [n, vocab] or, with last_only, [1, vocab] for the last token only.  On error the
-     * state must stay usable: positions >= pos are treated as never written. */
+     * state must stay usable: positions >= pos are treated as never written.  hook may be
+     * NULL; when it cancels, returns MG_EVAL_CANCELLED with *done tokens kept (positions
+     * >= pos + *done never written).  done is never NULL. */
     int (*eval)(void *state, const int32_t *tokens, int64_t n, int64_t pos, int last_only,
-                float *logits, mg_error *err);
+                float *logits, const mg_eval_hook *hook, int64_t *done, mg_error *err);
     int (*truncate)(void *state, int64_t n, mg_error *err);
     void (*free)(void *state);
     void (*info)(const void *state, mg_arch_info *out);

@@ -490,131 +490,230 @@ void mg_route_sigmoid_grouped(const float *logits, const float *bias, int n_expe
 
 /* ---- 10. Routed experts ------------------------------------------------------------------ */
 
+/* Which rows each expert computes, and how they are batched.
+ *
+ * The assignments (token, choice) are grouped by expert in increasing id, tokens ascending.
+ * The linear kernels give a token's output bitwise the same however tokens are batched when
+ * n_tok > 1, but n_tok == 1 takes the decode kernel (another summation order).  So that a
+ * window of many groups (prefill sub-chunks) gives exactly the bits of running each group on
+ * its own, an expert's rows are split: the tokens of groups where the expert has >= 2
+ * assignments run as ONE batch (the first multi[e] rows of its segment), and each assignment
+ * that is alone in its group runs as its own n_tok = 1 product (the rows after). */
+typedef struct moe_plan {
+    int nu;                     /* experts with at least one assignment */
+    int *count, *start, *multi; /* [E] each: rows, first row, rows of the batched part */
+    int *uid;                   /* [nu] those experts, increasing id */
+    int *order;                 /* [A] row -> assignment index (token * k + choice) */
+} moe_plan;
+
+/* Moves the rows of expert e whose group holds a single one of its assignments behind the
+ * others (stable), and records how many stay in front. */
+static void moe_split_lone(const mg_moe_args *a, moe_plan *p, int e, int64_t group, int *tmp) {
+    const int s = p->start[e], n = p->count[e];
+    int n_multi = 0, n_lone = 0;
+    for (int i = 0; i < n;) {
+        int64_t g = (p->order[s + i] / a->k) / group;
+        int j = i + 1;
+        while (j < n && (p->order[s + j] / a->k) / group == g) j++;
+        if (j - i == 1) tmp[n_lone++] = p->order[s + i];
+        else
+            for (int q = i; q < j; q++) p->order[s + n_multi++] = p->order[s + q];
+        i = j;
+    }
+    memcpy(p->order + s + n_multi, tmp, sizeof(int) * (size_t)n_lone);
+    p->multi[e] = n_multi;
+}
+
+/* ib: 4 * E + 2 * A ints (the last A are scratch). */
+static int moe_plan_build(const mg_moe_args *a, int *ib, moe_plan *p, mg_error *err) {
+    const int E = a->n_experts;
+    const int64_t A = a->n_tok * a->k, group = a->group > 0 ? a->group : a->n_tok;
+    p->count = ib; p->start = ib + E; p->multi = ib + 2 * E; p->uid = ib + 3 * E; p->order = ib + 4 * E;
+    int *fill = p->order + A; /* scratch: A ints */
+    memset(p->count, 0, sizeof(int) * (size_t)E);
+    for (int64_t i = 0; i < A; i++) {
+        int e = a->ids[i];
+        if (e < 0 || e >= E) return mg_fail(err, "internal: expert id %d out of range [0, %d) at layer %d", e, E, a->layer);
+        p->count[e]++;
+    }
+    p->nu = 0;
+    int64_t off = 0;
+    for (int e = 0; e < E; e++) {
+        p->start[e] = (int)off;
+        off += p->count[e];
+        if (p->count[e]) p->uid[p->nu++] = e;
+    }
+    memcpy(fill, p->start, sizeof(int) * (size_t)E);
+    for (int64_t i = 0; i < A; i++) p->order[fill[a->ids[i]]++] = (int)i;
+    for (int j = 0; j < p->nu; j++) moe_split_lone(a, p, p->uid[j], group, fill);
+    return 0;
+}
+
 /* What one wave of expert computation needs: the routed experts are computed in waves (the
  * cached ones, then each missing one as its read lands), every expert writing only its own
  * rows of g/u/y, so how they are grouped into dispatches never changes a bit of the result. */
 typedef struct moe_wave_ctx {
     const mg_compute *c;
     const mg_moe_args *a;
-    const mg_expert *const *ex; /* batch index -> descriptor */
-    const int *uid, *start, *count;
-    const float *xg;            /* gathered rows (n_tok > 1) */
+    const moe_plan *p;
+    const mg_expert *const *ex; /* member index (into p->uid) -> descriptor */
+    const float *xg;            /* row r's input at xg + r * xg_stride */
+    int64_t xg_stride;
     float *g, *u, *y;
     int64_t fmax;
     float *sg, *su;             /* shared expert gate/up rows (NULL: none) */
-    mg_linear_job *jobs;        /* room for 2 * n_experts + 2 */
+    mg_linear_job *jobs;        /* room for moe_job_room() */
 } moe_wave_ctx;
 
-/* gate/up of the batch members sel[0..n) (and of the shared expert when with_shared) in one
+static int64_t moe_groups(const mg_moe_args *a) {
+    const int64_t group = a->group > 0 ? a->group : a->n_tok;
+    return (a->n_tok + group - 1) / group;
+}
+
+static int64_t moe_job_room(const mg_moe_args *a) {
+    return 2 * ((int64_t)a->n_experts + a->n_tok * a->k + moe_groups(a)) + 2;
+}
+
+/* Appends W's products for expert e's rows: the batched part as one job, each lone row as its
+ * own.  Row r reads x + r * xs and writes y + r * ys. */
+static int add_expert_jobs(mg_linear_job *jobs, int nj, const moe_plan *p, int e, const mg_matrix *w,
+                           const float *x, int64_t xs, int64_t x_stride, float *y, int64_t ys, int64_t y_stride) {
+    const int64_t s = p->start[e], m = p->multi[e];
+    if (m) jobs[nj++] = (mg_linear_job){w, x + s * xs, x_stride, y + s * ys, y_stride, m};
+    for (int64_t r = s + m; r < s + p->count[e]; r++) jobs[nj++] = (mg_linear_job){w, x + r * xs, x_stride, y + r * ys, y_stride, 1};
+    return nj;
+}
+
+/* The shared expert's product W over each group of tokens (as many tokens per job as the
+ * group had when it was its own chunk). */
+static int add_shared_jobs(mg_linear_job *jobs, int nj, const mg_moe_args *a, const mg_matrix *w, const float *x,
+                           int64_t x_stride, float *y, int64_t y_stride) {
+    const int64_t T = a->n_tok, group = a->group > 0 ? a->group : T;
+    for (int64_t t0 = 0; t0 < T; t0 += group)
+        jobs[nj++] = (mg_linear_job){w, x + t0 * x_stride, x_stride, y + t0 * y_stride, y_stride,
+                                     T - t0 < group ? T - t0 : group};
+    return nj;
+}
+
+/* gate/up of the members sel[0..n) (and of the shared expert when with_shared) in one
  * dispatch, then swiglu, then their down projections in a second. */
 static void moe_wave(const moe_wave_ctx *w, const int *sel, int n, int with_shared) {
     const mg_moe_args *a = w->a;
+    const moe_plan *p = w->p;
     const int64_t T = a->n_tok, d = a->d, fmax = w->fmax;
     const mg_mlp *sh = with_shared ? a->shared : NULL;
     const int64_t fs = sh ? sh->gate.rows : 0;
     mg_linear_job *jobs = w->jobs;
     int nj = 0;
     for (int j = 0; j < n; j++) {
-        int i = sel[j], e = w->uid[i];
-        const float *xin = T > 1 ? w->xg + (int64_t)w->start[e] * d : a->x;
-        jobs[nj++] = (mg_linear_job){&w->ex[i]->gate, xin, d, w->g + (int64_t)w->start[e] * fmax, fmax, w->count[e]};
-        jobs[nj++] = (mg_linear_job){&w->ex[i]->up, xin, d, w->u + (int64_t)w->start[e] * fmax, fmax, w->count[e]};
+        const int i = sel[j], e = p->uid[i];
+        nj = add_expert_jobs(jobs, nj, p, e, &w->ex[i]->gate, w->xg, w->xg_stride, d, w->g, fmax, fmax);
+        nj = add_expert_jobs(jobs, nj, p, e, &w->ex[i]->up, w->xg, w->xg_stride, d, w->u, fmax, fmax);
     }
     if (sh) {
-        jobs[nj++] = (mg_linear_job){&sh->gate, a->x, d, w->sg, fs, T};
-        jobs[nj++] = (mg_linear_job){&sh->up, a->x, d, w->su, fs, T};
+        nj = add_shared_jobs(jobs, nj, a, &sh->gate, a->x, d, w->sg, fs);
+        nj = add_shared_jobs(jobs, nj, a, &sh->up, a->x, d, w->su, fs);
     }
     if (!nj) return;
     mg_linear_jobs(w->c, nj, jobs);
     nj = 0;
     for (int j = 0; j < n; j++) {
-        int i = sel[j], e = w->uid[i];
-        int64_t f = w->ex[i]->gate.rows;
-        for (int64_t r = w->start[e]; r < w->start[e] + w->count[e]; r++)
+        const int i = sel[j], e = p->uid[i];
+        const int64_t f = w->ex[i]->gate.rows;
+        for (int64_t r = p->start[e]; r < p->start[e] + p->count[e]; r++)
             w->c->k->swiglu(w->g + r * fmax, w->g + r * fmax, w->u + r * fmax, f, a->limit);
-        jobs[nj++] = (mg_linear_job){&w->ex[i]->down, w->g + (int64_t)w->start[e] * fmax, fmax,
-                                     w->y + (int64_t)w->start[e] * d, d, w->count[e]};
+        nj = add_expert_jobs(jobs, nj, p, e, &w->ex[i]->down, w->g, fmax, fmax, w->y, d, d);
     }
     if (sh) {
         w->c->k->swiglu(w->sg, w->sg, w->su, T * fs, a->limit);
-        jobs[nj++] = (mg_linear_job){&sh->down, w->sg, fs, a->shared_out, d, T};
+        nj = add_shared_jobs(jobs, nj, a, &sh->down, w->sg, fs, a->shared_out, d);
     }
     mg_linear_jobs(w->c, nj, jobs);
 }
 
-int mg_moe_experts(const mg_compute *c, const mg_moe_args *a, mg_buffers *buf, int slot0,
-                   mg_error *err) {
-    const int E = a->n_experts, K = a->k;
-    const int64_t T = a->n_tok, d = a->d, A = T * K; /* A: (token, choice) assignments */
-    if (T == 0) return 0;
-    /* Integer bookkeeping lives in one int buffer: count[E] | start[E] | uid[E] | sel[E] | order[A]. */
-    int *ib = malloc(sizeof(int) * (size_t)(4 * E + A));
-    const mg_expert **ex = malloc(sizeof(*ex) * (size_t)E);
-    mg_linear_job *jobs = malloc(sizeof(*jobs) * (size_t)(2 * E + 2));
-    if (!ib || !ex || !jobs) {
-        free(ib); free(ex); free(jobs);
-        return mg_fail(err, "out of memory (moe bookkeeping)");
-    }
-    int *count = ib, *start = ib + E, *uid = ib + 2 * E, *sel = ib + 3 * E, *order = ib + 4 * E;
-    memset(count, 0, sizeof(int) * (size_t)E);
-    for (int64_t i = 0; i < A; i++) {
-        int e = a->ids[i];
-        if (e < 0 || e >= E) {
-            free(ib); free(ex); free(jobs);
-            return mg_fail(err, "internal: expert id %d out of range [0, %d) at layer %d", e, E, a->layer);
-        }
-        count[e]++;
-    }
-    int nu = 0;
-    int64_t off = 0;
-    for (int e = 0; e < E; e++) {
-        start[e] = (int)off;
-        off += count[e];
-        if (count[e]) uid[nu++] = e;
-    }
-    /* order: assignments grouped by expert (ascending id), tokens ascending within a group */
-    {
-        int *fill = malloc(sizeof(int) * (size_t)E);
-        if (!fill) {
-            free(ib); free(ex); free(jobs);
-            return mg_fail(err, "out of memory (moe bookkeeping)");
-        }
-        memcpy(fill, start, sizeof(int) * (size_t)E);
-        for (int64_t i = 0; i < A; i++) order[fill[a->ids[i]]++] = (int)i;
-        free(fill);
-    }
-    int rc = -1;
-    /* The fetch is split (experts.h): the cached experts are computed while the missing ones
-     * are read.  How many are cached is this batch's miss count (the store's statistics); the
-     * resident store never misses. */
-    mg_expert_stats before = mg_expert_store_stats(a->store);
-    if (mg_expert_store_fetch_begin_scored(a->store, a->layer, nu, uid, a->scores, ex, err) != 0) goto done;
-    int n_now = nu;
-    if (before.slots) {
-        uint64_t missed = mg_expert_store_stats(a->store).misses - before.misses;
-        n_now = missed < (uint64_t)nu ? nu - (int)missed : 0;
-    }
+/* Checks the shapes of members [i0, i1) (registered ones: readable before their bytes) and
+ * returns their widest intermediate size, or -1 with err set. */
+static int64_t moe_check_shapes(const mg_moe_args *a, const moe_plan *p, const mg_expert **ex, int i0, int i1,
+                                mg_error *err) {
     int64_t fmax = 0;
-    for (int i = 0; i < nu; i++) { /* shapes are the registered ones: readable before the bytes */
+    for (int i = i0; i < i1; i++) {
         const mg_expert *x = ex[i];
-        if (x->gate.cols != d || x->up.rows != x->gate.rows || x->down.cols != x->gate.rows ||
-            x->down.rows != d) {
-            mg_fail(err, "expert %d of layer %d has inconsistent shapes", uid[i], a->layer);
-            goto done;
+        if (x->gate.cols != a->d || x->up.rows != x->gate.rows || x->down.cols != x->gate.rows || x->down.rows != a->d) {
+            mg_fail(err, "expert %d of layer %d has inconsistent shapes", p->uid[i], a->layer);
+            return -1;
         }
         if (x->gate.rows > fmax) fmax = x->gate.rows;
     }
-    /* Decode with one token: every expert reads x directly, no gather. */
-    float *xg = NULL;
-    if (T > 1) {
-        if (!(xg = mg_buf(buf, slot0, (size_t)(A * d), err))) goto done;
-        for (int64_t i = 0; i < A; i++) memcpy(xg + i * d, a->x + (order[i] / K) * d, sizeof(float) * (size_t)d);
+    return fmax;
+}
+
+/* One fetch of members [i0, i1): the cached ones are computed while the missing ones are read
+ * (fetch_begin / fetch_next, experts.h), then each missing one as its read lands.  How many
+ * are cached is this batch's miss count (the store's statistics); the resident store never
+ * misses.  The shared expert joins the first dispatch of the first fetch. */
+static int moe_fetch_wave(moe_wave_ctx *w, mg_buffers *buf, int slot, const mg_expert **ex, int *sel, int i0,
+                          int i1, int with_shared, mg_error *err) {
+    const mg_moe_args *a = w->a;
+    const int n = i1 - i0;
+    mg_expert_stats before = mg_expert_store_stats(a->store);
+    if (mg_expert_store_fetch_begin_scored(a->store, a->layer, n, w->p->uid + i0, a->scores, ex + i0, err) != 0)
+        return -1;
+    int n_now = n;
+    if (before.slots) {
+        uint64_t missed = mg_expert_store_stats(a->store).misses - before.misses;
+        n_now = missed < (uint64_t)n ? n - (int)missed : 0;
     }
-    float *gu = mg_buf(buf, slot0 + 1, (size_t)(2 * A * fmax), err);
-    float *y = gu ? mg_buf(buf, slot0 + 2, (size_t)(A * d), err) : NULL;
-    if (!gu || !y) goto done;
-    /* The shared expert's gate/up (all tokens) join the first wave's routed ones: one dispatch,
-     * not two (and it is computed while the misses are read). */
+    const int64_t fmax = moe_check_shapes(a, w->p, ex, i0, i1, err);
+    const int64_t A = a->n_tok * a->k;
+    float *gu = fmax < 0 ? NULL : mg_buf(buf, slot, (size_t)(2 * A * fmax), err);
+    if (!gu) {
+        while (mg_expert_store_fetch_next(a->store, err) >= 0) {} /* close the batch */
+        return -1;
+    }
+    w->g = gu;
+    w->u = gu + A * fmax;
+    w->fmax = fmax;
+    int got = 0, r = 0;
+    while (got < n_now && (r = mg_expert_store_fetch_next(a->store, err)) >= 0) sel[got++] = i0 + r;
+    if (r == -2) return -1;
+    moe_wave(w, sel, got, with_shared);
+    while ((r = mg_expert_store_fetch_next(a->store, err)) >= 0) {
+        int i = i0 + r;
+        moe_wave(w, &i, 1, 0);
+    }
+    return r == -2 ? -1 : 0;
+}
+
+/* Members fetched at once: every one when they fit the cache's slots (always, for one layer:
+ * the plan keeps at least n_experts slots), else waves of `slots` (each expert still read once). */
+static int moe_fetch_cap(const mg_expert_store *s, int nu) {
+    const uint64_t slots = mg_expert_store_stats(s).slots;
+    return slots && slots < (uint64_t)nu ? (int)slots : nu;
+}
+
+int mg_moe_experts(const mg_compute *c, const mg_moe_args *a, mg_buffers *buf, int slot0,
+                   mg_error *err) {
+    const int E = a->n_experts;
+    const int64_t T = a->n_tok, d = a->d, A = T * a->k; /* A: (token, choice) assignments */
+    if (T == 0) return 0;
+    int *ib = malloc(sizeof(int) * (size_t)(4 * E + 2 * A + E));
+    const mg_expert **ex = malloc(sizeof(*ex) * (size_t)E);
+    mg_linear_job *jobs = malloc(sizeof(*jobs) * (size_t)moe_job_room(a));
+    int rc = -1;
+    moe_plan p;
+    if (!ib || !ex || !jobs) {
+        mg_fail(err, "out of memory (moe bookkeeping)");
+        goto done;
+    }
+    int *sel = ib + 4 * E + 2 * A;
+    if (moe_plan_build(a, ib, &p, err)) goto done;
+    /* One token whose experts are distinct reads x directly; otherwise rows are gathered. */
+    const int gather = T > 1 || p.nu < A;
+    float *xg = gather ? mg_buf(buf, slot0, (size_t)(A * d), err) : NULL;
+    if (gather && !xg) goto done;
+    for (int64_t i = 0; gather && i < A; i++) memcpy(xg + i * d, a->x + (p.order[i] / a->k) * d, sizeof(float) * (size_t)d);
+    float *y = mg_buf(buf, slot0 + 2, (size_t)(A * d), err);
+    if (!y) goto done;
     const mg_mlp *sh = a->shared;
     const int64_t fs = sh ? sh->gate.rows : 0;
     float *sg = NULL;
@@ -625,21 +724,16 @@ int mg_moe_experts(const mg_compute *c, const mg_moe_args *a, mg_buffers *buf, i
         }
         if (!(sg = mg_buf(buf, slot0 + 3, (size_t)(2 * T * fs), err))) goto done;
     }
-    moe_wave_ctx w = {c, a, ex, uid, start, count, xg, gu, gu + A * fmax, y, fmax,
+    moe_wave_ctx w = {c, a, &p, ex, gather ? xg : a->x, gather ? d : 0, NULL, NULL, y, 0,
                       sg, sg ? sg + T * fs : NULL, jobs};
-    /* Wave 1: what is in memory now (everything, for the resident store or an all-hit batch:
-     * then the two dispatches are the whole layer). */
-    int got = 0, r = 0;
-    while (got < n_now && (r = mg_expert_store_fetch_next(a->store, err)) >= 0) sel[got++] = r;
-    if (r == -2) goto done;
-    moe_wave(&w, sel, got, 1);
-    /* Then each missing expert as its read lands, while the others are still being read. */
-    while ((r = mg_expert_store_fetch_next(a->store, err)) >= 0) moe_wave(&w, &r, 1, 0);
-    if (r == -2) goto done;
+    const int cap = moe_fetch_cap(a->store, p.nu);
+    for (int i0 = 0; i0 < p.nu; i0 += cap)
+        if (moe_fetch_wave(&w, buf, slot0 + 1, ex, sel, i0, i0 + cap < p.nu ? i0 + cap : p.nu, i0 == 0, err))
+            goto done;
     /* Scatter in expert order, so each token's sum runs in increasing expert id. */
     for (int64_t q = 0; q < A; q++) {
-        int64_t t = order[q] / K;
-        c->k->axpy(a->out + t * d, a->w[order[q]], y + q * d, d);
+        int64_t t = p.order[q] / a->k;
+        c->k->axpy(a->out + t * d, a->w[p.order[q]], y + q * d, d);
     }
     rc = 0;
 done:
@@ -647,6 +741,45 @@ done:
     free(ex);
     free(jobs);
     return rc;
+}
+
+/* ---- 11. Layer-major prefill ------------------------------------------------------------ */
+
+float *mg_window_head(const mg_window *w, int64_t c0, int64_t mc, int64_t *from) {
+    const int64_t g = w->t0 + c0; /* the sub-chunk's offset in the call */
+    const int last = g + mc == w->n;
+    *from = mc;
+    if (!w->logits) return NULL;
+    if (!w->last_only) {
+        *from = 0;
+        return w->logits + g * w->vocab;
+    }
+    if (!last) return NULL;
+    *from = mc - 1;
+    return w->logits;
+}
+
+int mg_window_layer_done(const mg_window *w, int layer) {
+    if (!w->hook || !w->hook->fn || w->hook->fn(w->hook->ctx, layer, w->n_layers, w->t0, w->m) == 0) return 0;
+    return layer + 1 == w->n_layers ? MG_WINDOW_CANCELLED_KEPT : MG_EVAL_CANCELLED;
+}
+
+int mg_eval_windows(void *state, mg_window_fn fn, const mg_window *call, int64_t window, int64_t *done,
+                    mg_error *err) {
+    for (int64_t t0 = 0; t0 < call->n; t0 += window) {
+        mg_window w = *call;
+        w.t0 = t0;
+        w.m = call->n - t0 < window ? call->n - t0 : window;
+        w.tokens = call->tokens + t0;
+        w.pos = call->pos + t0;
+        int rc = fn(state, &w, err);
+        if (rc) {
+            *done = rc == MG_WINDOW_CANCELLED_KEPT ? t0 + w.m : t0;
+            return rc == MG_WINDOW_CANCELLED_KEPT ? MG_EVAL_CANCELLED : rc;
+        }
+    }
+    *done = call->n;
+    return 0;
 }
 
 /* The cache-mode entry points of experts.h may not be linked in yet (written concurrently);
@@ -658,8 +791,34 @@ extern int mg_expert_store_configure(mg_expert_store *s, const mg_checkpoint *ck
                                      const mg_expert_cache_opts *opts, mg_error *err) __attribute__((weak));
 extern uint64_t mg_expert_store_expert_bytes(const mg_expert_store *s) __attribute__((weak));
 
-int mg_expert_store_apply_budget(const mg_arch_env *env, mg_expert_store *s,
-                                 const mg_weight_census *census, uint64_t extra_bytes, mg_error *err) {
+/* The window a prefill without a budget runs in: experts are mapped, so a window only saves
+ * their decoding per chunk; 2048 tokens keep its scratch near 1 GB at DeepSeek-V4-Flash size. */
+#define PREFILL_WINDOW_RESIDENT 2048
+/* Under a budget the window may take this share of what would otherwise cache experts: a token
+ * of window saves re-reading every expert for prompts longer than the window, a slot of cache
+ * buys decode hits. */
+#define PREFILL_WINDOW_SHARE 4
+
+static int64_t round_up(int64_t n, int64_t to) { return (n + to - 1) / to * to; }
+
+/* The window asked for (or the resident default), a multiple of the chunk, at most max_ctx
+ * rounded up to one. */
+static int64_t window_cap(const mg_arch_env *env, const mg_prefill_cost *pc, int64_t want) {
+    const int64_t cap = round_up(env->max_ctx, pc->chunk);
+    want = round_up(want > 0 ? want : pc->chunk, pc->chunk);
+    return want < cap ? want : cap;
+}
+
+/* Plans the cache with a window of w tokens counted; *cache receives its bytes. */
+static int plan_with_window(const mg_arch_env *env, const mg_expert_store *s, uint64_t other,
+                            const mg_prefill_cost *pc, int64_t w, uint64_t *cache, mg_error *err) {
+    return mg_expert_store_plan(s, env->ck, (uint64_t)(env->ram_gb * 1e9), other + (uint64_t)w * pc->bytes_per_token,
+                                cache, err);
+}
+
+int mg_expert_store_apply_budget(const mg_arch_env *env, mg_expert_store *s, const mg_weight_census *census,
+                                 uint64_t extra_bytes, const mg_prefill_cost *pc, int64_t *window, mg_error *err) {
+    *window = window_cap(env, pc, env->prefill_window > 0 ? env->prefill_window : PREFILL_WINDOW_RESIDENT);
     if (env->ram_gb <= 0) return 0;
     if (!mg_expert_store_plan || !mg_expert_store_configure || !mg_expert_store_expert_bytes) return 0;
     uint64_t bound = 0;
@@ -667,8 +826,19 @@ int mg_expert_store_apply_budget(const mg_arch_env *env, mg_expert_store *s,
     uint64_t experts = mg_expert_store_expert_bytes(s);
     uint64_t other = (bound > experts ? bound - experts : 0) + extra_bytes;
     uint64_t cache = 0;
+    if (env->prefill_window <= 0) {
+        /* one chunk of window is the least; then a share of the cache that leaves, in chunks */
+        if (plan_with_window(env, s, other, pc, pc->chunk, &cache, err)) return -1;
+        const int64_t more = (int64_t)(cache / PREFILL_WINDOW_SHARE / (pc->bytes_per_token ? pc->bytes_per_token : 1));
+        *window = window_cap(env, pc, pc->chunk + more / pc->chunk * pc->chunk);
+    }
+    mg_error ignored;
+    if (plan_with_window(env, s, other, pc, *window, &cache, env->prefill_window > 0 ? err : &ignored)) {
+        if (env->prefill_window > 0) return -1;
+        *window = pc->chunk; /* the share left less than one layer's experts: the least window */
+        if (plan_with_window(env, s, other, pc, *window, &cache, err)) return -1;
+    }
     mg_expert_cache_opts opts;
     memset(&opts, 0, sizeof opts);
-    if (mg_expert_store_plan(s, env->ck, (uint64_t)(env->ram_gb * 1e9), other, &cache, err)) return -1;
     return mg_expert_store_configure(s, env->ck, cache, &opts, err);
 }

@@ -20,6 +20,8 @@
  *   9. Routers                  softmax top-k (Qwen), grouped sigmoid top-k (GLM/DeepSeek-V3)
  *  10. Routed experts           fetch the union of selected experts of a layer as one batch,
  *                               run each on the tokens that chose it, weighted scatter-add
+ *  11. Layer-major prefill      an eval call as windows of sub-chunks; which head rows each
+ *                               sub-chunk computes; the progress/cancel hook between layers
  */
 #ifndef MG_BLOCKS_H
 #define MG_BLOCKS_H
@@ -210,19 +212,27 @@ void mg_route_sigmoid_grouped(const float *logits, const float *bias, int n_expe
 /* ---- 10. Routed experts -------------------------------------------------------------------
  * out[t] += sum over j < k of w[t*k + j] * Expert_{ids[t*k + j]}(x[t]), where
  * Expert(x) = down(swiglu(gate x, up x)).  The union of ids over all n_tok tokens is fetched
- * from the store as ONE batch (mg_expert_store_fetch_begin); each expert then runs once over
- * the rows of the tokens that selected it (a small matrix x batch product).  The experts already
- * in memory run first (gate/up of all of them in one dispatch, down in a second) while the
- * missing ones are read; each missing expert then runs as its read lands.  Contributions are added in increasing expert id order (the
- * order transformers' expert loop uses).  Uses buffer slots [slot0, slot0 + 4).
- * shared != NULL: the shared expert (a dense SwiGLU MLP over every token, same clamp limit)
- * rides in the same two dispatches and writes shared_out[n_tok, d] (not accumulated; the
- * caller adds it, so the summation order is the caller's). */
+ * from the store as ONE batch (mg_expert_store_fetch_begin; in waves of the cache's slot count
+ * if it ever holds fewer, still reading each expert once); each expert then runs over the rows
+ * of the tokens that selected it (a small matrix x batch product).  The experts already in
+ * memory run first (gate/up of all of them in one dispatch, down in a second) while the missing
+ * ones are read; each missing expert then runs as its read lands.  Contributions are added in
+ * increasing expert id order (the order transformers' expert loop uses).  Uses buffer slots
+ * [slot0, slot0 + 4).
+ * group > 0: the tokens are a prefill window of consecutive groups of `group` tokens (the
+ * sub-chunks its dense work runs in; the last may be shorter), and the result is bitwise that
+ * of one call per group: an expert's tokens inside one group are batched exactly as that call
+ * would batch them (one token alone in its group takes the n_tok = 1 kernel), while each
+ * expert is still fetched once for the whole window.  group = 0: one group of n_tok.
+ * shared != NULL: the shared expert (a dense SwiGLU MLP over every token, same clamp limit,
+ * one product per group) rides in the same two dispatches and writes shared_out[n_tok, d]
+ * (not accumulated; the caller adds it, so the summation order is the caller's). */
 typedef struct mg_moe_args {
     mg_expert_store *store;
     int layer, n_experts, k;
     const float *x;          /* [n_tok, d] */
     int64_t n_tok, d;
+    int64_t group;           /* tokens per group (see above); 0: all n_tok */
     const int *ids;          /* [n_tok, k] */
     const float *w;          /* [n_tok, k] */
     float limit;             /* swiglu clamp (0: none) */
@@ -233,14 +243,73 @@ typedef struct mg_moe_args {
                                 the last token (handed to the store: routing trace) */
 } mg_moe_args;
 
+/* Floats of scratch mg_moe_experts takes per token of a window (k choices, intermediate width
+ * f, shared expert width fs): gathered inputs, gate/up, outputs, the shared expert's gate/up. */
+static inline uint64_t mg_moe_floats_per_token(int64_t d, int64_t k, int64_t f, int64_t fs) {
+    return (uint64_t)(k * (2 * d + 2 * f) + 2 * fs);
+}
+
 int mg_moe_experts(const mg_compute *c, const mg_moe_args *a, mg_buffers *buf, int slot0,
                    mg_error *err);
+
+/* ---- 11. Layer-major prefill -------------------------------------------------------------
+ * A prefill runs every layer over a whole window of tokens before the next layer, so each
+ * routed expert of a layer is fetched once per window (not once per chunk of a pass over the
+ * stack).  Inside a layer the dense work (attention, norms, projections, shared experts, the
+ * router) still runs in sub-chunks of the architecture's chunk size, in position order: layer
+ * l of sub-chunk j only needs layer l of the earlier positions, which the window has already
+ * computed.  Windows are multiples of the chunk, so the sub-chunks are exactly the chunks a
+ * pass-per-chunk prefill of the same call would run, and with mg_moe_args.group = chunk the
+ * logits are bitwise the same. */
+typedef struct mg_window {
+    const int32_t *tokens;     /* the window's tokens */
+    int64_t m, pos;            /* how many, absolute position of the first */
+    int64_t t0, n;             /* offset of the window in the eval call, tokens of the call */
+    int64_t chunk;             /* sub-chunk size */
+    int last_only;
+    float *logits;             /* the call's logits (NULL: none) */
+    int64_t vocab;
+    const mg_eval_hook *hook;  /* may be NULL */
+    int n_layers;
+} mg_window;
+
+/* Logits of sub-chunk [c0, c0 + mc) of the window, as a pass per chunk computed them: where
+ * they go (NULL: no row of this sub-chunk gets logits) and *from, its first row that does. */
+float *mg_window_head(const mg_window *w, int64_t c0, int64_t mc, int64_t *from);
+
+/* A cancel after a window's last layer: the window is complete and kept. */
+#define MG_WINDOW_CANCELLED_KEPT 2
+
+/* After layer `layer` of the window, the hook: 0 to go on, MG_EVAL_CANCELLED when it asks to
+ * cancel (the window is dropped), or MG_WINDOW_CANCELLED_KEPT when it asks so after the last
+ * layer.  Return what it returns. */
+int mg_window_layer_done(const mg_window *w, int layer);
+
+/* Runs an eval call [tokens, n) at position pos as windows of `window` tokens (a multiple of
+ * chunk), fn(state, w, err) each: 0, -1, MG_EVAL_CANCELLED or MG_WINDOW_CANCELLED_KEPT.
+ * Returns the first non-zero (both cancels as MG_EVAL_CANCELLED), with *done = the tokens of
+ * the windows before it (and of it, when kept); else 0 with *done = n. */
+typedef int (*mg_window_fn)(void *state, const mg_window *w, mg_error *err);
+int mg_eval_windows(void *state, mg_window_fn fn, const mg_window *call, int64_t window, int64_t *done,
+                    mg_error *err);
+
+/* What a layer-major prefill window costs: the dense work runs in sub-chunks of `chunk` tokens
+ * (the window is a multiple of it), and every token of the window holds bytes_per_token of
+ * window-wide scratch (residual stream, MoE inputs and outputs, routing, mg_moe_experts' rows). */
+typedef struct mg_prefill_cost {
+    int64_t chunk;
+    uint64_t bytes_per_token;
+} mg_prefill_cost;
 
 /* Call once after every mg_expert_store_set: with env->ram_gb > 0 it sizes the expert cache
  * (mg_expert_store_plan + mg_expert_store_configure, experts.h) from the budget, given the
  * bytes the model holds besides the experts: other_bytes = census bytes of all bound matrices
- * (experts are subtracted here) + KV cache at max_ctx + scratch.  ram_gb <= 0: resident. */
-int mg_expert_store_apply_budget(const mg_arch_env *env, mg_expert_store *s,
-                                 const mg_weight_census *census, uint64_t extra_bytes, mg_error *err);
+ * (experts are subtracted here) + extra_bytes (KV cache at max_ctx + per-chunk scratch) + the
+ * prefill window's scratch.  *window receives the prefill window in tokens: env->prefill_window
+ * when set (rounded up to a chunk), else without a budget a fixed default and under one the
+ * largest that takes at most a quarter of the cache; always a multiple of pc->chunk, at most
+ * max_ctx rounded up to one.  ram_gb <= 0: resident. */
+int mg_expert_store_apply_budget(const mg_arch_env *env, mg_expert_store *s, const mg_weight_census *census,
+                                 uint64_t extra_bytes, const mg_prefill_cost *pc, int64_t *window, mg_error *err);
 
 #endif

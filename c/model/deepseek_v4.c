@@ -28,7 +28,7 @@
 #include "model/dsv4_hc.h"
 #include "model/weights.h"
 
-#define CHUNK 128 /* prefill tokens per pass: bounds scratch memory */
+#define CHUNK 128 /* prefill sub-chunk of the dense work: bounds its scratch (the window is a multiple) */
 #define MAX_INDEX_DIM 1024 /* index_head_dim bound: an indexer key read back from bf16 fits on the stack */
 #define DSV4_PI 3.14159265358979323846
 
@@ -82,6 +82,7 @@ typedef struct state {
     int budgeted;                                /* --ram: the slot state is reserved at load */
     float *attn_scratch;
     int64_t attn_scratch_per_worker;
+    int64_t window;                              /* prefill tokens evaluated layer by layer at once */
 } state;
 
 /* ---- config -------------------------------------------------------------------------------- */
@@ -335,6 +336,14 @@ static uint64_t slot_bytes_per_token(const state *s) {
     return b;
 }
 
+/* Floats per token of a prefill window's own arrays (win_bufs below: residual streams, block
+ * inputs and outputs, mHC mixes, RoPE tables, routing; the MoE's rows are
+ * mg_moe_floats_per_token). */
+static uint64_t win_floats_per_token(const dcfg *c) {
+    const uint64_t n = (uint64_t)c->n_hc, d = (uint64_t)c->d;
+    return n * d + 3 * d + n + n * n + 2 * (uint64_t)c->rope + 2 * (uint64_t)c->K;
+}
+
 static int64_t gcd64(int64_t a, int64_t b) { while (b) { int64_t t = a % b; a = b; b = t; } return a; }
 
 static void *load(const mg_arch_env *env, mg_error *err) {
@@ -388,7 +397,9 @@ static void *load(const mg_arch_env *env, mg_error *err) {
      * compressed rows, indexer keys, carry snapshots, token ids: slot_bytes_per_token) and chunk
      * scratch caches experts. */
     uint64_t slot_bytes = (uint64_t)s->max_ctx * slot_bytes_per_token(s);
-    if (mg_expert_store_apply_budget(env, s->experts, &s->census, slot_bytes + (64u << 20), err)) goto fail;
+    const mg_prefill_cost pc = {CHUNK, sizeof(float) * (win_floats_per_token(c) + mg_moe_floats_per_token(c->d, c->K, c->I, c->I))};
+    if (mg_expert_store_apply_budget(env, s->experts, &s->census, slot_bytes + (64u << 20), &pc, &s->window, err))
+        goto fail;
     return s;
 fail:
     state_free(s);
@@ -515,21 +526,28 @@ static int indexer_select(state *s, const layer *L, float *iq, const float *iw, 
     return 0;
 }
 
+/* The RoPE tables of a sub-chunk: main (sliding-window layers) and compressed-layer ones,
+ * [m, rope / 2] each, pointing into the window's tables. */
+typedef struct rope_rows {
+    const float *cos_m, *sin_m, *cos_c, *sin_c;
+} rope_rows;
+
 /* Attention sub-block: o[m, d] from the block input h[m, d]. */
-static int attention_block(state *s, int li, const float *h, int64_t m, int64_t pos, float *o, mg_error *err) {
+static int attention_block(state *s, int li, const float *h, int64_t m, int64_t pos, const rope_rows *rr, float *o,
+                           mg_error *err) {
     const dcfg *c = &s->c;
     layer *L = &s->layers[li];
     const mg_compute *comp = s->comp;
     const int64_t D = c->D, HD = c->H * c->D;
     const mg_rope *rope = L->kind == ATTN_SWA ? &s->rope_main : &s->rope_comp;
-    float *cos_t = mg_buf(&s->buf, L->kind == ATTN_SWA ? B_COS : B_COSC, 0, err);
-    float *sin_t = mg_buf(&s->buf, L->kind == ATTN_SWA ? B_SIN : B_SINC, 0, err);
+    const float *cos_t = L->kind == ATTN_SWA ? rr->cos_m : rr->cos_c;
+    const float *sin_t = L->kind == ATTN_SWA ? rr->sin_m : rr->sin_c;
     float *qa = mg_buf(&s->buf, B_QA, (size_t)(m * c->q_rank), err);
     float *q = mg_buf(&s->buf, B_Q, (size_t)(m * HD), err);
     float *kv = mg_buf(&s->buf, B_KV, (size_t)(m * D), err);
     float *att = mg_buf(&s->buf, B_ATT, (size_t)(m * HD), err);
     float *grp = mg_buf(&s->buf, B_GRP, (size_t)(m * c->G * c->o_rank), err);
-    if (!cos_t || !sin_t || !qa || !q || !kv || !att || !grp) return -1;
+    if (!qa || !q || !kv || !att || !grp) return -1;
     /* Every projection of the block input h (queries' low rank, K=V, compressors, indexer head
      * weights) in ONE pool dispatch, then the two of the normed low-rank query in a second:
      * decode is a chain of small matrices, and each dispatch is a pool hand-off. */
@@ -580,8 +598,7 @@ static int attention_block(state *s, int li, const float *h, int64_t m, int64_t 
             if (dsv4_comp_push(&L->icomp, ikv + t * iwd, ig + t * iwd, pos + t, err)) return -1;
         sel = (int *)sb;
         n_sel = sel + m * c->topk;
-        if (indexer_select(s, L, iq, iw, m, pos, mg_buf(&s->buf, B_COSC, 0, err), mg_buf(&s->buf, B_SINC, 0, err),
-                           sel, n_sel, err))
+        if (indexer_select(s, L, iq, iw, m, pos, rr->cos_c, rr->sin_c, sel, n_sel, err))
             return -1;
     }
     /* attention over window + compressed rows, per (token, head) on the pool */
@@ -649,20 +666,18 @@ static void hint_next_layer(state *s, int li, const float *h, int32_t token, flo
     mg_expert_store_hint(s->experts, li + 1, (int)K, ids);
 }
 
-static int moe_block(state *s, int li, const float *h, const int32_t *tokens, int64_t m, float *out, mg_error *err) {
+/* Routes the m tokens of a sub-chunk from their MoE input h: ids/rw [m, K]; the router's
+ * product runs per sub-chunk as a pass per chunk ran it.  Returns the last token's ranked
+ * values (sc + bias: E floats; NULL on hash layers, which rank nothing), or NULL + err. */
+static int route_rows(state *s, const layer *L, const float *h, const int32_t *tokens, int64_t m, int *ids,
+                      float *rw, float **ranked, mg_error *err) {
     const dcfg *c = &s->c;
-    const layer *L = &s->layers[li];
-    const mg_compute *comp = s->comp;
-    const int64_t E = c->E, K = c->K, d = c->d;
+    const int64_t E = c->E, K = c->K;
     /* the router's logits, the last token's ranked values (E), the look-ahead's scratch (E + K) */
     float *logits = mg_buf(&s->buf, B_RLOG, (size_t)(m * E + 2 * E + K), err);
-    float *rw = mg_buf(&s->buf, B_RW, (size_t)(m * K), err);
-    float *rids = mg_buf(&s->buf, B_RIDS, (size_t)(m * K), err);
-    float *sh = mg_buf(&s->buf, B_SH, (size_t)(m * d), err);
-    if (!logits || !rw || !rids || !sh) return -1;
-    int *ids = (int *)rids;
+    if (!logits) return -1;
     float *choice = logits + m * E;
-    mg_linear(comp, &L->gate, h, m, logits);
+    mg_linear(s->comp, &L->gate, h, m, logits);
     for (int64_t t = 0; t < m; t++) {
         float *sc = logits + t * E;
         for (int64_t e = 0; e < E; e++) sc[e] = sqrt_softplus(sc[e]);
@@ -677,71 +692,135 @@ static int moe_block(state *s, int li, const float *h, const int32_t *tokens, in
         for (int64_t j = 0; j < K; j++) sum += sc[it[j]];
         for (int64_t j = 0; j < K; j++) rw[t * K + j] = sc[it[j]] / (sum + 1e-20f) * (float)c->rsf;
     }
-    if (m == 1) hint_next_layer(s, li, h, tokens[0], choice + E);
-    memset(out, 0, sizeof(float) * (size_t)(m * d));
-    mg_moe_args a = {
-        .store = s->experts, .layer = li, .n_experts = (int)E, .k = (int)K, .x = h, .n_tok = m, .d = d,
-        .ids = ids, .w = rw, .limit = (float)c->limit, .out = out,
-        .shared = &L->shared, .shared_out = sh, /* same clamp; rides in the experts' dispatches */
-        .scores = L->tid2eid ? NULL : choice, /* the last token's sc + bias; hash layers rank nothing */
-    };
-    if (mg_moe_experts(comp, &a, &s->buf, B_MOE0, err)) return -1;
-    for (int64_t i = 0; i < m * d; i++) out[i] += sh[i];
+    *ranked = choice;
     return 0;
 }
 
 /* ---- forward ------------------------------------------------------------------------------- */
 
-/* One sub-block wrapped in mHC: X <- post * f(norm(collapse(X))) + comb^T X. */
-static int hc_sub_block(state *s, int li, int ffn, float *X, const int32_t *tokens, int64_t m, int64_t pos,
-                        mg_error *err) {
-    const dcfg *c = &s->c;
-    const layer *L = &s->layers[li];
-    const int64_t d = c->d, n = c->n_hc, mix = (2 + n) * n;
-    const dsv4_hc *hc = ffn ? &L->hc_ffn : &L->hc_attn;
+/* mHC in front of a sub-block of m tokens: hb = norm(collapse(X)) [m, d], and the mix weights
+ * the expansion after it needs (post [m, n], comb [m, n, n]). */
+static int hc_pre(state *s, const dsv4_hc *hc, const float *norm, const float *X, int64_t m, float *hb, float *post,
+                  float *comb, mg_error *err) {
+    const int64_t d = s->c.d, n = s->c.n_hc, mix = (2 + n) * n;
     float *xn = mg_buf(&s->buf, B_XN, (size_t)(m * n * d), err);
     float *mx = mg_buf(&s->buf, B_MIX, (size_t)(m * mix), err);
     float *pre = mg_buf(&s->buf, B_PRE, (size_t)(m * n), err);
-    float *post = mg_buf(&s->buf, B_POST, (size_t)(m * n), err);
-    float *comb = mg_buf(&s->buf, B_COMB, (size_t)(m * n * n), err);
     float *u = mg_buf(&s->buf, B_U, (size_t)(m * d), err);
-    float *hb = mg_buf(&s->buf, B_H, (size_t)(m * d), err);
-    float *o = mg_buf(&s->buf, B_O, (size_t)(m * d), err);
-    float *tmp = mg_buf(&s->buf, B_HCTMP, (size_t)(n * d), err);
-    if (!xn || !mx || !pre || !post || !comb || !u || !hb || !o || !tmp) return -1;
+    if (!xn || !mx || !pre || !u) return -1;
     dsv4_hc_mixes(s->comp, hc, &s->hcd, X, m, xn, mx);
     dsv4_hc_split(hc, &s->hcd, mx, m, pre, post, comb);
     dsv4_hc_collapse(&s->hcd, X, pre, m, u);
-    mg_rmsnorm_rows(s->comp->k, hb, u, ffn ? L->ffn_norm : L->attn_norm, m, d, d, (float)c->eps);
-    if (ffn ? moe_block(s, li, hb, tokens, m, o, err) : attention_block(s, li, hb, m, pos, o, err)) return -1;
+    mg_rmsnorm_rows(s->comp->k, hb, u, norm, m, d, d, (float)s->c.eps);
+    return 0;
+}
+
+/* mHC after a sub-block: X <- post * o + comb^T X. */
+static int hc_post(state *s, float *X, const float *o, const float *post, const float *comb, int64_t m, mg_error *err) {
+    float *tmp = mg_buf(&s->buf, B_HCTMP, (size_t)(s->c.n_hc * s->c.d), err);
+    if (!tmp) return -1;
     dsv4_hc_expand(&s->hcd, X, o, post, comb, m, tmp);
     return 0;
 }
 
-static int eval_chunk(state *s, const int32_t *tokens, int64_t m, int64_t pos, int64_t head_from, float *logits,
-                      mg_error *err) {
+/* The window-wide arrays of one eval window of m tokens (scratch slots sized for m). */
+typedef struct win_bufs {
+    float *X;                  /* [m, n_hc, d] residual streams */
+    float *H, *O, *SH;         /* [m, d]: sub-block inputs, outputs, shared expert outputs */
+    float *post, *comb;        /* [m, n_hc], [m, n_hc, n_hc] */
+    float *cm, *sm, *cc, *scs; /* [m, rope / 2] RoPE tables (main, compressed) */
+    int *ids;                  /* [m, K] */
+    float *rw;                 /* [m, K] */
+} win_bufs;
+
+static int win_alloc(state *s, int64_t m, win_bufs *w, mg_error *err) {
     const dcfg *c = &s->c;
-    const int64_t d = c->d, n = c->n_hc, half = c->rope / 2;
-    if (mg_kv_reserve(&s->kv, pos + m, err)) return -1;
-    float *X = mg_buf(&s->buf, B_X, (size_t)(m * n * d), err);
-    float *cm = mg_buf(&s->buf, B_COS, (size_t)(m * half), err), *sm = mg_buf(&s->buf, B_SIN, (size_t)(m * half), err);
-    float *cc = mg_buf(&s->buf, B_COSC, (size_t)(m * half), err), *scs = mg_buf(&s->buf, B_SINC, (size_t)(m * half), err);
-    if (!X || !cm || !sm || !cc || !scs) return -1;
-    memmove(s->tokens + pos, tokens, sizeof(int32_t) * (size_t)m); /* the error-path replay passes s->tokens itself */
-    mg_rope_table(&s->rope_main, pos, m, cm, sm);
-    mg_rope_table(&s->rope_comp, pos, m, cc, scs);
-    float *e = mg_buf(&s->buf, B_U, (size_t)(m * d), err);
-    if (!e) return -1;
-    mg_embed_rows(&s->embed, tokens, m, e);
-    for (int64_t t = 0; t < m; t++)
-        for (int64_t j = 0; j < n; j++) memcpy(X + (t * n + j) * d, e + t * d, sizeof(float) * (size_t)d);
-    for (int li = 0; li < c->n_layers; li++) {
-        if (hc_sub_block(s, li, 0, X, tokens, m, pos, err)) return -1;
-        if (hc_sub_block(s, li, 1, X, tokens, m, pos, err)) return -1;
+    const size_t d = (size_t)c->d, n = (size_t)c->n_hc, half = (size_t)(c->rope / 2), M = (size_t)m;
+    w->X = mg_buf(&s->buf, B_X, M * n * d, err);
+    w->H = mg_buf(&s->buf, B_H, M * d, err);
+    w->O = mg_buf(&s->buf, B_O, M * d, err);
+    w->post = mg_buf(&s->buf, B_POST, M * n, err);
+    w->comb = mg_buf(&s->buf, B_COMB, M * n * n, err);
+    w->cm = mg_buf(&s->buf, B_COS, M * half, err);
+    w->sm = mg_buf(&s->buf, B_SIN, M * half, err);
+    w->cc = mg_buf(&s->buf, B_COSC, M * half, err);
+    w->scs = mg_buf(&s->buf, B_SINC, M * half, err);
+    return w->X && w->H && w->O && w->post && w->comb && w->cm && w->sm && w->cc && w->scs ? 0 : -1;
+}
+
+/* The MoE-phase arrays, in slots the attention phase reuses (allocated after it). */
+static int win_alloc_moe(state *s, int64_t m, win_bufs *w, mg_error *err) {
+    const dcfg *c = &s->c;
+    w->SH = mg_buf(&s->buf, B_SH, (size_t)(m * c->d), err);
+    w->rw = mg_buf(&s->buf, B_RW, (size_t)(m * c->K), err);
+    float *ri = mg_buf(&s->buf, B_RIDS, (size_t)(m * c->K), err); /* holds ints */
+    w->ids = (int *)ri;
+    return w->SH && w->rw && ri ? 0 : -1;
+}
+
+static rope_rows rope_at(const win_bufs *w, int64_t t0, int64_t half) {
+    return (rope_rows){w->cm + t0 * half, w->sm + t0 * half, w->cc + t0 * half, w->scs + t0 * half};
+}
+
+/* Layer li's attention sub-block over the window, sub-chunk by sub-chunk in position order. */
+static int attn_layer(state *s, int li, const mg_window *win, win_bufs *w, mg_error *err) {
+    const layer *L = &s->layers[li];
+    const int64_t d = s->c.d, n = s->c.n_hc, half = s->c.rope / 2;
+    for (int64_t t0 = 0; t0 < win->m; t0 += win->chunk) {
+        const int64_t m = win->m - t0 < win->chunk ? win->m - t0 : win->chunk;
+        float *X = w->X + t0 * n * d, *hb = w->H + t0 * d, *o = w->O + t0 * d;
+        float *post = w->post + t0 * n, *comb = w->comb + t0 * n * n;
+        rope_rows rr = rope_at(w, t0, half);
+        if (hc_pre(s, &L->hc_attn, L->attn_norm, X, m, hb, post, comb, err) ||
+            attention_block(s, li, hb, m, win->pos + t0, &rr, o, err) || hc_post(s, X, o, post, comb, m, err))
+            return -1;
     }
-    const int64_t nh = m - head_from;
-    if (nh <= 0 || !logits) return 0;
-    const float *Xh = X + head_from * n * d;
+    return 0;
+}
+
+/* Layer li's MoE over the window: every sub-chunk's input and routing first, then each routed
+ * expert fetched once for the whole window (mg_moe_experts with group = chunk: bitwise a pass
+ * per chunk), then the shared expert's sum and the mHC expansion per sub-chunk. */
+static int moe_layer(state *s, int li, const mg_window *win, win_bufs *w, mg_error *err) {
+    const dcfg *c = &s->c;
+    const layer *L = &s->layers[li];
+    const int64_t d = c->d, n = c->n_hc, K = c->K, M = win->m;
+    if (win_alloc_moe(s, M, w, err)) return -1;
+    float *ranked = NULL;
+    for (int64_t t0 = 0; t0 < M; t0 += win->chunk) {
+        const int64_t m = M - t0 < win->chunk ? M - t0 : win->chunk;
+        float *hb = w->H + t0 * d;
+        if (hc_pre(s, &L->hc_ffn, L->ffn_norm, w->X + t0 * n * d, m, hb, w->post + t0 * n, w->comb + t0 * n * n,
+                   err) ||
+            route_rows(s, L, hb, win->tokens + t0, m, w->ids + t0 * K, w->rw + t0 * K, &ranked, err))
+            return -1;
+    }
+    if (M == 1) hint_next_layer(s, li, w->H, win->tokens[0], ranked + c->E);
+    memset(w->O, 0, sizeof(float) * (size_t)(M * d));
+    mg_moe_args a = {
+        .store = s->experts, .layer = li, .n_experts = (int)c->E, .k = (int)K, .x = w->H, .n_tok = M, .d = d,
+        .group = win->chunk, .ids = w->ids, .w = w->rw, .limit = (float)c->limit, .out = w->O,
+        .shared = &L->shared, .shared_out = w->SH, /* same clamp; rides in the experts' dispatches */
+        .scores = L->tid2eid ? NULL : ranked, /* the last token's sc + bias; hash layers rank nothing */
+    };
+    if (mg_moe_experts(s->comp, &a, &s->buf, B_MOE0, err)) return -1;
+    for (int64_t i = 0; i < M * d; i++) w->O[i] += w->SH[i];
+    for (int64_t t0 = 0; t0 < M; t0 += win->chunk) {
+        const int64_t m = M - t0 < win->chunk ? M - t0 : win->chunk;
+        if (hc_post(s, w->X + t0 * n * d, w->O + t0 * d, w->post + t0 * n, w->comb + t0 * n * n, m, err)) return -1;
+    }
+    return 0;
+}
+
+/* The head over the rows of sub-chunk [t0, t0 + m) that get logits. */
+static int head_rows(state *s, const mg_window *win, const win_bufs *w, int64_t t0, int64_t m, mg_error *err) {
+    const dcfg *c = &s->c;
+    const int64_t d = c->d, n = c->n_hc;
+    int64_t from;
+    float *logits = mg_window_head(win, t0, m, &from);
+    const int64_t nh = m - from;
+    if (!logits || nh <= 0) return 0;
+    const float *Xh = w->X + (t0 + from) * n * d;
     float *xn = mg_buf(&s->buf, B_XN, (size_t)(nh * n * d), err);
     float *mx = mg_buf(&s->buf, B_MIX, (size_t)(nh * n), err);
     float *pre = mg_buf(&s->buf, B_PRE, (size_t)(nh * n), err);
@@ -755,21 +834,40 @@ static int eval_chunk(state *s, const int32_t *tokens, int64_t m, int64_t pos, i
     return 0;
 }
 
-static int eval_range(state *s, const int32_t *tokens, int64_t n, int64_t pos, int last_only, float *logits,
-                      mg_error *err) {
-    for (int64_t t0 = 0; t0 < n; t0 += CHUNK) {
-        int64_t m = n - t0 < CHUNK ? n - t0 : CHUNK;
-        int last_chunk = t0 + m == n;
-        if (!logits) {
-            if (eval_chunk(s, tokens + t0, m, pos + t0, m, NULL, err)) return -1;
-        } else if (last_only) {
-            if (eval_chunk(s, tokens + t0, m, pos + t0, last_chunk ? m - 1 : m, last_chunk ? logits : NULL, err))
-                return -1;
-        } else if (eval_chunk(s, tokens + t0, m, pos + t0, 0, logits + t0 * s->c.vocab, err)) {
-            return -1;
-        }
+/* One window, layer by layer (mg_window_fn). */
+static int eval_window(void *p, const mg_window *win, mg_error *err) {
+    state *s = p;
+    const dcfg *c = &s->c;
+    const int64_t d = c->d, n = c->n_hc, M = win->m;
+    if (mg_kv_reserve(&s->kv, win->pos + M, err)) return -1;
+    win_bufs w;
+    if (win_alloc(s, M, &w, err)) return -1;
+    memmove(s->tokens + win->pos, win->tokens, sizeof(int32_t) * (size_t)M); /* the error-path replay passes s->tokens itself */
+    mg_rope_table(&s->rope_main, win->pos, M, w.cm, w.sm);
+    mg_rope_table(&s->rope_comp, win->pos, M, w.cc, w.scs);
+    for (int64_t t0 = 0; t0 < M; t0 += win->chunk) {
+        const int64_t m = M - t0 < win->chunk ? M - t0 : win->chunk;
+        float *e = mg_buf(&s->buf, B_U, (size_t)(m * d), err);
+        if (!e) return -1;
+        mg_embed_rows(&s->embed, win->tokens + t0, m, e);
+        for (int64_t t = 0; t < m; t++)
+            for (int64_t j = 0; j < n; j++) memcpy(w.X + ((t0 + t) * n + j) * d, e + t * d, sizeof(float) * (size_t)d);
     }
+    for (int li = 0; li < c->n_layers; li++) {
+        if (attn_layer(s, li, win, &w, err) || moe_layer(s, li, win, &w, err)) return -1;
+        int rc = mg_window_layer_done(win, li);
+        if (rc) return rc;
+    }
+    for (int64_t t0 = 0; t0 < M; t0 += win->chunk)
+        if (head_rows(s, win, &w, t0, M - t0 < win->chunk ? M - t0 : win->chunk, err)) return -1;
     return 0;
+}
+
+static int eval_range(state *s, const int32_t *tokens, int64_t n, int64_t pos, int last_only, float *logits,
+                      const mg_eval_hook *hook, int64_t *done, mg_error *err) {
+    mg_window call = {tokens, n, pos, 0, n, CHUNK, last_only, logits, s->c.vocab, hook, (int)s->c.n_layers};
+    int64_t ignored;
+    return mg_eval_windows(s, eval_window, &call, s->window, done ? done : &ignored, err);
 }
 
 static void rewind_to(state *s, int64_t t0) {
@@ -780,14 +878,17 @@ static void rewind_to(state *s, int64_t t0) {
     }
 }
 
-static int eval(void *p, const int32_t *tokens, int64_t n, int64_t pos, int last_only, float *logits, mg_error *err) {
+static int truncate_state(void *p, int64_t n, mg_error *err);
+
+static int eval(void *p, const int32_t *tokens, int64_t n, int64_t pos, int last_only, float *logits,
+                const mg_eval_hook *hook, int64_t *done, mg_error *err) {
     state *s = p;
-    if (eval_range(s, tokens, n, pos, last_only, logits, err) == 0) return 0;
-    /* keep the slot usable: positions >= pos never happened */
-    int64_t t0 = pos / s->snap_every * s->snap_every;
-    rewind_to(s, t0);
+    int rc = eval_range(s, tokens, n, pos, last_only, logits, hook, done, err);
+    if (rc == 0) return 0;
+    /* keep the slot usable: positions past the windows a cancel left complete never happened */
+    if (rc == MG_EVAL_CANCELLED && truncate_state(s, pos + *done, err) == 0) return rc;
     mg_error ignored;
-    if (pos > t0) eval_range(s, s->tokens + t0, pos - t0, t0, 0, NULL, &ignored);
+    truncate_state(s, pos, &ignored);
     return -1;
 }
 
@@ -801,7 +902,7 @@ static int truncate_state(void *p, int64_t n, mg_error *err) {
     int32_t *ids = n - t0 <= 256 ? local : malloc(sizeof(int32_t) * (size_t)(n - t0));
     if (!ids) return mg_fail(err, "out of memory (truncate replay)");
     memcpy(ids, s->tokens + t0, sizeof(int32_t) * (size_t)(n - t0));
-    int rc = eval_range(s, ids, n - t0, t0, 0, NULL, err);
+    int rc = eval_range(s, ids, n - t0, t0, 0, NULL, NULL, NULL, err);
     if (ids != local) free(ids);
     return rc;
 }
@@ -817,6 +918,7 @@ static void info(const void *p, mg_arch_info *out) {
     out->experts = s->experts;
     out->kv_type = (int)s->kv_type;
     out->kv_bytes_per_token = slot_bytes_per_token(s);
+    out->prefill_window = s->window;
 }
 
 /* Positions [0, n) left: every layer's K=V rows, the token ids (truncate replays the tail

@@ -139,7 +139,7 @@ mg_model *mg_model_open(const char *dir, const char *config_json, const mg_model
     if (!(m->pool = mg_pool_create(opt->n_threads, err))) goto fail;
     m->compute.pool = m->pool;
     m->compute.k = k;
-    mg_arch_env env = {m->ck, m->config, &m->compute, max_ctx, opt->ram_gb, (int)kv_type};
+    mg_arch_env env = {m->ck, m->config, &m->compute, max_ctx, opt->ram_gb, (int)kv_type, opt->prefill_window};
     if (!(m->state = m->arch->load(&env, err))) goto fail;
     m->arch->info(m->state, &m->info);
     return m;
@@ -157,8 +157,9 @@ void mg_model_close(mg_model *m) {
     free(m);
 }
 
-int mg_model_eval(mg_model *m, const int32_t *tokens, int64_t n, int last_only, float *logits,
-                  mg_error *err) {
+int mg_model_eval_hooked(mg_model *m, const int32_t *tokens, int64_t n, int last_only, float *logits,
+                         const mg_eval_hook *hook, int64_t *done, mg_error *err) {
+    *done = 0;
     if (n < 0) return mg_fail(err, "negative token count %lld", (long long)n);
     if (n == 0) return 0;
     for (int64_t i = 0; i < n; i++)
@@ -168,10 +169,19 @@ int mg_model_eval(mg_model *m, const int32_t *tokens, int64_t n, int last_only, 
     if (m->n_past + n > m->max_ctx)
         return mg_fail(err, "context overflow: %lld cached + %lld new tokens exceed max_ctx %lld",
                        (long long)m->n_past, (long long)n, (long long)m->max_ctx);
-    if (m->arch->eval(m->state, tokens, n, m->n_past, last_only, logits, err)) return -1;
-    m->n_past += n;
-    return 0;
+    int rc = m->arch->eval(m->state, tokens, n, m->n_past, last_only, logits, hook, done, err);
+    if (rc == 0 || rc == MG_EVAL_CANCELLED) m->n_past += rc ? *done : n;
+    else *done = 0;
+    return rc == 0 || rc == MG_EVAL_CANCELLED ? rc : -1;
 }
+
+int mg_model_eval(mg_model *m, const int32_t *tokens, int64_t n, int last_only, float *logits,
+                  mg_error *err) {
+    int64_t done;
+    return mg_model_eval_hooked(m, tokens, n, last_only, logits, NULL, &done, err);
+}
+
+int64_t mg_model_prefill_window(const mg_model *m) { return m->info.prefill_window; }
 
 int64_t mg_model_n_past(const mg_model *m) { return m->n_past; }
 int64_t mg_model_vocab(const mg_model *m) { return m->info.vocab; }

@@ -14,6 +14,8 @@ typedef struct mg_model_options {
     int64_t max_ctx;        /* tokens the slot may hold; <= 0: the model's own limit */
     double ram_gb;          /* <= 0: no budget */
     const char *kv_dtype;   /* KV cache storage: NULL / "" / "f32", or "bf16" (half the bytes) */
+    int64_t prefill_window; /* tokens a prefill evaluates layer by layer at once; <= 0: sized
+                               from the budget (a fixed default without one) */
 } mg_model_options;
 
 /* dir: checkpoint folder; config_json: the normalised config (gateway/model_config.py),
@@ -26,6 +28,27 @@ void mg_model_close(mg_model *m);
  * token when last_only (the head is then computed for that token alone). */
 int mg_model_eval(mg_model *m, const int32_t *tokens, int64_t n, int last_only, float *logits,
                   mg_error *err);
+
+/* Progress and cancellation of a long eval.  A prefill runs layer by layer over windows of
+ * mg_model_prefill_window() tokens; after layer `layer` (of n_layers) of the window covering
+ * tokens [done, done + window) of the call, fn is called.  Tokens [0, done) are complete, and
+ * after the last layer so is the window.  A non-zero return cancels: the eval stops there and
+ * the slot holds exactly the tokens of the complete windows (the current one too when the
+ * cancel came after its last layer).  fn must not call into the model. */
+typedef int (*mg_eval_progress_fn)(void *ctx, int layer, int n_layers, int64_t done, int64_t window);
+typedef struct mg_eval_hook {
+    mg_eval_progress_fn fn;
+    void *ctx;
+} mg_eval_hook;
+
+#define MG_EVAL_CANCELLED 1
+
+/* mg_model_eval with a hook (NULL: none).  Returns 0, -1 with err set (the slot as before the
+ * call), or MG_EVAL_CANCELLED: *done (never NULL) tokens of the call were kept (n_past grew by
+ * that many: whole windows) and logits were not written. */
+int mg_model_eval_hooked(mg_model *m, const int32_t *tokens, int64_t n, int last_only, float *logits,
+                         const mg_eval_hook *hook, int64_t *done, mg_error *err);
+int64_t mg_model_prefill_window(const mg_model *m);
 
 int64_t mg_model_n_past(const mg_model *m);
 int64_t mg_model_vocab(const mg_model *m);

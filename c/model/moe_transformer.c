@@ -10,11 +10,11 @@
 #include "model/arch.h"
 #include "model/blocks.h"
 
-#define CHUNK 256 /* prefill tokens per pass: bounds scratch memory */
+#define CHUNK 256 /* prefill sub-chunk of the dense work: bounds its scratch (the window is a multiple) */
 
-enum { /* scratch slots */
+enum { /* scratch slots; B_X .. B_SIN, B_MOE_OUT, B_RW, B_RIDS and B_W* hold a whole prefill window */
     B_X, B_H, B_Q, B_K, B_V, B_ATT, B_O, B_COS, B_SIN, B_SCORES, B_MLP, B_MOE_OUT, B_RLOGITS,
-    B_RW, B_RIDS, B_RSCR, B_MOE0 /* .. B_MOE0 + 3: mg_moe_experts */
+    B_RW, B_RIDS, B_RSCR, B_WH, B_WSH, B_MOE0 /* .. B_MOE0 + 3: mg_moe_experts */
 };
 
 typedef struct layer {
@@ -49,6 +49,7 @@ typedef struct state {
     mg_expert_store *experts;
     mg_buffers buf;
     mg_weight_census census;
+    int64_t window;     /* prefill tokens evaluated layer by layer at once */
 } state;
 
 static int read_cfg(const mg_json *j, cfg *c, int64_t **is_moe, mg_error *err) {
@@ -183,6 +184,14 @@ static uint64_t other_bytes(const cfg *c, const mg_arch_env *env) {
     return kv + (CHUNK * per_tok + scores) * sizeof(float);
 }
 
+/* Bytes per token of a prefill window: the residual stream, rope tables, the MoE input,
+ * output, shared output and routing of every token, and mg_moe_experts' rows. */
+static uint64_t window_bytes_per_token(const cfg *c) {
+    const uint64_t d = (uint64_t)c->d, half = (uint64_t)c->rot_dim / 2;
+    uint64_t own = 4 * d + 2 * (half + 1) + 2 * (uint64_t)c->top_k;
+    return sizeof(float) * (own + mg_moe_floats_per_token(c->d, c->top_k, c->f_moe, c->f_moe * c->n_shared));
+}
+
 static void *load(const mg_arch_env *env, mg_error *err) {
     state *s = calloc(1, sizeof *s);
     int64_t *is_moe = NULL;
@@ -213,7 +222,9 @@ static void *load(const mg_arch_env *env, mg_error *err) {
     /* A budget counts the cache at max_ctx: reserve it now (untouched pages cost nothing until
      * written), so growing never holds an old and a new copy at once. */
     if (env->ram_gb > 0 && mg_kv_reserve(&s->kv, env->max_ctx, err)) goto fail;
-    if (mg_expert_store_apply_budget(env, s->experts, &s->census, other_bytes(c, env), err)) goto fail;
+    const mg_prefill_cost pc = {CHUNK, window_bytes_per_token(c)};
+    if (mg_expert_store_apply_budget(env, s->experts, &s->census, other_bytes(c, env), &pc, &s->window, err))
+        goto fail;
     free(is_moe);
     return s;
 fail:
@@ -271,7 +282,7 @@ static int attention_block(state *s, int li, float *x, int64_t m, int64_t pos, c
  * next layer's router applied to this layer's MoE input predicts most of what that layer will
  * pick (the residual changes little in one layer), so the store is told before this layer's
  * fetch and can read those experts while this layer computes.  Only the cache changes: what is
- * computed is the same.  Scratch as in mlp_block. */
+ * computed is the same.  Scratch as in moe_block. */
 static void hint_next_layer(state *s, int li, const float *h, float *rscr) {
     const cfg *c = &s->c;
     if (li + 1 >= c->n_layers || !s->layers[li + 1].is_moe || !mg_expert_store_wants_hints(s->experts)) return;
@@ -288,33 +299,28 @@ static void hint_next_layer(state *s, int li, const float *h, float *rscr) {
     mg_expert_store_hint(s->experts, li + 1, (int)K, ids);
 }
 
-/* MLP sub-block: x += mlp(norm(x)), dense or MoE (+ shared expert). */
-static int mlp_block(state *s, int li, float *x, int64_t m, mg_error *err) {
+/* Dense MLP sub-block of m tokens: x += mlp(norm(x)). */
+static int dense_block(state *s, const layer *L, float *x, int64_t m, mg_error *err) {
     const cfg *c = &s->c;
-    const layer *L = &s->layers[li];
-    const mg_compute *comp = s->comp;
     const int64_t d = c->d;
     float *h = mg_buf(&s->buf, B_H, (size_t)(m * d), err);
     float *out = mg_buf(&s->buf, B_MOE_OUT, (size_t)(m * d), err);
-    if (!h || !out) return -1;
-    mg_rmsnorm_rows(comp->k, h, x, L->ffn_norm, m, d, d, (float)c->eps);
-    if (!L->is_moe) {
-        float *tmp = mg_buf(&s->buf, B_MLP, (size_t)(2 * m * c->f_dense), err);
-        if (!tmp) return -1;
-        mg_mlp_forward(comp, &L->dense, h, m, out, tmp, 0.0f);
-        for (int64_t i = 0; i < m * d; i++) x[i] += out[i];
-        return 0;
-    }
+    float *tmp = mg_buf(&s->buf, B_MLP, (size_t)(2 * m * c->f_dense), err);
+    if (!h || !out || !tmp) return -1;
+    mg_rmsnorm_rows(s->comp->k, h, x, L->ffn_norm, m, d, d, (float)c->eps);
+    mg_mlp_forward(s->comp, &L->dense, h, m, out, tmp, 0.0f);
+    for (int64_t i = 0; i < m * d; i++) x[i] += out[i];
+    return 0;
+}
+
+/* Routes the m tokens of a sub-chunk from their MoE input h (the router's product per
+ * sub-chunk, as a pass per chunk ran it): ids/rw [m, K].  rscr: moe_block's router scratch;
+ * it ends with the last token's sigmoids (sigmoid router).  logits: [m, E], left in place. */
+static void route_rows(state *s, const layer *L, const float *h, int64_t m, float *logits, int *ids, float *rw,
+                       float *rscr) {
+    const cfg *c = &s->c;
     const int64_t E = c->n_experts, K = c->top_k;
-    float *logits = mg_buf(&s->buf, B_RLOGITS, (size_t)(m * E), err);
-    float *rw = mg_buf(&s->buf, B_RW, (size_t)(m * K), err);
-    float *rids = mg_buf(&s->buf, B_RIDS, (size_t)(m * K), err); /* holds ints */
-    /* rscr: the router's scratch (2E + n_group), then the last token's ranked values (E), then
-     * the look-ahead hint's logits (E), ids and weights (K each) */
-    float *rscr = mg_buf(&s->buf, B_RSCR, (size_t)(4 * E + c->n_group + 2 * K), err);
-    if (!logits || !rw || !rids || !rscr) return -1;
-    int *ids = (int *)rids;
-    mg_linear(comp, &L->router, h, m, logits);
+    mg_linear(s->comp, &L->router, h, m, logits);
     for (int64_t t = 0; t < m; t++) {
         if (c->router_sigmoid)
             mg_route_sigmoid_grouped(logits + t * E, L->score_bias, (int)E, (int)c->n_group, (int)c->topk_group,
@@ -322,72 +328,109 @@ static int mlp_block(state *s, int li, float *x, int64_t m, mg_error *err) {
         else
             mg_route_softmax_topk(logits + t * E, (int)E, (int)K, c->norm_topk, ids + t * K, rw + t * K);
     }
-    /* What top-k ranked for the last token, for the store when it wants them (tracing): the
-     * logits (softmax is monotonic), or sigmoid + bias (the scratch still holds the last
-     * token's sigmoids; before any group masking, so a dropped group's experts keep their rank). */
-    const float *ranked = NULL;
-    if (mg_expert_store_wants_scores(s->experts)) ranked = logits + (m - 1) * E;
-    if (ranked && c->router_sigmoid) {
-        float *v = rscr + 2 * E + c->n_group;
-        for (int64_t e = 0; e < E; e++) v[e] = rscr[e] + (L->score_bias ? L->score_bias[e] : 0.0f);
-        ranked = v;
+}
+
+/* What top-k ranked for the window's last token, for the store when it wants them (tracing):
+ * the logits (softmax is monotonic), or sigmoid + bias (the scratch still holds the last
+ * token's sigmoids; before any group masking, so a dropped group's experts keep their rank). */
+static const float *last_ranked(state *s, const layer *L, const float *last_logits, float *rscr) {
+    const cfg *c = &s->c;
+    const int64_t E = c->n_experts;
+    if (!mg_expert_store_wants_scores(s->experts)) return NULL;
+    if (!c->router_sigmoid) return last_logits;
+    float *v = rscr + 2 * E + c->n_group;
+    for (int64_t e = 0; e < E; e++) v[e] = rscr[e] + (L->score_bias ? L->score_bias[e] : 0.0f);
+    return v;
+}
+
+/* MoE sub-block over the window's M tokens: x += moe(norm(x)) (+ shared expert).  Every
+ * sub-chunk is normed and routed first, then each routed expert is fetched once for the whole
+ * window (mg_moe_experts with group = chunk: bitwise a pass per chunk). */
+static int moe_block(state *s, int li, float *x, int64_t M, int64_t chunk, mg_error *err) {
+    const cfg *c = &s->c;
+    const layer *L = &s->layers[li];
+    const int64_t d = c->d, E = c->n_experts, K = c->top_k;
+    float *h = mg_buf(&s->buf, B_WH, (size_t)(M * d), err);
+    float *out = mg_buf(&s->buf, B_MOE_OUT, (size_t)(M * d), err);
+    float *logits = mg_buf(&s->buf, B_RLOGITS, (size_t)((M < chunk ? M : chunk) * E), err);
+    float *rw = mg_buf(&s->buf, B_RW, (size_t)(M * K), err);
+    float *rids = mg_buf(&s->buf, B_RIDS, (size_t)(M * K), err); /* holds ints */
+    /* rscr: the router's scratch (2E + n_group), then the last token's ranked values (E), then
+     * the look-ahead hint's logits (E), ids and weights (K each) */
+    float *rscr = mg_buf(&s->buf, B_RSCR, (size_t)(4 * E + c->n_group + 2 * K), err);
+    float *sh = L->has_shared ? mg_buf(&s->buf, B_WSH, (size_t)(M * d), err) : NULL;
+    if (!h || !out || !logits || !rw || !rids || !rscr || (L->has_shared && !sh)) return -1;
+    int *ids = (int *)rids;
+    int64_t last = 0;
+    for (int64_t t0 = 0; t0 < M; t0 += chunk) {
+        const int64_t m = M - t0 < chunk ? M - t0 : chunk;
+        mg_rmsnorm_rows(s->comp->k, h + t0 * d, x + t0 * d, L->ffn_norm, m, d, d, (float)c->eps);
+        route_rows(s, L, h + t0 * d, m, logits, ids + t0 * K, rw + t0 * K, rscr);
+        last = m - 1;
     }
-    if (m == 1) hint_next_layer(s, li, h, rscr);
-    memset(out, 0, sizeof(float) * (size_t)(m * d));
-    float *sh = L->has_shared ? mg_buf(&s->buf, B_O, (size_t)(m * d), err) : NULL;
-    if (L->has_shared && !sh) return -1;
+    const float *ranked = last_ranked(s, L, logits + last * E, rscr);
+    if (M == 1) hint_next_layer(s, li, h, rscr);
+    memset(out, 0, sizeof(float) * (size_t)(M * d));
     /* the shared expert runs inside the routed experts' two dispatches */
     mg_moe_args a = {
-        .store = s->experts, .layer = li, .n_experts = (int)E, .k = (int)K, .x = h, .n_tok = m, .d = d,
-        .ids = ids, .w = rw, .limit = 0.0f, .out = out,
+        .store = s->experts, .layer = li, .n_experts = (int)E, .k = (int)K, .x = h, .n_tok = M, .d = d,
+        .group = chunk, .ids = ids, .w = rw, .limit = 0.0f, .out = out,
         .shared = L->has_shared ? &L->shared : NULL, .shared_out = sh, .scores = ranked,
     };
-    if (mg_moe_experts(comp, &a, &s->buf, B_MOE0, err)) return -1;
+    if (mg_moe_experts(s->comp, &a, &s->buf, B_MOE0, err)) return -1;
     if (sh)
-        for (int64_t i = 0; i < m * d; i++) out[i] += sh[i];
-    for (int64_t i = 0; i < m * d; i++) x[i] += out[i];
+        for (int64_t i = 0; i < M * d; i++) out[i] += sh[i];
+    for (int64_t i = 0; i < M * d; i++) x[i] += out[i];
     return 0;
 }
 
-static int eval_chunk(state *s, const int32_t *tokens, int64_t m, int64_t pos, int head_rows_from,
-                      float *logits, mg_error *err) {
-    const cfg *c = &s->c;
-    const int64_t d = c->d;
-    if (mg_kv_reserve(&s->kv, pos + m, err)) return -1;
-    float *x = mg_buf(&s->buf, B_X, (size_t)(m * d), err);
-    float *cos_t = mg_buf(&s->buf, B_COS, (size_t)(m * (s->rope.half + 1)), err);
-    float *sin_t = mg_buf(&s->buf, B_SIN, (size_t)(m * (s->rope.half + 1)), err);
-    if (!x || !cos_t || !sin_t) return -1;
-    mg_embed_rows(&s->embed, tokens, m, x);
-    mg_rope_table(&s->rope, pos, m, cos_t, sin_t);
-    for (int li = 0; li < c->n_layers; li++) {
-        if (attention_block(s, li, x, m, pos, cos_t, sin_t, err)) return -1;
-        if (mlp_block(s, li, x, m, err)) return -1;
-    }
-    /* Final norm + head only for rows [head_rows_from, m). */
-    int64_t nh = m - head_rows_from;
-    if (nh <= 0 || !logits) return 0;
-    float *xs = x + head_rows_from * d;
-    mg_rmsnorm_rows(s->comp->k, xs, xs, s->final_norm, nh, d, d, (float)c->eps);
-    mg_linear(s->comp, &s->head, xs, nh, logits);
-    return 0;
-}
-
-static int eval(void *p, const int32_t *tokens, int64_t n, int64_t pos, int last_only, float *logits,
-                mg_error *err) {
+/* One window, layer by layer (mg_window_fn): attention and dense MLPs per sub-chunk in
+ * position order, MoE over the whole window. */
+static int eval_window(void *p, const mg_window *win, mg_error *err) {
     state *s = p;
-    for (int64_t t0 = 0; t0 < n; t0 += CHUNK) {
-        int64_t m = n - t0 < CHUNK ? n - t0 : CHUNK;
-        int last_chunk = t0 + m == n;
-        if (last_only) {
-            if (eval_chunk(s, tokens + t0, m, pos + t0, last_chunk ? (int)(m - 1) : (int)m,
-                           last_chunk ? logits : NULL, err))
+    const cfg *c = &s->c;
+    const int64_t d = c->d, M = win->m, ch = win->chunk, half = s->rope.half + 1;
+    if (mg_kv_reserve(&s->kv, win->pos + M, err)) return -1;
+    float *x = mg_buf(&s->buf, B_X, (size_t)(M * d), err);
+    float *cos_t = mg_buf(&s->buf, B_COS, (size_t)(M * half), err);
+    float *sin_t = mg_buf(&s->buf, B_SIN, (size_t)(M * half), err);
+    if (!x || !cos_t || !sin_t) return -1;
+    mg_embed_rows(&s->embed, win->tokens, M, x);
+    mg_rope_table(&s->rope, win->pos, M, cos_t, sin_t);
+    for (int li = 0; li < c->n_layers; li++) {
+        const layer *L = &s->layers[li];
+        for (int64_t t0 = 0; t0 < M; t0 += ch) {
+            const int64_t m = M - t0 < ch ? M - t0 : ch;
+            float *xs = x + t0 * d;
+            if (attention_block(s, li, xs, m, win->pos + t0, cos_t + t0 * s->rope.half, sin_t + t0 * s->rope.half,
+                                err) ||
+                (!L->is_moe && dense_block(s, L, xs, m, err)))
                 return -1;
-        } else if (eval_chunk(s, tokens + t0, m, pos + t0, 0, logits + t0 * s->c.vocab, err)) {
-            return -1;
         }
+        if (L->is_moe && moe_block(s, li, x, M, ch, err)) return -1;
+        int rc = mg_window_layer_done(win, li);
+        if (rc) return rc;
+    }
+    /* Final norm + head per sub-chunk, only for the rows a pass per chunk computed. */
+    for (int64_t t0 = 0; t0 < M; t0 += ch) {
+        const int64_t m = M - t0 < ch ? M - t0 : ch;
+        int64_t from;
+        float *logits = mg_window_head(win, t0, m, &from);
+        if (!logits || m - from <= 0) continue;
+        float *xs = x + (t0 + from) * d;
+        mg_rmsnorm_rows(s->comp->k, xs, xs, s->final_norm, m - from, d, d, (float)c->eps);
+        mg_linear(s->comp, &s->head, xs, m - from, logits);
     }
     return 0;
+}
+
+/* The KV rows past the kept positions are dead (overwritten later): an error or a cancel
+ * needs no repair. */
+static int eval(void *p, const int32_t *tokens, int64_t n, int64_t pos, int last_only, float *logits,
+                const mg_eval_hook *hook, int64_t *done, mg_error *err) {
+    state *s = p;
+    mg_window call = {tokens, n, pos, 0, n, CHUNK, last_only, logits, s->c.vocab, hook, (int)s->c.n_layers};
+    return mg_eval_windows(s, eval_window, &call, s->window, done, err);
 }
 
 static int truncate_state(void *p, int64_t n, mg_error *err) {
@@ -406,6 +449,7 @@ static void info(const void *p, mg_arch_info *out) {
     out->experts = s->experts;
     out->kv_type = (int)s->kv.type;
     out->kv_bytes_per_token = kv_bytes_per_token(&s->c, s->kv.type);
+    out->prefill_window = s->window;
 }
 
 /* The KV rows are the whole per-position state. */

@@ -17,7 +17,7 @@ import os
 import threading
 import time
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 import numpy as np
 
@@ -26,6 +26,15 @@ from .model_config import ConfigError, load_config
 
 class EngineError(RuntimeError):
     """A load or evaluation error reported by the engine (the message names files/tensors)."""
+
+
+class EvalCancelled(Exception):
+    """An eval's progress callback asked to stop.  `done` tokens of the call were kept: the slot
+    holds them (n_past grew by that many: whole prefill windows), the rest never happened."""
+
+    def __init__(self, done: int) -> None:
+        super().__init__(f"eval cancelled; {done} tokens kept")
+        self.done = done
 
 
 EXPERT_HISTORY_NAME = ".moegate-expert-usage"
@@ -65,6 +74,7 @@ class Engine:
         expert_history: str | os.PathLike[str] | bool | None = None,
         expert_prefetch: bool = True,
         kv_dtype: str = "f32",
+        prefill_window: int | None = None,
     ) -> None:
         """ram_gb: budget for the whole process (experts are then cached and read from disk).
         routing_trace: record every expert fetch to this file (tools/routing_trace.py reads it).
@@ -78,7 +88,10 @@ class Engine:
         and misses tools/routing_trace.py replays exactly (docs/ARCHITECTURE.md,
         tools/traces/README.md).
         kv_dtype: "f32" (default) or "bf16": the KV cache's storage (info["kv_bytes_per_token"]
-        is what one position costs; a ram_gb budget counts max_ctx of it)."""
+        is what one position costs; a ram_gb budget counts max_ctx of it).
+        prefill_window: tokens a prefill evaluates layer by layer at once (each routed expert is
+        fetched once per layer per window; rounded up to the architecture's chunk); None: sized
+        from ram_gb (a fixed default without it).  info["prefill_window"] is the one in use."""
         from . import _core  # imported here so config errors surface even without a built core
 
         self.path = Path(path).expanduser()
@@ -90,6 +103,9 @@ class Engine:
             raise ValueError(f"max_ctx must be a positive integer, got {max_ctx!r}")
         if ram_gb is not None and not ram_gb > 0:
             raise ValueError(f"ram_gb must be > 0, got {ram_gb!r}")
+        if prefill_window is not None and (isinstance(prefill_window, bool) or not isinstance(prefill_window, int)
+                                           or prefill_window < 1):
+            raise ValueError(f"prefill_window must be a positive integer, got {prefill_window!r}")
         if kv_dtype not in KV_DTYPES:
             raise ValueError(f"kv_dtype must be one of {', '.join(KV_DTYPES)}, got {kv_dtype!r}")
         # ConfigError is a ValueError: unknown model_type / bad fields fail before C is called.
@@ -104,6 +120,7 @@ class Engine:
                 max_ctx=max_ctx or 0,
                 ram_gb=float(ram_gb or 0.0),
                 kv_dtype=kv_dtype,
+                prefill_window=prefill_window or 0,
             )
         except RuntimeError as exc:
             raise EngineError(str(exc)) from None
@@ -165,9 +182,18 @@ class Engine:
         """Tokens currently held by the slot (positions 0 .. n_past-1)."""
         return int(self._model.n_past)
 
-    def eval(self, tokens: Iterable[int], last_only: bool = False) -> np.ndarray:
+    def eval(self, tokens: Iterable[int], last_only: bool = False, *,
+             progress: Callable[[int, int, int, int], object] | None = None) -> np.ndarray:
         """Appends tokens to the slot and returns float32 logits: [len(tokens), vocab], or
-        [1, vocab] for the last token with last_only (the head runs for that token alone)."""
+        [1, vocab] for the last token with last_only (the head runs for that token alone).
+
+        A prefill runs layer by layer over windows of info["prefill_window"] tokens.
+        progress(layer, n_layers, done, window), when given, is called after each layer of the
+        window covering tokens [done, done + window) of this call (tokens before `done` are
+        complete, and after the last layer so is the window); a truthy return stops the eval
+        with EvalCancelled, keeping the complete windows (its `done`; n_past grew by that many).
+        An exception it raises stops the eval the same way and propagates.  It runs in the
+        calling thread and must not call into this engine."""
         ids = self._token_list(tokens)
         if not ids:
             return np.zeros((0, self.vocab_size), dtype=np.float32)
@@ -176,18 +202,28 @@ class Engine:
                 f"context overflow: {self.n_past} cached + {len(ids)} new tokens exceed max_ctx {self.max_ctx}"
             )
         with self._lock:
-            started = time.perf_counter()
+            started, before = time.perf_counter(), self._model.n_past
             try:
-                logits = self._model.eval(ids, bool(last_only))
+                if progress is None:
+                    logits = self._model.eval(ids, bool(last_only))
+                else:
+                    logits, kept = self._model.eval_hooked(ids, bool(last_only), progress)
+                    if logits is None:
+                        raise EvalCancelled(kept)
             except RuntimeError as exc:
                 raise EngineError(str(exc)) from None
-            elapsed = time.perf_counter() - started
-        key = "decode" if len(ids) == 1 else "prefill"
-        self._stats[f"{key}_tokens"] += len(ids)
+            finally:  # what the slot kept counts (all of it, or the windows before a cancel)
+                self._count(len(ids), self._model.n_past - before, time.perf_counter() - started)
+        return logits
+
+    def _count(self, n: int, kept: int, elapsed: float) -> None:
+        if not kept:
+            return
+        key = "decode" if n == 1 else "prefill"
+        self._stats[f"{key}_tokens"] += kept
         self._stats[f"{key}_seconds"] += elapsed
         if key == "prefill":
             self._stats["prefill_calls"] += 1
-        return logits
 
     def truncate(self, n: int) -> None:
         """Keeps the first n tokens; evaluating after this equals a fresh run on them."""
@@ -291,4 +327,4 @@ class Engine:
         return f"Engine({str(self.path)!r}, arch={self.info['arch']}, {state})"
 
 
-__all__ = ["Engine", "EngineError", "ConfigError", "KV_DTYPES"]
+__all__ = ["Engine", "EngineError", "EvalCancelled", "ConfigError", "KV_DTYPES"]

@@ -1,10 +1,11 @@
 """The generation loop over the engine's single sequence slot.
 
 One `Slot` wraps the engine and remembers which tokens its KV state holds.  A request reuses the
-longest common prefix (a second chat turn pays only for its new tokens), prefills the rest in
-chunks (checking for cancellation and reporting progress between chunks), then decodes token by
-token with the lm head computed for the last position only.  Runs in a worker thread; everything
-it reports goes through the `emit` callback.
+longest common prefix (a second chat turn pays only for its new tokens), prefills the rest in one
+engine call (which runs it layer by layer over windows of info["prefill_window"] tokens; its
+progress hook checks for cancellation between layers and reports each finished window), then
+decodes token by token with the lm head computed for the last position only.  Runs in a worker
+thread; everything it reports goes through the `emit` callback.
 """
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .engine import EvalCancelled
 from .prefix_cache import MIN_SNAPSHOT_TOKENS, PrefixCache, common_prefix
 from .prefix_disk import DiskSnapshots
 from .sampling import SampledToken, Sampler, SamplingParams
@@ -23,9 +25,6 @@ from .snapshots import ConversationSnapshots
 from .tokenizer import IncrementalDecoder, Tokenizer
 
 log = logging.getLogger("moegate.generate")
-
-PREFILL_CHUNK = 256
-
 
 class Cancelled(Exception):
     """The client went away; the slot keeps whatever prefix was already evaluated."""
@@ -177,9 +176,12 @@ class Slot:
             snapshots.keep(self.engine, self.tokens)  # leaving this conversation, not editing its tail
         return common
 
-    def _eval(self, ids: list[int]) -> np.ndarray:
+    def _eval(self, ids: list[int], progress: Callable[[int, int, int, int], object] | None = None) -> np.ndarray:
         try:
-            logits = self.engine.eval(ids, last_only=True)
+            logits = self.engine.eval(ids, last_only=True, progress=progress)
+        except EvalCancelled as stop:
+            self.tokens.extend(ids[:stop.done])  # the windows finished before the cancel stay
+            raise Cancelled() from None
         except Exception:
             # The engine's state after a failed eval is unknown: forget the cached prefix.
             self.tokens = []
@@ -200,18 +202,17 @@ class Slot:
         if cached:
             self.prefix_hits += 1
             self.cached_tokens_total += cached
-        pos = cached
-        logits = None
-        while pos < len(prompt):
-            if cancel.is_set():
-                raise Cancelled()
-            chunk = prompt[pos:pos + PREFILL_CHUNK]
-            logits = self._eval(chunk)
-            pos += len(chunk)
-            if progress:
-                progress(pos - cached, len(prompt) - cached)
-        assert logits is not None
-        return logits, cached
+        if cancel.is_set():
+            raise Cancelled()
+        rest = prompt[cached:]
+
+        def between_layers(layer: int, n_layers: int, done: int, window: int) -> bool:
+            # A window's tokens are done after its last layer; a cancel there keeps them.
+            if progress and layer == n_layers - 1:
+                progress(done + window, len(rest))
+            return cancel.is_set()
+
+        return self._eval(rest, between_layers), cached
 
     def generate(self, req: GenerationRequest, cancel: threading.Event,
                  emit: Callable[[object], None]) -> GenerationResult:

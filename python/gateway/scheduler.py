@@ -3,7 +3,7 @@
 Handlers submit a job and read its events from an asyncio queue.  The engine runs in one worker
 thread so the event loop (health checks, other clients, keepalives) never blocks on it.
 Cancelling a job (client gone) removes it from the queue, or stops its prefill/decode at the next
-chunk or token, freeing the slot at once.
+layer or token, freeing the slot at once.
 """
 from __future__ import annotations
 
@@ -101,7 +101,7 @@ class Scheduler:
 
     def cancel(self, job: Job, by: str = "client") -> None:
         """Stops a job: a queued one leaves the queue at once, a running one stops at the next
-        prefill chunk or token (its result still arrives, with finish_reason "cancelled")."""
+        prefill layer or token (its result still arrives, with finish_reason "cancelled")."""
         if job.finished:
             return
         if job.cancelled_by is None:

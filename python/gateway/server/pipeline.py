@@ -178,7 +178,7 @@ class JobRun:
 
     Whoever stops consuming early (the client went away: the handler task is cancelled or a
     write fails) must leave through `close()`, which cancels the job: a queued one leaves the
-    queue, a running one stops at the next prefill chunk or token.  `events()` calls it in its
+    queue, a running one stops at the next prefill layer or token.  `events()` calls it in its
     own `finally`, so closing the generator (or cancelling the task inside it) is enough."""
 
     def __init__(self, state: ServerState, request: GenerationRequest) -> None:
