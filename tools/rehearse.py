@@ -418,22 +418,20 @@ def measured(engine: Any, kind: str, tokens: int, run: Callable[[], np.ndarray])
     return phase, logits
 
 
-PREFILL_CHUNK = 256  # the engine's own prefill chunk: feeding it these pieces costs nothing extra
-
-
-def prefill_in_chunks(engine: Any, ids: list[int], log: Callable[[str], None]) -> np.ndarray:
-    """engine.eval(ids, last_only=True), one engine chunk per call so a long prefill reports
-    progress (the server's generation loop feeds the engine the same way)."""
+def prefill_prompt(engine: Any, ids: list[int], log: Callable[[str], None]) -> np.ndarray:
+    """engine.eval(ids, last_only=True) in one call, as the server's generation loop makes it:
+    the engine runs the prompt layer by layer over windows of info["prefill_window"] tokens, so
+    each routed expert is read once per layer per window.  The progress hook logs each tenth of
+    the layers (it must not call the engine: the eval holds the slot)."""
     started = time.perf_counter()
-    read0 = engine.stats()["experts"]["bytes_read"]
-    logits = np.zeros((0, engine.vocab_size), dtype=np.float32)
-    for start in range(0, len(ids), PREFILL_CHUNK):
-        logits = engine.eval(ids[start:start + PREFILL_CHUNK], last_only=True)
-        done = min(start + PREFILL_CHUNK, len(ids))
-        if done < len(ids):
-            read = engine.stats()["experts"]["bytes_read"] - read0
-            log(f"    {done}/{len(ids)} tokens, {time.perf_counter() - started:.0f} s, {read / GB:.1f} GB read")
-    return logits
+    step = max(1, engine.info["n_layers"] // 10)
+
+    def hook(layer: int, n_layers: int, done: int, window: int) -> None:
+        if (layer + 1) % step == 0 and layer + 1 < n_layers:
+            log(f"    window of {window} at {done}/{len(ids)}: layer {layer + 1}/{n_layers}, "
+                f"{time.perf_counter() - started:.0f} s")
+
+    return engine.eval(ids, last_only=True, progress=hook)
 
 
 @dataclass
@@ -480,7 +478,7 @@ def rehearse(release: Release, written: Written, *, prompts: Sequence[int], deco
             engine.reset()
             ids = rng.integers(0, vocab, n).tolist()
             log(f"  prompt {n} tokens ...")
-            prefill, logits = measured(engine, "prefill", n, lambda: prefill_in_chunks(engine, ids, log))
+            prefill, logits = measured(engine, "prefill", n, lambda: prefill_prompt(engine, ids, log))
             finite = bool(np.isfinite(logits).all())
             log(f"    prefill {prefill.wall_s:.1f} s, {prefill.bytes_read / GB:.1f} GB read")
             # Random decode ids, not the argmax: on hole weights the logits are all zero, and one
