@@ -782,15 +782,6 @@ int mg_eval_windows(void *state, mg_window_fn fn, const mg_window *call, int64_t
     return 0;
 }
 
-/* The cache-mode entry points of experts.h may not be linked in yet (written concurrently);
- * weak references keep the store resident until they are. */
-extern int mg_expert_store_plan(const mg_expert_store *s, const mg_checkpoint *ck, uint64_t ram_bytes,
-                                uint64_t other_bytes, uint64_t *cache_bytes, mg_error *err)
-    __attribute__((weak));
-extern int mg_expert_store_configure(mg_expert_store *s, const mg_checkpoint *ck, uint64_t cache_bytes,
-                                     const mg_expert_cache_opts *opts, mg_error *err) __attribute__((weak));
-extern uint64_t mg_expert_store_expert_bytes(const mg_expert_store *s) __attribute__((weak));
-
 /* The window a prefill without a budget runs in: experts are mapped, so a window only saves
  * their decoding per chunk; 2048 tokens keep its scratch near 1 GB at DeepSeek-V4-Flash size. */
 #define PREFILL_WINDOW_RESIDENT 2048
@@ -820,7 +811,6 @@ int mg_expert_store_apply_budget(const mg_arch_env *env, mg_expert_store *s, con
                                  uint64_t extra_bytes, const mg_prefill_cost *pc, int64_t *window, mg_error *err) {
     *window = window_cap(env, pc, env->prefill_window > 0 ? env->prefill_window : PREFILL_WINDOW_RESIDENT);
     if (env->ram_gb <= 0) return 0;
-    if (!mg_expert_store_plan || !mg_expert_store_configure || !mg_expert_store_expert_bytes) return 0;
     uint64_t bound = 0;
     for (int f = 0; f < MG_FORMAT_COUNT; f++) bound += census->bytes[f];
     uint64_t experts = mg_expert_store_expert_bytes(s);

@@ -296,7 +296,3 @@ void mg_expert_store_hint(mg_expert_store *s, int layer, int n, const int *ids) 
     if (s->cache && mg_expert_cache_prefetching(s->cache)) mg_expert_cache_hint(s->cache, layer, n, ids);
 }
 
-int mg_expert_store_save_usage(mg_expert_store *s, mg_error *err) {
-    if (!s || !s->cache) return 0;
-    return mg_expert_cache_save_usage(s->cache, err);
-}

@@ -159,7 +159,4 @@ void mg_expert_store_set_prefetch(mg_expert_store *s, int depth);
 int mg_expert_store_wants_hints(const mg_expert_store *s);
 void mg_expert_store_hint(mg_expert_store *s, int layer, int n, const int *ids);
 
-/* Writes the routing history now (also done by free). */
-int mg_expert_store_save_usage(mg_expert_store *s, mg_error *err);
-
 #endif

@@ -7,9 +7,6 @@
 #include "model/blocks.h"
 #include "model/model.h"
 
-/* deepseek_v4.c is written separately; until it is linked in, the weak reference is NULL. */
-extern const mg_arch mg_arch_deepseek_v4 __attribute__((weak));
-
 /* Resolved context when neither the options nor a sane model limit give one. */
 #define DEFAULT_MAX_CTX 32768
 
@@ -28,7 +25,7 @@ struct mg_model {
 static const mg_arch *find_arch(const char *name) {
     const mg_arch *table[] = {&mg_arch_qwen3_moe, &mg_arch_glm4_moe, &mg_arch_deepseek_v4};
     for (size_t i = 0; i < sizeof table / sizeof table[0]; i++)
-        if (table[i] && strcmp(table[i]->name, name) == 0) return table[i];
+        if (strcmp(table[i]->name, name) == 0) return table[i];
     return NULL;
 }
 
