@@ -592,3 +592,30 @@ def test_server_read_ahead_flag(ckpt_root: Path) -> None:
         assert ("predicted experts read ahead" in summary) is flag, summary
         assert ("no read-ahead" in summary) is not flag, summary
         state.engine.close()
+
+
+@pytest.mark.rss
+@pytest.mark.parametrize("arch", ["qwen3_moe", "deepseek_v4"])
+def test_startup_summary_splits_the_budget(ckpt_root: Path, arch: str) -> None:
+    """The startup summary prints where --ram goes: resident weights, the expert cache, the KV
+    at --ctx, the prefill window's scratch and the prefix cache, and those terms fit the budget
+    (the engine plans them, with the process's own resident set, under it)."""
+    from gateway.server.serve import ServeOptions, build_state, memory_plan, startup_summary
+
+    ckpt = small_checkpoint(ckpt_root, arch, "bf16") if arch == "qwen3_moe" else dsv4_small_checkpoint(ckpt_root)
+    budget = stated_minimum_gb(ckpt) + 0.05
+    state = build_state(ServeOptions(model=str(ckpt), ram_gb=budget, prefix_cache_gb=0.02, threads=1, ctx=512))
+    try:
+        plan = memory_plan(state)
+        summary = startup_summary(state, "http://127.0.0.1:8000")
+        info = state.engine.info
+        assert [name.split(" (")[0] for name in plan] == [
+            "resident weights", "expert cache", "KV at 512 tokens", "prefill scratch", "prefix cache"]
+        for name, gb in plan.items():
+            assert f"{name} {gb:.2f} GB" in summary, summary
+        assert 0 < info["expert_bytes"] < sum(info["weight_bytes"].values())
+        assert plan["resident weights"] > 0 and plan["expert cache"] > 0 and plan["prefix cache"] == pytest.approx(0.02)
+        assert info["prefill_bytes_per_token"] > 0 and info["prefill_window"] > 0
+        assert sum(plan.values()) <= budget + 0.02, plan  # + the prefix cache, taken from --ram first
+    finally:
+        state.engine.close()

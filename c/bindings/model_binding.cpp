@@ -147,6 +147,8 @@ class Model {
         d["kv_dtype"] = mg_model_kv_dtype(m_);
         d["kv_bytes_per_token"] = mg_model_kv_bytes_per_token(m_);
         d["prefill_window"] = mg_model_prefill_window(m_);
+        d["prefill_bytes_per_token"] = ai->prefill_bytes_per_token;
+        d["expert_bytes"] = ai->experts ? mg_expert_store_expert_bytes(ai->experts) : 0;
         return d;
     }
 

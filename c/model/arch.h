@@ -59,6 +59,7 @@ typedef struct mg_arch_info {
     int kv_type;                 /* mg_kv_type of the KV state */
     uint64_t kv_bytes_per_token; /* what one more position of context costs (what --ram counts) */
     int64_t prefill_window;      /* tokens evaluated layer by layer at once (counted under --ram) */
+    uint64_t prefill_bytes_per_token; /* scratch one token of that window holds */
 } mg_arch_info;
 
 /* Called once per region, in a fixed order; non-zero stops the walk (and is returned). */

@@ -83,6 +83,7 @@ typedef struct state {
     float *attn_scratch;
     int64_t attn_scratch_per_worker;
     int64_t window;                              /* prefill tokens evaluated layer by layer at once */
+    uint64_t window_bytes_per_token;             /* the scratch each of them holds */
 } state;
 
 /* ---- config -------------------------------------------------------------------------------- */
@@ -400,6 +401,7 @@ static void *load(const mg_arch_env *env, mg_error *err) {
     const mg_prefill_cost pc = {CHUNK, sizeof(float) * (win_floats_per_token(c) + mg_moe_floats_per_token(c->d, c->K, c->I, c->I))};
     if (mg_expert_store_apply_budget(env, s->experts, &s->census, slot_bytes + (64u << 20), &pc, &s->window, err))
         goto fail;
+    s->window_bytes_per_token = pc.bytes_per_token;
     return s;
 fail:
     state_free(s);
@@ -919,6 +921,7 @@ static void info(const void *p, mg_arch_info *out) {
     out->kv_type = (int)s->kv_type;
     out->kv_bytes_per_token = slot_bytes_per_token(s);
     out->prefill_window = s->window;
+    out->prefill_bytes_per_token = s->window_bytes_per_token;
 }
 
 /* Positions [0, n) left: every layer's K=V rows, the token ids (truncate replays the tail

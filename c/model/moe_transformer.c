@@ -450,6 +450,7 @@ static void info(const void *p, mg_arch_info *out) {
     out->kv_type = (int)s->kv.type;
     out->kv_bytes_per_token = kv_bytes_per_token(&s->c, s->kv.type);
     out->prefill_window = s->window;
+    out->prefill_bytes_per_token = window_bytes_per_token(&s->c);
 }
 
 /* The KV rows are the whole per-position state. */

@@ -150,21 +150,39 @@ def _kv_summary(info: dict, max_ctx: int) -> str:
             f"({per_token * max_ctx / 1e9:.2f} GB at {max_ctx} tokens)")
 
 
-def _memory_summary(state: ServerState) -> str:
-    """The RAM plan: what is resident, what the expert cache holds, under which budget."""
+def memory_plan(state: ServerState) -> dict[str, float]:
+    """Where the RAM goes, in GB: resident weights (everything but the routed experts under a
+    budget), the expert cache, the KV at the context the slot reserves, the prefill window's
+    scratch, and the prefix cache.  Under --ram these are the terms the engine plans with."""
     info = state.engine.info
-    weights = int(info.get("model_bytes") or 0) / 1e9
-    kv = int(info.get("kv_bytes_per_token") or 0) * state.max_ctx / 1e9
+    weights = sum(int(b) for b in (info.get("weight_bytes") or {}).values())
+    experts = state.engine.stats().get("experts") or {}
+    cache = int(experts.get("slots") or 0) * int(experts.get("slot_bytes") or 0)
+    resident = weights - int(info.get("expert_bytes") or 0) if cache else weights
+    prefix = state.slot.prefix_cache.capacity_bytes if state.slot.prefix_cache is not None else 0
+    return {
+        "resident weights": resident / 1e9,
+        "expert cache": cache / 1e9,
+        f"KV at {state.max_ctx} tokens": int(info.get("kv_bytes_per_token") or 0) * state.max_ctx / 1e9,
+        f"prefill scratch ({int(info.get('prefill_window') or 0)}-token window)":
+            int(info.get("prefill_bytes_per_token") or 0) * int(info.get("prefill_window") or 0) / 1e9,
+        "prefix cache": prefix / 1e9,
+    }
+
+
+def _memory_summary(state: ServerState) -> str:
+    """The RAM plan: the split of memory_plan, and what the expert cache does, under which budget."""
+    split = ", ".join(f"{name} {gb:.2f} GB" for name, gb in memory_plan(state).items())
     if state.ram_gb is None:
-        return f"no --ram budget: {weights:.2f} GB of weights memory-mapped, KV up to {kv:.2f} GB"
+        return f"no --ram budget: weights memory-mapped; {split}"
     experts = state.engine.stats().get("experts") or {}
     slots, slot_bytes = int(experts.get("slots") or 0), int(experts.get("slot_bytes") or 0)
     if not slots:
-        return f"--ram {state.ram_gb:g} GB: everything resident ({weights:.2f} GB of weights, KV {kv:.2f} GB)"
+        return f"--ram {state.ram_gb:g} GB: everything resident; {split}"
     ahead = (", the next layer's predicted experts read ahead" if state.engine.read_ahead
              else ", no read-ahead")
-    return (f"--ram {state.ram_gb:g} GB: routed experts cached ({slots} slots x {slot_bytes / 1e6:.1f} MB = "
-            f"{slots * slot_bytes / 1e9:.2f} GB, misses read from disk{ahead}), the rest resident, KV {kv:.2f} GB")
+    return (f"--ram {state.ram_gb:g} GB: {split}; routed experts cached ({slots} slots x {slot_bytes / 1e6:.1f} MB, "
+            f"misses read from disk{ahead})")
 
 
 def _snapshot_summary(state: ServerState) -> str:
