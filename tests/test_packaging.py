@@ -37,10 +37,10 @@ def _tracked_sources() -> list[Path]:
 
 def test_nothing_reads_outside_the_repository() -> None:
     """Tests and code read fixtures from tests/data and docs/reference, never from a folder
-    beside the clone (../shared existed only on the developers' machines)."""
-    outside = re.compile(r"""\.\./shared|parent\s*/\s*["']shared["']|/work/shared|shared/(reference|templates)""")
-    this_file = Path(__file__).resolve()
-    offenders = [f"{path.relative_to(REPO_ROOT)}:{n}" for path in _tracked_sources() if path.resolve() != this_file
+    beside the clone (the reference folder existed only on the developers' machines)."""
+    folder = "sha" + "red"  # spelled in two parts so this guard does not match itself
+    outside = re.compile(rf"""\.\./{folder}|parent\s*/\s*["']{folder}["']|/work/{folder}|{folder}/(reference|templates)""")
+    offenders = [f"{path.relative_to(REPO_ROOT)}:{n}" for path in _tracked_sources()
                  for n, line in enumerate(path.read_text(encoding="utf-8", errors="replace").splitlines(), 1)
                  if outside.search(line)]
     assert not offenders, offenders

@@ -150,13 +150,14 @@ def _kv_summary(info: dict, max_ctx: int) -> str:
             f"({per_token * max_ctx / 1e9:.2f} GB at {max_ctx} tokens)")
 
 
-def memory_plan(state: ServerState) -> dict[str, float]:
+def memory_plan(state: ServerState, experts: dict | None = None) -> dict[str, float]:
     """Where the RAM goes, in GB: resident weights (everything but the routed experts under a
     budget), the expert cache, the KV at the context the slot reserves, the prefill window's
     scratch, and the prefix cache.  Under --ram these are the terms the engine plans with."""
     info = state.engine.info
     weights = sum(int(b) for b in (info.get("weight_bytes") or {}).values())
-    experts = state.engine.stats().get("experts") or {}
+    if experts is None:
+        experts = state.engine.stats().get("experts") or {}
     cache = int(experts.get("slots") or 0) * int(experts.get("slot_bytes") or 0)
     resident = weights - int(info.get("expert_bytes") or 0) if cache else weights
     prefix = state.slot.prefix_cache.capacity_bytes if state.slot.prefix_cache is not None else 0
@@ -172,10 +173,10 @@ def memory_plan(state: ServerState) -> dict[str, float]:
 
 def _memory_summary(state: ServerState) -> str:
     """The RAM plan: the split of memory_plan, and what the expert cache does, under which budget."""
-    split = ", ".join(f"{name} {gb:.2f} GB" for name, gb in memory_plan(state).items())
+    experts = state.engine.stats().get("experts") or {}
+    split = ", ".join(f"{name} {gb:.2f} GB" for name, gb in memory_plan(state, experts).items())
     if state.ram_gb is None:
         return f"no --ram budget: weights memory-mapped; {split}"
-    experts = state.engine.stats().get("experts") or {}
     slots, slot_bytes = int(experts.get("slots") or 0), int(experts.get("slot_bytes") or 0)
     if not slots:
         return f"--ram {state.ram_gb:g} GB: everything resident; {split}"
