@@ -153,7 +153,11 @@ def expected_kv_bytes_per_token(case: Case, value_bytes: int) -> int:
     d, di = dims.head_dim, dims.index_head_dim
     ratios = [r for r in dims.compress_ratios if r]
     snap = int(np.lcm.reduce(ratios)) if ratios else 1
-    total = dims.n_layers * d * value_bytes + 4  # K=V row per layer + the token id
+    # K=V rows: a ring of recent positions (kv_fixed_bytes) and, per position, its share of the
+    # snapshot of W rows taken every 8 W positions (rounded up to the compression period)
+    w = dims.sliding_window
+    period = -(-8 * w // snap) * snap
+    total = -(-dims.n_layers * w * d * value_bytes // period) + 4  # + the token id
     for r in dims.compress_ratios[: dims.n_layers]:
         if not r:
             continue
@@ -163,11 +167,21 @@ def expected_kv_bytes_per_token(case: Case, value_bytes: int) -> int:
     return total
 
 
+def expected_kv_fixed_bytes(case: Case, value_bytes: int) -> int:
+    """DeepSeek-V4 keeps the K=V rows of the last max(32 W, W + 128) positions per layer."""
+    if case.arch != "deepseek_v4":
+        return 0
+    dims = dsv4_writer.TINY
+    w = dims.sliding_window
+    return dims.n_layers * max(32 * w, w + 128) * dims.head_dim * value_bytes
+
+
 def test_info_reports_kv_dtype_and_bytes_per_token(case: Case) -> None:
     for dt, size in (("f32", 4), ("bf16", 2)):
         info = case.engines[dt].info
         assert info["kv_dtype"] == dt
         assert info["kv_bytes_per_token"] == expected_kv_bytes_per_token(case, size), info
+        assert info["kv_fixed_bytes"] == expected_kv_fixed_bytes(case, size), info
     assert case.engines["bf16"].info["kv_bytes_per_token"] < case.engines["f32"].info["kv_bytes_per_token"]
 
 

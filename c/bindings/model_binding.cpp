@@ -146,6 +146,7 @@ class Model {
         d["model_bytes"] = mg_model_checkpoint_bytes(m_);
         d["kv_dtype"] = mg_model_kv_dtype(m_);
         d["kv_bytes_per_token"] = mg_model_kv_bytes_per_token(m_);
+        d["kv_fixed_bytes"] = ai->kv_fixed_bytes;
         d["prefill_window"] = mg_model_prefill_window(m_);
         d["prefill_bytes_per_token"] = ai->prefill_bytes_per_token;
         d["expert_bytes"] = ai->experts ? mg_expert_store_expert_bytes(ai->experts) : 0;

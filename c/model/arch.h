@@ -58,6 +58,7 @@ typedef struct mg_arch_info {
     const mg_expert_store *experts; /* for mg_expert_store_stats(); may be NULL */
     int kv_type;                 /* mg_kv_type of the KV state */
     uint64_t kv_bytes_per_token; /* what one more position of context costs (what --ram counts) */
+    uint64_t kv_fixed_bytes;     /* what the slot costs whatever the context (a ring of recent rows) */
     int64_t prefill_window;      /* tokens evaluated layer by layer at once (counted under --ram) */
     uint64_t prefill_bytes_per_token; /* scratch one token of that window holds */
 } mg_arch_info;

@@ -26,6 +26,7 @@
 #include "model/blocks.h"
 #include "model/dsv4_compress.h"
 #include "model/dsv4_hc.h"
+#include "model/dsv4_rows.h"
 #include "model/weights.h"
 
 #define CHUNK 128 /* prefill sub-chunk of the dense work: bounds its scratch (the window is a multiple) */
@@ -72,7 +73,7 @@ typedef struct state {
     dsv4_hc hc_head;
     dsv4_hc_dims hcd;
     mg_rope rope_main, rope_comp, rope_comp_idx; /* last rope dims of D / of DI */
-    mg_kv_cache kv;                              /* every position's K=V row, per layer */
+    dsv4_rows rows;                              /* the recent positions' K=V rows, per layer */
     mg_expert_store *experts;
     mg_buffers buf;
     mg_weight_census census;
@@ -154,7 +155,7 @@ static void state_free(void *p) {
     mg_rope_free(&s->rope_main);
     mg_rope_free(&s->rope_comp);
     mg_rope_free(&s->rope_comp_idx);
-    mg_kv_free(&s->kv);
+    dsv4_rows_free(&s->rows);
     mg_expert_store_free(s->experts);
     mg_buffers_free(&s->buf);
     free(s->tokens);
@@ -322,12 +323,13 @@ static void yarn_inv_freq(float *inv, int dim, double base, double factor, doubl
     }
 }
 
-/* What one position of context costs in the slot: its K=V row in every layer, the compressed
+/* What one position of context costs in the slot: its share of the window-row snapshots
+ * (dsv4_rows.h; the ring itself is a fixed cost, ring_bytes), the compressed
  * rows (1 per ratio positions) and indexer keys of compressed layers, the carry snapshots of
  * overlapping compressors, and the token id kept for replay. */
 static uint64_t slot_bytes_per_token(const state *s) {
     const dcfg *c = &s->c;
-    uint64_t b = mg_kv_bytes_per_pos((int)c->n_layers, c->D, 0, s->kv_type) + sizeof(int32_t);
+    uint64_t b = dsv4_rows_bytes_per_pos((int)c->n_layers, c->D, c->W, s->snap_every, s->kv_type) + sizeof(int32_t);
     for (int64_t i = 0; i < c->n_layers; i++) {
         if (c->kinds[i] == ATTN_SWA) continue;
         const int r = (int)c->ratios[i], csa = c->kinds[i] == ATTN_CSA;
@@ -335,6 +337,11 @@ static uint64_t slot_bytes_per_token(const state *s) {
         if (csa) b += dsv4_comp_bytes_per_pos(r, (int)c->DI, 1, s->snap_every, s->kv_type);
     }
     return b;
+}
+
+/* The ring of recent K=V rows: paid once, whatever the context. */
+static uint64_t ring_bytes(const state *s) {
+    return dsv4_rows_fixed_bytes((int)s->c.n_layers, s->c.D, s->c.W, CHUNK, s->kv_type);
 }
 
 /* Floats per token of a prefill window's own arrays (win_bufs below: residual streams, block
@@ -390,14 +397,15 @@ static void *load(const mg_arch_env *env, mg_error *err) {
     if (!(s->final_norm = mg_bind_vectorf(ck, c->d, err, "norm.weight"))) goto fail;
     if (bind_hc(s, ck, &s->hc_head, c->n_hc, 1, "", "head_", err)) goto fail;
     if (mg_bind_matrixf(ck, &s->census, c->vocab, c->d, &s->head, err, "head.weight")) goto fail;
-    if (mg_kv_init(&s->kv, (int)c->n_layers, c->D, 0, s->max_ctx, s->kv_type, err)) goto fail;
+    if (dsv4_rows_init(&s->rows, (int)c->n_layers, c->D, c->W, CHUNK, s->snap_every, s->max_ctx, s->kv_type, err))
+        goto fail;
     /* A budget counts the slot at max_ctx: reserve it now (pages become resident as positions
      * are written), so growth never holds an old and a new copy at once. */
-    if (s->budgeted && mg_kv_reserve(&s->kv, s->max_ctx, err)) goto fail;
+    if (s->budgeted && dsv4_rows_reserve(&s->rows, s->max_ctx, err)) goto fail;
     /* --ram budget: what is not resident weights, the slot's state at max_ctx (KV rows,
      * compressed rows, indexer keys, carry snapshots, token ids: slot_bytes_per_token) and chunk
      * scratch caches experts. */
-    uint64_t slot_bytes = (uint64_t)s->max_ctx * slot_bytes_per_token(s);
+    uint64_t slot_bytes = (uint64_t)s->max_ctx * slot_bytes_per_token(s) + ring_bytes(s);
     const mg_prefill_cost pc = {CHUNK, sizeof(float) * (win_floats_per_token(c) + mg_moe_floats_per_token(c->d, c->K, c->I, c->I))};
     if (mg_expert_store_apply_budget(env, s->experts, &s->census, slot_bytes + (64u << 20), &pc, &s->window, err))
         goto fail;
@@ -429,8 +437,7 @@ static void attn_one(const attn_ctx *a, int64_t t, int h, float *sc) {
     const mg_kernels *k = s->comp->k;
     const int64_t D = c->D, p = a->pos + t;
     const float *q = a->q + t * c->H * D + h * D;
-    const void *kv = s->kv.k[a->li];
-    const mg_kv_type kt = s->kv_type;
+    const dsv4_rows *kv = &s->rows;
     float *row = sc + a->per_worker - D; /* a bf16 row read back as fp32 */
     const int64_t lo = p - c->W + 1 > 0 ? p - c->W + 1 : 0, n_win = p - lo + 1;
     const dsv4_compressor *cp = &a->L->comp;
@@ -441,7 +448,7 @@ static void attn_one(const attn_ctx *a, int64_t t, int h, float *sc) {
     const float scale = 1.0f / sqrtf((float)D);
     float top = a->L->sink[h];
     for (int64_t j = 0; j < n_win; j++) {
-        sc[j] = k->dot(q, mg_kv_get(kt, kv, (lo + j) * D, D, row), D) * scale;
+        sc[j] = k->dot(q, dsv4_rows_get(kv, a->li, lo + j, row), D) * scale;
         top = sc[j] > top ? sc[j] : top;
     }
     for (int64_t j = 0; j < n_comp; j++) {
@@ -454,7 +461,7 @@ static void attn_one(const attn_ctx *a, int64_t t, int h, float *sc) {
     for (int64_t j = 0; j < n_win + n_comp; j++) { sc[j] = expf(sc[j] - top); sum += sc[j]; }
     float *o = a->out + t * c->H * D + h * D;
     memset(o, 0, sizeof(float) * (size_t)D);
-    for (int64_t j = 0; j < n_win; j++) k->axpy(o, sc[j] / sum, mg_kv_get(kt, kv, (lo + j) * D, D, row), D);
+    for (int64_t j = 0; j < n_win; j++) k->axpy(o, sc[j] / sum, dsv4_rows_get(kv, a->li, lo + j, row), D);
     for (int64_t j = 0; j < n_comp; j++) k->axpy(o, sc[n_win + j] / sum, dsv4_comp_row(cp, sel ? sel[j] : j, row), D);
 }
 
@@ -587,7 +594,7 @@ static int attention_block(state *s, int li, const float *h, int64_t m, int64_t 
     /* the single K=V row of each token */
     mg_rmsnorm_rows(comp->k, kv, kv, L->kv_norm, m, D, D, (float)c->eps);
     mg_rope_rows(rope, kv, m, D, 1, (int)D, cos_t, sin_t, 0);
-    mg_kv_store(&s->kv, li, pos, m, kv, NULL);
+    dsv4_rows_store(&s->rows, li, pos, m, kv);
     /* compressors see the chunk's tokens before attention: a window closed by token p is visible to p */
     int *sel = NULL, *n_sel = NULL;
     if (cw)
@@ -841,7 +848,7 @@ static int eval_window(void *p, const mg_window *win, mg_error *err) {
     state *s = p;
     const dcfg *c = &s->c;
     const int64_t d = c->d, n = c->n_hc, M = win->m;
-    if (mg_kv_reserve(&s->kv, win->pos + M, err)) return -1;
+    if (dsv4_rows_begin(&s->rows, win->pos, M, err)) return -1;
     win_bufs w;
     if (win_alloc(s, M, &w, err)) return -1;
     memmove(s->tokens + win->pos, win->tokens, sizeof(int32_t) * (size_t)M); /* the error-path replay passes s->tokens itself */
@@ -896,7 +903,7 @@ static int eval(void *p, const int32_t *tokens, int64_t n, int64_t pos, int last
 
 static int truncate_state(void *p, int64_t n, mg_error *err) {
     state *s = p;
-    int64_t t0 = n / s->snap_every * s->snap_every;
+    const int64_t t0 = dsv4_rows_rewind(&s->rows, n); /* a multiple of snap_every */
     rewind_to(s, t0);
     if (n == t0) return 0;
     /* replay [t0, n): the ids are still in s->tokens (copied, as the replay rewrites them) */
@@ -920,24 +927,25 @@ static void info(const void *p, mg_arch_info *out) {
     out->experts = s->experts;
     out->kv_type = (int)s->kv_type;
     out->kv_bytes_per_token = slot_bytes_per_token(s);
+    out->kv_fixed_bytes = ring_bytes(s);
     out->prefill_window = s->window;
     out->prefill_bytes_per_token = s->window_bytes_per_token;
 }
 
-/* Positions [0, n) left: every layer's K=V rows, the token ids (truncate replays the tail
- * from them), each compressor's rows and snapshots.  The compressors' open windows and carries
- * are not reported: truncate(n) after a restore rewinds to L * floor(n / L) and replays. */
+/* Positions [0, n) left: the token ids (truncate replays the tail from them), each
+ * compressor's rows and snapshots, and the window rows' snapshots and tail (dsv4_rows.h).  The
+ * compressors' open windows and carries are not reported: truncate(n) after a restore rewinds to
+ * the tail's replay point and replays. */
 static int prefix_regions(void *p, int64_t n, int reserve, mg_region_fn fn, void *ctx, mg_error *err) {
     state *s = p;
-    int rc = mg_kv_regions(&s->kv, n, reserve, fn, ctx, err);
+    int rc = fn(ctx, s->tokens, (uint64_t)n * sizeof(int32_t));
     if (rc) return rc;
-    if ((rc = fn(ctx, s->tokens, (uint64_t)n * sizeof(int32_t)))) return rc;
     for (int64_t i = 0; i < s->c.n_layers; i++) {
         layer *L = &s->layers[i];
         if (L->kind != ATTN_SWA && (rc = dsv4_comp_regions(&L->comp, n, reserve, fn, ctx, err))) return rc;
         if (L->kind == ATTN_CSA && (rc = dsv4_comp_regions(&L->icomp, n, reserve, fn, ctx, err))) return rc;
     }
-    return 0;
+    return dsv4_rows_regions(&s->rows, n, reserve, fn, ctx, err);
 }
 
 const mg_arch mg_arch_deepseek_v4 = {"deepseek_v4", load, eval, truncate_state, state_free, info, prefix_regions};

@@ -244,6 +244,7 @@ static uint64_t fingerprint(const mg_model *m) {
     h = mix64(h, (uint64_t)m->info.n_layers);
     h = mix64(h, (uint64_t)m->info.kv_type);
     h = mix64(h, m->info.kv_bytes_per_token);
+    h = mix64(h, m->info.kv_fixed_bytes);
     return mix64(h, m->checkpoint_bytes);
 }
 

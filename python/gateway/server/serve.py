@@ -144,10 +144,18 @@ def _auth_summary(state: ServerState, url: str) -> str:
     return "NONE: anyone who can reach this address can use the model (set --api-key)"
 
 
+def kv_bytes(info: dict, max_ctx: int) -> int:
+    """The slot's state at max_ctx: per position, plus what it holds whatever the context
+    (DeepSeek-V4's ring of recent window rows)."""
+    return int(info.get("kv_bytes_per_token") or 0) * max_ctx + int(info.get("kv_fixed_bytes") or 0)
+
+
 def _kv_summary(info: dict, max_ctx: int) -> str:
     per_token = int(info.get("kv_bytes_per_token") or 0)
-    return (f"{info.get('kv_dtype', 'f32')}, {per_token / 1024:.1f} KiB/token "
-            f"({per_token * max_ctx / 1e9:.2f} GB at {max_ctx} tokens)")
+    fixed = int(info.get("kv_fixed_bytes") or 0)
+    ring = f" + {fixed / 2**20:.0f} MiB ring" if fixed else ""
+    return (f"{info.get('kv_dtype', 'f32')}, {per_token / 1024:.1f} KiB/token{ring} "
+            f"({kv_bytes(info, max_ctx) / 1e9:.2f} GB at {max_ctx} tokens)")
 
 
 def memory_plan(state: ServerState, experts: dict | None = None) -> dict[str, float]:
@@ -164,7 +172,7 @@ def memory_plan(state: ServerState, experts: dict | None = None) -> dict[str, fl
     return {
         "resident weights": resident / 1e9,
         "expert cache": cache / 1e9,
-        f"KV at {state.max_ctx} tokens": int(info.get("kv_bytes_per_token") or 0) * state.max_ctx / 1e9,
+        f"KV at {state.max_ctx} tokens": kv_bytes(info, state.max_ctx) / 1e9,
         f"prefill scratch ({int(info.get('prefill_window') or 0)}-token window)":
             int(info.get("prefill_bytes_per_token") or 0) * int(info.get("prefill_window") or 0) / 1e9,
         "prefix cache": prefix / 1e9,
