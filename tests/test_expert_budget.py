@@ -465,7 +465,7 @@ def test_budgeted_runs_keep_their_history_beside_the_model(ckpt_root: Path) -> N
     assert not history.exists(), "a resident run wrote a routing history"
     first = open_with_slots(ckpt, 48, expert_history=True)
     assert first.info["expert_history"] == str(history.resolve())
-    assert first.stats()["experts"]["pinned"] == 0  # nothing learned yet
+    assert first.stats()["experts"]["hot_set"] == 0  # nothing learned yet
     assert_bitwise_equal(run_sequence(first), want, "first budgeted run")
     first_stats = first.stats()["experts"]
     del first
@@ -473,13 +473,13 @@ def test_budgeted_runs_keep_their_history_beside_the_model(ckpt_root: Path) -> N
     for restart in range(2):
         engine = open_with_slots(ckpt, 48, expert_history=True)
         st = engine.stats()["experts"]
-        assert st["pinned"] > 0 and st["preloaded"] == st["pinned"], st
+        assert st["hot_set"] > 0 and st["preloaded"] == st["hot_set"], st
         assert st["fetches"] == 0 and st["bytes_read"] > 0, st  # read at start, before any token
         got = run_sequence(engine)
         st = engine.stats()["experts"]
         del engine
         assert_bitwise_equal(got, want, f"restart {restart}")
-        # the pinned experts were requested: the restart misses less than the cold first run
+        # the hot set was requested: the restart misses less than the cold first run
         assert st["misses"] < first_stats["misses"], (restart, st, first_stats)
 
 
@@ -525,7 +525,7 @@ def check_read_ahead_keeps_logits(ckpt: Path, name: str) -> None:
     want = run_sequence(resident)
     slots = int(resident.info["n_experts"]) + 4  # a layer's experts and a few: reads evict
     del resident
-    for run in range(2):  # the second start also has a history (pinned, preloaded)
+    for run in range(2):  # the second start also has a history (hot set, preloaded)
         engine = open_with_slots(ckpt, slots, expert_prefetch=True)
         assert engine.read_ahead
         got = run_sequence(engine)

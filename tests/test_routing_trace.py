@@ -457,7 +457,7 @@ def test_replay_reproduces_the_cache_under_pressure(tmp_path: Path) -> None:
     switches = sum(a != b for a, b in zip(bank.chosen, bank.chosen[1:]))
     assert switches >= 3 and len(set(bank.chosen)) >= 3
 
-    # a second run with the routing history the first one wrote: seeded, pinned, preloaded
+    # a second run with the routing history the first one wrote: seeded, a hot set, preloaded
     history = tmp_path / "usage"
     rt.record(str(model), str(tmp_path / "first.trace"), 40, [5, 17, 42, 99, 3, 250], minimum,
               expert_history=str(history), expert_prefetch=False)
@@ -466,7 +466,7 @@ def test_replay_reproduces_the_cache_under_pressure(tmp_path: Path) -> None:
     assert visits.tolist() == [41.0] * n_layers  # the prompt and 40 tokens
     tr2, st2 = rt.record(str(model), str(tmp_path / "second.trace"), 60, [7, 8, 9, 200, 301], minimum,
                          expert_history=str(history), expert_prefetch=False)
-    assert st2["pinned"] > 0 and st2["preloaded"] == st2["pinned"]
+    assert st2["hot_set"] > 0 and st2["preloaded"] == st2["hot_set"]
     replay = rt.simulate(tr2, "ours", int(st2["slots"]), history=counts, history_visits=visits)
     assert (replay.hits, replay.misses) == (st2["hits"], st2["misses"])
     cold = rt.simulate(tr2, "ours", int(st2["slots"]))

@@ -263,7 +263,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "slots": slots,
         "budget_gb": budget_gb, "checkpoint_gb": layout.total_bytes / 1e9,
     }
-    print(f"cache: {int(dec.stats_end['pinned'])} pinned from the routing history, "
+    print(f"cache: {int(dec.stats_end['hot_set'])} in the routing history's hot set, "
           f"{int(dec.stats_end['preloaded'])} read at start, {int(d['prefetches'])} prefetched during decode "
           f"({int(d['auto_prefetches'])} read ahead from look-ahead hints)")
     if dec.trace_path is None:

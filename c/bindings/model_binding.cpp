@@ -169,7 +169,7 @@ class Model {
         d["prefetches"] = s.prefetches;
         d["slots"] = s.slots;
         d["slot_bytes"] = s.slot_bytes;
-        d["pinned"] = s.pinned;
+        d["hot_set"] = s.hot_set;
         d["preloaded"] = s.preloaded;
         d["auto_prefetches"] = s.auto_prefetches;
         d["prefetch_hits"] = s.prefetch_hits;
@@ -183,7 +183,7 @@ class Model {
         checked([&](mg_error *err) { return mg_model_trace_routing(m_, path ? path->c_str() : nullptr, err); });
     }
 
-    // Budgeted runs: seeds and pins the cache from this history file (read now, pinned experts
+    // Budgeted runs: seeds the cache from this history file (read now, its hot set
     // loaded now) and rewrites it when the model is freed.  No effect without a budget.
     void use_expert_history(const std::string &path, double pin_fraction) {
         checked([&](mg_error *err) { return mg_model_expert_history(m_, path.c_str(), pin_fraction, err); });

@@ -788,7 +788,7 @@ void mg_expert_cache_stats(const mg_expert_cache *c, mg_expert_stats *st) {
     st->prefetches = c->prefetches;
     st->slots = (uint64_t)c->n_slots;
     st->slot_bytes = c->slot_bytes;
-    st->pinned = (uint64_t)c->n_pinned;
+    st->hot_set = (uint64_t)c->n_pinned;
     st->preloaded = c->preloaded;
     st->auto_prefetches = c->auto_prefetches;
     st->prefetch_hits = c->prefetch_hits;

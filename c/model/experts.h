@@ -83,7 +83,8 @@ typedef struct mg_expert_stats {
     uint64_t prefetches;      /* experts read by mg_expert_store_prefetch */
     uint64_t slots;           /* cache slots (0: resident mode) */
     uint64_t slot_bytes;
-    uint64_t pinned;          /* experts in the history's hot set (read at start, then evictable) */
+    uint64_t hot_set;         /* experts in the routing history's hot set: read at start, then evicted only
+                                 when no other victim is left (never for a read-ahead) */
     uint64_t preloaded;       /* of those, read into the cache at start */
     uint64_t auto_prefetches; /* of prefetches: started by the store itself (next layer) */
     uint64_t prefetch_hits;   /* of hits: the first request of an expert a prefetch read */

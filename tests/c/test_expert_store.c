@@ -550,9 +550,9 @@ static void test_trace_usage_prefetch(const char *dir) {
         CHECK(mg_expert_store_configure(c, ck, slot * 2 * E, &o, &err) == 0, "%s", err.msg);
         if (run == 2) CHECK(mg_expert_store_use_history(c, usage, 0.1, &err) == 0, "%s", err.msg);
         mg_expert_stats st = mg_expert_store_stats(c);
-        CHECK(st.pinned == (run ? 1u : 0u), "run %d pinned %llu", run, (unsigned long long)st.pinned);
+        CHECK(st.hot_set == (run ? 1u : 0u), "run %d pinned %llu", run, (unsigned long long)st.hot_set);
         /* the pinned expert is read at start: the first request already hits */
-        CHECK(st.preloaded == st.pinned && st.fetches == 0, "run %d preloaded %llu", run,
+        CHECK(st.preloaded == st.hot_set && st.fetches == 0, "run %d preloaded %llu", run,
               (unsigned long long)st.preloaded);
         int six = 6;
         const mg_expert *want6;
@@ -599,8 +599,8 @@ static void test_trace_usage_prefetch(const char *dir) {
         bind_all(ck, c1, &err);
         mg_expert_cache_opts o1 = {.usage_path = usage, .pin_fraction = 0.1};
         CHECK(mg_expert_store_configure(c1, ck, slot * 2 * E, &o1, &err) == 0, "%s", err.msg);
-        CHECK(mg_expert_store_stats(c1).pinned == 0, "a foreign history pins %llu",
-              (unsigned long long)mg_expert_store_stats(c1).pinned);
+        CHECK(mg_expert_store_stats(c1).hot_set == 0, "a foreign history pins %llu",
+              (unsigned long long)mg_expert_store_stats(c1).hot_set);
         mg_expert_store_free(c1);
     }
     /* prefetch: only into empty or lower-valued slots, when idle; then a hit with the same bytes */
