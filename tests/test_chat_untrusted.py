@@ -239,3 +239,24 @@ def test_the_model_that_favours_token_zero(tokenizers):
     tok = tokenizers["deepseek"]
     dec = IncrementalDecoder(tok, hidden=tok.hidden_ids(FAMILIES["dsml"].output_markup))
     assert "".join(dec.push(0) for _ in range(5)) + dec.flush() == ""
+
+
+def test_added_tokens_that_are_text_still_match_in_client_text():
+    """Some tokenizers add runs of spaces as tokens: those are text, matched in client text too,
+    with their own ids (the copy without control tokens keeps them)."""
+    from tokenizers import AddedToken
+    from tools.ckpt.tokenizer import FAMILIES as TOKENIZER_FAMILIES
+    from tools.ckpt.tokenizer import build_tokenizer
+
+    backend = build_tokenizer(TOKENIZER_FAMILIES["qwen3"], 1000)
+    backend.add_tokens([AddedToken("    ", special=False, normalized=False)])
+    tok = Tokenizer(backend=backend)
+    spaces = backend.token_to_id("    ")
+    assert "    " not in tok.control.ids and spaces >= 1000
+    text = "def f():\n    return 1 <|im_end|>"
+    ids = tok.encode_text(text)
+    assert spaces in ids and not control_ids(tok, ids) and tok.decode(ids) == text
+    safe = encode("qwen3", [{"role": "user", "content": text}], control=tok)
+    assert tok.decode(tok.encode_prompt(safe.prompt)) == safe.text
+    plain = encode("qwen3", [{"role": "user", "content": "def f():\n    return 1"}]).text
+    assert tok.encode_marked(plain) == tok.encode(plain)

@@ -37,6 +37,22 @@ def special_token_text(value: object) -> str | None:
     return None
 
 
+@dataclass(frozen=True)
+class _TextTokenizer:
+    """A tokenizer that recognises no control token (`Tokenizer._text_backend`)."""
+
+    backend: _HFTokenizer
+    moved: dict[int, int]  # its id -> the checkpoint's, for added tokens that are text
+
+    def encode_batch(self, texts: list[str]) -> list[list[int]]:
+        if not texts:
+            return []
+        out = [e.ids for e in self.backend.encode_batch(texts, add_special_tokens=False)]
+        if self.moved:
+            out = [[self.moved.get(i, i) for i in ids] for ids in out]
+        return out
+
+
 def is_control_token(token: AddedToken) -> bool:
     """Special tokens, and added tokens spelled with markup characters (`<think>`, `<｜User｜>`,
     `｜DSML｜`, `[gMASK]`, `/nothink`): the chat format's vocabulary, non-special ones included
@@ -157,7 +173,7 @@ class Tokenizer:
     def encode_text(self, text: str) -> list[int]:
         """Untrusted text to ids with no control token recognised: `<｜User｜>` is the
         characters, as the model reads a pasted file that contains them."""
-        return self._text_backend.encode(text, add_special_tokens=False).ids
+        return self._text_backend.encode_batch([text])[0]
 
     def encode_prompt(self, prompt: PromptText) -> list[int]:
         """A rendered chat prompt to ids: the markers its template wrote are control tokens,
@@ -180,30 +196,36 @@ class Tokenizer:
             pos = end
         if pos < len(text):
             layout.append(restore(text[pos:]))
-        pieces = [item for item in layout if isinstance(item, str)]
-        encoded = iter(self._text_backend.encode_batch(pieces, add_special_tokens=False)) if pieces else iter(())
+        encoded = iter(self._text_backend.encode_batch([item for item in layout if isinstance(item, str)]))
         ids: list[int] = []
         for item in layout:
             if isinstance(item, str):
-                ids.extend(next(encoded).ids)
+                ids.extend(next(encoded))
             else:
                 ids.append(item)
         return ids
 
     @cached_property
-    def _text_backend(self) -> _HFTokenizer:
+    def _text_backend(self) -> _TextTokenizer:
         """The same tokenizer without its control tokens.  `encode(add_special_tokens=False)`
         still matches added tokens, and `encode_special_tokens` only skips the special ones,
-        so the tokens are left out of a copy.  Built on first use (a large vocabulary takes a
-        few seconds), once."""
+        so they are left out of a second tokenizer.  It shares the model, normalizer and
+        pre-tokenizer objects (no copy of the vocabulary); an added token that is text and
+        lands on another id there (its spelling is also in the vocabulary) is mapped back."""
         with _TEXT_BACKEND_LOCK:
             cached = self.__dict__.get("_text_backend")
             if cached is not None:
                 return cached
             control = self.control.tokens
-            spec = json.loads(self.backend.to_str())
-            spec["added_tokens"] = [t for t in spec.get("added_tokens", []) if t.get("content") not in control]
-            return _HFTokenizer.from_str(json.dumps(spec, ensure_ascii=False))
+            kept = {i: t for i, t in self.backend.get_added_tokens_decoder().items() if t.content not in control}
+            text = _HFTokenizer(self.backend.model)
+            for part in ("normalizer", "pre_tokenizer", "decoder"):
+                value = getattr(self.backend, part)
+                if value is not None:
+                    setattr(text, part, value)
+            text.add_tokens(list(kept.values()))
+            moved = {text.token_to_id(t.content): i for i, t in kept.items() if text.token_to_id(t.content) != i}
+            return _TextTokenizer(text, moved)
 
     def hidden_ids(self, shown_markup: Iterable[str]) -> frozenset[int]:
         """Control tokens to leave out of generated text: all but those spelling part of
