@@ -180,6 +180,33 @@ def test_stop_token_ends_without_being_emitted(slot):
     assert stop_id not in emitted
 
 
+def test_generated_control_tokens_give_no_text(slot):
+    """Control tokens the model writes (here forced by logit_bias) are counted and reported with
+    their token, but give no text; the parser's markup (Qwen's <tool_call>) stays."""
+    from gateway.families import FAMILIES
+
+    tok = slot.tokenizer
+    hidden = tok.hidden_ids(FAMILIES["qwen3"].output_markup)
+    box, call = tok.token_id("<|box_start|>"), tok.token_id("<tool_call>")
+    assert box in hidden and call not in hidden
+    prompt = list(range(1, 20))
+    before = slot.hidden_token_ids
+    try:
+        slot.hidden_token_ids = hidden
+        for forced, shown in ((box, ""), (call, "<tool_call>" * 3)):
+            result, events = generate(slot, prompt, max_tokens=3, stop_token_ids=frozenset(),
+                                      sampling=SamplingParams(temperature=0.0, logit_bias={forced: 100.0}))
+            assert result.token_ids == [forced] * 3 and result.completion_tokens == 3
+            assert "".join(e.text for e in events if isinstance(e, TextEvent)) == shown
+            assert [e.token.token_id for e in events if isinstance(e, TextEvent) and e.token] == [forced] * 3
+    finally:
+        slot.hidden_token_ids = before
+    _, events = generate(slot, prompt, max_tokens=2, stop_token_ids=frozenset(),
+                         sampling=SamplingParams(temperature=0.0, logit_bias={box: 100.0}))
+    assert "".join(e.text for e in events if isinstance(e, TextEvent)) == "<|box_start|>" * 2, \
+        "a Slot told to hide nothing shows everything (what the server did before)"
+
+
 def test_stop_string_is_cut_and_reported(slot):
     prompt = list(range(100, 120))
     probe, events = generate(slot, prompt, max_tokens=12, stop_token_ids=frozenset())

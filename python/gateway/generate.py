@@ -110,9 +110,13 @@ class Slot:
     conversations it left: gateway.snapshots.ConversationSnapshots)."""
 
     def __init__(self, engine, tokenizer: Tokenizer, max_ctx: int, prefix_cache: PrefixCache | None = None,
-                 prefix_disk: DiskSnapshots | None = None, budgeted: bool = False) -> None:
+                 prefix_disk: DiskSnapshots | None = None, budgeted: bool = False,
+                 hidden_token_ids: frozenset[int] = frozenset()) -> None:
         self.engine = engine
         self.tokenizer = tokenizer
+        # Generated tokens that give no text: control tokens other than the markup the output
+        # parser reads (Tokenizer.hidden_ids), as vLLM skips special tokens by default.
+        self.hidden_token_ids = hidden_token_ids
         self.max_ctx = max_ctx
         self.tokens: list[int] = []
         self.lock = threading.Lock()
@@ -232,7 +236,7 @@ class Slot:
                 return res
             res.prefill_seconds = time.perf_counter() - t0
             sampler = Sampler(req.sampling)
-            decoder = IncrementalDecoder(self.tokenizer)
+            decoder = IncrementalDecoder(self.tokenizer, hidden=self.hidden_token_ids)
             stops = StopStringFilter(req.stop_strings)
             t1 = time.perf_counter()
             generated: list[int] = []

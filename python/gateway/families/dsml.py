@@ -13,6 +13,7 @@ from typing import Any
 from ..chat import dsml
 from ..chat.types import Message
 from ..structured.grammars import dsml_grammar
+from ..toolcalls.dialects import dsml as dsml_dialect
 from ..toolcalls.dialects.dsml import INVOKE, MARKER
 from .record import CallSyntax, Family
 
@@ -46,5 +47,6 @@ def encode(messages: list[Message], tools: list[dict[str, Any]], *, add_generati
     return text, think
 
 
-CALLS = CallSyntax("dsml", opener, dsml_grammar)
+CALLS = CallSyntax("dsml", opener, dsml_grammar, markup=(
+    MARKER, dsml_dialect.CLOSE, INVOKE, dsml_dialect.INVOKE_CLOSE, dsml_dialect.PARAM, dsml_dialect.PARAM_CLOSE))
 FAMILY = Family("dsml", encode, STOP_STRINGS, CALLS)

@@ -9,6 +9,7 @@ from functools import partial
 
 from ..chat import glm
 from ..structured.grammars import glm_grammar
+from ..toolcalls.dialects import glm as glm_dialect
 from ..toolcalls.dialects.glm import MARKER
 from .record import CallSyntax, Family, text_encoder
 
@@ -20,5 +21,7 @@ def opener(name: str | None = None) -> str:
     return f"\n{MARKER}" + (f"{name}\n" if name else "")
 
 
-CALLS = CallSyntax("glm", opener, partial(glm_grammar, newlines=True))
+MARKUP = (MARKER, glm_dialect.CLOSE, glm_dialect.KEY_OPEN, glm_dialect.KEY_CLOSE, glm_dialect.VALUE_OPEN,
+          glm_dialect.VALUE_CLOSE)
+CALLS = CallSyntax("glm", opener, partial(glm_grammar, newlines=True), MARKUP)
 FAMILY = Family("glm45", text_encoder(glm.encode_glm45), STOP_STRINGS, CALLS, reference_template="GLM-4.5.jinja")

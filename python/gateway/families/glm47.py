@@ -14,7 +14,7 @@ from ..chat.normalize import require_text_only
 from ..chat.types import Message
 from ..structured.grammars import glm_grammar
 from ..toolcalls.dialects.glm import MARKER
-from .glm45 import STOP_STRINGS
+from .glm45 import MARKUP, STOP_STRINGS
 from .record import CallSyntax, Family
 
 
@@ -33,6 +33,6 @@ def encode(messages: list[Message], tools: list[dict[str, Any]], *, add_generati
     return text, thinking
 
 
-CALLS = CallSyntax("glm", opener, partial(glm_grammar, newlines=False))
+CALLS = CallSyntax("glm", opener, partial(glm_grammar, newlines=False), MARKUP)
 FAMILY = Family("glm47", encode, STOP_STRINGS, CALLS, reasoning_opened=True,
                 reference_template="GLM-4.7-Flash.jinja")

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from ..chat import qwen
 from ..structured.grammars import hermes_grammar
-from ..toolcalls.dialects.hermes import MARKER
+from ..toolcalls.dialects.hermes import CLOSE, MARKER
 from .record import CallSyntax, Family, text_encoder
 
 STOP_STRINGS = ("<|im_end|>", "<|endoftext|>")
@@ -17,5 +17,5 @@ def opener(name: str | None = None) -> str:
     return f'{MARKER}\n{{"name": "' + (f'{name}", "arguments": ' if name else "")
 
 
-CALLS = CallSyntax("hermes", opener, hermes_grammar)
+CALLS = CallSyntax("hermes", opener, hermes_grammar, (MARKER, CLOSE))
 FAMILY = Family("qwen3", text_encoder(qwen.encode_qwen3), STOP_STRINGS, CALLS, reference_template="Qwen3.jinja")

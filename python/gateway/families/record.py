@@ -14,6 +14,7 @@ from typing import Any
 from ..chat.normalize import require_text_only
 from ..chat.types import Message
 from ..structured.grammars import GrammarText, Markup, ToolSpec
+from ..toolcalls.core import THINK_CLOSE, THINK_OPEN
 
 # (messages, tools, *, add_generation_prompt, thinking, reasoning_effort, extra, chat_template)
 #   -> (prompt text, the effective thinking switch)
@@ -30,11 +31,14 @@ class CallSyntax:
     opener   the one text that forces a call: appended where the answer starts, to the named
              function when given (the model continues with the name otherwise)
     grammar  the constrained-decoding grammar of what may follow that opener
+    markup   the tags the dialect's parser reads in the output: generated control tokens that
+             spell part of one stay in the text for it (every other one is dropped)
     """
 
     dialect: str
     opener: Callable[[str | None], str]
     grammar: CallGrammar
+    markup: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -62,6 +66,12 @@ class Family:
     @property
     def tool_dialect(self) -> str | None:
         return self.calls.dialect if self.calls is not None else None
+
+    @property
+    def output_markup(self) -> tuple[str, ...]:
+        """What the output parser reads (and never shows): the think tags and the call markup.
+        Generated control tokens outside it are left out of the text (`Tokenizer.hidden_ids`)."""
+        return (THINK_OPEN, THINK_CLOSE) + (self.calls.markup if self.calls is not None else ())
 
     def bind(self, chat_template: str | None, template_vars: Mapping[str, Any]) -> Family:
         """The family as one checkpoint (its template and special tokens) uses it."""

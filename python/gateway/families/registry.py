@@ -10,7 +10,9 @@ stand in for the `thinking` argument when that is None; the family files list th
 options.  `tool_choice`: None/"auto"/"none" change nothing in the prompt (tools stay declared,
 as vLLM does by default, which keeps prompt prefixes stable); "required" / {"type": "function",
 "function": {"name": N}} (Anthropic {"type": "any"} / {"type": "tool", "name": N} too) set
-`EncodedPrompt.forced_call_prefix` to the family's opener.
+`EncodedPrompt.forced_call_prefix` to the family's opener.  `control`: the checkpoint's tokenizer
+(any gateway.chat.untrusted.ControlScanner); given, control-token spellings in the request's text
+are kept out of the template's markers (`EncodedPrompt.prompt`, gateway.chat.untrusted).
 """
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ from typing import Any
 
 from ..chat.normalize import normalize_messages, normalize_tools, tool_names
 from ..chat.types import ChatEncodingError
+from ..chat.untrusted import ControlScanner, PromptText, neutralize
 from . import dsml, glm45, glm47, jinja, qwen3, qwen3_coder, qwen35
 from .record import Family
 
@@ -38,19 +41,23 @@ def get_family(name: str) -> Family:
 class EncodedPrompt:
     """What `encode` produced.
 
-    text                    the prompt, to be tokenised with special tokens recognised and
-                            without adding a BOS (every family writes its own).
+    text                    the prompt as the template writes it; no BOS is to be added (every
+                            family writes its own).
     prompt_opens_reasoning  the prompt ends inside an opened reasoning block (`<think>`), so
                             the model's output starts as reasoning and only contains `</think>`.
     thinking                the effective thinking switch (None: the family/template default).
     forced_call_prefix      set when tool_choice forces a call: the family's opener, which the
                             server appends where the answer starts.
+    prompt                  what to tokenise (`Tokenizer.encode_prompt`): the text with which of
+                            its control tokens are the template's own.  Without `control` every
+                            one counts as the template's.
     """
 
     text: str
     prompt_opens_reasoning: bool
     thinking: bool | None = None
     forced_call_prefix: str | None = None
+    prompt: PromptText | None = None
 
 
 def forced_function(tool_choice: Any, tools: Sequence[Mapping[str, Any]]) -> tuple[bool, str | None]:
@@ -95,15 +102,22 @@ def _thinking_from_extra(thinking: bool | None, extra: Mapping[str, Any]) -> boo
 
 def render(family: Family, messages: Any, tools: Any = None, *, add_generation_prompt: bool = True,
            thinking: bool | None = None, reasoning_effort: str | None = None, tool_choice: Any = None,
-           extra: Mapping[str, Any] | None = None, chat_template: str | None = None) -> EncodedPrompt:
+           extra: Mapping[str, Any] | None = None, chat_template: str | None = None,
+           control: ControlScanner | None = None) -> EncodedPrompt:
     """`encode` for a family already bound to its checkpoint (`Family.bind`)."""
     extra = dict(extra or {})
     tools_list = normalize_tools(tools)
     msgs = normalize_messages(messages)
     forced, forced_name = forced_function(tool_choice, tools_list)
-    text, effective = family.encode(msgs, tools_list, add_generation_prompt=add_generation_prompt,
-                                    thinking=_thinking_from_extra(thinking, extra),
-                                    reasoning_effort=reasoning_effort, extra=extra, chat_template=chat_template)
+    thinking = _thinking_from_extra(thinking, extra)
+    request = neutralize(msgs, tools_list, extra, control, chat_template or "") if control is not None else None
+    if request is not None:
+        msgs, tools_list, extra = request.messages, request.tools, request.extra
+    neutral, effective = family.encode(msgs, tools_list, add_generation_prompt=add_generation_prompt,
+                                       thinking=thinking, reasoning_effort=reasoning_effort, extra=extra,
+                                       chat_template=chat_template)
+    prompt = request.prompt(neutral) if request is not None else PromptText.trusted(neutral)
+    text = prompt.text
     prefix = None
     if forced:
         if family.calls is None:
@@ -111,7 +125,7 @@ def render(family: Family, messages: Any, tools: Any = None, *, add_generation_p
         prefix = family.calls.opener(forced_name)
     return EncodedPrompt(text=text,
                          prompt_opens_reasoning=add_generation_prompt and text.rstrip().endswith("<think>"),
-                         thinking=effective, forced_call_prefix=prefix)
+                         thinking=effective, forced_call_prefix=prefix, prompt=prompt)
 
 
 def encode(format_name: str, messages: Any, tools: Any = None, *, extra: Mapping[str, Any] | None = None,

@@ -113,10 +113,11 @@ def prepare_chat(state: ServerState, spec: ChatSpec, *, constrain: bool = False)
                                 add_generation_prompt=True,
                                 # a forced call starts right after the prompt: no reasoning first
                                 thinking=False if forced else spec.thinking,
-                                reasoning_effort=spec.reasoning_effort)
+                                reasoning_effort=spec.reasoning_effort, control=state.tokenizer)
     except ChatEncodingError as exc:
         raise bad_request(str(exc), "messages") from None
-    text = enc.text
+    prompt = enc.prompt
+    assert prompt is not None
     start_in_call = None
     in_reasoning = enc.prompt_opens_reasoning
     if forced:
@@ -124,9 +125,9 @@ def prepare_chat(state: ServerState, spec: ChatSpec, *, constrain: bool = False)
             raise bad_request("tool_choice cannot be forced: this chat template has no known tool-call syntax",
                               "tool_choice")
         start_in_call = family.calls.opener(spec.forced_name)
-        text += start_in_call
+        prompt = prompt.append(start_in_call, family.calls.opener(prompt.neutral_of(spec.forced_name)))
         in_reasoning = False
-    ids = state.tokenizer.encode(text)
+    ids = state.tokenizer.encode_prompt(prompt)  # the client's text stays text (gateway.chat.untrusted)
     check_context(state, ids, "messages")
     prep = PreparedChat(ids, family.tool_dialect if spec.active_tools else None, in_reasoning, start_in_call)
     if constrain:

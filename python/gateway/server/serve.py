@@ -110,7 +110,7 @@ def build_state(opts: ServeOptions, *, demo: bool = False) -> ServerState:
         log.warning("--prefix-cache-dir is off: under --ram, snapshots pass through RAM, so it needs "
                     "--prefix-cache > 0")
     slot = Slot(engine, tokenizer, max_ctx, PrefixCache(int(snapshots_gb * 1e9)), disk,
-                budgeted=opts.ram_gb is not None)
+                budgeted=opts.ram_gb is not None, hidden_token_ids=tokenizer.hidden_ids(chat.family.output_markup))
     metrics = Metrics()
     scheduler = Scheduler(slot, opts.max_queue, on_result=metrics.record_job, on_dropped=metrics.record_dropped)
     state = ServerState(
