@@ -14,7 +14,8 @@ tokenizer.json); a ConstraintError (-> HTTP 400) says why a schema cannot be sat
 
 Budget steering: `allowed(remaining)` knows how many tokens may still be produced.  A greedy
 planner (see `Constraint.closing_plan`) finds a short token sequence that finishes the structure
-and the stop token; when `remaining` comes within that need plus the cost of opening a fresh
+and the stop token (closing brackets before opening strings, then respelled in the tokenizer's
+own tokens, so the count is what a model would need); when `remaining` comes within that need plus the cost of opening a fresh
 structure (another call or item), only "inert" tokens (which cannot open new structure) and the
 plan's next token stay allowed, and at the end the plan itself is followed.  So a
 reply is cut with finish_reason "length" only when even the shortest completion cannot fit.
