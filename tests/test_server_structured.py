@@ -441,7 +441,7 @@ def test_pathological_nesting_is_a_clear_400(qwen_server):
 
 # Invalid JSON Schemas, each with the JSON path its 400 must name.
 BAD_SCHEMAS = [
-    ({"$ref": "#/$defs/nope"}, "$.$ref"),
+    ({"$ref": "#/$defs/nope"}, "$['$ref']"),
     ({"type": "object", "properties": [{"q": {"type": "string"}}]}, "$.properties"),
     ({"type": "object", "properties": {"q": {"type": "string"}}, "required": "q"}, "$.required"),
     ({"type": "object", "properties": {"q": {"type": "strng"}}}, "$.properties.q.type"),

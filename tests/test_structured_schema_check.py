@@ -17,15 +17,15 @@ def _nested(depth: int) -> dict:
 
 
 @pytest.mark.parametrize("schema, path, words", [
-    ({"$ref": "#/$defs/nope"}, "$.$ref", "'#/$defs/nope' points to nothing"),
+    ({"$ref": "#/$defs/nope"}, "$['$ref']", "'#/$defs/nope' points to nothing"),
     ({"type": "object", "properties": [{"a": {"type": "string"}}]}, "$.properties", "not of type 'object'"),
     ({"type": "object", "required": "a"}, "$.required", "'a' is not of type 'array'"),
     ({"properties": {"a": {"type": "strin"}}}, "$.properties.a.type", "'strin'"),
-    ({"properties": {"a": {"items": {"$ref": "#/$defs/b"}}}, "$defs": {"c": {}}}, "$.properties.a.items.$ref",
+    ({"properties": {"a": {"items": {"$ref": "#/$defs/b"}}}, "$defs": {"c": {}}}, "$.properties.a.items['$ref']",
      "points to nothing"),
-    ({"anyOf": [{"type": "null"}, {"$ref": "https://example.com/x.json"}]}, "$.anyOf[1].$ref", "nothing is fetched"),
+    ({"anyOf": [{"type": "null"}, {"$ref": "https://example.com/x.json"}]}, "$.anyOf[1]['$ref']", "nothing is fetched"),
     ({"minLength": -1}, "$.minLength", "minimum of 0"),
-    ({"$schema": 7}, "$.$schema", "must be a string"),
+    ({"$schema": 7}, "$['$schema']", "must be a string"),
     ({"$schema": "http://json-schema.org/draft-04/schema#", "enum": []}, "$.enum", "non-empty"),
     ([], "$", "not of type"),
 ])
@@ -66,3 +66,28 @@ def test_size_is_bounded():
     wide = {"type": "object", "properties": {f"p{i}": {"type": "string"} for i in range(60_000)}}
     problem = size_problem(wide)
     assert problem is not None and "more than" in problem.message
+
+
+META_CASES = [{"dependencies": {"a": 5}}, {"dependencies": {"a": ["b"]}}, {"$defs": {"x": {"type": 3}}}, {"$id": 5},
+              {"required": ["a", 1]}, {"prefixItems": []}, {"contentSchema": {"type": "x"}},
+              {"unevaluatedProperties": {"minimum": "a"}}, {"$recursiveAnchor": "1bad"},
+              {"properties": {"a": {"items": {"not": {"allOf": [{"type": "nope"}]}}}}},
+              {"if": {"const": 1}, "then": {"maxLength": 2}, "else": {"maxLength": -2}},
+              {"patternProperties": {"^a": {"type": "string"}}, "dependentRequired": {"a": ["b"]}},
+              {"anyOf": [], "type": "string"}, {"examples": "x"}, {"deprecated": "yes"}]
+
+
+@pytest.mark.parametrize("schema", META_CASES)
+def test_the_flat_meta_schema_agrees_with_the_official_one(schema):
+    """schema_check validates Draft 2020-12 against a one-document copy of its meta-schema (no
+    dynamic scope: several times faster); it must accept and refuse exactly what the official
+    one does, at the same place."""
+    import jsonschema
+    official = jsonschema.exceptions.best_match(
+        jsonschema.Draft202012Validator(jsonschema.Draft202012Validator.META_SCHEMA).iter_errors(schema))
+    problem = schema_problem(schema)
+    if official is None:
+        assert problem is None, problem
+    else:
+        assert problem is not None and problem.message == official.message, (problem, official)
+        assert problem.path == official.json_path

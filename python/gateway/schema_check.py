@@ -21,6 +21,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -55,11 +56,19 @@ class SchemaProblem:
         return f"at {self.path}: {self.message}"
 
 
+_PLAIN_NAME = re.compile(r"[a-zA-Z][a-zA-Z0-9_]*")
+
+
 def json_path(parts: tuple[str | int, ...] | list[str | int]) -> str:
-    """jsonschema's own spelling: $.properties.a.items[0]."""
+    """The spelling jsonschema's errors use: $.properties.a.items[0], $['$defs'].x."""
     out = "$"
     for part in parts:
-        out += f"[{part}]" if isinstance(part, int) else f".{part}"
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif _PLAIN_NAME.fullmatch(part):
+            out += f".{part}"
+        else:
+            out += "['" + part.replace("\\", "\\\\").replace("'", "\\'") + "']"
     return out
 
 
@@ -130,7 +139,48 @@ def _meta_problem(schema: Any) -> SchemaProblem | None:
 
 @functools.lru_cache(maxsize=None)
 def _meta_validator(cls: type) -> Any:
-    return cls(cls.META_SCHEMA)
+    flat = _flat_meta_schema() if cls is jsonschema.Draft202012Validator else None
+    return cls(flat if flat is not None else cls.META_SCHEMA)
+
+
+_DRAFT_2020_12 = "https://json-schema.org/draft/2020-12/"
+
+
+def _flat_meta_schema() -> dict | None:
+    """Draft 2020-12's meta-schema as one document: its vocabularies' keywords side by side and
+    every `$dynamicRef: "#meta"` a plain `$ref: "#"`.  It accepts the same schemas, and checking
+    against it is several times faster (the dynamic scope is what costs: 0.5 s for a 50-property
+    tool, on the event loop).  None when jsonschema's copy of the vocabularies is not at hand."""
+    root = jsonschema.Draft202012Validator.META_SCHEMA
+    try:
+        vocabularies = {entry["$ref"].split("/")[-1]: jsonschema.validators.SPECIFICATIONS.contents(
+            _DRAFT_2020_12 + entry["$ref"]) for entry in root["allOf"]}
+    except (AttributeError, KeyError, LookupError, TypeError):
+        return None
+
+    def rewrite(value: Any, vocabulary: str) -> Any:
+        if isinstance(value, list):
+            return [rewrite(v, vocabulary) for v in value]
+        if not isinstance(value, dict):
+            return value
+        out = {}
+        for key, item in value.items():
+            if key == "$dynamicRef" and item == "#meta":
+                out["$ref"] = "#"
+            elif key == "$ref" and isinstance(item, str) and "#/$defs/" in item:
+                where, name = item.split("#/$defs/")
+                out["$ref"] = f"#/$defs/{where.split('/')[-1] or vocabulary}-{name}"
+            else:
+                out[key] = rewrite(item, vocabulary)
+        return out
+
+    properties: dict[str, Any] = {}
+    defs: dict[str, Any] = {}
+    for name, vocabulary in vocabularies.items():
+        properties.update(rewrite(vocabulary.get("properties", {}), name))
+        defs.update({f"{name}-{key}": rewrite(value, name) for key, value in vocabulary.get("$defs", {}).items()})
+    properties.update(rewrite(root.get("properties", {}), ""))
+    return {"$schema": root["$schema"], "type": ["object", "boolean"], "properties": properties, "$defs": defs}
 
 
 def _subschemas(schema: dict, path: tuple[str | int, ...]):
