@@ -353,3 +353,172 @@ def _wait_listening(proc: subprocess.Popen, log: Path, timeout: float = 120.0) -
                 pass
         time.sleep(0.2)
     raise AssertionError(f"the demo server did not start:\n{log.read_text(errors='replace')}")
+
+
+# ----------------------------------------------------------------- issue 16: budgets, nesting, invalid schemas
+
+PERSON = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"},
+                                           "tags": {"type": "array", "items": {"type": "string"}}},
+          "required": ["name", "age", "tags"]}
+PERSON_SHORTEST = '{"name": "", "age": 0, "tags": []}'
+
+
+def _person_format() -> dict:
+    return {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON}}
+
+
+def test_json_reply_finishes_at_every_budget_that_fits(server):
+    """Live on the demo: max_tokens 16-21 ended with length and `{"name": "", "age": 0, "tags": [""`
+    although the 15-token answer fits.  From the shortest fitting budget up, every reply is
+    valid JSON for the schema with finish_reason stop."""
+    oa, _ = clients(server)
+    body = {"messages": HI, "response_format": _person_format()}
+    need = _shortest_completion(server, body)
+    state = _state_for(server.model_dir)
+    from gateway.server.openai_protocol import parse_openai_chat
+    from gateway.server.pipeline import prepare_chat
+    opens_reasoning = prepare_chat(state, parse_openai_chat(body)).in_reasoning
+    # The tokenizer's own spelling of the shortest answer, the stop token, and "</think>" first
+    # when the prompt opened reasoning: the planner's need is no more than that.
+    spelled = len(state.tokenizer.encode(PERSON_SHORTEST)) + 1 + int(opens_reasoning)
+    assert need <= spelled, (need, spelled)
+    for budget in range(need, need + 8):
+        stream = budget % 2 == 1
+        finish, _, completion = openai_call(oa, stream, model="m", messages=HI, response_format=_person_format(),
+                                            max_tokens=budget, temperature=1.0, seed=budget)
+        content = completion.choices[0].message.content
+        assert finish == "stop", (budget, need, content)
+        assert completion.usage.completion_tokens <= budget
+        jsonschema.validate(json.loads(content), PERSON)
+
+
+def _nested(depth: int) -> dict:
+    """`depth` objects, each holding the next under a required key (additional keys allowed)."""
+    schema: dict = {"type": "string"}
+    for level in range(depth):
+        schema = {"type": "object", "properties": {f"k{level}": schema}, "required": [f"k{level}"]}
+    return schema
+
+
+def test_ten_levels_of_nesting_work_in_replies_and_forced_calls(server):
+    """Was 400 "the schema admits no value that can be generated" from 5 objects deep in
+    response_format and 6 in a forced call."""
+    oa, an = clients(server)
+    schema = _nested(10)
+    r = oa.chat.completions.create(model="m", messages=HI, max_tokens=200, seed=1, response_format={
+        "type": "json_schema", "json_schema": {"name": "deep", "schema": schema}})
+    assert r.choices[0].finish_reason == "stop"
+    jsonschema.validate(json.loads(r.choices[0].message.content), schema)
+    tool = {"type": "function", "function": {"name": "deep", "parameters": _nested(11)}}
+    for stream, seed in [(False, 2), (True, 3)]:
+        finish, calls, _ = openai_call(oa, stream, model="m", messages=HI, tools=[tool], max_tokens=200, seed=seed,
+                                       tool_choice={"type": "function", "function": {"name": "deep"}})
+        assert finish == "tool_calls"
+        validate_calls(calls, [tool], "deep")
+    stop, calls, _ = anthropic_call(an, False, model="m", messages=HI, tools=[anthropic_tool(tool)],
+                                    tool_choice={"type": "tool", "name": "deep"}, max_tokens=200)
+    assert stop == "tool_use"
+    validate_calls(calls, [tool], "deep")
+
+
+def test_pathological_nesting_is_a_clear_400(qwen_server):
+    deep = _nested(300)
+    tool = {"type": "function", "function": {"name": "deep", "parameters": deep}}
+    for body in ({"tools": [tool], "tool_choice": "required"}, {"tools": [tool]},
+                 {"response_format": {"type": "json_schema", "json_schema": {"name": "d", "schema": deep}}}):
+        t0 = time.monotonic()
+        status, out, _ = qwen_server.post_json("/v1/chat/completions", dict(body, model="m", messages=HI,
+                                                                             max_tokens=8))
+        assert status == 400, out
+        assert "nests more than" in out["error"]["message"] and time.monotonic() - t0 < 10
+    status, out, _ = qwen_server.post_json("/v1/messages", {
+        "model": "m", "messages": HI, "max_tokens": 8, "tools": [anthropic_tool(tool)],
+        "tool_choice": {"type": "any"}})
+    assert status == 400 and out["type"] == "error" and "nests more than" in out["error"]["message"], out
+    status, _, _ = qwen_server.post_json("/v1/chat/completions", {"model": "m", "messages": HI, "max_tokens": 2})
+    assert status == 200
+
+
+# Invalid JSON Schemas, each with the JSON path its 400 must name.
+BAD_SCHEMAS = [
+    ({"$ref": "#/$defs/nope"}, "$['$ref']"),
+    ({"type": "object", "properties": [{"q": {"type": "string"}}]}, "$.properties"),
+    ({"type": "object", "properties": {"q": {"type": "string"}}, "required": "q"}, "$.required"),
+    ({"type": "object", "properties": {"q": {"type": "strng"}}}, "$.properties.q.type"),
+]
+
+
+def _openai_error(status: int, out: dict, param: str, *words: str) -> None:
+    assert status == 400, out
+    err = out["error"]
+    assert set(err) == {"message", "type", "param", "code"}, out
+    assert err["type"] == "invalid_request_error" and err["param"] == param, out
+    assert err["code"] == "invalid_json_schema", out
+    for word in words:
+        assert word in err["message"], (word, err["message"])
+
+
+@pytest.mark.parametrize("schema, path", BAD_SCHEMAS)
+def test_invalid_schemas_are_400_naming_the_tool_and_path_openai(qwen_server, schema, path):
+    tool = {"type": "function", "function": {"name": "lookup", "parameters": schema}}
+    status, out, _ = qwen_server.post_json("/v1/chat/completions", {"model": "m", "messages": HI, "tools": [tool],
+                                                                     "max_tokens": 4})
+    _openai_error(status, out, "tools", "tool 'lookup'", f"at {path}:")
+    status, out, _ = qwen_server.post_json("/v1/chat/completions", {
+        "model": "m", "messages": HI, "max_tokens": 4,
+        "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}})
+    _openai_error(status, out, "response_format", "'response_format'", f"at {path}:")
+    status, out, _ = qwen_server.post_json("/v1/completions", {"model": "m", "prompt": "x", "max_tokens": 4,
+                                                               "guided_json": schema})
+    _openai_error(status, out, "guided_json", "'guided_json'", f"at {path}:")
+    # and through the SDK, which raises its own error carrying the same fields
+    oa, _ = clients(qwen_server)
+    with pytest.raises(openai.BadRequestError) as err:
+        oa.chat.completions.create(model="m", messages=HI, tools=[tool], tool_choice="required", max_tokens=4)
+    assert err.value.param == "tools" and path in err.value.message
+
+
+@pytest.mark.parametrize("schema, path", BAD_SCHEMAS)
+def test_invalid_schemas_are_400_naming_the_tool_and_path_responses(qwen_server, schema, path):
+    status, out, _ = qwen_server.post_json("/v1/responses", {
+        "model": "m", "input": "hi", "max_output_tokens": 4,
+        "tools": [{"type": "function", "name": "lookup", "parameters": schema}]})
+    _openai_error(status, out, "tools", "tool 'lookup'", f"at {path}:")
+    status, out, _ = qwen_server.post_json("/v1/responses", {
+        "model": "m", "input": "hi", "max_output_tokens": 4,
+        "text": {"format": {"type": "json_schema", "name": "x", "schema": schema}}})
+    _openai_error(status, out, "text.format", "'text.format'", f"at {path}:")
+
+
+@pytest.mark.parametrize("schema, path", BAD_SCHEMAS)
+def test_invalid_schemas_are_400_naming_the_tool_and_path_anthropic(qwen_server, schema, path):
+    status, out, _ = qwen_server.post_json("/v1/messages", {
+        "model": "m", "messages": HI, "max_tokens": 4,
+        "tools": [{"name": "lookup", "description": "", "input_schema": schema}]})
+    assert status == 400 and out["type"] == "error", out
+    assert out["error"]["type"] == "invalid_request_error", out
+    assert "tool 'lookup'" in out["error"]["message"] and f"at {path}:" in out["error"]["message"], out
+    status, out, _ = qwen_server.post_json("/v1/messages", {
+        "model": "m", "messages": HI, "max_tokens": 4,
+        "output_config": {"format": {"type": "json_schema", "schema": schema}}})
+    assert status == 400 and out["type"] == "error", out
+    assert "'output_config.format'" in out["error"]["message"] and f"at {path}:" in out["error"]["message"], out
+    _, an = clients(qwen_server)
+    with pytest.raises(anthropic.BadRequestError) as err:
+        an.messages.create(model="m", messages=HI, max_tokens=4,
+                           tools=[{"name": "lookup", "input_schema": schema}])
+    assert path in str(err.value)
+
+
+def test_valid_refs_and_drafts_still_pass(qwen_server):
+    """Local $refs, $defs and draft-07 definitions are fine, and the server stays up after 400s."""
+    tool = {"type": "function", "function": {"name": "who", "parameters": {
+        "$schema": "http://json-schema.org/draft-07/schema#", "type": "object",
+        "properties": {"p": {"$ref": "#/definitions/person"}}, "required": ["p"],
+        "definitions": {"person": {"type": "object", "properties": {"name": {"type": "string"}},
+                                   "required": ["name"], "additionalProperties": False}}}}}
+    oa, _ = clients(qwen_server)
+    finish, calls, _ = openai_call(oa, False, model="m", messages=HI, tools=[tool], tool_choice="required",
+                                   max_tokens=64, seed=1)
+    assert finish == "tool_calls"
+    validate_calls(calls, [tool], "who")

@@ -267,3 +267,53 @@ def test_mask_cost_on_deepseek_vocab(tokenizers, capsys):
     with capsys.disabled():
         print(f"[structured] first-state mask: {1e6 * (time.perf_counter() - t0) / 50:.0f} us "
               f"(includes build)")
+
+
+# ------------------------------------------------------------------------------ nesting
+
+def _nested(depth: int, closed: bool) -> dict:
+    """`depth` objects, each holding the next under a required key (and a free integer)."""
+    schema: dict = {"type": "string"}
+    for level in range(depth):
+        schema = {"type": "object", "properties": {f"k{level}": schema, "n": {"type": "integer"}},
+                  "required": [f"k{level}"]}
+        if closed:
+            schema["additionalProperties"] = False
+    return schema
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_deeply_nested_schemas_are_generated(tokenizers, fmt):
+    """Live: 400 "the schema admits no value" at 5 objects deep (6 in a forced call).  The planner
+    took a "}" that left the allowed set unchanged for mere text and undid it, but from 5 levels
+    down every brace run ("}" to "}}}}", one token) is allowed at the next level too."""
+    path, stops, n_vocab, dialect = tokenizers[fmt]
+    for depth, closed, seed in [(5, False, 1), (6, True, 2), (10, False, 3), (12, True, 4)]:
+        schema = _nested(depth, closed)
+        tool = _tool("deep", schema["properties"], schema["required"])
+        c = _fresh(path, fmt, tool, "deep", stops, n_vocab)
+        out, finish = _run(c, stops, c.need() + 40, seed)
+        assert finish == "stop", f"{fmt}: {depth} deep, not finished"
+        text, msg = _parse(fmt, dialect, [tool], c, out, stops)
+        _check_calls(msg, [tool], "deep", False, text)
+        if fmt in ("qwen3", "dsml"):  # one tokenizer each is enough for the plain JSON reply
+            c = build_constraint(path, kind="json_schema", json_schema=schema, stop_token_ids=stops,
+                                 n_vocab=n_vocab)
+            out, finish = _run(c, stops, c.need() + 40, seed)
+            assert finish == "stop"
+            jsonschema.validate(json.loads(c.ctx.lltok.decode_str([t for t in out if t not in stops])), schema)
+
+
+@pytest.mark.parametrize("depth", [40, 300, 5000])
+def test_pathological_nesting_is_a_constraint_error(tokenizers, depth):
+    """Past gateway.schema_check.MAX_SCHEMA_DEPTH: a clear error, quickly, never a RecursionError."""
+    path, stops, n_vocab, _ = tokenizers["dsml"]
+    schema = _nested(depth, True)
+    t0 = time.perf_counter()
+    with pytest.raises(ConstraintError, match="nests more than"):
+        build_constraint(path, kind="json_schema", json_schema=schema, stop_token_ids=stops, n_vocab=n_vocab)
+    with pytest.raises(ConstraintError, match="tool 'deep'.*nests more than"):
+        build_constraint(path, kind="tool_call", calls=FAMILIES["dsml"].calls, forced_name="deep",
+                         tools=[_tool("deep", schema["properties"], schema["required"])],
+                         stop_token_ids=stops, n_vocab=n_vocab)
+    assert time.perf_counter() - t0 < 2.0

@@ -14,8 +14,10 @@ finish_reason "length" and no call):
 """
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 
+import jsonschema
 import numpy as np
 import pytest
 
@@ -155,3 +157,52 @@ def test_every_format_resists_letter_loving_models(tokenizers, fmt):
     need = c.need()
     for seed, extra in enumerate([0, 4, 12]):
         _assert_closes(tokenizers, fmt, [opt], "optional_only", False, need + extra, seed, _plain_letters)
+
+
+# ------------------------------------------------------------------ JSON replies: the real shortest
+
+PERSON = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"},
+                                           "tags": {"type": "array", "items": {"type": "string"}}},
+          "required": ["name", "age", "tags"]}
+PERSON_SHORTEST = '{"name": "", "age": 0, "tags": []}'
+
+
+def _json_constraint(tokenizers, fmt: str, schema):
+    path, stops, n_vocab, _ = tokenizers[fmt]
+    return build_constraint(path, kind="json_schema", json_schema=schema, stop_token_ids=stops,
+                            n_vocab=n_vocab), stops
+
+
+def _spelled(constraint, text: str) -> int:
+    """Tokens the tokenizer itself spells `text` with, plus the stop token."""
+    return len(constraint.ctx.ids(text)) + 1
+
+
+@pytest.mark.parametrize("fmt", ["dsml", "qwen3"])
+def test_json_need_is_the_shortest_answer_in_real_tokens(tokenizers, fmt):
+    """Live (demo, max_tokens 16-21): `{"name": "", "age": 0, "tags": [""` and finish_reason
+    "length", where the 15-token answer fits.  The planner spelled its completion one character
+    at a time and wrote `[""]` for `[]`, so it thought 23 tokens were needed."""
+    c, _ = _json_constraint(tokenizers, fmt, PERSON)
+    assert c.need() <= _spelled(c, PERSON_SHORTEST), (c.need(), c.ctx.lltok.decode_str(c._plan))
+    empty = {"type": "object", "properties": {"a": {"type": "string"}}}  # nothing required: "{}"
+    c, _ = _json_constraint(tokenizers, fmt, empty)
+    assert c.need() <= _spelled(c, "{}"), c.ctx.lltok.decode_str(c._plan)
+
+
+def _string_lover(text: str) -> float:
+    """Opens strings and array items whenever it may, and writes long words inside them."""
+    return 6.0 * ('"' in text) + len(text) - 20.0 * ("]" in text or "}" in text)
+
+
+@pytest.mark.parametrize("fmt", ["dsml", "qwen3"])
+def test_json_reply_finishes_at_every_budget_that_fits(tokenizers, fmt):
+    c, stops = _json_constraint(tokenizers, fmt, PERSON)
+    shortest = _spelled(c, PERSON_SHORTEST)
+    for budget in range(shortest, shortest + 10):
+        for seed, prefer in enumerate([_string_lover, _plain_letters, _negative_and_long]):
+            c, _ = _json_constraint(tokenizers, fmt, PERSON)
+            out, finish = _run_biased(c, stops, budget, seed, prefer)
+            text = c.ctx.lltok.decode_str([t for t in out if t not in stops])
+            assert finish == "stop", f"budget {budget} (shortest {shortest}): {text!r}"
+            jsonschema.validate(json.loads(text), PERSON)

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..sampling import SamplingParams
+from ..schema_check import schema_problem
 from .errors import ApiError, bad_request
 
 MAX_MESSAGES = 4096
@@ -99,6 +100,8 @@ def check_tools(tools: list[dict]) -> list[dict]:
         params = fn.get("parameters", {})
         if params is not None and not isinstance(params, dict):
             raise bad_request(f"tools[{i}].function.parameters must be a JSON Schema object", "tools")
+        if params is not None:
+            valid_schema(params, f"tool '{fn['name']}'", "tools")
         names.add(fn["name"])
     return tools
 
@@ -203,7 +206,18 @@ def json_format(schema: Any, param: str) -> dict:
         return {"type": "json_object"}
     if not isinstance(schema, (dict, bool)):
         raise bad_request(f"'{param}' schema must be a JSON Schema object", param)
-    return {"type": "json_schema", "schema": schema}
+    return {"type": "json_schema", "schema": valid_schema(schema, f"'{param}'", param)}
+
+
+def valid_schema(schema: Any, what: str, param: str) -> Any:
+    """`schema` when it is a JSON Schema we can work with (gateway.schema_check: its dialect's
+    meta-schema, $refs resolving inside it, bounded size); else a 400 naming `what` (the tool or
+    the format parameter) and the JSON path inside the schema."""
+    problem = schema_problem(schema)
+    if problem is not None:
+        raise bad_request(f"{what}: the schema is not valid JSON Schema {problem}", param,
+                          code="invalid_json_schema")
+    return schema
 
 
 def thinking_switch(body: dict) -> bool | None:

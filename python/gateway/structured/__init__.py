@@ -14,7 +14,8 @@ tokenizer.json); a ConstraintError (-> HTTP 400) says why a schema cannot be sat
 
 Budget steering: `allowed(remaining)` knows how many tokens may still be produced.  A greedy
 planner (see `Constraint.closing_plan`) finds a short token sequence that finishes the structure
-and the stop token; when `remaining` comes within that need plus the cost of opening a fresh
+and the stop token (closing brackets before opening strings, then respelled in the tokenizer's
+own tokens, so the count is what a model would need); when `remaining` comes within that need plus the cost of opening a fresh
 structure (another call or item), only "inert" tokens (which cannot open new structure) and the
 plan's next token stay allowed, and at the end the plan itself is followed.  So a
 reply is cut with finish_reason "length" only when even the shortest completion cannot fit.
@@ -39,6 +40,7 @@ from typing import Any
 import llguidance as llg
 import numpy as np
 
+from ..schema_check import size_problem
 from .grammars import (
     ConstraintError,
     GrammarText,
@@ -170,6 +172,11 @@ class Constraint:
             raise ConstraintError(_clean_error(self.matcher.get_error()))
         candidates = [*grammar.closers, '"', "}", "]", ",", "0", "false"]
         self._closers = [ids for ids in (ctx.ids(t) for t in dict.fromkeys(candidates)) if ids]
+        # Between structure tokens closing beats opening: "[]" and "{}" where '"' first would
+        # write '[""]' and '{"": ...}'.  In free text '"' comes first: it ends a string.
+        brackets = [ctx.ids(t) for t in ("}", "]")]
+        self._structure_closers = brackets + [ids for ids in self._closers if ids not in brackets]
+        self._inert_bits = np.packbits(ctx.inert, bitorder="little")
         self.stats = ConstraintStats()
         self._plan: list[int] | None = None
         self._plan_at = -1          # len(tokens) when the plan was made
@@ -240,12 +247,12 @@ class Constraint:
         the fallback prefers a token leading to an allowed set not seen yet in this plan: a
         negative JSON number admits no "-0", "-0.0", "-0.00"..., so the "0" closer and the
         shortest digit would extend the fraction for ever, where "1" ends it."""
+        start = m.deep_copy()
         plan: list[int] = []
         seen: set[bytes] = set()
         while len(plan) < limit:
             if m.is_accepting():
-                plan.append(self.ctx.stop_ids[0])
-                return plan
+                return self._retokenized(start, plan) + [self.ctx.stop_ids[0]]
             if m.is_error() or m.is_stopped():
                 return None
             ff = m.compute_ff_tokens()
@@ -255,11 +262,15 @@ class Constraint:
                 continue
             before = m.compute_bitmask()
             seen.add(before)
-            for ids in self._closers:
+            in_text = self._allows_text(before)
+            for ids in self._closers if in_text else self._structure_closers:
                 if m.validate_tokens(ids) == len(ids):
                     m.consume_tokens(ids)
-                    if m.compute_bitmask() == before and not m.is_accepting():
-                        # Mere text here (a tag inside a JSON string): no progress, undo it.
+                    # In free text (where letters are allowed) a closer that leaves the allowed
+                    # set as it was is mere text (a tag inside a JSON string): undo it.  Between
+                    # structure tokens an unchanged set is real progress: "}" at depth 6 allows
+                    # what "}" at depth 5 did (the longest brace run is one token of four).
+                    if in_text and m.compute_bitmask() == before and not m.is_accepting():
                         m.rollback(len(ids))
                         continue
                     plan.extend(ids)
@@ -272,11 +283,34 @@ class Constraint:
                 plan.append(tid)
         return None
 
+    def _retokenized(self, start: llg.LLMatcher, plan: list[int]) -> list[int]:
+        """`plan` respelled in the tokenizer's own (far fewer) tokens when the grammar takes that
+        spelling from `start`: the planner writes one character at a time (the closers), but a
+        model writes `" [],"` as one token, and the budget must count what fits, not how the
+        planner happens to spell it."""
+        try:
+            text = self.ctx.lltok.decode_bytes(plan).decode("utf-8")
+        except UnicodeDecodeError:  # the plan starts inside a character: keep its own tokens
+            return plan
+        ids = self.ctx.ids(text)
+        if len(ids) >= len(plan) or start.validate_tokens(ids) != len(ids):
+            return plan
+        start.consume_tokens(ids)
+        return ids if start.is_accepting() else plan
+
+    def _allows_text(self, bits: bytes) -> bool:
+        """Some inert token (letters, digits, spaces) is in the allowed set `bits`."""
+        words = np.frombuffer(bits, dtype=np.uint8)[:len(self._inert_bits)]
+        return bool(np.bitwise_and(words, self._inert_bits[:len(words)]).any())
+
+    def _unpack(self, bits: bytes) -> np.ndarray:
+        return np.unpackbits(np.frombuffer(bits, dtype=np.uint8), bitorder="little",
+                             count=self.ctx.n_vocab).astype(bool)
+
     def _progress_token(self, m: llg.LLMatcher, before: bytes, seen: set[bytes]) -> int | None:
         """The shortest allowed token leading to an allowed set not seen yet, else the shortest
         one that changes it, else the shortest (None: nothing but the stop is allowed)."""
-        bits = np.frombuffer(before, dtype=np.uint8)
-        allowed = np.unpackbits(bits, bitorder="little", count=self.ctx.n_vocab).astype(bool)
+        allowed = self._unpack(before)
         allowed[list(self.ctx.stop_ids)] = False
         candidates = self.ctx.by_length[allowed[self.ctx.by_length]]
         if not len(candidates):
@@ -390,6 +424,25 @@ def _clean_error(text: str) -> str:
     return text[:500] or "the grammar is invalid"
 
 
+def _check_sizes(kind: str, tools: Sequence[Mapping[str, Any]] | None, json_schema: Any) -> None:
+    """A schema past gateway.schema_check's size bounds is an error before any grammar work: the
+    builder and llguidance recurse through it (a RecursionError, a slow compile otherwise)."""
+    if kind == "json_schema":
+        named = [("the schema", json_schema)]
+    elif kind == "tool_call":
+        named = []
+        for tool in tools or []:
+            fn = tool.get("function") if isinstance(tool.get("function"), Mapping) else tool
+            if isinstance(fn, Mapping):
+                named.append((f"tool {fn.get('name')!r}", fn.get("parameters")))
+    else:
+        return
+    for what, schema in named:
+        problem = size_problem(schema)
+        if problem is not None:
+            raise ConstraintError(f"{what}: {problem}")
+
+
 def build_constraint(tokenizer: Any, *, kind: str, calls: Any = None,
                      tools: Sequence[Mapping[str, Any]] | None = None,
                      forced_name: str | None = None, parallel: bool = True, json_schema: Any = None,
@@ -411,6 +464,7 @@ def build_constraint(tokenizer: Any, *, kind: str, calls: Any = None,
     stop_token_ids   tokens that end the reply (what the server stops on)
     n_vocab          the model's vocabulary size (the logits row length)
     """
+    _check_sizes(kind, tools, json_schema)
     ctx = tokenizer_context(tokenizer, n_vocab=n_vocab, stop_token_ids=stop_token_ids)
     if kind == "tool_call":
         if calls is None:
