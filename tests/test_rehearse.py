@@ -77,9 +77,15 @@ def check_result(result: rehearse.Result, prompt: int, decode: int) -> None:
         assert phase["read_s"] >= 0.0
         assert math.isclose(phase["disk_floor_s"], phase["bytes_read"] / DISK_BPS)
         assert math.isclose(phase["projected_s"], phase["compute_s"] + phase["disk_floor_s"])
+        # the time split: the MoE's compute and waits are measured, dense is the rest of the wall
+        assert phase["expert_s"] > 0.0 and phase["wait_s"] >= 0.0
+        assert phase["expert_s"] + phase["wait_s"] <= phase["wall_s"]
+        assert math.isclose(phase["dense_s"] + phase["expert_s"] + phase["wait_s"], phase["wall_s"], rel_tol=1e-9)
+        assert phase["overlapped_s"] == max(phase["compute_s"], phase["disk_floor_s"]) <= phase["projected_s"]
         assert phase["direct_reads"] + phase["buffered_reads"] >= (1 if phase["bytes_read"] else 0)
     table = rehearse.table([result], DISK_BPS / 1e9)
     assert table.count(result.family) == 2
+    assert rehearse.time_split([result], DISK_BPS / 1e9).count(result.family) == 2
 
 
 def test_deepseek_v4_two_layers_full_width(tmp_path):

@@ -338,7 +338,8 @@ RELEASES: dict[str, Release] = {
 # Measuring a run
 
 EXPERT_COUNTERS = ("bytes_read", "read_seconds", "hits", "misses", "fetches", "prefetches", "prefetch_hits",
-                   "direct_reads", "buffered_reads")
+                   "direct_reads", "buffered_reads", "compute_seconds", "wait_seconds")
+SECONDS = ("read_seconds", "compute_seconds", "wait_seconds")
 
 
 def reset_peak_rss() -> bool:
@@ -379,11 +380,22 @@ class Phase:
     prefetch_hits: int = 0
     direct_reads: int = 0
     buffered_reads: int = 0
+    expert_s: float = 0.0  # the MoE computing routed and shared experts (the store's compute_seconds)
+    wait_s: float = 0.0  # the MoE waiting for the store: issuing reads, then each miss
 
     @property
     def compute_s(self) -> float:
-        """Wall time the store was not reading: the engine's own work."""
-        return max(self.wall_s - self.read_s, 0.0)
+        """Wall time the engine did not wait for reads: its own work (dense + experts)."""
+        return max(self.wall_s - self.wait_s, 0.0)
+
+    @property
+    def dense_s(self) -> float:
+        """Attention, routers, norms, head: what is not expert compute nor waiting."""
+        return max(self.wall_s - self.expert_s - self.wait_s, 0.0)
+
+    def overlapped_s(self, disk_bps: float) -> float:
+        """The floor when every read overlapped compute: max(compute, bytes / disk)."""
+        return max(self.compute_s, self.bytes_read / disk_bps)
 
     @property
     def hit_rate(self) -> float:
@@ -391,12 +403,15 @@ class Phase:
         return self.hits / lookups if lookups else 0.0
 
     def projected_s(self, disk_bps: float) -> float:
-        """compute + bytes / disk: reads assumed not to overlap compute (an upper bound)."""
+        """compute + bytes / disk: reads assumed not to overlap compute (an upper bound; demand
+        misses wait for their layer's routing, so only read-ahead and the hits of the same
+        fetch can hide them)."""
         return self.compute_s + self.bytes_read / disk_bps
 
     def summary(self, disk_bps: float) -> dict[str, float]:
         return {**asdict(self), "compute_s": self.compute_s, "hit_rate": self.hit_rate,
                 "bytes_per_token": self.bytes_read / self.tokens, "wall_tok_s": self.tokens / self.wall_s,
+                "dense_s": self.dense_s, "overlapped_s": self.overlapped_s(disk_bps),
                 "disk_floor_s": self.bytes_read / disk_bps, "projected_s": self.projected_s(disk_bps),
                 "projected_tok_s": self.tokens / self.projected_s(disk_bps)}
 
@@ -413,8 +428,9 @@ def measured(engine: Any, kind: str, tokens: int, run: Callable[[], np.ndarray])
     wall = time.perf_counter() - started
     after = _expert_counters(engine)
     delta = {k: after[k] - before[k] for k in EXPERT_COUNTERS}
-    counts = {k: int(v) for k, v in delta.items() if k not in ("bytes_read", "read_seconds")}
-    phase = Phase(kind, tokens, wall, int(delta["bytes_read"]), float(delta["read_seconds"]), **counts)
+    counts = {k: int(v) for k, v in delta.items() if k not in ("bytes_read", *SECONDS)}
+    phase = Phase(kind, tokens, wall, int(delta["bytes_read"]), float(delta["read_seconds"]), **counts,
+                  expert_s=float(delta["compute_seconds"]), wait_s=float(delta["wait_seconds"]))
     return phase, logits
 
 
@@ -528,6 +544,29 @@ def table(results: Sequence[Result], disk_gbps: float) -> str:
                              f"{p['wall_tok_s']:.2f}", f"{p['hit_rate']:.3f}", f"{p['bytes_per_token'] / 1e6:.1f}",
                              f"{p['read_s']:.1f}", f"{p['compute_s']:.1f}", f"{p['disk_floor_s']:.1f}",
                              f"{p['projected_s']:.1f}", f"{p['projected_tok_s']:.3f}"))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
+    lines = ["  ".join(cell.rjust(w) if i > 1 else cell.ljust(w) for i, (cell, w) in enumerate(zip(row, widths)))
+             for row in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def time_split(results: Sequence[Result], disk_gbps: float) -> str:
+    """Where one token's time goes, per phase: dense compute, expert compute, waiting for the
+    store, the store's read time, and the two projections on a disk of disk_gbps."""
+    head = ("family", "phase", "tokens", "dense s/tok", "expert s/tok", "wait s/tok", "read s/tok",
+            f"no overlap s/tok @{disk_gbps:g}", "full overlap s/tok", "ratio")
+    rows = [head]
+    for r in results:
+        for run in r.runs:
+            for kind in ("prefill", "decode"):
+                p = run[kind]
+                if p is None:
+                    continue
+                n = p["tokens"]
+                rows.append((r.family, kind, str(n), *(f"{p[k] / n:.3f}" for k in ("dense_s", "expert_s", "wait_s",
+                             "read_s", "projected_s", "overlapped_s")),
+                             f"{p['projected_s'] / p['overlapped_s']:.2f}" if p["overlapped_s"] else "-"))
     widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
     lines = ["  ".join(cell.rjust(w) if i > 1 else cell.ljust(w) for i, (cell, w) in enumerate(zip(row, widths)))
              for row in rows]
@@ -690,8 +729,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"  not loaded: {r.error}", file=report)
     print(file=report)
     print(table(results, args.disk_gbps), file=report)
-    print(f"\nprojected = compute + bytes read / {args.disk_gbps:g} GB/s (compute = wall - the store's read "
-          "seconds; reads assumed not to overlap compute)", file=report)
+    print(f"\nprojected = compute + bytes read / {args.disk_gbps:g} GB/s (compute = wall - the time the MoE "
+          "waited for the store; reads assumed not to overlap compute)\n", file=report)
+    print(time_split(results, args.disk_gbps), file=report)
+    print("\nratio = no overlap / full overlap (max(compute, bytes / disk)): how much overlapping reads with "
+          "compute could still gain", file=report)
     if args.json:
         print(json.dumps({"disk_gbps": args.disk_gbps, "argv": sys.argv[1:], "results": [asdict(r) for r in results]},
                          indent=2))

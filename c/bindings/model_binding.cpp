@@ -163,6 +163,8 @@ class Model {
         d["misses"] = s.misses;
         d["bytes_read"] = s.bytes_read;
         d["read_seconds"] = s.read_seconds;
+        d["compute_seconds"] = s.compute_seconds;
+        d["wait_seconds"] = s.wait_seconds;
         d["evictions"] = s.evictions;
         d["direct_reads"] = s.direct_reads;
         d["buffered_reads"] = s.buffered_reads;

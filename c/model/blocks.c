@@ -1,8 +1,10 @@
 /* Shared building blocks of the decoder forward passes (see blocks.h for the map). */
+#define _POSIX_C_SOURCE 200809L /* clock_gettime (core/clock.h) */
 #include <math.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
+#include "core/clock.h"
 #include "core/formats.h"
 #include "core/ops.h"
 #include "model/blocks.h"
@@ -650,12 +652,15 @@ static int64_t moe_check_shapes(const mg_moe_args *a, const moe_plan *p, const m
 /* One fetch of members [i0, i1): the cached ones are computed while the missing ones are read
  * (fetch_begin / fetch_next, experts.h), then each missing one as its read lands.  How many
  * are cached is this batch's miss count (the store's statistics); the resident store never
- * misses.  The shared expert joins the first dispatch of the first fetch. */
+ * misses.  The shared expert joins the first dispatch of the first fetch.  The store is told
+ * the time spent computing and the time spent waiting for reads (its compute_seconds and
+ * wait_seconds: the split of a decoded token's time, with the dense work the rest). */
 static int moe_fetch_wave(moe_wave_ctx *w, mg_buffers *buf, int slot, const mg_expert **ex, int *sel, int i0,
                           int i1, int with_shared, mg_error *err) {
     const mg_moe_args *a = w->a;
     const int n = i1 - i0;
     mg_expert_stats before = mg_expert_store_stats(a->store);
+    double t = mg_wall_seconds(), waited = 0.0, computed = 0.0;
     if (mg_expert_store_fetch_begin_scored(a->store, a->layer, n, w->p->uid + i0, a->scores, ex + i0, err) != 0)
         return -1;
     int n_now = n;
@@ -676,11 +681,21 @@ static int moe_fetch_wave(moe_wave_ctx *w, mg_buffers *buf, int slot, const mg_e
     int got = 0, r = 0;
     while (got < n_now && (r = mg_expert_store_fetch_next(a->store, err)) >= 0) sel[got++] = i0 + r;
     if (r == -2) return -1;
+    double now = mg_wall_seconds();
+    waited += now - t; /* issuing the reads, and any eviction that had to wait */
     moe_wave(w, sel, got, with_shared);
+    t = mg_wall_seconds();
+    computed += t - now;
     while ((r = mg_expert_store_fetch_next(a->store, err)) >= 0) {
         int i = i0 + r;
+        now = mg_wall_seconds();
+        waited += now - t;
         moe_wave(w, &i, 1, 0);
+        t = mg_wall_seconds();
+        computed += t - now;
     }
+    waited += mg_wall_seconds() - t;
+    mg_expert_store_note_times(a->store, computed, waited);
     return r == -2 ? -1 : 0;
 }
 

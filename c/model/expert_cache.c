@@ -12,9 +12,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
-#include <time.h>
 #include <unistd.h>
 
+#include "core/clock.h"
 #include "model/expert_io.h"
 #include "model/expert_policy.h"
 
@@ -802,17 +802,11 @@ void mg_expert_cache_stats(const mg_expert_cache *c, mg_expert_stats *st) {
  * a third more bytes per token for 7 points of hit rate; 0.7 a tenth more for 4 points. */
 #define MG_HINT_MIN_ACCURACY 0.7
 
-static double wall_seconds(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 #define RA_IDLE_KEEP 0.9 /* per fetch: the idle time's moving average remembers ~10 fetches */
 
 /* Experts the disk's idle time pays for now (see ra_* in the struct), at most `cap`. */
 static int read_ahead_allowance(mg_expert_cache *c, int cap) {
-    const double now = wall_seconds();
+    const double now = mg_wall_seconds();
     const mg_io_stats io = mg_io_pool_stats(c->io);
     if (c->ra_wall > 0) {
         double idle = (now - c->ra_wall) - (io.busy_seconds - c->ra_busy);

@@ -5,12 +5,13 @@
 #endif
 #include "model/expert_io.h"
 
+#include "core/clock.h"
+
 #include <errno.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 
 enum { GROUP_IDLE = 0, GROUP_RUNNING = 1, GROUP_DONE = 2 };
@@ -33,11 +34,6 @@ struct mg_io_pool {
     mg_io_stats st;
 };
 
-static double now_seconds(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 /* Reads one job; returns bytes read or -1 with msg set.  *direct_used reports the mode of
  * the last read call. */
@@ -86,7 +82,7 @@ static void *worker(void *arg) {
         mg_io_job j = p->queue[p->qhead];
         p->qhead = (p->qhead + 1) % p->qcap;
         p->qcount--;
-        if (p->running++ == 0) p->busy_since = now_seconds();
+        if (p->running++ == 0) p->busy_since = mg_wall_seconds();
         pthread_mutex_unlock(&p->mu);
 
         int direct = 0;
@@ -94,7 +90,7 @@ static void *worker(void *arg) {
         int64_t got = do_read(&j, &direct, msg, sizeof msg);
 
         pthread_mutex_lock(&p->mu);
-        if (--p->running == 0) p->st.busy_seconds += now_seconds() - p->busy_since;
+        if (--p->running == 0) p->st.busy_seconds += mg_wall_seconds() - p->busy_since;
         if (got >= 0) {
             p->st.bytes_read += (uint64_t)got;
             if (direct) p->st.direct_reads++;
@@ -261,7 +257,7 @@ int mg_io_pool_outstanding(mg_io_pool *p) {
 mg_io_stats mg_io_pool_stats(mg_io_pool *p) {
     pthread_mutex_lock(&p->mu);
     mg_io_stats s = p->st;
-    if (p->running) s.busy_seconds += now_seconds() - p->busy_since;
+    if (p->running) s.busy_seconds += mg_wall_seconds() - p->busy_since;
     pthread_mutex_unlock(&p->mu);
     return s;
 }

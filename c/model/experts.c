@@ -32,6 +32,7 @@ struct mg_expert_store {
     FILE *trace;
     int *hint, hint_n, hint_layer; /* tracing: the hint given since the last record */
     int open_n, open_next; /* resident mode: the batch handed out by fetch_next */
+    double compute_seconds, wait_seconds; /* mg_expert_store_note_times, either mode */
 };
 
 mg_expert_store *mg_expert_store_create(int n_layers, int n_experts, mg_error *err) {
@@ -162,9 +163,17 @@ mg_expert_stats mg_expert_store_stats(const mg_expert_store *s) {
     mg_expert_stats z;
     memset(&z, 0, sizeof z);
     if (!s) return z;
-    if (!s->cache) return s->stats;
-    mg_expert_cache_stats(s->cache, &z);
+    if (!s->cache) z = s->stats;
+    else mg_expert_cache_stats(s->cache, &z);
+    z.compute_seconds = s->compute_seconds;
+    z.wait_seconds = s->wait_seconds;
     return z;
+}
+
+void mg_expert_store_note_times(mg_expert_store *s, double compute_seconds, double wait_seconds) {
+    if (!s) return;
+    s->compute_seconds += compute_seconds;
+    s->wait_seconds += wait_seconds;
 }
 
 /* ---- cache mode ----------------------------------------------------------------------- */

@@ -90,9 +90,13 @@ typedef struct mg_expert_stats {
     uint64_t prefetch_hits;   /* of hits: the first request of an expert a prefetch read */
     uint64_t prefetches_withdrawn; /* of prefetches: read-aheads its layer did not ask for, withdrawn
                                       before any of their reads started (no bytes read) */
+    double compute_seconds;   /* wall time the MoE computed routed experts (and the shared one) */
+    double wait_seconds;      /* wall time it waited for the store: issuing reads, then each miss */
 } mg_expert_stats;
 
 mg_expert_stats mg_expert_store_stats(const mg_expert_store *s);
+/* The MoE's account of one fetch (blocks.c): seconds computing, seconds waiting for it. */
+void mg_expert_store_note_times(mg_expert_store *s, double compute_seconds, double wait_seconds);
 
 /* ---- cache mode ----------------------------------------------------------------------- */
 
