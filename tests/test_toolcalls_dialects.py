@@ -481,3 +481,51 @@ def test_long_argument_streams_in_linear_time(dialect: str) -> None:
     r = run(dialect, [text[i:i + 3] for i in range(0, len(text), 3)])
     assert time.perf_counter() - began < 5.0
     assert calls_of(r.message) == [("write_file", {"content": body})]
+
+
+# ---------------------------------------------------------------------- a value left open (issue 16.1)
+# Each dialect's value must be closed before the next key / parameter opens; a block where one
+# is not is malformed and stays text, whatever the value's length (short ones checked here, long
+# ones under "the commit point" below).
+SEARCH_TOOLS = [{"type": "function", "function": {"name": "search_docs", "parameters": {
+    "type": "object", "properties": {"query": {"type": "string"}, "top_k": {"type": "integer"}}}}}]
+UNCLOSED_VALUE = [
+    ("glm-issue", "glm", "<tool_call>search_docs\n<arg_key>query</arg_key>\n<arg_value>vector index\n"
+                         "<arg_key>top_k</arg_key>\n<arg_value>3</arg_value>\n</tool_call>"),
+    ("glm-compact", "glm", "<tool_call>search_docs<arg_key>query</arg_key><arg_value>vector index"
+                           "<arg_key>top_k</arg_key><arg_value>3</arg_value></tool_call>"),
+    ("glm-typed-value", "glm", "<tool_call>search_docs<arg_key>top_k</arg_key><arg_value>3"
+                               "<arg_key>query</arg_key><arg_value>v</arg_value></tool_call>"),
+    ("qx-next-line", "qwen_xml", "<tool_call>\n<function=search_docs>\n<parameter=query>\nvector index\n"
+                                 "<parameter=top_k>\n3\n</parameter>\n</function>\n</tool_call>"),
+    ("qx-compact", "qwen_xml", "<tool_call><function=search_docs><parameter=query>vector index"
+                               "<parameter=top_k>3</parameter></function></tool_call>"),
+    ("dsml-next-param", "dsml", f'<{D}tool_calls>\n<{D}invoke name="search_docs">\n'
+                                f'<{D}parameter name="query" string="true">vector index\n'
+                                f'{dsml_param("top_k", "3", "false")}\n</{D}invoke>\n</{D}tool_calls>'),
+    ("dsml-typed-value", "dsml", f'<{D}tool_calls><{D}invoke name="search_docs">'
+                                 f'<{D}parameter name="top_k" string="false">3'
+                                 f'{dsml_param("query", "v")}</{D}invoke></{D}tool_calls>'),
+    ("dsml-next-invoke", "dsml", f'<{D}tool_calls><{D}invoke name="search_docs">'
+                                 f'<{D}parameter name="query" string="true">v</{D}invoke>'
+                                 f'<{D}invoke name="search_docs">{dsml_param("query", "w")}</{D}invoke>'
+                                 f"</{D}tool_calls>"),
+]
+
+
+@pytest.mark.parametrize("case_id,dialect,text", UNCLOSED_VALUE, ids=[c[0] for c in UNCLOSED_VALUE])
+def test_value_not_closed_before_the_next_key_is_text(case_id: str, dialect: str, text: str) -> None:
+    r = run_all_ways(case_id, dialect, "Looking. " + text, tools=SEARCH_TOOLS)
+    assert "tool_calls" not in r.message
+    assert r.message["content"] == "Looking. " + text
+
+
+@pytest.mark.parametrize("dialect,text,expected", [
+    ("glm", glm("search_docs", ("query", "a <arg_value> b"), ("top_k", "3")), {"query": "a <arg_value> b", "top_k": 3}),
+    ("qwen_xml", qx("search_docs", ("query", "see <parameter=x>1</parameter> here"), ("top_k", "3")),
+     {"query": "see <parameter=x>1</parameter> here", "top_k": 3}),
+    ("qwen_xml", qx("search_docs", ("query", DOC_CALL)), {"query": DOC_CALL}),
+])
+def test_balanced_literal_tags_in_values_still_parse(dialect: str, text: str, expected: dict) -> None:
+    r = run_all_ways(f"literal-{dialect}", dialect, text, tools=SEARCH_TOOLS)
+    assert calls_of(r.message) == [("search_docs", expected)]
