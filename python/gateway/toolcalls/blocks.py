@@ -66,11 +66,15 @@ class BlockError(Exception):
     """The block is malformed at the parser's current element."""
 
 
-def _check_stop(buf: str, stop: str, lo: int, found: int) -> None:
-    """Fail when `stop` begins in buf[lo:] before `found` (the terminator; -1 while unseen).
+def _stop_at(buf: str, stop: str, lo: int, found: int) -> int:
+    """Where `stop` begins in buf[lo:] before `found` (the terminator; -1 while unseen), or -1.
     `lo` is where the text not yet searched begins, less a partial `stop` that the previous
     search saw cut at the end of the buffer."""
-    if stop and buf.find(stop, lo, found if found >= 0 else len(buf)) >= 0:
+    return buf.find(stop, lo, found if found >= 0 else len(buf)) if stop else -1
+
+
+def _check_stop(buf: str, stop: str, lo: int, found: int) -> None:
+    if _stop_at(buf, stop, lo, found) >= 0:
         raise BlockError(f"{stop!r} before the value was closed")
 
 
@@ -218,7 +222,12 @@ class BlockParser:
         while True:
             buf = self.buf
             found = buf.find(term, max(emitted, self.pos))
-            _check_stop(buf, stop, emitted, found)
+            stopped = _stop_at(buf, stop, emitted, found)
+            if stopped >= 0:
+                # Stream up to the stray tag first: what was streamed before the block failed
+                # must not depend on whether the tag arrived in the same chunk.
+                self.string_piece(buf[emitted:stopped])
+                raise BlockError(f"{stop!r} before the value was closed")
             if found >= 0:
                 safe = found
             else:
