@@ -56,8 +56,9 @@ from .codetrack import CodeTracker
 from .schema_coerce import ToolCatalog
 
 THINK_OPEN = "<think>"
-# A raw string value longer than this streams as it is generated; shorter ones wait for the
-# block to be checked (see the module docstring).  ~30-40 tokens: under 5 s of decode here.
+# In a streamed response (stream_long_values), a raw string value longer than this streams as
+# it is generated; shorter ones wait for the block to be checked (see the module docstring).
+# ~30-40 tokens: under 5 s of decode here.
 STREAM_AFTER_CHARS = 128
 THINK_CLOSE = "</think>"
 
