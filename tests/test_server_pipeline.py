@@ -223,3 +223,44 @@ def test_anthropic_stop_reasons():
     assert anthropic_stop_reason("stop", "END") == ("stop_sequence", "END")
     assert anthropic_stop_reason("stop", None) == ("end_turn", None)
     assert anthropic_stop_reason("tool_calls", None) == ("tool_use", None)
+
+
+# issue 16.2: a block that started streaming, then failed.  What each reply shows is
+# documented in gateway/toolcalls/core.py's module docstring.
+LONG_VALUE = "word " * 60  # 300 characters: past the commit point
+BROKEN = ("Saving.\n<tool_call>\n<function=get_weather>\n<parameter=city>\n" + LONG_VALUE
+          + "\n</function>\n</tool_call>")  # the value's </parameter> is missing
+CUT = BROKEN[:BROKEN.index(LONG_VALUE) + 250]  # max_tokens ran out inside the value
+
+
+@pytest.mark.parametrize("natural", ["stop", "length"])
+def test_long_malformed_block_in_a_whole_reply_is_text(natural):
+    text = BROKEN if natural == "stop" else CUT
+    deltas, message, finish = run_output(ChatOutput("qwen_xml", TOOLS), text, seed=2, natural=natural)
+    assert finish == natural
+    assert "tool_calls" not in message and message["content"] == text.strip()
+    assert not any("tool_calls" in d for d in deltas)
+
+
+@pytest.mark.parametrize("natural", ["stop", "length"])
+def test_long_malformed_block_in_a_stream_is_a_failed_call_then_text(natural):
+    text = BROKEN if natural == "stop" else CUT
+    output = ChatOutput("qwen_xml", TOOLS, streamed=True)
+    deltas, message, finish = run_output(output, text, seed=2, natural=natural)
+    assert finish == natural, "a failed call does not make the finish reason tool_calls"
+    assert output.parser.failed_calls == [0]
+    # The failed call, with valid JSON arguments, then the block's raw text as content: the same
+    # content as the whole reply.
+    [call] = message["tool_calls"]
+    assert call["function"]["name"] == "get_weather"
+    assert json.loads(call["function"]["arguments"])["city"].startswith(LONG_VALUE[:200])
+    assert message["content"] == text.strip()
+    kinds = [next(iter(d)) for d in deltas]
+    assert kinds.index("tool_calls") < len(kinds) - 1 - kinds[::-1].index("content")
+    snap = anthropic_final(deltas, finish)
+    assert [b.type for b in snap.content] == ["text", "tool_use", "text"]
+    assert snap.stop_reason == ("end_turn" if natural == "stop" else "max_tokens")
+    if natural == "stop":  # the openai helper raises on "length"
+        final = openai_final(deltas, finish, TOOLS).choices[0]
+        assert final.finish_reason == "stop" and final.message.content == text
+        assert [c.function.name for c in final.message.tool_calls] == ["get_weather"]

@@ -10,7 +10,7 @@ import pytest
 
 from gateway.families import FAMILIES
 from gateway.toolcalls import DIALECTS, coerce, make_parser, schema_types
-from test_toolcalls_stream import BAR, EOS, TOOLS, calls_of, run, run_all_ways
+from test_toolcalls_stream import BAR, EOS, TOOLS, calls_of, run, run_all_ways, run_both_modes
 
 D = f"{BAR}DSML{BAR}"
 
@@ -304,8 +304,11 @@ def test_start_in_call_refusal_hides_prefill() -> None:
 
 
 # ---------------------------------------------------------------------- streaming policy
-# core.py's commit point: a call streams once a raw string value passes STREAM_AFTER_CHARS, or
-# when the block is complete; before that a failing block is the contract's raw text.
+# core.py's commit point.  A whole response (make_parser's defaults) follows the contract exactly:
+# a block is a call once it is complete and well formed, whatever its length.  A streamed one
+# (stream_long_values=True) also starts streaming a call once a raw string value passes
+# STREAM_AFTER_CHARS; if that block then fails, the stream shows a failed call (closed JSON)
+# and then the block's raw text as content, the same content as the whole response.
 LONG = "line one\nline two \"q\" " * 8  # 184 characters: past the commit point
 SHORT = "partial tex"
 HEADS = {
@@ -334,7 +337,7 @@ def test_commit_point_is_a_named_constant() -> None:
 @pytest.mark.parametrize("dialect", sorted(HEADS))
 def test_long_string_arguments_stream_before_the_call_closes(dialect: str) -> None:
     from gateway.toolcalls.core import STREAM_AFTER_CHARS
-    parser = make_parser(dialect, TOOLS)
+    parser = make_parser(dialect, TOOLS, stream_long_values=True)
     typed = typed_value(dialect, LONG)
     assert parser.feed("Writing.\n" + HEADS[dialect]) == [{"content": "Writing."}]
     headers, pieces, fed = [], [], 0
@@ -378,12 +381,30 @@ def test_truncated_before_commit_stays_text(dialect: str) -> None:
 
 
 @pytest.mark.parametrize("dialect", sorted(HEADS))
-def test_truncated_after_commit_is_a_closed_call(dialect: str) -> None:
-    """Past the commit point the client holds fragments: a cut-off call is closed and kept."""
+def test_whole_response_holds_long_values_until_the_block_closes(dialect: str) -> None:
+    """Without stream_long_values nothing of a call leaves before its block is checked."""
+    parser = make_parser(dialect, TOOLS)
+    typed = typed_value(dialect, LONG * 3)
+    assert parser.feed("Writing.\n" + HEADS[dialect]) == [{"content": "Writing."}]
+    for i in range(0, len(typed), 10):
+        assert parser.feed(typed[i:i + 10]) == []
+    out = parser.feed(TAILS[dialect])
+    assert json.loads("".join(d["tool_calls"][0]["function"]["arguments"] for d in out)) == {"content": LONG * 3}
+
+
+@pytest.mark.parametrize("dialect", sorted(HEADS))
+def test_truncated_long_value_stays_text(dialect: str) -> None:
+    """Issue 16.2: a block cut by max_tokens inside a long value is the contract's raw text
+    in a whole response (it used to be a call with the value closed)."""
     text = "Hi " + HEADS[dialect] + typed_value(dialect, LONG + "partial")
-    r = run_all_ways(f"trunc-long-{dialect}", dialect, text, finish="length")
-    assert calls_of(r.message) == [("write_file", {"content": LONG + "partial"})]
-    assert r.message["content"] == "Hi"
+    whole, streamed = run_both_modes(f"trunc-long-{dialect}", dialect, text, finish="length")
+    assert "tool_calls" not in whole.message
+    assert whole.message["content"] == text.strip()
+    # The stream had already shown the call: it stays, closed and marked failed, and the
+    # block's text follows it as content.
+    assert calls_of(streamed.message) == [("write_file", {"content": LONG + "partial"})]
+    assert streamed.failed == [0] and streamed.complete_calls == 0
+    assert streamed.message["content"] == text.strip()
 
 
 @pytest.mark.parametrize("dialect,text", [
@@ -399,20 +420,22 @@ def test_malformed_before_commit_stays_text(dialect: str, text: str) -> None:
     assert r.message["content"] == text
 
 
-@pytest.mark.parametrize("dialect,text,rest", [
-    ("glm", f"<tool_call>write_file<arg_key>path</arg_key><arg_value>{LONG}</arg_value>oops</tool_call> ok",
-     "oops</tool_call> ok"),
-    ("qwen_xml", f"<tool_call><function=write_file><parameter=path>{LONG}</parameter></function> oops",
-     "</function> oops"),
+@pytest.mark.parametrize("dialect,text", [
+    ("glm", f"<tool_call>write_file<arg_key>path</arg_key><arg_value>{LONG}</arg_value>oops</tool_call> ok"),
+    ("qwen_xml", f"<tool_call><function=write_file><parameter=path>{LONG}</parameter></function> oops"),
     ("dsml", f'<{D}tool_calls><{D}invoke name="write_file">{dsml_param("path", LONG)}{dsml_param("path", "b")}'
-             f"</{D}invoke></{D}tool_calls>", f'{dsml_param("path", "b")}</{D}invoke></{D}tool_calls>'),
-    ("hermes", f'<tool_call>{{"name": "write_file", "arguments": {{"path": {json.dumps(LONG)}}} junk</tool_call>',
-     "junk</tool_call>"),
+             f"</{D}invoke></{D}tool_calls>"),
+    ("hermes", f'<tool_call>{{"name": "write_file", "arguments": {{"path": {json.dumps(LONG)}}} junk</tool_call>'),
 ])
-def test_malformed_after_commit_keeps_call_and_shows_rest(dialect: str, text: str, rest: str) -> None:
-    r = run_all_ways(f"mal-long-{dialect}", dialect, text)
-    assert calls_of(r.message) == [("write_file", {"path": LONG})]
-    assert r.message["content"] == rest
+def test_malformed_long_value_stays_text(dialect: str, text: str) -> None:
+    """Issue 16.2: a long value no longer makes a malformed block a call (it used to be kept,
+    with the text from the failing element on as content)."""
+    whole, streamed = run_both_modes(f"mal-long-{dialect}", dialect, text)
+    assert "tool_calls" not in whole.message
+    assert whole.message["content"] == text
+    assert calls_of(streamed.message) == [("write_file", {"path": LONG})]
+    assert streamed.failed == [0] and streamed.complete_calls == 0
+    assert streamed.message["content"] == text
 
 
 @pytest.mark.parametrize("dialect", sorted(DIALECTS))
@@ -481,3 +504,104 @@ def test_long_argument_streams_in_linear_time(dialect: str) -> None:
     r = run(dialect, [text[i:i + 3] for i in range(0, len(text), 3)])
     assert time.perf_counter() - began < 5.0
     assert calls_of(r.message) == [("write_file", {"content": body})]
+
+
+# ---------------------------------------------------------------------- a value left open (issue 16.1)
+# Each dialect's value must be closed before the next key / parameter opens; a block where one
+# is not is malformed and stays text, whatever the value's length (short ones checked here, long
+# ones under "the commit point" below).
+SEARCH_TOOLS = [{"type": "function", "function": {"name": "search_docs", "parameters": {
+    "type": "object", "properties": {"query": {"type": "string"}, "top_k": {"type": "integer"}}}}}]
+UNCLOSED_VALUE = [
+    ("glm-issue", "glm", "<tool_call>search_docs\n<arg_key>query</arg_key>\n<arg_value>vector index\n"
+                         "<arg_key>top_k</arg_key>\n<arg_value>3</arg_value>\n</tool_call>"),
+    ("glm-compact", "glm", "<tool_call>search_docs<arg_key>query</arg_key><arg_value>vector index"
+                           "<arg_key>top_k</arg_key><arg_value>3</arg_value></tool_call>"),
+    ("glm-typed-value", "glm", "<tool_call>search_docs<arg_key>top_k</arg_key><arg_value>3"
+                               "<arg_key>query</arg_key><arg_value>v</arg_value></tool_call>"),
+    ("qx-next-line", "qwen_xml", "<tool_call>\n<function=search_docs>\n<parameter=query>\nvector index\n"
+                                 "<parameter=top_k>\n3\n</parameter>\n</function>\n</tool_call>"),
+    ("qx-compact", "qwen_xml", "<tool_call><function=search_docs><parameter=query>vector index"
+                               "<parameter=top_k>3</parameter></function></tool_call>"),
+    ("dsml-next-param", "dsml", f'<{D}tool_calls>\n<{D}invoke name="search_docs">\n'
+                                f'<{D}parameter name="query" string="true">vector index\n'
+                                f'{dsml_param("top_k", "3", "false")}\n</{D}invoke>\n</{D}tool_calls>'),
+    ("dsml-typed-value", "dsml", f'<{D}tool_calls><{D}invoke name="search_docs">'
+                                 f'<{D}parameter name="top_k" string="false">3'
+                                 f'{dsml_param("query", "v")}</{D}invoke></{D}tool_calls>'),
+    ("dsml-next-invoke", "dsml", f'<{D}tool_calls><{D}invoke name="search_docs">'
+                                 f'<{D}parameter name="query" string="true">v</{D}invoke>'
+                                 f'<{D}invoke name="search_docs">{dsml_param("query", "w")}</{D}invoke>'
+                                 f"</{D}tool_calls>"),
+]
+
+
+@pytest.mark.parametrize("case_id,dialect,text", UNCLOSED_VALUE, ids=[c[0] for c in UNCLOSED_VALUE])
+def test_value_not_closed_before_the_next_key_is_text(case_id: str, dialect: str, text: str) -> None:
+    r = run_all_ways(case_id, dialect, "Looking. " + text, tools=SEARCH_TOOLS)
+    assert "tool_calls" not in r.message
+    assert r.message["content"] == "Looking. " + text
+
+
+@pytest.mark.parametrize("dialect,text,expected", [
+    ("glm", glm("search_docs", ("query", "a <arg_value> b"), ("top_k", "3")), {"query": "a <arg_value> b", "top_k": 3}),
+    ("qwen_xml", qx("search_docs", ("query", "see <parameter=x>1</parameter> here"), ("top_k", "3")),
+     {"query": "see <parameter=x>1</parameter> here", "top_k": 3}),
+    ("qwen_xml", qx("search_docs", ("query", DOC_CALL)), {"query": DOC_CALL}),
+])
+def test_balanced_literal_tags_in_values_still_parse(dialect: str, text: str, expected: dict) -> None:
+    r = run_all_ways(f"literal-{dialect}", dialect, text, tools=SEARCH_TOOLS)
+    assert calls_of(r.message) == [("search_docs", expected)]
+
+
+X200 = "x" * 200
+ISSUE_LONG_MALFORMED = [
+    # issue 16.2's examples: each was a call whose value swallowed the rest of the block
+    ("qx-no-param-close", "qwen_xml", "stop",
+     "<tool_call>\n<function=write_file>\n<parameter=content>\n" + X200 + "\n</function>\n</tool_call>"),
+    ("qx-cut", "qwen_xml", "length", "<tool_call>\n<function=write_file>\n<parameter=content>\n" + X200),
+    ("glm-no-value-close", "glm", "stop",
+     "<tool_call>write_file\n<arg_key>content</arg_key>\n<arg_value>" + X200 + "\n</tool_call>"),
+    ("dsml-no-param-close", "dsml", "stop",
+     f'<{D}tool_calls>\n<{D}invoke name="write_file">\n<{D}parameter name="content" string="true">'
+     + X200 + f"\n</{D}invoke>\n</{D}tool_calls>"),
+    ("hermes-unterminated", "hermes", "stop",
+     '<tool_call>\n{"name": "write_file", "arguments": {"content": "' + X200 + '"}\n</tool_call>'),
+    ("hermes-cut", "hermes", "length", '<tool_call>\n{"name": "write_file", "arguments": {"content": "' + X200),
+    ("hermes-bad-json", "hermes", "stop",
+     '<tool_call>\n{"name": "write_file", "arguments": {"content": "' + X200 + '", oops}}\n</tool_call>'),
+    # issue 16.1 with a long value
+    ("glm-long-next-key", "glm", "stop",
+     "<tool_call>write_file\n<arg_key>content</arg_key>\n<arg_value>" + X200
+     + "\n<arg_key>path</arg_key>\n<arg_value>a</arg_value>\n</tool_call>"),
+    ("qx-long-next-param", "qwen_xml", "stop",
+     "<tool_call>\n<function=write_file>\n<parameter=content>\n" + X200
+     + "\n<parameter=path>\na\n</parameter>\n</function>\n</tool_call>"),
+    ("dsml-long-next-param", "dsml", "stop",
+     f'<{D}tool_calls>\n<{D}invoke name="write_file">\n<{D}parameter name="content" string="true">'
+     + X200 + f'\n{dsml_param("path", "a")}\n</{D}invoke>\n</{D}tool_calls>'),
+]
+
+
+@pytest.mark.parametrize("case_id,dialect,finish,text", ISSUE_LONG_MALFORMED,
+                         ids=[c[0] for c in ISSUE_LONG_MALFORMED])
+def test_long_malformed_blocks_are_text(case_id: str, dialect: str, finish: str, text: str) -> None:
+    whole, streamed = run_both_modes(case_id, dialect, "Saving it. " + text, finish=finish)
+    assert "tool_calls" not in whole.message
+    assert whole.message["content"] == ("Saving it. " + text).strip()
+    # Streamed, the value had passed the commit point: one failed call, then the same content.
+    [(name, args)] = calls_of(streamed.message)
+    assert name == "write_file" and args["content"].startswith(X200)
+    assert streamed.failed == [0] and streamed.complete_calls == 0
+
+
+def test_a_failed_call_does_not_hide_the_calls_after_it() -> None:
+    """The failed block's text is read again: a good block after it is a call in both modes,
+    at index 0 in the whole response and index 1 (after the failed call) in the stream."""
+    bad = "<tool_call>write_file\n<arg_key>content</arg_key>\n<arg_value>" + X200 + "\n</tool_call>\n"
+    good = glm("get_time")
+    whole, streamed = run_both_modes("failed-then-good", "glm", bad + good)
+    assert calls_of(whole.message) == [("get_time", {})]
+    assert whole.message["content"] == bad.strip()
+    assert [c[0] for c in calls_of(streamed.message)] == ["write_file", "get_time"]
+    assert streamed.failed == [0] and streamed.complete_calls == 1

@@ -90,6 +90,8 @@ class Run:
     deltas: list[dict]
     counters: dict
     fed_so_far: list[tuple[str, str, dict[int, str]]] = field(default_factory=list)
+    failed: list[int] = field(default_factory=list)  # parser.failed_calls
+    complete_calls: int = 0  # parser.tool_calls_emitted
 
 
 def run(dialect: str, pieces: list[str], tools: Any = TOOLS, finish: str = "stop",
@@ -120,7 +122,8 @@ def run(dialect: str, pieces: list[str], tools: Any = TOOLS, finish: str = "stop
     for piece in pieces:
         take(parser.feed(piece))
     take(parser.finish(finish))
-    return Run(parser.message(), deltas, dict(parser.counters), snapshots)
+    return Run(parser.message(), deltas, dict(parser.counters), snapshots, parser.failed_calls,
+               parser.tool_calls_emitted)
 
 
 def _accumulate(deltas: list[dict]) -> tuple[str, str, dict[int, str]]:
@@ -176,7 +179,31 @@ def run_all_ways(case_id: str, dialect: str, text: str, **kwargs: Any) -> Run:
     for how, r in results.items():
         assert r.message == first.message, how
         assert r.counters == first.counters, how
+        assert r.failed == first.failed, how
+    n_calls = len(first.message.get("tool_calls", []))
+    assert first.complete_calls == n_calls - len(first.failed)
+    if not kwargs.get("stream_long_values"):
+        assert first.failed == [], "only a streamed response can show a failed call"
     return first
+
+
+def without_failed(r: Run) -> list[tuple[str, Any]]:
+    """The run's calls minus the failed ones, as (name, arguments)."""
+    failed = set(r.failed)
+    return [call for i, call in enumerate(calls_of(r.message)) if i not in failed]
+
+
+def run_both_modes(case_id: str, dialect: str, text: str, **kwargs: Any) -> tuple[Run, Run]:
+    """The text as a whole response and as a stream that streams long values early; the
+    stream may only add failed calls (core.py's docstring): same content, same reasoning, the
+    same calls once the failed ones are left out."""
+    whole = run_all_ways(case_id, dialect, text, **kwargs)
+    streamed = run_all_ways(case_id, dialect, text, stream_long_values=True, **kwargs)
+    assert streamed.message["content"] == whole.message["content"]
+    assert streamed.message.get("reasoning_content") == whole.message.get("reasoning_content")
+    assert without_failed(streamed) == calls_of(whole.message)
+    assert streamed.counters == whole.counters
+    return whole, streamed
 
 
 def calls_of(msg: dict) -> list[tuple[str, Any]]:

@@ -73,7 +73,10 @@ def build_for_request(state: "ServerState", spec: "ChatSpec", *, in_reasoning: b
     try:
         return build_constraint(state.tokenizer, kind="tool_call", calls=state.chat.family.calls,
                                 tools=spec.active_tools, forced_name=spec.forced_name,
-                                parallel=spec.parallel_tool_calls, stop_token_ids=sorted(stop_ids),
+                                # naming a function asks for exactly one call of it (OpenAI, vLLM);
+                                # `required` may give several
+                                parallel=spec.parallel_tool_calls and spec.forced_name is None,
+                                stop_token_ids=sorted(stop_ids),
                                 n_vocab=engine_vocab(state))
     except ConstraintError as exc:
         raise bad_request(f"this schema cannot be enforced: {exc}", "tools") from None

@@ -220,14 +220,21 @@ class ChatOutput:
     parser.  Engine-free, so recorded model text can drive it in tests.
 
     parallel_tool_calls=false keeps the first call only: once a second call starts, `cut`
-    turns true and the caller stops the generation."""
+    turns true and the caller stops the generation.
+
+    `streamed`: the reply goes out as a stream, so a long string value may start streaming
+    before its block is checked (toolcalls.make_parser's stream_long_values; a block that then
+    fails leaves a failed call, which does not make the finish reason "tool_calls").  A whole
+    reply never does this: it follows the tool-call contract exactly."""
 
     def __init__(self, dialect: str | None, tools: list[dict], *, in_reasoning: bool = False,
-                 start_in_call: str | None = None, parallel_tool_calls: bool = True, id_salt: str = "") -> None:
+                 start_in_call: str | None = None, parallel_tool_calls: bool = True, id_salt: str = "",
+                 streamed: bool = False) -> None:
         from ..toolcalls import make_parser
 
         self.parser = make_parser(dialect, tools if dialect else [], in_reasoning,
-                                  start_in_call=start_in_call, id_salt=id_salt)
+                                  start_in_call=start_in_call, id_salt=id_salt,
+                                  stream_long_values=streamed)
         self.single_call = not parallel_tool_calls
         self.cut = False
 
@@ -262,7 +269,9 @@ class ChatOutput:
         return message
 
     def finish_reason(self, natural: str) -> str:
-        return "tool_calls" if self.message().get("tool_calls") else ("stop" if self.cut else natural)
+        calls = len(self.message().get("tool_calls", []))
+        failed = sum(1 for i in self.parser.failed_calls if i < calls)
+        return "tool_calls" if calls > failed else ("stop" if self.cut else natural)
 
     @property
     def counters(self) -> dict[str, int]:
@@ -279,7 +288,9 @@ class ChatRun:
                                      ignore_eos=spec.ignore_eos, constraint=prep.constraint)
         self.output = ChatOutput(prep.dialect, spec.active_tools, in_reasoning=prep.in_reasoning,
                                  start_in_call=prep.start_in_call,
-                                 parallel_tool_calls=spec.parallel_tool_calls, id_salt=id_salt)
+                                 # a named function is one call (issue 16.3), as OpenAI does
+                                 parallel_tool_calls=spec.parallel_tool_calls and spec.forced_name is None,
+                                 id_salt=id_salt, streamed=spec.stream)
         self.job = JobRun(state, request)
 
     def close(self) -> None:

@@ -19,7 +19,9 @@ Notes for the server:
   but do not feed the stop token's own text (e.g. DeepSeek's EOS): it would become content.
 * `finish(reason)`: only "stop" (stop token or stop string) delivers calls written inside the
   reasoning; pass "length", "cancelled", ... otherwise.  Calls in the answer never depend on it.
-* `parser.tool_calls_emitted > 0` means the response's finish_reason should be "tool_calls".
+* `parser.tool_calls_emitted > 0` means the response's finish_reason should be "tool_calls"
+  (it does not count `parser.failed_calls`, which only a streamed response can have).
+* Pass `stream_long_values=True` for streamed responses, never for whole ones (see make_parser).
 * `message()["content"]` is None when no visible text remains (only calls, or reasoning that
   never closed); `reasoning_content` is omitted when there was none.  Both are trimmed.
 * Call ids are deterministic for a given output; pass `id_salt` (e.g. the request id) so ids
@@ -65,7 +67,7 @@ def _dialect(name: str) -> Dialect:
 
 def make_parser(dialect: str | None, tools: list[dict[str, Any]] | None,
                 in_reasoning: bool = False, *, start_in_call: str | None = None,
-                id_salt: str = "") -> StreamParser:
+                id_salt: str = "", stream_long_values: bool = False) -> StreamParser:
     """A streaming parser for one completion.
 
     dialect        "dsml", "glm", "qwen_xml" or "hermes"; None only splits reasoning.
@@ -75,11 +77,19 @@ def make_parser(dialect: str | None, tools: list[dict[str, Any]] | None,
                    output is read as if it followed that text, which itself is never shown.
                    The output then starts in the answer, whatever `in_reasoning` says.
     id_salt        mixed into the deterministic call ids; pass something unique per request.
+    stream_long_values
+                   for streamed responses only: a call whose raw string value grows past
+                   core.STREAM_AFTER_CHARS starts streaming before its block is checked.  Off
+                   (the default, for whole responses), the contract holds exactly: a block is a
+                   call only once it is complete and well formed, whatever its length.  On, a
+                   block that then fails leaves a *failed call* in the stream (core.py's module
+                   docstring says exactly what the stream shows).
     """
     if dialect is None:
         return StreamParser(None, None, tools, in_reasoning, start_in_call, id_salt)
     spec = _dialect(dialect)
-    return StreamParser(spec.marker, spec.block, tools, in_reasoning, start_in_call, id_salt)
+    return StreamParser(spec.marker, spec.block, tools, in_reasoning, start_in_call, id_salt,
+                        stream_long_values=stream_long_values)
 
 
 __all__ = ["DIALECTS", "Dialect", "StreamParser", "ToolCatalog", "TrimWriter", "coerce",

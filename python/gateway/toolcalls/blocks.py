@@ -66,6 +66,18 @@ class BlockError(Exception):
     """The block is malformed at the parser's current element."""
 
 
+def _stop_at(buf: str, stop: str, lo: int, found: int) -> int:
+    """Where `stop` begins in buf[lo:] before `found` (the terminator; -1 while unseen), or -1.
+    `lo` is where the text not yet searched begins, less a partial `stop` that the previous
+    search saw cut at the end of the buffer."""
+    return buf.find(stop, lo, found if found >= 0 else len(buf)) if stop else -1
+
+
+def _check_stop(buf: str, stop: str, lo: int, found: int) -> None:
+    if _stop_at(buf, stop, lo, found) >= 0:
+        raise BlockError(f"{stop!r} before the value was closed")
+
+
 class BlockParser:
     """Base class: generator plumbing, text helpers and the JSON arguments writer."""
 
@@ -164,8 +176,9 @@ class BlockParser:
         if not (yield from self.lit(s)):
             raise BlockError(f"expected {s!r}")
 
-    def until(self, term: str, forbid: str = "") -> Wait:
-        """Text up to `term` (consumed).  A character of `forbid` before it fails early."""
+    def until(self, term: str, forbid: str = "", stop: str = "") -> Wait:
+        """Text up to `term` (consumed).  A character of `forbid`, or the string `stop`, before it
+        fails early (`stop`: a tag that may only come after `term`, e.g. the next key's opener)."""
         scan = checked = self.pos
         while True:
             buf = self.buf
@@ -173,6 +186,7 @@ class BlockParser:
             limit = found if found >= 0 else len(buf) - partial_suffix_len(buf, term, self.pos)
             if forbid and any(c in forbid for c in buf[checked:limit]):
                 raise BlockError("forbidden character")
+            _check_stop(buf, stop, max(self.pos, checked - len(stop) + 1), found)
             checked = max(checked, limit)
             if found >= 0:
                 text = buf[self.pos:found]
@@ -200,13 +214,27 @@ class BlockParser:
                 return segment
             yield from self._wait()
 
-    def stream_until(self, term: str) -> Wait:
-        """Stream a raw string value up to `term` as JSON string pieces (term consumed)."""
+    def stream_until(self, term: str, stop: str = "") -> Wait:
+        """Stream a raw string value up to `term` as JSON string pieces (term consumed).  The
+        string `stop` before `term` fails the block (see `until`); text that may still turn into
+        `term` or `stop` is held back, so the pieces never depend on the chunking."""
         emitted = self.pos
         while True:
             buf = self.buf
             found = buf.find(term, max(emitted, self.pos))
-            safe = found if found >= 0 else len(buf) - partial_suffix_len(buf, term, emitted)
+            stopped = _stop_at(buf, stop, emitted, found)
+            if stopped >= 0:
+                # Stream up to the stray tag first: what was streamed before the block failed
+                # must not depend on whether the tag arrived in the same chunk.
+                self.string_piece(buf[emitted:stopped])
+                raise BlockError(f"{stop!r} before the value was closed")
+            if found >= 0:
+                safe = found
+            else:
+                held = partial_suffix_len(buf, term, emitted)
+                if stop:
+                    held = max(held, partial_suffix_len(buf, stop, emitted))
+                safe = len(buf) - held
             self.string_piece(buf[emitted:safe])
             emitted = safe
             if found >= 0:

@@ -12,33 +12,34 @@ still turn into a marker (a suffix like `<tool_` or `</thi`) is held back and ne
 
 Calls in the answer, and the "malformed block degrades to text" rule
 --------------------------------------------------------------------
-Two rules meet here: "arguments stream as fragments as they are generated" and "a malformed or
-truncated block stays visible text" (docs/reference/toolcall-contract.md §3).  Once a fragment has left, the call cannot be
-taken back, so they cannot both hold for a block that fails after streaming began.  The parser
-keeps the zone where they conflict as small as it can:
+A block's text is held (nothing streamed) while the parser reads it.  By default (whole
+responses, and streams of short values) it becomes a call only once it is complete and well
+formed; a block that fails, at any length, is the contract's raw text in `content`
+(docs/reference/toolcall-contract.md §3).  That is all a non-streamed response ever sees.
 
-A block's text is held (nothing streamed) while the parser reads it.  It becomes a streamed call
-at the *commit point*, whichever comes first:
+Streamed responses (`stream_long_values=True`) have one more rule, because two rules meet there:
+"arguments stream as fragments as they are generated" and "a malformed or truncated block stays
+visible text".  Once a fragment has left, the call cannot be taken back, so they cannot both
+hold for a block that fails after streaming began.  The zone where they conflict is kept small:
+a block *commits* (starts streaming) early only when a raw string value (a schema-`string` value
+of glm/qwen_xml, a `string="true"` value of DSML, a string inside hermes arguments) has grown past
+STREAM_AFTER_CHARS characters after a well-formed opener, name and parameter header.  From there
+the call streams character by character as JSON-escaped text: a long value (a `write_file` body)
+grows on the client's screen instead of arriving minutes later in one piece.
 
-* the block is complete and valid (the common case: short arguments arrive a few tokens late);
-* a raw string value (a schema-`string` value of glm/qwen_xml, a `string="true"` value of DSML,
-  a string inside hermes arguments) has grown past STREAM_AFTER_CHARS characters after a
-  well-formed opener, name and parameter header.  From there the call streams character by
-  character as JSON-escaped text: long values (a `write_file` body) grow on the client's screen
-  instead of arriving minutes later in one piece.
+When a committed block then fails (it turns malformed, or the output ends inside it), the stream
+shows exactly this, in order:
 
-So every block that fails before its commit point (every truncated or malformed block whose raw
-string values are all short, and every block with no raw string value) follows the text rule
-exactly: its raw text stays in `content`, unchanged.  After the commit point:
+1. the fragments streamed so far, then one last fragment (`"` and `}` as needed) that makes the
+   call's arguments valid JSON: the *failed call* keeps its index and id, and `failed_calls`
+   lists it (every call of the block is failed: a DSML block may hold several);
+2. the block's raw text as `content`, read again from just after its opener exactly as if nothing
+   had streamed (so a well-formed block inside it is still found).
 
-* if the output ends inside the block (e.g. `max_tokens`), the call is closed with valid JSON
-  (`"` and `}` as needed) and delivered; the unfinished rest of the block is dropped;
-* if the block turns malformed (e.g. a stray tag where `<arg_key>` or `</tool_call>` must come),
-  the call is closed the same way and delivered, and the text from the element that failed on is
-  read again as ordinary answer text (so it stays visible in `content`).
-
-Either way the stream and `message()` agree: the argument fragments concatenate to the final
-arguments, which are always valid JSON, and the finish reason (`length`) tells the client.
+So the stream's `content` is always the whole response's `content`, and its calls are the whole
+response's calls plus the failed ones (later calls' indices count the failed ones too).  A
+failed call does not make the finish reason "tool_calls" (`tool_calls_emitted` leaves it out);
+`message()` keeps it, as the client's accumulated stream does.
 
 Calls inside the reasoning (docs/reference/toolcall-contract.md §5) are never streamed: from a candidate opener on, the
 reasoning is held until the turn ends, then delivered (finish "stop" and every gate passed) or
@@ -55,8 +56,9 @@ from .codetrack import CodeTracker
 from .schema_coerce import ToolCatalog
 
 THINK_OPEN = "<think>"
-# A raw string value longer than this streams as it is generated; shorter ones wait for the
-# block to be checked (see the module docstring).  ~30-40 tokens: under 5 s of decode here.
+# In a streamed response (stream_long_values), a raw string value longer than this streams as
+# it is generated; shorter ones wait for the block to be checked (see the module docstring).
+# ~30-40 tokens: under 5 s of decode here.
 STREAM_AFTER_CHARS = 128
 THINK_CLOSE = "</think>"
 
@@ -108,7 +110,7 @@ class StreamParser:
 
     def __init__(self, marker: str | None, block_factory: BlockFactory | None, tools: Any,
                  in_reasoning: bool = False, start_in_call: str | None = None,
-                 id_salt: str = "") -> None:
+                 id_salt: str = "", stream_long_values: bool = False) -> None:
         self._catalog = ToolCatalog(tools)
         self._marker = marker or ""
         self._factory = block_factory
@@ -127,6 +129,10 @@ class StreamParser:
         self._committed = False
         self._queued: list[Event] = []
         self._armed = -1  # argument characters queued since a raw string value began (-1: none)
+        # Streamed responses only: a raw string value longer than this commits its block early.
+        self._stream_after = STREAM_AFTER_CHARS if stream_long_values else None
+        self._block_calls = 0  # index of the current block's first call
+        self._failed: list[int] = []  # calls that streamed, then their block failed
         self._skip_space = False
         self._tail: _Tail | None = None
         self._calls: list[_Call] = []
@@ -180,7 +186,15 @@ class StreamParser:
 
     @property
     def tool_calls_emitted(self) -> int:
-        return len(self._calls)
+        """Calls that were well formed (what makes the finish reason "tool_calls")."""
+        return len(self._calls) - len(self._failed)
+
+    @property
+    def failed_calls(self) -> list[int]:
+        """Indices of calls that began streaming, then whose block turned out malformed or cut
+        (only with stream_long_values; see the module docstring).  message() keeps them, as the
+        stream showed them."""
+        return list(self._failed)
 
     # ------------------------------------------------------------------ machinery
     def _pump(self, final: bool) -> None:
@@ -303,6 +317,7 @@ class StreamParser:
         else:
             self._block = self._new_block(opener)
             self._committed, self._queued, self._armed = False, [], -1
+            self._block_calls = len(self._calls)
             self._pos = opener
         return True
 
@@ -321,7 +336,7 @@ class StreamParser:
                     self._armed = 0
                 elif event[0] == "args" and self._armed >= 0:
                     self._armed += len(event[1])
-                    if self._armed > STREAM_AFTER_CHARS:
+                    if self._stream_after is not None and self._armed > self._stream_after:
                         self._commit(block.start)
         if block.status == "open":
             return False
@@ -332,18 +347,19 @@ class StreamParser:
             self._pos = block.end
             self._skip_space = True
             return True
-        if not self._committed:  # malformed before anything was streamed: plain text
-            end = block.start + len(self._marker)
-            self._emit_text("content", block.start, end)
-            self._pos = end
-            return True
-        closing = block.close_text()
-        if closing:
-            self._apply(("args", closing), block.start)
-        if block.truncated:  # the output ended inside the block: nothing left to show
-            self._pos = len(self._buf)
-        else:
-            self._pos = max(block.mark, block.start + len(self._marker))
+        if self._committed:
+            # Streamed, then malformed: the fragments already left.  Close their JSON and mark
+            # the block's calls failed; the text is then read exactly as if nothing had streamed.
+            closing = block.close_text()
+            if closing:
+                self._apply(("args", closing), block.start)
+            failed = range(self._block_calls, len(self._calls))
+            self._failed.extend(failed)
+            self.counters["answer_calls"] -= len(failed)  # counts well-formed calls only
+            self._committed = False
+        end = block.start + len(self._marker)  # malformed: its text is plain text
+        self._emit_text("content", block.start, end)
+        self._pos = end
         return True
 
     def _commit(self, start: int) -> None:

@@ -19,7 +19,10 @@ _HEX = frozenset("0123456789abcdefABCDEF")
 
 
 class JsonError(ValueError):
-    """The text is not valid JSON."""
+    """The text is not valid JSON.  `written`: what feed() wrote from its text before the error
+    (the error is found at a character, whatever the chunking: what came before it is output)."""
+
+    written = ""
 
 
 class JsonStreamer:
@@ -38,6 +41,14 @@ class JsonStreamer:
         """Consume text; returns (output, characters consumed).  Stops right after the
         outermost value closes.  Raises JsonError on invalid JSON."""
         out: list[str] = []
+        try:
+            used = self._feed(text, at_end, out)
+        except JsonError as exc:
+            exc.written = "".join(out)
+            raise
+        return "".join(out), used
+
+    def _feed(self, text: str, at_end: bool, out: list[str]) -> int:
         i, n = 0, len(text)
         while i < n and not self.done:
             c = text[i]
@@ -110,7 +121,7 @@ class JsonStreamer:
                     raise JsonError("expected ',' or a closing bracket")
         if at_end and self._state == "scalar" and not self.done:
             out.append(self._finish_scalar())
-        return "".join(out), i
+        return i
 
     # ------------------------------------------------------------------ helpers
     def _check_escape(self) -> None:

@@ -7,8 +7,9 @@
     </｜DSML｜tool_calls>
 
 The bars are U+FF5C.  Any whitespace between tags is accepted (including none).  Every parameter
-needs `string="true"` or `string="false"`, names are unique within an invoke, and the block needs
-at least one invoke.  `string="true"` values are the raw text; `string="false"` values follow the
+needs `string="true"` or `string="false"`, names are unique within an invoke, the block needs
+at least one invoke, and a value must be closed before any other DSML tag opens (an opening
+`<｜DSML｜...` tag inside a value makes the block malformed).  `string="true"` values are the raw text; `string="false"` values follow the
 schema (docs/reference/toolcall-contract.md §4, DSML).
 """
 
@@ -24,6 +25,8 @@ INVOKE = f"<{BAR}DSML{BAR}invoke"
 INVOKE_CLOSE = f"</{BAR}DSML{BAR}invoke>"
 PARAM = f"<{BAR}DSML{BAR}parameter"
 PARAM_CLOSE = f"</{BAR}DSML{BAR}parameter>"
+# Any opening DSML tag inside a value means its </｜DSML｜parameter> was forgotten.
+TAG_OPEN = f"<{BAR}DSML{BAR}"
 
 
 class DsmlBlock(BlockParser):
@@ -78,9 +81,9 @@ class DsmlBlock(BlockParser):
                 types = self.catalog.types(name, key)
                 if flag == "true" or is_verbatim(types):
                     self.string_begin(key)
-                    yield from self.stream_until(PARAM_CLOSE)
+                    yield from self.stream_until(PARAM_CLOSE, stop=TAG_OPEN)
                     self.string_end()
                 else:
-                    raw = yield from self.until(PARAM_CLOSE)
+                    raw = yield from self.until(PARAM_CLOSE, stop=TAG_OPEN)
                     self.arg_value(key, coerce(raw, types))
             invokes += 1

@@ -3,6 +3,8 @@
 Both layouts are read: 4.5/4.6 put newlines between the parts, 4.7/5 put none; the name ends at
 the first `<` (so `NAME\\n<arg_key>`, `NAME <arg_key>` and `NAME</tool_call>` all work).  Values
 are the text between the tags verbatim, then converted by the schema (docs/reference/toolcall-contract.md §4).
+Every value must be closed before the next key: an `<arg_key>` inside a value (a forgotten
+`</arg_value>`) makes the block malformed instead of swallowing the next pair.
 """
 
 from __future__ import annotations
@@ -38,10 +40,10 @@ class GlmBlock(BlockParser):
             types = self.catalog.types(name, key)
             if is_verbatim(types):
                 self.string_begin(key)
-                yield from self.stream_until(VALUE_CLOSE)
+                yield from self.stream_until(VALUE_CLOSE, stop=KEY_OPEN)
                 self.string_end()
             else:
-                raw = yield from self.until(VALUE_CLOSE)
+                raw = yield from self.until(VALUE_CLOSE, stop=KEY_OPEN)
                 self.arg_value(key, coerce(raw, types))
             yield from self.ws()
             self.mark = self.pos

@@ -83,12 +83,12 @@ class HermesBlock(BlockParser):
             was_string = streamer.string_started
             try:
                 out, used = streamer.feed(self.buf[self.pos:], at_end=self.final)
-            except JsonError:
+            except JsonError as exc:
+                # What came before the error is reported first, as it would have been had the
+                # error arrived in a later chunk.
+                self._arguments_piece(was_string, exc.written)
                 raise BlockError("bad arguments JSON") from None
-            if streamer.string_started and not was_string:
-                self.events.append(("commit",))
-            if out:
-                self.events.append(("args", out))
+            self._arguments_piece(was_string, out)
             self.pos += used
             if streamer.done:
                 break
@@ -104,6 +104,13 @@ class HermesBlock(BlockParser):
         # More members after the arguments and nothing streamed yet: decode the whole object.
         self.events.append(("reset",))
         return False
+
+    def _arguments_piece(self, was_string: bool, out: str) -> None:
+        assert self._streamer is not None
+        if self._streamer.string_started and not was_string:
+            self.events.append(("commit",))
+        if out:
+            self.events.append(("args", out))
 
     def _decode_whole(self, begin: int) -> Wait:
         """Slow path: decode the complete object and check its shape."""

@@ -6,8 +6,9 @@ docs/reference/toolcall-contract.md §3/§4 rules for this dialect:
   text (it never starts a block because the core only looks for `<tool_call>`).
 * A value drops exactly one newline after `<parameter=K>` and one before its `</parameter>`.
 * A `</parameter>` ends the value only when whitespace and then `<parameter=` or `</function>`
-  follow it, and only at nesting level 0: a `<parameter=` at the start of a line inside a value
-  opens a literal level that its own `</parameter>` closes.  So a value may quote a whole call.
+  follow it, and only at nesting level 0: a `<parameter=` inside a value opens a literal level
+  that its own `</parameter>` closes.  So a value may quote a whole call, and a value not closed
+  before the next `<parameter=` leaves the block unclosed (malformed).
 * `</function>` must be followed by `</tool_call>`.
 """
 
@@ -81,8 +82,10 @@ class QwenXmlBlock(BlockParser):
                 scan = after  # a literal </parameter> inside the value
                 continue
             if buf.startswith(PARAM, lt):
-                if buf[lt - 1] == "\n":
-                    depth += 1
+                # A <parameter= inside a value opens a literal level (a quoted call), at the start
+                # of a line or not: a value not closed before the next <parameter= never finds
+                # its end, so the block is malformed instead of one value swallowing the next.
+                depth += 1
                 scan = lt + len(PARAM)
                 continue
             if len(rest) < len(PARAM_CLOSE) and (
