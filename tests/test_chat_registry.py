@@ -11,7 +11,7 @@ import pytest
 from gateway.chat import ChatEncodingError, ChatTemplateError
 from gateway.chat.jinja_render import render_template
 from gateway.families import FAMILIES, bundled_template, detect_format, encode, load_chat_setup
-from reference_data import template_text
+from reference_data import TEMPLATES_DIR, template_text
 
 HI = [{"role": "user", "content": "hi"}]
 TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {}}}}
@@ -92,6 +92,24 @@ def test_tool_choice_validation() -> None:
 def test_detect_format(model_type: str, template: str | None, expected: str) -> None:
     tokenizer_config = {"chat_template": template_text(template)} if template else {}
     assert detect_format({"model_type": model_type}, tokenizer_config) == expected
+
+
+MODEL_TYPES = ("deepseek_v4", "glm4_moe", "glm4_moe_lite", "qwen3_moe", "qwen3_5_moe", "bailing_hybrid", "x")
+
+
+@pytest.mark.parametrize("model_type", MODEL_TYPES)
+def test_at_most_one_family_recognizes_a_checkpoint(model_type: str) -> None:
+    """Detection asks each family record (Family.recognizes) in registry order: for any model
+    type and any real template (or none), at most one hand-written family claims it, so adding
+    a family is its file and its registry line, and the order never decides between two."""
+    templates = [None, *sorted(p.name for p in TEMPLATES_DIR.glob("*.jinja"))]
+    for name in templates:
+        text = template_text(name) if name else None
+        claims = [f.name for f in FAMILIES.values() if f.name != "jinja" and f.recognizes is not None
+                  and f.recognizes(frozenset({model_type}), text)]
+        assert len(claims) <= 1, (model_type, name, claims)
+    assert all(f.recognizes is not None for f in FAMILIES.values())
+    assert list(FAMILIES)[-1] == "jinja"  # the fallback is asked last
 
 
 def test_detect_format_reads_nested_text_config_and_named_templates() -> None:

@@ -50,44 +50,15 @@ def template_from_tokenizer_config(tokenizer_config: Mapping[str, Any] | None) -
     return None
 
 
-def _glm_format(template: str | None, default: str) -> str:
-    if template is None:
-        return default
-    if "<arg_value>{arg-value-1}</arg_value><arg_key>" in template or "clear_thinking" in template:
-        return "glm47"
-    if "<arg_key>" in template:
-        return "glm45"
-    return "jinja"
-
-
-def _qwen3_format(template: str | None) -> str:
-    if template is None:
-        return "qwen3"
-    if "<function=" in template:
-        return "qwen35" if "<think>" in template else "qwen3_coder"
-    if "<tool_call>" in template or "<|im_start|>" in template:
-        return "qwen3"
-    return "jinja"
-
-
 def detect_format(config: Mapping[str, Any], tokenizer_config: Mapping[str, Any] | None = None,
                   chat_template: str | None = None) -> str:
     """Pick the chat format from a checkpoint's config.json (+ tokenizer_config.json and the
     chat template text, which may live in chat_template.jinja)."""
     template = chat_template if chat_template is not None else template_from_tokenizer_config(tokenizer_config)
     types = _model_types(config)
-    if any(t.startswith("deepseek_v4") for t in types):
-        return "dsml"
-    if "glm4_moe" in types:
-        return _glm_format(template, "glm45")
-    if "glm4_moe_lite" in types:
-        return _glm_format(template, "glm47")
-    if "qwen3_5_moe" in types or "qwen3_5_moe_text" in types:
-        return "qwen35" if template is None or "<function=" in template else "jinja"
-    if "qwen3_moe" in types:
-        return _qwen3_format(template)
-    if template:
-        return "jinja"
+    for family in FAMILIES.values():  # each family's own test (Family.recognizes); jinja is last
+        if family.recognizes is not None and family.recognizes(frozenset(types), template):
+            return family.name
     raise ChatTemplateError(f"model_type {types or None} has no built-in chat format and the checkpoint has no chat_template")
 
 

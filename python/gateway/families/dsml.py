@@ -49,4 +49,9 @@ def encode(messages: list[Message], tools: list[dict[str, Any]], *, add_generati
 
 CALLS = CallSyntax("dsml", opener, dsml_grammar, markup=(
     MARKER, dsml_dialect.CLOSE, INVOKE, dsml_dialect.INVOKE_CLOSE, dsml_dialect.PARAM, dsml_dialect.PARAM_CLOSE))
-FAMILY = Family("dsml", encode, STOP_STRINGS, CALLS)
+def recognizes(model_types: frozenset[str], template: str | None) -> bool:
+    """Every DeepSeek-V4 checkpoint: its releases ship no jinja template (the encoding is code)."""
+    return any(t.startswith("deepseek_v4") for t in model_types)
+
+
+FAMILY = Family("dsml", encode, STOP_STRINGS, CALLS, recognizes=recognizes)

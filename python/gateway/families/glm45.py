@@ -24,4 +24,20 @@ def opener(name: str | None = None) -> str:
 MARKUP = (MARKER, glm_dialect.CLOSE, glm_dialect.KEY_OPEN, glm_dialect.KEY_CLOSE, glm_dialect.VALUE_OPEN,
           glm_dialect.VALUE_CLOSE)
 CALLS = CallSyntax("glm", opener, partial(glm_grammar, newlines=True), MARKUP)
-FAMILY = Family("glm45", text_encoder(glm.encode_glm45), STOP_STRINGS, CALLS, reference_template="GLM-4.5.jinja")
+GLM_TYPES = frozenset({"glm4_moe", "glm4_moe_lite"})
+
+
+def writes_glm47_calls(template: str) -> bool:
+    """GLM-4.7's template: calls without newlines between key and value, and clear_thinking."""
+    return "<arg_value>{arg-value-1}</arg_value><arg_key>" in template or "clear_thinking" in template
+
+
+def recognizes(model_types: frozenset[str], template: str | None) -> bool:
+    """GLM-4.5/4.6 templates (one tag per line) on either GLM MoE type; glm4_moe without one."""
+    if template is None:
+        return "glm4_moe" in model_types
+    return bool(GLM_TYPES & model_types) and "<arg_key>" in template and not writes_glm47_calls(template)
+
+
+FAMILY = Family("glm45", text_encoder(glm.encode_glm45), STOP_STRINGS, CALLS, reference_template="GLM-4.5.jinja",
+                recognizes=recognizes)

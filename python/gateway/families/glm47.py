@@ -14,7 +14,7 @@ from ..chat.normalize import require_text_only
 from ..chat.types import Message
 from ..structured.grammars import glm_grammar
 from ..toolcalls.dialects.glm import MARKER
-from .glm45 import MARKUP, STOP_STRINGS
+from .glm45 import GLM_TYPES, MARKUP, STOP_STRINGS, writes_glm47_calls
 from .record import CallSyntax, Family
 
 
@@ -34,5 +34,12 @@ def encode(messages: list[Message], tools: list[dict[str, Any]], *, add_generati
 
 
 CALLS = CallSyntax("glm", opener, partial(glm_grammar, newlines=False), MARKUP)
+def recognizes(model_types: frozenset[str], template: str | None) -> bool:
+    """GLM-4.7 templates on either GLM MoE type; the lite (Flash) type when none is shipped."""
+    if template is None:
+        return "glm4_moe_lite" in model_types
+    return bool(GLM_TYPES & model_types) and writes_glm47_calls(template)
+
+
 FAMILY = Family("glm47", encode, STOP_STRINGS, CALLS, reasoning_opened=True,
-                reference_template="GLM-4.7-Flash.jinja")
+                reference_template="GLM-4.7-Flash.jinja", recognizes=recognizes)

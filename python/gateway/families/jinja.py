@@ -59,4 +59,9 @@ def encode(messages: list[Message], tools: list[dict[str, Any]], *, add_generati
     return text, thinking
 
 
-FAMILY = Family("jinja", encode, (), None, for_template=for_template)
+def recognizes(model_types: frozenset[str], template: str | None) -> bool:
+    """The fallback (asked last): any checkpoint that ships a template."""
+    return bool(template)
+
+
+FAMILY = Family("jinja", encode, (), None, for_template=for_template, recognizes=recognizes)

@@ -18,4 +18,14 @@ def opener(name: str | None = None) -> str:
 
 
 CALLS = CallSyntax("hermes", opener, hermes_grammar, (MARKER, CLOSE))
-FAMILY = Family("qwen3", text_encoder(qwen.encode_qwen3), STOP_STRINGS, CALLS, reference_template="Qwen3.jinja")
+def recognizes(model_types: frozenset[str], template: str | None) -> bool:
+    """Qwen3 MoE with hermes JSON calls (or without a template); `<function=` templates are
+    qwen3_coder's and qwen35's."""
+    if "qwen3_moe" not in model_types:
+        return False
+    return template is None or (("<tool_call>" in template or "<|im_start|>" in template)
+                                and "<function=" not in template)
+
+
+FAMILY = Family("qwen3", text_encoder(qwen.encode_qwen3), STOP_STRINGS, CALLS, reference_template="Qwen3.jinja",
+                recognizes=recognizes)

@@ -16,5 +16,11 @@ def opener(name: str | None = None) -> str:
 
 CALLS = CallSyntax("qwen_xml", opener, qwen_xml_grammar, (
     MARKER, qwen_xml.CLOSE, FUNCTION, qwen_xml.FUNCTION_CLOSE, qwen_xml.PARAM, qwen_xml.PARAM_CLOSE))
+def recognizes(model_types: frozenset[str], template: str | None) -> bool:
+    """Qwen3 MoE with XML `<function=` calls and no thinking (Qwen3-Coder)."""
+    return ("qwen3_moe" in model_types and template is not None and "<function=" in template
+            and "<think>" not in template)
+
+
 FAMILY = Family("qwen3_coder", text_encoder(qwen.encode_qwen3_coder, takes_thinking=False), STOP_STRINGS, CALLS,
-                reference_template="Qwen3-Coder.jinja")
+                reference_template="Qwen3-Coder.jinja", recognizes=recognizes)

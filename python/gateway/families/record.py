@@ -21,6 +21,8 @@ from ..toolcalls.core import THINK_CLOSE, THINK_OPEN
 Encoder = Callable[..., tuple[str, "bool | None"]]
 # (markup, declared tools, forced name or None, parallel) -> the calls that follow the opener
 CallGrammar = Callable[[Markup, Sequence[ToolSpec], "str | None", bool], GrammarText]
+# (the config's model types, its chat template or None) -> whether the checkpoint speaks this family
+Recognizer = Callable[[frozenset[str], "str | None"], bool]
 
 
 @dataclass(frozen=True)
@@ -53,6 +55,9 @@ class Family:
     reference_template  bundled template (gateway/chat/templates) the encoder is byte-identical to
     for_template        families that render the checkpoint's own template: the family as that
                         template uses it (its call syntax and stop strings read off the template)
+    recognizes          whether a checkpoint (config model types, chat template or None) speaks
+                        this family (families/checkpoint.py detect_format asks each in registry
+                        order; at most one hand-written family says yes, jinja is the fallback)
     """
 
     name: str
@@ -62,6 +67,7 @@ class Family:
     reasoning_opened: bool = False
     reference_template: str | None = None
     for_template: Callable[[Family, str, Mapping[str, Any]], Family] | None = None
+    recognizes: Recognizer | None = None
 
     @property
     def tool_dialect(self) -> str | None:
