@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 
 from gateway.engine import Engine, EvalCancelled
-from gateway.generate import Cancelled, Slot
+from gateway.generate import Cancelled, ProgressEvent, Slot
 from gateway.tokenizer import Tokenizer
 from test_expert_budget import dsv4_small_checkpoint, open_with_slots, small_checkpoint
 
@@ -231,16 +231,31 @@ def test_slot_prefill_reports_windows_and_stops_between_layers(build_checkpoint)
     engine = Engine(str(ckpt), max_ctx=MAX_CTX, prefill_window=chunk)
     slot = Slot(engine, Tokenizer.from_dir(ckpt), max_ctx=MAX_CTX)
     prompt = prompt_for(engine, 2 * chunk + 40, seed=5)
-    reports: list[tuple[int, int]] = []
-    logits, cached = slot.prefill(prompt, threading.Event(), lambda d, t: reports.append((d, t)))
-    assert cached == 0 and reports == [(chunk, len(prompt)), (2 * chunk, len(prompt)), (len(prompt), len(prompt))]
+    reports: list[ProgressEvent] = []
+    slot.progress_seconds = 3600.0  # window ends only
+    logits, cached = slot.prefill(prompt, threading.Event(), reports.append)
+    assert cached == 0 and [(r.done, r.total, r.layer) for r in reports] == [
+        (chunk, len(prompt), None), (2 * chunk, len(prompt), None), (len(prompt), len(prompt), None)]
     assert engine.stats()["prefill_calls"] == 1  # the whole prompt in one engine call
+
+    # Layer progress inside each window, as often as progress_seconds allows (0: every layer).
+    slot.engine.reset()
+    slot.tokens = []
+    slot.progress_seconds = 0.0
+    reports.clear()
+    slot.prefill(prompt, threading.Event(), reports.append)
+    n_layers = engine.info["n_layers"]
+    windows = [(0, chunk), (chunk, chunk), (2 * chunk, 40)]
+    want = [(d, len(prompt), layer, n_layers, w) for d, w in windows for layer in range(1, n_layers)]
+    assert [(r.done, r.total, r.layer, r.n_layers, r.window) for r in reports if r.layer is not None] == want
+    assert [r.done for r in reports if r.layer is None] == [chunk, 2 * chunk, len(prompt)]
 
     slot.engine.reset()
     slot.tokens = []
+    slot.progress_seconds = 3600.0
     cancel = threading.Event()
     with pytest.raises(Cancelled):
-        slot.prefill(prompt, cancel, lambda d, t: cancel.set())  # set as the first window finishes
+        slot.prefill(prompt, cancel, lambda event: cancel.set())  # set as the first window finishes
     assert slot.tokens == prompt[:chunk] and engine.n_past == chunk
     again, cached = slot.prefill(prompt, threading.Event())
     assert cached == chunk and np.array_equal(again, logits)

@@ -244,3 +244,20 @@ def test_context_limits(slot):
         generate(slot, list(range(1, 300)))
     result, _ = generate(slot, list(range(1, 250)), max_tokens=100, stop_token_ids=frozenset())
     assert result.finish_reason == "length" and result.prompt_tokens + result.completion_tokens <= 257
+
+
+def test_prefill_progress_reaches_the_wire_with_its_layer() -> None:
+    """Window ends and layer progress inside a window, as an SSE comment (OpenAI routes) and as
+    Anthropic's prefill_progress event."""
+    from gateway.generate import ProgressEvent
+    from gateway.server.anthropic_protocol import MessagesStream
+    from gateway.server.serving import StreamWriter
+
+    window_end, inside = ProgressEvent(256, 20000), ProgressEvent(256, 20000, 12, 43, 6016)
+    assert StreamWriter().waiting(window_end) == ["prefill 256/20000"]
+    assert StreamWriter().waiting(inside) == ["prefill 256/20000 layer 12/43 of the next 6016"]
+    anthropic = MessagesStream("msg_1", "m", 5, omit_thinking=False)
+    assert anthropic.waiting(window_end) == [("prefill_progress", {"type": "prefill_progress", "done": 256,
+                                                                   "total": 20000})]
+    assert anthropic.waiting(inside) == [("prefill_progress", {"type": "prefill_progress", "done": 256, "total": 20000,
+                                                               "layer": 12, "n_layers": 43, "window": 6016})]

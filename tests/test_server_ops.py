@@ -135,7 +135,9 @@ def test_disconnect_during_prefill_stops_at_a_chunk_boundary(busy_server):
     stream = open_stream(server.base_url, "/v1/chat/completions",
                          {"model": "m", "messages": [{"role": "user", "content": words}], "max_tokens": 1,
                           "stream": True}, _auth(server))
-    _read_until(stream, lambda ev: ev.comment is not None and ev.comment.startswith("prefill "))
+    # the first window's end (layer progress inside it reads "prefill 0/N layer l/L ...")
+    _read_until(stream, lambda ev: ev.comment is not None and ev.comment.startswith("prefill ")
+                and " layer " not in ev.comment)
     stream.close()
     assert wait_until(lambda: not _health(server)["busy"], timeout=10)
     # The slot kept the chunks evaluated before the cancel (at least one 256-token chunk), short

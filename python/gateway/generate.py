@@ -62,8 +62,16 @@ class TextEvent:
 
 @dataclass
 class ProgressEvent:
+    """Prefill progress: `done` of the `total` prompt tokens still to evaluate have every layer
+    computed.  With `layer` set, the window after them (tokens [done, done + window)) has
+    finished `layer` of its `n_layers` layers: at full size one layer of a window takes about
+    a minute, so a client sees the prefill move between windows (Slot.progress_seconds apart)."""
+
     done: int
     total: int
+    layer: int | None = None
+    n_layers: int | None = None
+    window: int | None = None
 
 
 class StopStringFilter:
@@ -111,8 +119,10 @@ class Slot:
 
     def __init__(self, engine, tokenizer: Tokenizer, max_ctx: int, prefix_cache: PrefixCache | None = None,
                  prefix_disk: DiskSnapshots | None = None, budgeted: bool = False,
-                 hidden_token_ids: frozenset[int] = frozenset()) -> None:
+                 hidden_token_ids: frozenset[int] = frozenset(), progress_seconds: float = 1.0) -> None:
         self.engine = engine
+        # Layer progress inside a prefill window is reported at most this often (window ends always).
+        self.progress_seconds = progress_seconds
         self.tokenizer = tokenizer
         # Generated tokens that give no text: control tokens other than the markup the output
         # parser reads (Tokenizer.hidden_ids), as vLLM skips special tokens by default.
@@ -195,7 +205,7 @@ class Slot:
         return logits[-1]
 
     def prefill(self, prompt: list[int], cancel: threading.Event,
-                progress: Callable[[int, int], None] | None = None) -> tuple[np.ndarray, int]:
+                progress: Callable[[ProgressEvent], None] | None = None) -> tuple[np.ndarray, int]:
         """Brings the slot to exactly `prompt`; returns (logits of the last token, cached tokens)."""
         common = self._switch_conversation(prompt, self._common_prefix(prompt))
         if common == len(prompt):
@@ -210,10 +220,17 @@ class Slot:
             raise Cancelled()
         rest = prompt[cached:]
 
+        last_report = time.perf_counter()
+
         def between_layers(layer: int, n_layers: int, done: int, window: int) -> bool:
             # A window's tokens are done after its last layer; a cancel there keeps them.
+            nonlocal last_report
             if progress and layer == n_layers - 1:
-                progress(done + window, len(rest))
+                progress(ProgressEvent(done + window, len(rest)))
+                last_report = time.perf_counter()
+            elif progress and time.perf_counter() - last_report >= self.progress_seconds:
+                progress(ProgressEvent(done, len(rest), layer + 1, n_layers, window))
+                last_report = time.perf_counter()
             return cancel.is_set()
 
         return self._eval(rest, between_layers), cached
@@ -230,7 +247,7 @@ class Slot:
             t0 = time.perf_counter()
             try:
                 logits, res.cached_tokens = self.prefill(
-                    req.prompt_ids, cancel, lambda d, t: emit(ProgressEvent(d, t)))
+                    req.prompt_ids, cancel, emit)
             except Cancelled:
                 res.finish_reason = "cancelled"
                 return res

@@ -307,7 +307,10 @@ class MessagesStream(StreamWriter):
         # Unknown event types pass through the SDKs (docs/reference/gateway-wire.md §5.2).
         if isinstance(item, Queued):
             return [("prefill_progress", {"type": "prefill_progress", "queue_ahead": item.ahead})]
-        return [("prefill_progress", {"type": "prefill_progress", "done": item.done, "total": item.total})]
+        event: dict[str, object] = {"type": "prefill_progress", "done": item.done, "total": item.total}
+        if item.layer is not None:
+            event.update(layer=item.layer, n_layers=item.n_layers, window=item.window)
+        return [("prefill_progress", event)]
 
     def item(self, item: object) -> list[Frame]:
         if isinstance(item, Delta):

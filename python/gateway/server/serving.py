@@ -65,6 +65,9 @@ class StreamWriter:
             return [Comment("keepalive")]
         if isinstance(item, Queued):
             return [Comment(f"queued ahead={item.ahead}")] if item.ahead else []
+        if item.layer is not None:
+            return [Comment(f"prefill {item.done}/{item.total} layer {item.layer}/{item.n_layers} "
+                            f"of the next {item.window}")]
         return [Comment(f"prefill {item.done}/{item.total}")]
 
     def item(self, item: object) -> list[Frame]:
