@@ -49,6 +49,8 @@ class Family:
     reference_template  bundled template (gateway/chat/templates) the encoder is byte-identical to
     for_template        families that render the checkpoint's own template: the family as that
                         template uses it (its call syntax and stop strings read off the template)
+    reasoning_markers   the texts that open and close a reasoning block (a thinking budget
+                        closes it by writing the second)
     """
 
     name: str
@@ -58,6 +60,7 @@ class Family:
     reasoning_opened: bool = False
     reference_template: str | None = None
     for_template: Callable[[Family, str, Mapping[str, Any]], Family] | None = None
+    reasoning_markers: tuple[str, str] = ("<think>", "</think>")
 
     @property
     def tool_dialect(self) -> str | None:
