@@ -31,7 +31,10 @@ FUZZ = settings(max_examples=40, derandomize=True, deadline=None, database=None,
 # ------------------------------------------------------------------------------- value strategies
 
 # Strings with lone surrogates too: json.dumps writes them as \udXXX escapes, as a careless client would.
-weird_text = st.text(st.characters(min_codepoint=0xD800, max_codepoint=0xDFFF) | st.characters(), max_size=12)
+# One surrogate between ordinary characters is always lone (two in a row may make a valid pair,
+# which JSON decodes to one character); st.characters gives surrogates only when asked by category.
+weird_text = st.builds(lambda head, surrogate, tail: head + surrogate + tail, st.text(max_size=5),
+                       st.characters(categories=["Cs"]), st.text(max_size=5))
 texts = st.one_of(st.text(max_size=16), weird_text, st.sampled_from(["", "auto", "none", "required", "text",
                                                                       "json_object", "json_schema", "function"]))
 scalars = st.one_of(st.none(), st.booleans(), st.integers(min_value=-(2**70), max_value=2**70),
