@@ -282,3 +282,13 @@ def test_anthropic_tool_use_ids_start_with_toolu():
     events = AnthropicBlocks().delta({"tool_calls": [{"index": 0, "id": "call_abc123", "type": "function",
                                                       "function": {"name": "f", "arguments": "{}"}}]})
     assert events[0][1]["content_block"]["id"] == "toolu_abc123"
+
+
+def test_message_fields_are_typed():
+    for message, param in (({"role": "user", "content": "x", "name": 5}, "messages[0].name"),
+                           ({"role": "assistant", "content": None, "tool_calls": [
+                               {"id": 5, "type": "function", "function": {"name": "f", "arguments": "{}"}}]},
+                            "messages[0].tool_calls[0].id")):
+        with pytest.raises(ApiError) as err:
+            parse_openai_chat({"messages": [message]})
+        assert err.value.param == param

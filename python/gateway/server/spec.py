@@ -193,13 +193,15 @@ def check_messages(messages: Any) -> list[dict]:
                     raise bad_request(f"messages[{i}].content: only text parts are supported", "messages")
         if role == "tool" and not isinstance(m.get("tool_call_id", ""), str):
             raise bad_request(f"messages[{i}].tool_call_id must be a string", "messages")
+        field_of(m, "name", str, param=f"messages[{i}].name")
         calls = m.get("tool_calls")
         if calls is not None:
             expect(calls, list, "messages")
-            for call in calls:
+            for j, call in enumerate(calls):
                 fn = call.get("function") if isinstance(call, dict) else None
                 if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
                     raise bad_request(f"messages[{i}].tool_calls entries need function.name", "messages")
+                field_of(call, "id", str, param=f"messages[{i}].tool_calls[{j}].id")
                 args = fn.get("arguments", "{}")
                 if isinstance(args, str):
                     try:
