@@ -105,7 +105,8 @@ def test_tool_use_history_with_thinking_and_tool_result(client):
             {"type": "tool_result", "tool_use_id": "toolu_2", "is_error": True,
              "content": [{"type": "text", "text": "clock offline"}]},
             {"type": "text", "text": "Thanks."}]}]
-    m = client.messages.create(model="m", max_tokens=4, messages=messages, tools=[WEATHER, CLOCK],
+    # budget_tokens must be below max_tokens (issue 16 item 13; max_tokens was 4 here, which Anthropic refuses).
+    m = client.messages.create(model="m", max_tokens=1025, messages=messages, tools=[WEATHER, CLOCK],
                                thinking={"type": "enabled", "budget_tokens": 1024},
                                metadata={"user_id": "u1"})
     assert m.stop_reason in ("end_turn", "max_tokens", "tool_use")
@@ -218,3 +219,104 @@ def test_sdk_exception_classes(client):
         client.messages.create(model="m", max_tokens=5, messages=[{"role": "user", "content": "w " * 6000}])
 
 
+
+
+# ------------------------------------------------------------------ issue 16: bad input and minor items
+
+def raw_post(server, path: str, raw: bytes) -> tuple[int, dict]:
+    import http.client
+
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=60)
+    try:
+        conn.request("POST", path, body=raw, headers={"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        return resp.status, json.loads(resp.read() or b"null")
+    finally:
+        conn.close()
+
+
+def assert_anthropic_400(status: int, out: dict) -> None:
+    assert status == 400, out
+    assert out["type"] == "error" and out["error"]["type"] == "invalid_request_error", out
+    assert out["error"]["message"] and out["request_id"].startswith("req_")
+
+
+LONE = b"a\\ud800b"
+
+
+@pytest.mark.parametrize("path, raw", [
+    ("/v1/messages", b'{"max_tokens": 2, "messages": [{"role": "user", "content": "' + LONE + b'"}]}'),
+    ("/v1/messages", b'{"max_tokens": 2, "system": "' + LONE + b'", "messages": [{"role": "user", "content": "x"}]}'),
+    ("/v1/messages", b'{"max_tokens": 2, "messages": [{"role": "user", "content": "x"}], '
+                     b'"tools": [{"name": "' + LONE + b'", "input_schema": {"type": "object"}}]}'),
+    ("/v1/messages/count_tokens", b'{"messages": [{"role": "user", "content": "' + LONE + b'"}]}'),
+    ("/v1/messages", b"[" * 1000 + b"]" * 1000),
+    ("/v1/messages", b'{"max_tokens": 2, "seed": 1, "temperature": Infinity, "messages": []}'),
+])
+def test_bad_bodies_are_400_in_anthropic_shape(glm_server, path, raw):
+    assert_anthropic_400(*raw_post(glm_server, path, raw))
+
+
+@pytest.mark.parametrize("extra", [
+    {"stop_sequences": "x"}, {"stream": "false"}, {"ignore_eos": 1}, {"model": 3}, {"metadata": "u"},
+    {"metadata": {"user_id": 5}}, {"max_tokens": 10**12}, {"max_tokens": 2**64}, {"max_tokens": 10**400},
+    {"tool_choice": {"type": "auto", "disable_parallel_tool_use": "yes"}},
+])
+def test_loose_types_and_unbounded_max_tokens_are_400(glm_server, extra):
+    for stream in (False, True):
+        body = {"model": "m", "max_tokens": 4, "messages": HI, "stream": stream, **extra}
+        assert_anthropic_400(*glm_server.post_json("/v1/messages", body)[:2])
+
+
+def test_count_tokens_counts_a_prompt_longer_than_the_context(client, glm_server):
+    long = [{"role": "user", "content": "word " * 6000}]
+    counted = client.messages.count_tokens(model="m", messages=long)
+    assert counted.input_tokens > glm_server.get_json("/props")["n_ctx"]
+    with pytest.raises(anthropic.BadRequestError):
+        client.messages.create(model="m", max_tokens=2, messages=long)
+    budgeted = client.messages.count_tokens(model="m", messages=HI, thinking={"type": "enabled", "budget_tokens": 2048})
+    assert budgeted.input_tokens > 0
+
+
+def test_tool_use_ids_start_with_toolu(client, glm_server):
+    kwargs = dict(model="m", max_tokens=40, messages=HI, tools=[CLOCK], tool_choice={"type": "tool", "name": "get_time"})
+    m = client.messages.create(**kwargs)
+    calls = [b for b in m.content if b.type == "tool_use"]
+    assert calls and all(b.id.startswith("toolu_") for b in calls), m.content
+    raw = open_stream(glm_server.base_url, "/v1/messages", dict(kwargs, stream=True))
+    starts = [d["content_block"] for n, d in check_anthropic_events(raw.read_all()) if n == "content_block_start"]
+    ids = [b["id"] for b in starts if b["type"] == "tool_use"]
+    assert ids and all(i.startswith("toolu_") for i in ids)
+
+
+def test_hang_ups_log_nothing(qwen_server):
+    """Clients that reset the connection mid-stream, or as soon as they have message_stop: the
+    server's next write (or its write_eof) meets a closed transport, which is the client leaving,
+    not an error to log."""
+    import socket
+    import struct
+    import time
+
+    server = qwen_server  # the fastest tiny model: its writes most often beat the disconnect watcher
+    before = server.log().count("Error handling request")
+    # Whether the server's write or its disconnect watcher comes first is a race: many tries.
+    for max_tokens, last in [(300, b"message_start")] * 30 + [(300, b"content_block_delta")] * 10 \
+            + [(2, b"message_stop")] * 10:
+        body = json.dumps({"model": "m", "max_tokens": max_tokens, "stream": True, "messages": HI,
+                           "ignore_eos": True}).encode()
+        sock = socket.create_connection(("127.0.0.1", server.port), timeout=30)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # close sends RST
+        sock.sendall(b"POST /v1/messages HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: %d\r\n\r\n" % len(body) + body)
+        seen = b""
+        while last not in seen:
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
+            seen += chunk
+        sock.close()
+    time.sleep(0.5)
+    assert server.get_json("/health")["status"] == "ok"
+    log = server.log()
+    assert log.count("Error handling request") == before, log[-3000:]
+    assert "ClientConnectionResetError" not in log

@@ -419,3 +419,157 @@ def test_malformed_json_and_unknown_routes(qwen_server):
     assert err.value.code == 405 and "error" in json.loads(err.value.read())
 
 
+
+
+# ------------------------------------------------------------------ issue 16: no 5xx from bad input
+
+def raw_post(server, path: str, raw: bytes, headers: dict[str, str] | None = None) -> tuple[int, dict]:
+    """POSTs raw bytes (the JSON escapes a client library would never write)."""
+    import http.client
+
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=60)
+    try:
+        conn.request("POST", path, body=raw, headers={"Content-Type": "application/json", **(headers or {})})
+        resp = conn.getresponse()
+        return resp.status, json.loads(resp.read() or b"null")
+    finally:
+        conn.close()
+
+
+def assert_openai_400(status: int, out: dict, param: str | None = None) -> None:
+    assert status == 400, out
+    assert set(out) == {"error"} and out["error"]["type"] == "invalid_request_error", out
+    assert isinstance(out["error"]["message"], str) and out["error"]["message"]
+    if param is not None:
+        assert out["error"]["param"] == param, out
+
+
+LONE = b"a\\ud800b"
+
+
+@pytest.mark.parametrize("path, raw", [
+    ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": "' + LONE + b'"}], "max_tokens": 2}'),
+    ("/v1/chat/completions", b'{"messages": [{"role": "system", "content": "' + LONE + b'"}, '
+                             b'{"role": "user", "content": "x"}], "max_tokens": 2}'),
+    ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": "x"}], "max_tokens": 2, "tools": '
+                             b'[{"type": "function", "function": {"name": "' + LONE + b'"}}]}'),
+    ("/v1/completions", b'{"prompt": "' + LONE + b'", "max_tokens": 2}'),
+    ("/tokenize", b'{"content": "' + LONE + b'"}'),
+    ("/tokenize", b'{"messages": [{"role": "user", "content": "' + LONE + b'"}]}'),
+    ("/v1/responses", b'{"input": "' + LONE + b'", "max_output_tokens": 2}'),
+    ("/v1/responses", b'{"input": "x", "instructions": "' + LONE + b'", "max_output_tokens": 2}'),
+    ("/v1/chat/completions", b"[" * 1000 + b"]" * 1000),
+    ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": "x"}], "temperature": NaN}'),
+])
+def test_lone_surrogates_and_deep_bodies_are_400(qwen_server, path, raw):
+    assert_openai_400(*raw_post(qwen_server, path, raw))
+
+
+def test_deep_tool_schema_with_required_is_400(qwen_server):
+    schema: dict = {"type": "string"}
+    for _ in range(300):
+        schema = {"type": "array", "items": schema}
+    tool = {"type": "function", "function": {"name": "deep", "parameters": {
+        "type": "object", "properties": {"x": schema}}}}
+    for stream in (False, True):
+        status, out, _ = qwen_server.post_json("/v1/chat/completions", {
+            "model": "m", "messages": HI, "tools": [tool], "tool_choice": "required", "max_tokens": 4,
+            "stream": stream})
+        assert_openai_400(status, out)
+
+
+@pytest.mark.parametrize("body, param", [
+    ({"seed": -1}, "seed"),
+    ({"seed": 2**64}, "seed"),
+    ({"stream": "false"}, "stream"),
+    ({"logprobs": "false"}, "logprobs"),
+    ({"parallel_tool_calls": "yes"}, "parallel_tool_calls"),
+    ({"ignore_eos": "true"}, "ignore_eos"),
+    ({"repetition_penalty": "high"}, "repetition_penalty"),
+    ({"model": 7}, "model"),
+    ({"user": {"id": 1}}, "user"),
+    ({"metadata": "x"}, "metadata"),
+    ({"max_tokens": 10**12}, "max_tokens"),
+    ({"max_tokens": 2**64}, "max_tokens"),
+    ({"max_tokens": 10**400}, "max_tokens"),
+    ({"max_completion_tokens": 4096}, "max_tokens"),
+])
+def test_bad_fields_are_400_before_any_stream(qwen_server, body, param):
+    """Checked before the stream opens: a 400 status even with stream true."""
+    for stream in (False, True):
+        full = {"model": "m", "messages": HI, "max_tokens": 4, **body}
+        if "stream" not in body:
+            full["stream"] = stream
+        status, out, _ = qwen_server.post_json("/v1/chat/completions", full)
+        assert_openai_400(status, out, param)
+
+
+def test_max_tokens_that_fits_is_honoured(client, qwen_server):
+    prompt = qwen_server.post_json("/tokenize", {"messages": HI})[1]["count"]
+    room = qwen_server.get_json("/props")["n_ctx"] - prompt
+    status, out, _ = qwen_server.post_json("/v1/chat/completions", {"model": "m", "messages": HI,
+                                                                     "max_tokens": room + 1})
+    assert_openai_400(status, out, "max_tokens")
+    assert out["error"]["code"] == "context_length_exceeded" and str(room) in out["error"]["message"]
+    r = client.chat.completions.create(model="m", messages=HI, max_tokens=room, seed=1)
+    assert r.usage.completion_tokens <= room
+    for path, body in (("/v1/completions", {"prompt": "hi", "max_tokens": 10**6}),
+                       ("/v1/responses", {"input": "hi", "max_output_tokens": 10**6})):
+        status, out, _ = qwen_server.post_json(path, dict(body, model="m"))
+        assert_openai_400(status, out, "max_output_tokens" if "input" in body else "max_tokens")
+
+
+def test_completions_list_of_prompts(client, qwen_server):
+    r = client.completions.create(model="m", prompt=["Once upon", "A long time"], max_tokens=3, n=2, seed=5,
+                                  echo=True)
+    assert [c.index for c in r.choices] == [0, 1, 2, 3]
+    assert r.choices[0].text.startswith("Once upon") and r.choices[1].text.startswith("Once upon")
+    assert r.choices[2].text.startswith("A long time") and r.choices[3].text.startswith("A long time")
+    single = [client.completions.create(model="m", prompt=p, max_tokens=3, seed=5) for p in ("Once upon", "A long time")]
+    assert r.usage.prompt_tokens == sum(s.usage.prompt_tokens for s in single)
+    ids = qwen_server.post_json("/tokenize", {"content": "A long time"})[1]["tokens"]
+    by_ids = client.completions.create(model="m", prompt=[ids, ids], max_tokens=2, seed=5)
+    assert [c.index for c in by_ids.choices] == [0, 1]
+    stream = open_stream(qwen_server.base_url, "/v1/completions", {
+        "model": "m", "prompt": ["Once upon", "A long time"], "max_tokens": 2, "stream": True, "seed": 5,
+        "stream_options": {"include_usage": True}})
+    chunks = [e.json() for e in stream.read_all() if e.comment is None and e.data != "[DONE]"]
+    finished = [c["choices"][0]["index"] for c in chunks if c["choices"] and c["choices"][0]["finish_reason"]]
+    assert finished == [0, 1]
+    assert chunks[-1]["usage"]["prompt_tokens"] == sum(s.usage.prompt_tokens for s in single)
+
+
+def test_tokenize_counts_a_prompt_longer_than_the_context(qwen_server):
+    status, out, _ = qwen_server.post_json("/tokenize", {"messages": [{"role": "user", "content": "word " * 6000}]})
+    assert status == 200 and out["count"] > qwen_server.get_json("/props")["n_ctx"]
+
+
+def test_options_on_an_unknown_path_is_404(qwen_server):
+    import http.client
+
+    for path, expected in (("/v1/nothing-here", 404), ("/v1/chat/completions", 204)):
+        conn = http.client.HTTPConnection("127.0.0.1", qwen_server.port, timeout=10)
+        conn.request("OPTIONS", path, headers={"Origin": "http://localhost:3000",
+                                               "Access-Control-Request-Method": "POST"})
+        resp = conn.getresponse()
+        body = resp.read()
+        conn.close()
+        assert resp.status == expected, (path, resp.status)
+        if expected == 404:
+            assert json.loads(body)["error"]["type"] == "not_found_error"
+
+
+def test_non_utf8_api_key_is_401(busy_server):
+    import http.client
+
+    for header in ("x-api-key", "Authorization"):
+        conn = http.client.HTTPConnection("127.0.0.1", busy_server.port, timeout=10)
+        conn.putrequest("GET", "/v1/models")
+        conn.putheader(header, b"Bearer \xff\xfe\x80" if header == "Authorization" else b"\xff\xfe\x80")
+        conn.endheaders()
+        resp = conn.getresponse()
+        out = json.loads(resp.read())
+        conn.close()
+        assert resp.status == 401, (header, out)
+        assert out["error"]["type"] == "authentication_error"
+    assert busy_server.get_json("/v1/models")["data"]

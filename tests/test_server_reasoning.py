@@ -68,7 +68,9 @@ def test_thinking_off_gives_content(oa):
 
 
 def test_anthropic_thinking_blocks(an, dsv4_server):
-    body = dict(model="m", max_tokens=8, messages=HI, thinking={"type": "enabled", "budget_tokens": 512})
+    # "adaptive": an "enabled" budget must be at least 1024 and below max_tokens (issue 16 item 13),
+    # which test_thinking_budget_closes_the_reasoning covers; this one is about the block shapes.
+    body = dict(model="m", max_tokens=8, messages=HI, thinking={"type": "adaptive"})
     m = an.messages.create(**body)
     assert m.content[0].type == "thinking" and m.content[0].thinking and m.content[0].signature
     with an.messages.stream(**body) as stream:
@@ -117,3 +119,76 @@ def test_second_turn_reuses_the_prefix(oa):
                   {"role": "user", "content": "More."}]
     second = oa.chat.completions.create(model="m", messages=turn2, max_tokens=3, seed=1)
     assert second.usage.prompt_tokens_details.cached_tokens >= first.usage.prompt_tokens - 2
+
+
+# ------------------------------------------------------------------ thinking.budget_tokens (issue 16 item 13)
+
+def test_thinking_budget_closes_the_reasoning(dsv4_server):
+    """Greedy, through the end-of-turn tokens: without a budget the first 1024 tokens are all
+    reasoning (the noise never writes </think>); with budget_tokens 1024 the reasoning is exactly
+    those tokens, then the family's </think> is forced and the answer follows."""
+    budget = 1024
+    base = dict(model="m", messages=HI, temperature=0, ignore_eos=True)
+    status, free, _ = dsv4_server.post_json("/v1/messages", dict(
+        base, max_tokens=budget, thinking={"type": "adaptive"}), timeout=120)
+    assert status == 200, free
+    status, capped, _ = dsv4_server.post_json("/v1/messages", dict(
+        base, max_tokens=budget + 24, thinking={"type": "enabled", "budget_tokens": budget}), timeout=120)
+    assert status == 200, capped
+    free_thinking = "".join(b["thinking"] for b in free["content"] if b["type"] == "thinking")
+    thinking = [b["thinking"] for b in capped["content"] if b["type"] == "thinking"]
+    text = [b["text"] for b in capped["content"] if b["type"] == "text"]
+    assert thinking and thinking[0] == free_thinking, "the reasoning is cut at the budget, not before"
+    assert text and text[0], "the answer follows the closed reasoning"
+    assert capped["usage"]["output_tokens"] == budget + 24
+    assert [b["type"] for b in capped["content"]][:2] == ["thinking", "text"]
+
+
+def test_thinking_budget_errors_are_400_in_anthropic_shape(dsv4_server):
+    for thinking, max_tokens in (({"type": "enabled", "budget_tokens": 512}, 2000),
+                                 ({"type": "enabled", "budget_tokens": 1024}, 1024),
+                                 ({"type": "enabled"}, 2000)):
+        for stream in (False, True):
+            status, out, _ = dsv4_server.post_json("/v1/messages", dict(
+                model="m", max_tokens=max_tokens, messages=HI, thinking=thinking, stream=stream))
+            assert status == 400, out
+            assert out["type"] == "error" and out["error"]["type"] == "invalid_request_error"
+
+
+def test_thinking_budget_hook_forces_the_marker(build_checkpoint):
+    """The hook alone, on the real DSML tokenizer: counting starts when the reply opens <think>
+    (or at once when the prompt did), the marker is forced after `budget` reasoning tokens, and
+    a model that closes the reasoning itself is left alone."""
+    import numpy as np
+
+    from gateway.server.thinking_budget import ThinkingBudget
+    from gateway.tokenizer import Tokenizer
+
+    tok = Tokenizer.from_dir(build_checkpoint("deepseek_v4", "native"))
+    think, close = tok.token_id("<think>"), tok.token_id("</think>")
+    word = tok.encode(" word")[0]
+    vocab = tok.vocab_size
+
+    def run(hook, first: list[int], steps: int) -> list[int]:
+        generated = list(first)
+        for _ in range(steps):
+            mask = hook(generated)
+            generated.append(int(np.flatnonzero(mask)[0]) if mask is not None and mask.sum() == 1 else word)
+        return generated
+
+    out = run(ThinkingBudget(tok, 5, ("<think>", "</think>"), in_reasoning=False, n_vocab=vocab), [think], 10)
+    assert out[:7] == [think] + [word] * 5 + [close] and close not in out[7:]
+    out = run(ThinkingBudget(tok, 3, ("<think>", "</think>"), in_reasoning=True, n_vocab=vocab), [], 8)
+    assert out[:4] == [word] * 3 + [close] and out.count(close) == 1
+    # The reply opened no reasoning: no budget applies.
+    assert close not in run(ThinkingBudget(tok, 2, ("<think>", "</think>"), in_reasoning=False, n_vocab=vocab),
+                            [word], 8)
+    # The model closed the reasoning itself: nothing is forced afterwards.
+    hook = ThinkingBudget(tok, 4, ("<think>", "</think>"), in_reasoning=True, n_vocab=vocab)
+    assert close not in run(hook, [word, close], 8)[2:]
+    # A grammar's mask is combined: where it refuses the marker, the grammar wins.
+    refuse = np.ones(vocab, dtype=bool)
+    refuse[close] = False
+    hook = ThinkingBudget(tok, 1, ("<think>", "</think>"), in_reasoning=True, n_vocab=vocab,
+                          inner=lambda generated: refuse)
+    assert hook([word]) is refuse

@@ -120,12 +120,175 @@ def test_anthropic_tool_choice_mapping():
     ({"max_tokens": 1, "messages": HI, "tool_choice": {"type": "maybe"}}, "tool_choice"),
     ({"max_tokens": 1, "messages": HI, "tools": [{"input_schema": {}}]}, "tools"),
     ({"max_tokens": 1, "messages": HI, "thinking": "on"}, "thinking"),
-    ({"max_tokens": 1, "messages": HI, "stop_sequences": "END!"}, None),
+    ({"max_tokens": 1, "messages": HI, "stop_sequences": "END!"}, "stop_sequences"),  # a list only (issue 16)
 ])
 def test_anthropic_errors(body, param):
-    if param is None:  # a single string is accepted as one stop sequence
-        assert parse_anthropic(body).stop == ["END!"]
-        return
     with pytest.raises(ApiError) as err:
         parse_anthropic(body)
     assert err.value.status == 400 and err.value.param == param
+
+
+def test_anthropic_stop_sequences_must_be_a_list():
+    """Anthropic takes a list only (issue 16 item 8: a bare string used to be accepted)."""
+    with pytest.raises(ApiError) as err:
+        parse_anthropic({"max_tokens": 1, "messages": HI, "stop_sequences": "x"})
+    assert err.value.status == 400 and err.value.param == "stop_sequences"
+    assert parse_anthropic({"max_tokens": 1, "messages": HI, "stop_sequences": ["x"]}).stop == ["x"]
+
+
+# ------------------------------------------------------------------ issue 16: every field typed
+
+@pytest.mark.parametrize("key, value", [
+    ("stream", "false"), ("logprobs", "false"), ("parallel_tool_calls", "no"), ("ignore_eos", 1),
+    ("repetition_penalty", "1.1"), ("model", 5), ("user", 5), ("metadata", "x"), ("stream", 0),
+    ("reasoning_effort", 1), ("chat_template_kwargs", "x"), ("temperature", True), ("seed", 1.5),
+    ("n", True), ("top_logprobs", "2"),
+])
+def test_openai_chat_field_types(key, value):
+    with pytest.raises(ApiError) as err:
+        parse_openai_chat({"messages": HI, key: value})
+    assert err.value.status == 400 and err.value.param == key
+
+
+def test_openai_nested_field_types():
+    for body, param in (({"stream_options": {"include_usage": "yes"}}, "stream_options.include_usage"),
+                        ({"chat_template_kwargs": {"enable_thinking": "no"}}, "chat_template_kwargs.enable_thinking"),
+                        ({"tools": [{"type": "function", "function": {"name": "f", "description": 3}}]},
+                         "tools[0].function.description")):
+        with pytest.raises(ApiError) as err:
+            parse_openai_chat(dict(body, messages=HI))
+        assert err.value.param == param
+
+
+def test_typed_fields_keep_their_values():
+    spec = parse_openai_chat({"messages": HI, "stream": False, "logprobs": False, "parallel_tool_calls": False,
+                              "ignore_eos": False, "model": "m", "user": "u", "metadata": {"a": "b"},
+                              "repetition_penalty": 1.1})
+    assert not spec.stream and not spec.sampling.logprobs and not spec.parallel_tool_calls
+    assert spec.model == "m"
+
+
+@pytest.mark.parametrize("key, value", [
+    ("stream", "true"), ("model", ["m"]), ("metadata", []), ("ignore_eos", "1"), ("top_k", 2.5),
+])
+def test_anthropic_field_types(key, value):
+    with pytest.raises(ApiError) as err:
+        parse_anthropic({"max_tokens": 1, "messages": HI, key: value})
+    assert err.value.status == 400 and err.value.param == key
+
+
+@pytest.mark.parametrize("key, value", [
+    ("stream", "false"), ("parallel_tool_calls", 0), ("user", 1), ("metadata", "x"), ("store", "no"),
+    ("model", 1), ("background", "no"),
+])
+def test_responses_field_types(key, value):
+    from gateway.server.responses_protocol import parse_responses
+
+    with pytest.raises(ApiError) as err:
+        parse_responses({"input": "hi", key: value})
+    assert err.value.status == 400 and err.value.param == key
+
+
+@pytest.mark.parametrize("seed", [-1, 2**64, -(2**70)])
+def test_seed_out_of_range(seed):
+    with pytest.raises(ApiError) as err:
+        parse_openai_chat({"messages": HI, "seed": seed})
+    assert err.value.param == "seed"
+    assert parse_openai_chat({"messages": HI, "seed": 2**64 - 1}).sampling.seed == 2**64 - 1
+
+
+# ------------------------------------------------------------------ issue 16: the body itself
+
+@pytest.mark.parametrize("raw", [
+    b'{"messages": [{"role": "user", "content": "a\\ud800b"}]}',           # lone high surrogate
+    b'{"messages": [{"role": "user", "content": "a\\udfffb"}]}',           # lone low surrogate
+    b'{"a\\ud800": 1}',                                                    # in a key
+    b'{"messages": [{"role": "user", "content": "a\xed\xa0\x80b"}]}',      # a surrogate as raw bytes
+    b"[" * 1000 + b"]" * 1000,                                             # RecursionError in json
+    b'{"a": ' + b"[" * 150 + b"]" * 150 + b"}",                            # under Python's limit, over ours
+    b'{"temperature": NaN}', b'{"temperature": Infinity}',
+    b'{"max_tokens": 1' + b"0" * 5000 + b"}",                              # over int's 4300 digits
+])
+def test_bodies_that_used_to_fail_deep_inside(raw):
+    with pytest.raises(ApiError) as err:
+        parse_json_body(raw)
+    assert err.value.status == 400
+
+
+def test_valid_bodies_pass_the_body_checks():
+    assert parse_json_body('{"a": "\\ud83d\\ude00 ok"}'.encode()) == {"a": "\U0001f600 ok"}
+    nested = b'{"a": ' + b"[" * 90 + b"]" * 90 + b"}"
+    assert parse_json_body(nested)["a"]
+
+
+def test_infinite_numbers_are_refused():
+    with pytest.raises(ApiError) as err:
+        parse_openai_chat({"messages": HI, "temperature": float("inf")})  # what 1e400 parses to
+    assert err.value.param == "temperature"
+
+
+# ------------------------------------------------------------------ issue 16: thinking budget
+
+@pytest.mark.parametrize("thinking, max_tokens", [
+    ({"type": "enabled"}, 4000),                              # budget required when enabled
+    ({"type": "enabled", "budget_tokens": 1023}, 4000),       # below Anthropic's minimum
+    ({"type": "enabled", "budget_tokens": 2048}, 2048),       # not below max_tokens
+    ({"type": "enabled", "budget_tokens": "2048"}, 4000),
+    ({"type": "enabled", "budget_tokens": 2048.0}, 4000),
+    ({"type": "adaptive", "budget_tokens": 10}, 4000),
+    ({"type": "enabled", "budget_tokens": 2048, "display": 1}, 4000),
+])
+def test_thinking_budget_is_checked_as_anthropic_does(thinking, max_tokens):
+    with pytest.raises(ApiError) as err:
+        parse_anthropic({"max_tokens": max_tokens, "messages": HI, "thinking": thinking})
+    assert err.value.status == 400 and err.value.param.startswith("thinking")
+
+
+def test_thinking_budget_is_kept():
+    spec = parse_anthropic({"max_tokens": 2000, "messages": HI, "thinking": {"type": "enabled", "budget_tokens": 1024}})
+    assert spec.thinking is True and spec.thinking_budget == 1024
+    assert parse_anthropic({"max_tokens": 1, "messages": HI, "thinking": {"type": "adaptive"}}).thinking_budget is None
+    off = parse_anthropic({"max_tokens": 1, "messages": HI, "thinking": {"type": "disabled", "budget_tokens": 5000}})
+    assert off.thinking is False and off.thinking_budget is None
+
+
+# ------------------------------------------------------------------ issue 16: minor items
+
+def test_completions_prompt_forms():
+    from gateway.server.openai_protocol import parse_completion
+
+    assert parse_completion({"prompt": "a"}).prompts == ["a"]
+    assert parse_completion({"prompt": [1, 2]}).prompts == [[1, 2]]
+    assert parse_completion({"prompt": ["a", "b"]}).prompts == ["a", "b"]
+    assert parse_completion({"prompt": [[1], [2, 3]], "n": 2}).prompts == [[1], [2, 3]]
+    for bad in ([], [1, "a"], [["a"]], [True], {"a": 1}, None, ["a", 2]):
+        with pytest.raises(ApiError) as err:
+            parse_completion({"prompt": bad})
+        assert err.value.param == "prompt"
+    with pytest.raises(ApiError):
+        parse_completion({"prompt": ["a"] * 3, "n": 8})  # 24 choices: over the bound
+    for key, value in (("echo", "yes"), ("stream", 1), ("logprobs", True), ("logprobs", -1), ("model", 2)):
+        with pytest.raises(ApiError) as err:
+            parse_completion({"prompt": "a", key: value})
+        assert err.value.param == key
+
+
+def test_anthropic_tool_use_ids_start_with_toolu():
+    from gateway.server.anthropic_protocol import AnthropicBlocks, anthropic_content
+
+    message = {"content": None, "tool_calls": [
+        {"id": "call_abc123", "type": "function", "function": {"name": "f", "arguments": "{}"}}]}
+    assert anthropic_content(message)[0]["id"] == "toolu_abc123"
+    events = AnthropicBlocks().delta({"tool_calls": [{"index": 0, "id": "call_abc123", "type": "function",
+                                                      "function": {"name": "f", "arguments": "{}"}}]})
+    assert events[0][1]["content_block"]["id"] == "toolu_abc123"
+
+
+def test_message_fields_are_typed():
+    for message, param in (({"role": "user", "content": "x", "name": 5}, "messages[0].name"),
+                           ({"role": "assistant", "content": None, "tool_calls": [
+                               {"id": 5, "type": "function", "function": {"name": "f", "arguments": "{}"}}]},
+                            "messages[0].tool_calls[0].id")):
+        with pytest.raises(ApiError) as err:
+            parse_openai_chat({"messages": [message]})
+        assert err.value.param == param

@@ -419,3 +419,36 @@ def test_builtin_tool_records_and_tool_output_parts():
             {"type": "function_call", "call_id": "c", "name": "shot", "arguments": "{}"},
             {"type": "function_call_output", "call_id": "c", "output": [{"type": "input_image", "image_url": "x"}]}]})
     assert err.value.status == 400 and "input_image" in err.value.message
+
+
+# ------------------------------------------------------------------ issue 16: bad input is a 400, never a 5xx
+
+@pytest.mark.parametrize("raw", [
+    b'{"input": "a\\ud800b"}',
+    b'{"input": [{"role": "user", "content": [{"type": "input_text", "text": "a\\udc00"}]}]}',
+    b'{"input": "hi", "tools": [{"type": "function", "name": "f\\ud800"}]}',
+    b'{"input": ' + b"[" * 500 + b"]" * 500 + b"}",
+])
+def test_bad_bodies_are_400(qwen_server, raw):
+    import http.client
+
+    conn = http.client.HTTPConnection("127.0.0.1", qwen_server.port, timeout=60)
+    conn.request("POST", "/v1/responses", body=raw, headers={"Content-Type": "application/json"})
+    resp = conn.getresponse()
+    out = json.loads(resp.read())
+    conn.close()
+    assert resp.status == 400 and out["error"]["type"] == "invalid_request_error", out
+
+
+@pytest.mark.parametrize("extra, param", [
+    ({"stream": "false"}, "stream"), ({"parallel_tool_calls": "no"}, "parallel_tool_calls"),
+    ({"user": 5}, "user"), ({"metadata": []}, "metadata"), ({"seed": -1}, "seed"), ({"model": 1}, "model"),
+    ({"max_output_tokens": 10**12}, "max_output_tokens"), ({"max_output_tokens": 10**400}, "max_output_tokens"),
+    ({"reasoning": {"effort": 1}}, "reasoning.effort"),
+])
+def test_loose_types_are_400(qwen_server, extra, param):
+    for stream in (False, True):
+        body = {"model": "m", "input": "hi", "max_output_tokens": 4, "stream": stream, **extra}
+        status, err, _ = qwen_server.post_json("/v1/responses", body)
+        assert status == 400, err
+        assert err["error"]["type"] == "invalid_request_error" and err["error"]["param"] == param

@@ -58,6 +58,8 @@ class Family:
     recognizes          whether a checkpoint (config model types, chat template or None) speaks
                         this family (families/checkpoint.py detect_format asks each in registry
                         order; at most one hand-written family says yes, jinja is the fallback)
+    reasoning_markers   the texts that open and close a reasoning block (a thinking budget
+                        closes it by writing the second)
     """
 
     name: str
@@ -68,6 +70,7 @@ class Family:
     reference_template: str | None = None
     for_template: Callable[[Family, str, Mapping[str, Any]], Family] | None = None
     recognizes: Recognizer | None = None
+    reasoning_markers: tuple[str, str] = ("<think>", "</think>")
 
     @property
     def tool_dialect(self) -> str | None:

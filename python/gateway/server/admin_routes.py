@@ -12,7 +12,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from .errors import bad_request
 from .openai_protocol import parse_openai_chat
 from .pipeline import prepare_chat
-from .spec import check_token_ids, parse_json_body
+from .spec import check_token_ids, field_of, parse_json_body
 from .state import STATE_KEY, ServerState
 
 
@@ -129,14 +129,14 @@ async def tokenize(request: web.Request) -> web.Response:
     if not isinstance(body, dict):
         raise bad_request("the body must be a JSON object")
     if "messages" in body:
-        ids = prepare_chat(state, parse_openai_chat(body)).prompt_ids
+        ids = prepare_chat(state, parse_openai_chat(body), limit=False).prompt_ids  # counts any length
     else:
         content = body.get("content", body.get("prompt"))
         if not isinstance(content, str):
             raise bad_request("'content' must be a string (or send 'messages')", "content")
         ids = state.tokenizer.encode(content)
     out: dict = {"tokens": ids, "count": len(ids)}
-    if body.get("with_pieces"):
+    if field_of(body, "with_pieces", bool, False):
         out["pieces"] = [state.tokenizer.decode([i]) for i in ids]
     return web.json_response(out)
 

@@ -16,10 +16,14 @@ from .errors import ApiError, bad_request
 from .pipeline import Delta, Finish, Queued, Usage
 from .serving import Frame, StreamWriter
 from .spec import (
+    MIN_THINKING_BUDGET,
     ChatSpec,
+    Kind,
     apply_tool_choice,
+    check_fields,
     check_tools,
     expect,
+    field_of,
     json_format,
     positive_int,
     sampling_params,
@@ -58,9 +62,9 @@ def _text_of_blocks(content: Any, where: str, placeholders: bool = False) -> str
 
 def anthropic_messages_to_openai(body: dict) -> list[dict]:
     out: list[dict] = []
-    system = body.get("system")
+    system = _text_of_blocks(body.get("system"), "system")
     if system:
-        out.append({"role": "system", "content": _text_of_blocks(system, "system")})
+        out.append({"role": "system", "content": system})
     messages = expect(body.get("messages"), list, "messages")
     if not messages:
         raise bad_request("'messages' must not be empty", "messages")
@@ -81,9 +85,10 @@ def anthropic_messages_to_openai(body: dict) -> list[dict]:
                 elif kind == "tool_result":
                     result = block.get("content", "")
                     body_text = _text_of_blocks(result, f"messages[{i}].content.tool_result", placeholders=True)
-                    if block.get("is_error"):
+                    if field_of(block, "is_error", bool, False, param="messages"):
                         body_text = f"Error: {body_text}"
-                    out.append({"role": "tool", "tool_call_id": str(block.get("tool_use_id", "")),
+                    out.append({"role": "tool", "tool_call_id": field_of(block, "tool_use_id", str, "",
+                                                                         param="messages"),
                                 "content": body_text})
                 else:
                     raise bad_request(f"messages[{i}]: content block type '{kind}' is not supported", "messages")
@@ -102,9 +107,10 @@ def anthropic_messages_to_openai(body: dict) -> list[dict]:
                     continue
                 elif kind == "tool_use":
                     name = expect(block.get("name"), str, "messages")
-                    calls.append({"id": str(block.get("id", "")), "type": "function",
+                    calls.append({"id": field_of(block, "id", str, "", param="messages"), "type": "function",
                                   "function": {"name": name,
-                                               "arguments": json.dumps(block.get("input") or {},
+                                               "arguments": json.dumps(field_of(block, "input", dict, {},
+                                                                                param="messages"),
                                                                        ensure_ascii=False)}})
                 else:
                     raise bad_request(f"messages[{i}]: content block type '{kind}' is not supported", "messages")
@@ -118,17 +124,24 @@ def anthropic_messages_to_openai(body: dict) -> list[dict]:
     return out
 
 
+# Fields accepted without acting on them: type-checked all the same.
+MESSAGES_UNUSED_FIELDS: dict[str, Kind] = {"metadata": dict, "service_tier": str, "container": str,
+                                           "mcp_servers": list, "context_management": dict}
+
+
 def parse_anthropic(body: Any) -> ChatSpec:
     expect(body, dict, "body")
-    spec = ChatSpec(messages=anthropic_messages_to_openai(body), model=str(body.get("model") or ""))
+    check_fields(body, MESSAGES_UNUSED_FIELDS)
+    check_fields(field_of(body, "metadata", dict, {}), {"user_id": str}, "metadata.")
+    spec = ChatSpec(messages=anthropic_messages_to_openai(body), model=field_of(body, "model", str, ""))
     tools = []
-    for i, tool in enumerate(expect([] if body.get("tools") is None else body["tools"], list, "tools")):
+    for i, tool in enumerate(field_of(body, "tools", list, [])):
         if not isinstance(tool, dict) or not isinstance(tool.get("name"), str):
             raise bad_request(f"tools[{i}].name is required", "tools")
         if tool.get("type") not in (None, "custom"):
             continue  # a server tool (web_search_..., code_execution_...): nothing here runs it
         tools.append({"type": "function", "function": {
-            "name": tool["name"], "description": tool.get("description", ""),
+            "name": tool["name"], "description": field_of(tool, "description", str, "", param=f"tools[{i}].description"),
             "parameters": tool.get("input_schema") or {"type": "object", "properties": {}}}})
     spec.tools = check_tools(tools)
     choice = body.get("tool_choice")
@@ -141,13 +154,14 @@ def parse_anthropic(body: Any) -> ChatSpec:
         if mapped is None:
             raise bad_request("'tool_choice.type' must be auto, any, tool or none", "tool_choice")
         apply_tool_choice(spec, mapped)
-        spec.parallel_tool_calls = not bool(choice.get("disable_parallel_tool_use", False))
+        spec.parallel_tool_calls = not field_of(choice, "disable_parallel_tool_use", bool, False,
+                                                param="tool_choice.disable_parallel_tool_use")
     expect(body.get("max_tokens"), int, "max_tokens")  # required here
     spec.max_tokens = positive_int(body, "max_tokens")
     spec.sampling = sampling_params({k: body.get(k) for k in ("temperature", "top_p", "top_k")})
-    spec.stop = stop_list(body.get("stop_sequences"), "stop_sequences")
-    spec.stream = bool(body.get("stream", False))
-    spec.ignore_eos = bool(body.get("ignore_eos", False))
+    spec.stop = stop_list(body.get("stop_sequences"), "stop_sequences", single_string=False)
+    spec.stream = field_of(body, "stream", bool, False)
+    spec.ignore_eos = field_of(body, "ignore_eos", bool, False)
     thinking = body.get("thinking")
     if thinking is not None:
         expect(thinking, dict, "thinking")
@@ -155,11 +169,14 @@ def parse_anthropic(body: Any) -> ChatSpec:
         if kind not in ("enabled", "adaptive", "disabled"):
             raise bad_request("'thinking.type' must be enabled, adaptive or disabled", "thinking")
         spec.thinking = kind != "disabled"
-        spec.omit_thinking = thinking.get("display") == "omitted"
-    config = body.get("output_config")
-    if isinstance(config, dict):
-        if isinstance(config.get("effort"), str):
-            spec.reasoning_effort = config["effort"]
+        display = field_of(thinking, "display", str, param="thinking.display")
+        if display not in (None, "summarized", "omitted"):
+            raise bad_request("'thinking.display' must be summarized or omitted", "thinking.display")
+        spec.omit_thinking = display == "omitted"
+        spec.thinking_budget = thinking_budget(thinking, kind, spec.max_tokens or 0)
+    config = field_of(body, "output_config", dict)
+    if config is not None:
+        spec.reasoning_effort = field_of(config, "effort", str, param="output_config.effort")
         fmt = config.get("format")
         if fmt is not None:
             expect(fmt, dict, "output_config.format")
@@ -172,6 +189,31 @@ def parse_anthropic(body: Any) -> ChatSpec:
             elif fmt.get("type") != "text":
                 raise bad_request("'output_config.format.type' must be json_schema", "output_config.format")
     return spec
+
+
+def thinking_budget(thinking: dict, kind: str, max_tokens: int) -> int | None:
+    """thinking.budget_tokens checked as Anthropic does: required with type "enabled", at least
+    1024 and below max_tokens.  The reasoning is closed when it is spent (thinking_budget.py)."""
+    budget = field_of(thinking, "budget_tokens", int, param="thinking.budget_tokens")
+    if kind == "disabled":
+        return None
+    if budget is None:
+        if kind == "enabled":
+            raise bad_request("'thinking.budget_tokens' is required when thinking is enabled",
+                              "thinking.budget_tokens")
+        return None
+    if budget < MIN_THINKING_BUDGET:
+        raise bad_request(f"'thinking.budget_tokens' must be at least {MIN_THINKING_BUDGET}", "thinking.budget_tokens")
+    if budget >= max_tokens:
+        raise bad_request(f"'thinking.budget_tokens' ({budget}) must be less than 'max_tokens' ({max_tokens})",
+                          "thinking.budget_tokens")
+    return budget
+
+
+def anthropic_tool_id(call_id: str) -> str:
+    """Anthropic tool-use ids start with "toolu_"; the parser's are "call_<hex>" (kept as they come
+    when a client already sent one)."""
+    return call_id if call_id.startswith("toolu_") else "toolu_" + call_id.removeprefix("call_")
 
 
 def anthropic_stop_reason(finish_reason: str, stop_string: str | None) -> tuple[str, str | None]:
@@ -200,7 +242,8 @@ def anthropic_content(message: dict, omit_thinking: bool = False) -> list[dict]:
             args = {}
         if not isinstance(args, dict):
             args = {"value": args}
-        blocks.append({"type": "tool_use", "id": call["id"], "name": call["function"]["name"], "input": args})
+        blocks.append({"type": "tool_use", "id": anthropic_tool_id(call["id"]), "name": call["function"]["name"],
+                       "input": args})
     return blocks
 
 
@@ -254,7 +297,7 @@ class AnthropicBlocks:
             fn = call.get("function") or {}
             if self.kind != "tool_use" or self.call_index != call["index"]:
                 events += self._start("tool_use", {"type": "tool_use",
-                                                   "id": call.get("id") or f"toolu_{call['index']}",
+                                                   "id": anthropic_tool_id(call.get("id") or str(call["index"])),
                                                    "name": fn.get("name") or "", "input": {}})
                 self.call_index = call["index"]
             if fn.get("arguments"):

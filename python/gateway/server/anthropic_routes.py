@@ -1,6 +1,7 @@
 """Anthropic-compatible endpoints: /v1/messages (streaming and not) and /v1/messages/count_tokens."""
 from __future__ import annotations
 
+import sys
 import uuid
 
 from aiohttp import web
@@ -31,6 +32,8 @@ async def count_tokens(request: web.Request) -> web.Response:
     state = request.app[STATE_KEY]
     body = parse_json_body(await request.read())
     if isinstance(body, dict) and "max_tokens" not in body:
-        body = dict(body, max_tokens=1)
+        # count_tokens takes no max_tokens; any budget_tokens below it then passes, as at Anthropic.
+        body = dict(body, max_tokens=sys.maxsize)
     spec = parse_anthropic(body)
-    return web.json_response({"input_tokens": len(prepare_chat(state, spec).prompt_ids)})
+    # A count, not a generation: a prompt longer than the context is counted too.
+    return web.json_response({"input_tokens": len(prepare_chat(state, spec, limit=False).prompt_ids)})

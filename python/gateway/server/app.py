@@ -9,6 +9,7 @@ from aiohttp import web
 
 from . import admin_routes, anthropic_routes, openai_routes, responses_routes
 from .errors import ApiError
+from .serving import CLIENT_GONE
 from .state import STATE_KEY, ServerState
 
 log = logging.getLogger("moegate.server")
@@ -40,7 +41,12 @@ def _authorized(state: ServerState, request: web.Request) -> bool:
     auth = request.headers.get("Authorization", "")
     if auth.lower().startswith("bearer "):
         supplied = auth[7:].strip()
-    return hmac.compare_digest(supplied.encode(), state.api_key.encode())
+    try:
+        # aiohttp keeps bytes that are no UTF-8 as surrogate escapes: such a key is simply wrong.
+        key = supplied.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:
+        return False
+    return hmac.compare_digest(key, state.api_key.encode())
 
 
 @web.middleware
@@ -51,13 +57,16 @@ async def gateway_middleware(request: web.Request, handler):
     status = 500
     try:
         if request.method == "OPTIONS":
+            if isinstance(getattr(request.match_info, "http_exception", None), web.HTTPNotFound):
+                status = 404  # a preflight for a path that does not exist
+                return ApiError(404, f"no route {request.path}").response(_api_of(request.path))
             status = 204
             return web.Response(status=204, headers=cors)
         if request.path not in PUBLIC_PATHS and not _authorized(state, request):
             raise ApiError(401, "invalid or missing API key (send Authorization: Bearer KEY or x-api-key)",
                            code="invalid_api_key")
         resp = await handler(request)
-        status = resp.status
+        status = 499 if request.get(CLIENT_GONE) else resp.status
         if cors and not resp.prepared:
             resp.headers.update(cors)
         return resp

@@ -21,13 +21,17 @@ from .errors import ApiError, bad_request
 from .pipeline import Delta, Finish, Usage
 from .serving import Frame, StreamWriter
 from .spec import (
+    MAX_CHOICES,
+    NUMBER,
     ChatSpec,
+    Kind,
     apply_tool_choice,
+    check_fields,
     check_messages,
     check_tools,
     choices_count,
     expect,
-    int_field,
+    field_of,
     json_format,
     positive_int,
     sampling_params,
@@ -37,25 +41,29 @@ from .spec import (
 
 # --------------------------------------------------------------------------- chat completions: parse
 
+# Fields the chat route accepts without acting on them: type-checked all the same.
+CHAT_UNUSED_FIELDS: dict[str, Kind] = {
+    "user": str, "metadata": dict, "store": bool, "service_tier": str, "prompt_cache_key": str,
+    "safety_identifier": str, "repetition_penalty": NUMBER, "modalities": list, "verbosity": str}
+
+
 def parse_openai_chat(body: Any) -> ChatSpec:
     expect(body, dict, "body")
-    spec = ChatSpec(messages=check_messages(body.get("messages")), model=str(body.get("model") or ""))
-    spec.tools = check_tools(expect([] if body.get("tools") is None else body["tools"], list, "tools"))
+    check_fields(body, CHAT_UNUSED_FIELDS)
+    spec = ChatSpec(messages=check_messages(body.get("messages")), model=field_of(body, "model", str, ""))
+    spec.tools = check_tools(field_of(body, "tools", list, []))
     apply_tool_choice(spec, body.get("tool_choice"))
-    spec.parallel_tool_calls = body.get("parallel_tool_calls") is not False  # null means the default
+    spec.parallel_tool_calls = field_of(body, "parallel_tool_calls", bool, True)  # null means the default
     spec.sampling = sampling_params(body)
     key = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
     spec.max_tokens = positive_int(body, key, "max_tokens")
     spec.stop = stop_list(body.get("stop"), "stop")
-    spec.stream = bool(body.get("stream", False))
-    spec.ignore_eos = bool(body.get("ignore_eos", False))
-    opts = body.get("stream_options")
-    opts = {} if opts is None else expect(opts, dict, "stream_options")
-    spec.include_usage = bool(opts.get("include_usage", False))
+    spec.stream = field_of(body, "stream", bool, False)
+    spec.ignore_eos = field_of(body, "ignore_eos", bool, False)
+    opts = field_of(body, "stream_options", dict, {})
+    spec.include_usage = field_of(opts, "include_usage", bool, False, param="stream_options.include_usage")
     spec.n = choices_count(body)
-    effort = body.get("reasoning_effort")
-    if effort is not None:
-        spec.reasoning_effort = expect(effort, str, "reasoning_effort")
+    spec.reasoning_effort = field_of(body, "reasoning_effort", str)
     spec.thinking = thinking_switch(body)
     fmt = body.get("response_format")
     if fmt is not None:
@@ -122,12 +130,20 @@ def extension_format(body: dict) -> dict | None:
 
 # --------------------------------------------------------------------------- completions: parse
 
+# Legacy completions run their prompts one after another in the single slot: prompts x n is bounded.
+MAX_COMPLETION_CHOICES = 2 * MAX_CHOICES
+
+COMPLETION_UNUSED_FIELDS: dict[str, Kind] = {"user": str, "suffix": str, "best_of": int,
+                                             "repetition_penalty": NUMBER}
+
+
 @dataclass
 class CompletionSpec:
-    """A /v1/completions request: the prompt is raw text or token ids, no chat template."""
+    """A /v1/completions request: the prompts are raw text or token ids, no chat template.
+    A list of prompts is served as OpenAI does: prompt i's choice j has index i * n + j."""
 
-    prompt: str | list[int]
-    max_tokens: int = 16
+    prompts: list[str | list[int]]
+    max_tokens: int | None = None  # None: OpenAI's default of 16, clamped to what the context holds
     sampling: SamplingParams = field(default_factory=SamplingParams)
     stop: list[str] = field(default_factory=list)
     response_format: dict | None = None  # an extension constraint (extension_format)
@@ -138,35 +154,50 @@ class CompletionSpec:
     ignore_eos: bool = False
     model: str = ""
 
+    @property
+    def prompt(self) -> str | list[int]:
+        return self.prompts[0]
+
+
+def _is_token_ids(value: Any) -> bool:
+    return isinstance(value, list) and bool(value) and all(
+        isinstance(t, int) and not isinstance(t, bool) for t in value)
+
+
+def completion_prompts(prompt: Any) -> list[str | list[int]]:
+    """OpenAI's four prompt forms: a string, token ids, a list of strings, a list of token-id lists."""
+    if isinstance(prompt, str) or _is_token_ids(prompt):
+        return [prompt]
+    if isinstance(prompt, list) and prompt and all(isinstance(p, str) or _is_token_ids(p) for p in prompt):
+        return list(prompt)
+    raise bad_request("'prompt' must be a string, a list of token ids, or a non-empty list of either", "prompt")
+
 
 def parse_completion(body: Any) -> CompletionSpec:
     if not isinstance(body, dict):
         raise bad_request("the body must be a JSON object")
-    prompt = body.get("prompt")
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
-        prompt = prompt[0]
-    if not isinstance(prompt, str) and not (
-            isinstance(prompt, list) and prompt
-            and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt)):
-        raise bad_request("'prompt' must be a string or a list of token ids", "prompt")
-    spec = CompletionSpec(prompt=prompt if isinstance(prompt, str) else list(prompt))
+    check_fields(body, COMPLETION_UNUSED_FIELDS)
+    spec = CompletionSpec(prompts=completion_prompts(body.get("prompt")))
     spec.n = choices_count(body)
-    max_tokens = int_field(body, "max_tokens", 16)
-    if max_tokens is None or max_tokens < 1:
-        raise bad_request("'max_tokens' must be at least 1", "max_tokens")
-    spec.max_tokens = max_tokens
+    if len(spec.prompts) * spec.n > MAX_COMPLETION_CHOICES:
+        raise bad_request(f"prompts x n may be at most {MAX_COMPLETION_CHOICES}: they run one after another",
+                          "prompt")
+    spec.max_tokens = positive_int(body, "max_tokens")
     spec.sampling = sampling_params({k: v for k, v in body.items() if k not in ("logprobs", "top_logprobs")})
-    logprobs_n = body.get("logprobs")
-    if isinstance(logprobs_n, int) and not isinstance(logprobs_n, bool) and logprobs_n > 0:
+    # Legacy logprobs is a count (0..5 at OpenAI; up to 20 here), not a switch.
+    logprobs_n = field_of(body, "logprobs", int, 0)
+    if logprobs_n < 0:
+        raise bad_request("'logprobs' must be at least 0", "logprobs")
+    if logprobs_n > 0:
         spec.sampling.logprobs, spec.sampling.top_logprobs = True, min(logprobs_n, 20)
     spec.stop = stop_list(body.get("stop"), "stop")
     spec.response_format = extension_format(body)
-    spec.echo = bool(body.get("echo"))
-    spec.stream = bool(body.get("stream"))
-    opts = body.get("stream_options") or {}
-    spec.include_usage = isinstance(opts, dict) and bool(opts.get("include_usage"))
-    spec.ignore_eos = bool(body.get("ignore_eos", False))
-    spec.model = str(body.get("model") or "")
+    spec.echo = field_of(body, "echo", bool, False)
+    spec.stream = field_of(body, "stream", bool, False)
+    opts = field_of(body, "stream_options", dict, {})
+    spec.include_usage = field_of(opts, "include_usage", bool, False, param="stream_options.include_usage")
+    spec.ignore_eos = field_of(body, "ignore_eos", bool, False)
+    spec.model = field_of(body, "model", str, "")
     return spec
 
 
@@ -303,24 +334,37 @@ class Completions:
         return dict(self.base, choices=choices, **extra)
 
 
+def add_completion_usage(total: Usage, choice: Usage, index: int, n: int) -> Usage:
+    """Usage of a completions reply with choice `index` added: each prompt's tokens count once
+    (its first choice), completion tokens add up."""
+    if index % n:
+        return total.add_choice(choice, index)
+    if index == 0:
+        return choice
+    return Usage(total.prompt_tokens + choice.prompt_tokens, total.completion_tokens + choice.completion_tokens,
+                 total.cached_tokens + choice.cached_tokens)
+
+
 class CompletionStream(StreamWriter):
     """A text_completion stream: per choice the echo, each piece of text, a finish chunk; the
-    usage chunk when asked for; `[DONE]`."""
+    usage chunk when asked for; `[DONE]`.  `echo_texts` holds one text per prompt, `n` choices
+    each."""
 
-    def __init__(self, out: Completions, echo_text: str, include_usage: bool) -> None:
-        self.out, self.echo_text, self.include_usage = out, echo_text, include_usage
+    def __init__(self, out: Completions, echo_texts: list[str], n: int, include_usage: bool) -> None:
+        self.out, self.echo_texts, self.n, self.include_usage = out, echo_texts, n, include_usage
         self.index = 0
         self.usage = Usage()
 
     def choice(self, index: int) -> list[Frame]:
         self.index = index
-        return [(None, self.out.chunk([self.out.choice(index, self.echo_text, None, [])]))] if self.echo_text else []
+        echo = self.echo_texts[index // self.n]
+        return [(None, self.out.chunk([self.out.choice(index, echo, None, [])]))] if echo else []
 
     def item(self, item: object) -> list[Frame]:
         if isinstance(item, TextEvent) and (item.text or self.out.want_logprobs):
             return [(None, self.out.chunk([self.out.choice(self.index, item.text, None, [item])]))]
         if isinstance(item, GenerationResult):
-            self.usage = self.usage.add_choice(Usage.of(item), self.index)
+            self.usage = add_completion_usage(self.usage, Usage.of(item), self.index, self.n)
             return [(None, self.out.chunk([self.out.choice(self.index, "", completion_finish(item), [])]))]
         return []
 

@@ -17,6 +17,7 @@ from .openai_protocol import (
     Completions,
     CompletionStream,
     OpenAIChunks,
+    add_completion_usage,
     chat_choice,
     chat_completion,
     completion_finish,
@@ -25,7 +26,17 @@ from .openai_protocol import (
     parse_completion,
     parse_openai_chat,
 )
-from .pipeline import Delta, Finish, JobRun, Usage, check_context, generation_request, start_chat
+from .pipeline import (
+    COMPLETION_DEFAULT_MAX_TOKENS,
+    Delta,
+    Finish,
+    JobRun,
+    Usage,
+    check_context,
+    check_room,
+    generation_request,
+    start_chat,
+)
 from .serving import choice_sampling, one_after_another, stream
 from .spec import check_token_ids, parse_json_body
 from .state import STATE_KEY
@@ -66,40 +77,49 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
 
 
 async def completions(request: web.Request) -> web.StreamResponse:
-    """Legacy text completions: the prompt is raw text (or token ids), no chat template."""
+    """Legacy text completions: the prompt is raw text (or token ids), no chat template.  A list
+    of prompts gives n choices per prompt, indexed prompt * n + choice, one after another."""
     state = request.app[STATE_KEY]
     spec = parse_completion(parse_json_body(await request.read()))
-    if isinstance(spec.prompt, str):
-        ids = state.tokenizer.encode(spec.prompt)
-    else:
-        ids = spec.prompt
-        check_token_ids(ids, state.tokenizer.vocab_size, "prompt")
-    if not ids:
-        raise bad_request("'prompt' is empty", "prompt")
-    check_context(state, ids, "prompt")
+    prompt_ids: list[list[int]] = []
+    for i, prompt in enumerate(spec.prompts):  # every prompt is checked before anything runs
+        if isinstance(prompt, str):
+            ids = state.tokenizer.encode(prompt)
+        else:
+            ids = prompt
+            check_token_ids(ids, state.tokenizer.vocab_size, "prompt")
+        if not ids:
+            raise bad_request("'prompt' is empty" if len(spec.prompts) == 1 else f"prompt[{i}] is empty", "prompt")
+        check_context(state, ids, "prompt")
+        prompt_ids.append(ids)
     stop_ids = frozenset() if spec.ignore_eos else state.stop_token_ids
 
     async def job(index: int) -> JobRun:
-        """Choice `index` (seed + index, its own grammar state), queued now."""
+        """Choice `index` (its prompt's; seed + choice, its own grammar state), queued now."""
         constraint = None
         if spec.response_format is not None:  # vLLM's guided_* / llama.cpp's grammar: the continuation follows it
             constraint = await asyncio.to_thread(constrained.build_reply_constraint, state, spec.response_format,
                                                  stop_ids)
-        return JobRun(state, generation_request(state, ids, spec.max_tokens, choice_sampling(spec.sampling, index),
-                                                spec.stop, stop_ids=stop_ids, constraint=constraint))
+        return JobRun(state, generation_request(state, prompt_ids[index // spec.n], spec.max_tokens,
+                                                choice_sampling(spec.sampling, index % spec.n), spec.stop,
+                                                stop_ids=stop_ids, constraint=constraint,
+                                                default_max_tokens=COMPLETION_DEFAULT_MAX_TOKENS))
 
+    for ids in prompt_ids[1:]:  # the first job checks its own prompt's room, the others' before it runs
+        check_room(state, len(ids), spec.max_tokens, "max_tokens")
     ident = f"cmpl-{uuid.uuid4().hex[:24]}"
     out = Completions(ident, int(time.time()), spec.model or state.model_id, state.tokenizer, spec.sampling.logprobs)
-    echo_text = state.tokenizer.decode(ids) if spec.echo else ""
+    echo_texts = [state.tokenizer.decode(ids) if spec.echo else "" for ids in prompt_ids]
     first = await job(0)  # 400/429 here, before any response is opened
-    runs = one_after_another(first, job, spec.n)
+    runs = one_after_another(first, job, spec.n * len(prompt_ids))
     try:
         if spec.stream:
-            return await stream(request, state, runs, CompletionStream(out, echo_text, spec.include_usage), ident)
+            return await stream(request, state, runs, CompletionStream(out, echo_texts, spec.n, spec.include_usage),
+                                ident)
         choices, usage = [], Usage()
         async with aclosing(runs) as numbered:
             async for index, run in numbered:
-                text, events, result = [echo_text], [], None
+                text, events, result = [echo_texts[index // spec.n]], [], None
                 async with aclosing(run.events()) as items:
                     async for item in items:
                         if isinstance(item, TextEvent):
@@ -109,7 +129,7 @@ async def completions(request: web.Request) -> web.StreamResponse:
                             result = item
                 assert result is not None
                 choices.append(out.choice(index, "".join(text), completion_finish(result), events))
-                usage = usage.add_choice(Usage.of(result), index)
+                usage = add_completion_usage(usage, Usage.of(result), index, spec.n)
         return web.json_response(out.chunk(choices, usage=openai_usage(usage)))
     finally:
         first.close()

@@ -31,6 +31,7 @@ from . import constrained
 from .errors import ApiError, bad_request
 from .spec import ChatSpec
 from .state import ServerState
+from .thinking_budget import ThinkingBudget
 
 log = logging.getLogger("moegate.server")
 
@@ -93,6 +94,10 @@ class PreparedChat:
     constraint: Any = None  # gateway.structured.Constraint when every token is grammar-constrained
 
 
+# OpenAI's default max_tokens of the legacy completions endpoint.
+COMPLETION_DEFAULT_MAX_TOKENS = 16
+
+
 def check_context(state: ServerState, ids: list[int], param: str) -> None:
     """The one context check of a request (the engine keeps its own guard)."""
     if len(ids) >= state.max_ctx:
@@ -100,10 +105,22 @@ def check_context(state: ServerState, ids: list[int], param: str) -> None:
                           param, code="context_length_exceeded")
 
 
-def prepare_chat(state: ServerState, spec: ChatSpec, *, constrain: bool = False) -> PreparedChat:
+def check_room(state: ServerState, prompt_tokens: int, max_tokens: int | None, param: str) -> None:
+    """A max_tokens the client set must fit after the prompt, as vLLM checks it: a request that
+    cannot be honoured is refused rather than cut short (docs/reference/gateway-wire.md §2.4).
+    The server's own default is clamped instead (generation_request)."""
+    room = state.max_ctx - prompt_tokens
+    if max_tokens is not None and max_tokens > room:
+        raise bad_request(f"'{param}' must be at most {max(room, 0)} here: the prompt has {prompt_tokens} tokens "
+                          f"and the context holds {state.max_ctx}", param, code="context_length_exceeded")
+
+
+def prepare_chat(state: ServerState, spec: ChatSpec, *, constrain: bool = False,
+                 limit: bool = True) -> PreparedChat:
     """Renders and tokenises the prompt; raises ApiError for anything the client got wrong.
     `constrain`: also build the grammar constraint the request needs (forced call, JSON reply);
-    this compiles a grammar, so callers on the event loop run it in a worker thread."""
+    this compiles a grammar, so callers on the event loop run it in a worker thread.  `limit`
+    False skips the context check (counting endpoints count any prompt)."""
     from ..chat.types import ChatEncodingError
 
     family = state.chat.family
@@ -128,7 +145,8 @@ def prepare_chat(state: ServerState, spec: ChatSpec, *, constrain: bool = False)
         prompt = prompt.append(start_in_call, family.calls.opener(prompt.neutral_of(spec.forced_name)))
         in_reasoning = False
     ids = state.tokenizer.encode_prompt(prompt)  # the client's text stays text (gateway.chat.untrusted)
-    check_context(state, ids, "messages")
+    if limit:
+        check_context(state, ids, "messages")
     prep = PreparedChat(ids, family.tool_dialect if spec.active_tools else None, in_reasoning, start_in_call)
     if constrain:
         prep.constraint = constrained.build_for_request(state, spec, in_reasoning=in_reasoning)
@@ -140,14 +158,18 @@ def prepare_chat(state: ServerState, spec: ChatSpec, *, constrain: bool = False)
 def generation_request(state: ServerState, prompt_ids: list[int], max_tokens: int | None,
                        sampling: SamplingParams, stop: list[str], *, stop_ids: frozenset[int] | None = None,
                        stop_texts: tuple[str, ...] = (), ignore_eos: bool = False,
-                       constraint: Any = None) -> GenerationRequest:
+                       constraint: Any = None, default_max_tokens: int | None = None,
+                       max_tokens_param: str = "max_tokens") -> GenerationRequest:
     """`stop` are the client's stop strings; `stop_ids` the tokens that end the turn (default: the
     server's), `stop_texts` the chat family's stop strings that are no single token.  `ignore_eos`
     drops every stop token (benchmarks, tests).  With a `constraint` the grammar decides where the reply ends: it allows the stop tokens
     exactly when the structure is complete, so the loop stops on those same ids, and no stop
-    string may cut the structure short."""
+    string may cut the structure short.  A `max_tokens` the client set that does not fit after
+    the prompt is a 400 (check_room); the default (`default_max_tokens`, else the server's) is
+    clamped to the room left."""
+    check_room(state, len(prompt_ids), max_tokens, max_tokens_param)
     room = state.max_ctx - len(prompt_ids)
-    budget = min(max_tokens or state.default_max_tokens, room)
+    budget = min(max_tokens or default_max_tokens or state.default_max_tokens, room)
     stop_ids = state.stop_token_ids if stop_ids is None else stop_ids
     request = GenerationRequest(prompt_ids=prompt_ids, max_tokens=budget, sampling=sampling,
                                 stop_token_ids=frozenset() if ignore_eos and constraint is None else stop_ids,
@@ -285,7 +307,13 @@ class ChatRun:
         self.state, self.spec, self.prep = state, spec, prep
         request = generation_request(state, prep.prompt_ids, spec.max_tokens, spec.sampling, spec.stop,
                                      stop_texts=state.stop_texts,
-                                     ignore_eos=spec.ignore_eos, constraint=prep.constraint)
+                                     ignore_eos=spec.ignore_eos, constraint=prep.constraint,
+                                     max_tokens_param=spec.max_tokens_param)
+        if spec.thinking_budget is not None and not prep.start_in_call:
+            request.token_mask = ThinkingBudget(state.tokenizer, spec.thinking_budget,
+                                                state.chat.family.reasoning_markers,
+                                                in_reasoning=prep.in_reasoning,
+                                                n_vocab=constrained.engine_vocab(state), inner=request.token_mask)
         self.output = ChatOutput(prep.dialect, spec.active_tools, in_reasoning=prep.in_reasoning,
                                  start_in_call=prep.start_in_call,
                                  # a named function is one call (issue 16.3), as OpenAI does

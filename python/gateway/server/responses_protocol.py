@@ -36,10 +36,13 @@ from .serving import Frame, StreamWriter
 from .spec import (
     MAX_MESSAGES,
     ChatSpec,
+    Kind,
     apply_tool_choice,
+    check_fields,
     check_messages,
     check_tools,
     expect,
+    field_of,
     json_format,
     positive_int,
     sampling_params,
@@ -215,13 +218,20 @@ def _responses_tool_choice(spec: ChatSpec, choice: Any) -> None:
     apply_tool_choice(spec, choice)
 
 
+# Fields accepted without acting on them (or only echoed back): type-checked all the same.
+RESPONSES_UNUSED_FIELDS: dict[str, Kind] = {
+    "user": str, "metadata": dict, "store": bool, "truncation": str, "include": list, "service_tier": str,
+    "prompt_cache_key": str, "safety_identifier": str, "max_tool_calls": int, "top_logprobs": int}
+
+
 def parse_responses(body: Any) -> ChatSpec:
     """An OpenAI Responses request (POST /v1/responses) as a ChatSpec."""
     expect(body, dict, "body")
     for key, why in _RESPONSES_UNSUPPORTED.items():
         if body.get(key) is not None:
             raise bad_request(why, key)
-    if body.get("background"):
+    check_fields(body, RESPONSES_UNUSED_FIELDS)
+    if field_of(body, "background", bool, False):
         raise bad_request("background responses need stored state; this server is stateless", "background")
     messages: list[dict] = []
     instructions = body.get("instructions")
@@ -241,20 +251,20 @@ def parse_responses(body: Any) -> ChatSpec:
         raise bad_request("'input' must be a string or a list of input items", "input")
     if not any(m["role"] != "system" for m in messages):
         raise bad_request("'input' holds nothing for the model to answer", "input")
-    spec = ChatSpec(messages=check_messages(messages), model=str(body.get("model") or ""))
-    spec.tools, spec.tool_namespaces = responses_function_tools([] if body.get("tools") is None else body["tools"])
+    spec = ChatSpec(messages=check_messages(messages), model=field_of(body, "model", str, ""),
+                    max_tokens_param="max_output_tokens")
+    spec.tools, spec.tool_namespaces = responses_function_tools(field_of(body, "tools", list, []))
     _responses_tool_choice(spec, body.get("tool_choice"))
-    spec.parallel_tool_calls = body.get("parallel_tool_calls") is not False
+    spec.parallel_tool_calls = field_of(body, "parallel_tool_calls", bool, True)
     spec.sampling = sampling_params({k: body.get(k) for k in ("temperature", "top_p", "seed", "top_k", "min_p")})
     spec.max_tokens = positive_int(body, "max_output_tokens")
-    spec.stream = bool(body.get("stream", False))
-    spec.ignore_eos = bool(body.get("ignore_eos", False))
+    spec.stream = field_of(body, "stream", bool, False)
+    spec.ignore_eos = field_of(body, "ignore_eos", bool, False)
     reasoning = body.get("reasoning")
     if reasoning is not None:
         expect(reasoning, dict, "reasoning")
-        effort = reasoning.get("effort")
-        if effort is not None:
-            spec.reasoning_effort = expect(effort, str, "reasoning.effort")
+        spec.reasoning_effort = field_of(reasoning, "effort", str, param="reasoning.effort")
+        field_of(reasoning, "summary", str, param="reasoning.summary")
     spec.thinking = thinking_switch(body)
     text_config = body.get("text")
     fmt = expect(text_config, dict, "text").get("format") if text_config is not None else None

@@ -119,13 +119,27 @@ async def stream(request: web.Request, state: ServerState, runs: AsyncIterator[t
         await send(writer.end())
     except ApiError as exc:  # the status line is gone: the error travels in the stream
         await send(writer.error(exc))
-    except ConnectionResetError:
-        raise
+    except ConnectionResetError:  # the client hung up mid-stream (the runs were closed on the way out)
+        return client_gone(request, resp)
     except Exception as exc:  # a bug after the stream opened: report it in the stream, keep serving
         log.exception("error while streaming %s", ident)
         await send(writer.error(ApiError(500, f"internal error: {type(exc).__name__}")))
-    await send(writer.done())
-    await resp.write_eof()
+    try:
+        await send(writer.done())
+        await resp.write_eof()
+    except ConnectionResetError:  # the client hung up after the last event it needed
+        return client_gone(request, resp)
+    return resp
+
+
+# Set on a request whose client hung up during its stream (the middleware counts it as 499).
+CLIENT_GONE = "moegate.client_gone"
+
+
+def client_gone(request: web.Request, resp: web.StreamResponse) -> web.StreamResponse:
+    """Nothing more can reach the client: its stream ends here, quietly (aiohttp's own final
+    write_eof of a closed connection is no error)."""
+    request[CLIENT_GONE] = True
     return resp
 
 

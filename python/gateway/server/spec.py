@@ -3,11 +3,17 @@
 Each API's protocol module (openai_protocol, anthropic_protocol, responses_protocol) turns its
 body into a `ChatSpec` in the OpenAI chat form (messages, tools, tool_choice), so everything
 after parsing speaks one dialect.  Every field is type-checked: a bad value is a 400 naming the
-field, never a 500 from deep inside.
+field, never a 500 from deep inside.  The body itself is checked first (`parse_json_body`): valid
+UTF-8 JSON, no NaN/Infinity, nesting at most `MAX_JSON_DEPTH` deep, no lone UTF-16 surrogate in
+any string (the tokenizer and the encoders need real Unicode).  Fields are read through
+`field_of` (one value, its type, its default) and `check_fields` (a table of the fields an API
+accepts without using them: type-checked all the same, so a wrong type is never silently taken).
 """
 from __future__ import annotations
 
 import json
+import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,6 +26,17 @@ MAX_STOP_STRINGS = 16
 MAX_TOOLS = 256
 # n > 1 runs the choices one after another: bounded so one request cannot hold the slot forever.
 MAX_CHOICES = 8
+# Nesting bound of a request body (objects and arrays): real requests (a tool schema 10 levels
+# deep is about 25) stay far below it; a deeper body would only recurse through the encoders and
+# the grammar compiler.
+MAX_JSON_DEPTH = 100
+# Seeds are 64-bit unsigned, as numpy's generators (and vLLM) take them.
+MAX_SEED = 2**64 - 1
+# Anthropic's smallest thinking budget.
+MIN_THINKING_BUDGET = 1024
+
+Kind = type | tuple[type, ...]
+NUMBER: Kind = (int, float)
 
 
 @dataclass
@@ -42,6 +59,8 @@ class ChatSpec:
     omit_thinking: bool = False  # Anthropic thinking.display "omitted": thinking blocks carry no text
     n: int = 1  # OpenAI choices: generated one after another in the single slot (prompt reused)
     tool_namespaces: dict[str, str] = field(default_factory=dict)  # Responses: function -> namespace
+    max_tokens_param: str = "max_tokens"  # the API's name of max_tokens, for the errors that name it
+    thinking_budget: int | None = None  # Anthropic thinking.budget_tokens: reasoning closed after this many
 
     @property
     def active_tools(self) -> list[dict]:
@@ -53,31 +72,55 @@ class ChatSpec:
         return self.tool_choice in ("required", "function") and bool(self.tools)
 
 
-def expect(value: Any, kind: type | tuple[type, ...], param: str) -> Any:
-    if not isinstance(value, kind) or (kind in (int, float, (int, float)) and isinstance(value, bool)):
-        names = kind.__name__ if isinstance(kind, type) else " or ".join(k.__name__ for k in kind)
+_JSON_NAMES = {bool: "boolean", int: "integer", float: "number", str: "string", list: "array", dict: "object"}
+
+
+def _kinds(kind: Kind) -> tuple[type, ...]:
+    return (kind,) if isinstance(kind, type) else kind
+
+
+def expect(value: Any, kind: Kind, param: str) -> Any:
+    """`value` if it has the type `kind`; a 400 naming `param` otherwise.  JSON true/false are
+    no numbers here (Python's bool is an int), and a number must be finite (1e400 parses as inf)."""
+    kinds = _kinds(kind)
+    numeric = any(k in (int, float) for k in kinds)
+    if not isinstance(value, kinds) or (numeric and bool not in kinds and isinstance(value, bool)):
+        names = "number" if kinds == NUMBER else " or ".join(_JSON_NAMES.get(k, k.__name__) for k in kinds)
         raise bad_request(f"'{param}' must be of type {names}", param)
+    if isinstance(value, float) and not math.isfinite(value):
+        raise bad_request(f"'{param}' must be a finite number", param)
     return value
 
 
-def number_field(body: dict, key: str, default: float) -> float:
+def field_of(body: Mapping[str, Any], key: str, kind: Kind, default: Any = None, *,
+             param: str | None = None) -> Any:
+    """body[key] checked against `kind` (`default` when absent or null): the one way a field is read."""
     value = body.get(key)
     if value is None:
         return default
-    return float(expect(value, (int, float), key))
+    return expect(value, kind, param or key)
+
+
+def check_fields(body: Mapping[str, Any], kinds: Mapping[str, Kind], prefix: str = "") -> None:
+    """Type-checks every field of `kinds` that the body carries (null means absent)."""
+    for key, kind in kinds.items():
+        field_of(body, key, kind, param=prefix + key)
+
+
+def number_field(body: dict, key: str, default: float) -> float:
+    return float(field_of(body, key, NUMBER, default))
 
 
 def int_field(body: dict, key: str, default: int | None) -> int | None:
-    value = body.get(key)
-    if value is None:
-        return default
-    return expect(value, int, key)
+    return field_of(body, key, int, default)
 
 
-def stop_list(value: Any, param: str) -> list[str]:
+def stop_list(value: Any, param: str, *, single_string: bool = True) -> list[str]:
+    """A list of stop strings; OpenAI's `stop` also takes one string (`single_string`), Anthropic's
+    stop_sequences only a list."""
     if value is None:
         return []
-    if isinstance(value, str):
+    if isinstance(value, str) and single_string:
         value = [value]
     expect(value, list, param)
     if len(value) > MAX_STOP_STRINGS:
@@ -100,6 +143,7 @@ def check_tools(tools: list[dict]) -> list[dict]:
         params = fn.get("parameters", {})
         if params is not None and not isinstance(params, dict):
             raise bad_request(f"tools[{i}].function.parameters must be a JSON Schema object", "tools")
+        check_fields(fn, {"description": str, "strict": bool}, f"tools[{i}].function.")
         if params is not None:
             valid_schema(params, f"tool '{fn['name']}'", "tools")
         names.add(fn["name"])
@@ -152,13 +196,15 @@ def check_messages(messages: Any) -> list[dict]:
                     raise bad_request(f"messages[{i}].content: only text parts are supported", "messages")
         if role == "tool" and not isinstance(m.get("tool_call_id", ""), str):
             raise bad_request(f"messages[{i}].tool_call_id must be a string", "messages")
+        field_of(m, "name", str, param=f"messages[{i}].name")
         calls = m.get("tool_calls")
         if calls is not None:
             expect(calls, list, "messages")
-            for call in calls:
+            for j, call in enumerate(calls):
                 fn = call.get("function") if isinstance(call, dict) else None
                 if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
                     raise bad_request(f"messages[{i}].tool_calls entries need function.name", "messages")
+                field_of(call, "id", str, param=f"messages[{i}].tool_calls[{j}].id")
                 args = fn.get("arguments", "{}")
                 if isinstance(args, str):
                     try:
@@ -187,8 +233,8 @@ def sampling_params(body: dict, *, default_temperature: float = 1.0) -> Sampling
         min_p=number_field(body, "min_p", 0.0),
         presence_penalty=number_field(body, "presence_penalty", 0.0),
         frequency_penalty=number_field(body, "frequency_penalty", 0.0),
-        seed=int_field(body, "seed", None),
-        logprobs=bool(body.get("logprobs")) or top_logprobs > 0,
+        seed=seed_field(body),
+        logprobs=field_of(body, "logprobs", bool, False) or top_logprobs > 0,
         top_logprobs=top_logprobs,
         logit_bias=bias,
     )
@@ -197,6 +243,13 @@ def sampling_params(body: dict, *, default_temperature: float = 1.0) -> Sampling
     except ValueError as exc:
         raise bad_request(str(exc), str(exc).split(":")[0]) from None
     return params
+
+
+def seed_field(body: dict) -> int | None:
+    seed = int_field(body, "seed", None)
+    if seed is not None and not 0 <= seed <= MAX_SEED:
+        raise bad_request(f"'seed' must be between 0 and {MAX_SEED}", "seed")
+    return seed
 
 
 def json_format(schema: Any, param: str) -> dict:
@@ -222,28 +275,68 @@ def valid_schema(schema: Any, what: str, param: str) -> Any:
 
 def thinking_switch(body: dict) -> bool | None:
     """OpenAI-side switches used by local servers: chat_template_kwargs.enable_thinking / thinking."""
-    kwargs = body.get("chat_template_kwargs")
-    if isinstance(kwargs, dict):
-        for key in ("enable_thinking", "thinking"):
-            if isinstance(kwargs.get(key), bool):
-                return kwargs[key]
+    kwargs = field_of(body, "chat_template_kwargs", dict, {})
+    for key in ("enable_thinking", "thinking"):
+        value = field_of(kwargs, key, bool, param=f"chat_template_kwargs.{key}")
+        if value is not None:
+            return value
     return None
 
 
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
 def parse_json_body(raw: bytes) -> Any:
+    """The body as JSON, checked as the module docstring says (a 400 otherwise)."""
     try:
-        return json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        body = json.loads(raw, parse_constant=_no_constant)
+    except RecursionError:
+        raise ApiError(400, f"the request body is nested deeper than {MAX_JSON_DEPTH} levels") from None
+    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError, an integer of over 4300 digits
         raise ApiError(400, f"the request body is not valid JSON: {exc}") from None
+    check_json_tree(body)
+    return body
+
+
+def check_json_tree(value: Any) -> None:
+    """Nesting depth and lone surrogates, without recursion (the bound is what is checked)."""
+    stack: list[tuple[Any, int]] = [(value, 0)]
+    while stack:
+        node, depth = stack.pop()
+        if isinstance(node, str):
+            _check_unicode(node)
+            continue
+        if isinstance(node, dict):
+            children: Any = node.values()
+            for key in node:
+                _check_unicode(key)
+        elif isinstance(node, list):
+            children = node
+        else:
+            continue
+        if depth >= MAX_JSON_DEPTH:
+            raise ApiError(400, f"the request body is nested deeper than {MAX_JSON_DEPTH} levels")
+        stack.extend((child, depth + 1) for child in children if isinstance(child, (str, dict, list)))
+
+
+def _check_unicode(text: str) -> None:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        bad = text[exc.start]
+        raise ApiError(400, f"the request body holds a lone UTF-16 surrogate (\\u{ord(bad):04x}) in a string; "
+                            "strings must be valid Unicode") from None
 
 
 def positive_int(body: dict, key: str, param: str | None = None) -> int | None:
-    """An optional count that must be at least 1 (max_tokens and friends)."""
-    value = body.get(key)
+    """An optional count that must be at least 1 (max_tokens and friends).  No upper bound here:
+    what cannot fit in the context is refused once the prompt is counted
+    (pipeline.generation_request)."""
+    name = param or key
+    value = field_of(body, key, int, param=name)
     if value is None:
         return None
-    name = param or key
-    expect(value, int, name)
     if value < 1:
         raise bad_request(f"'{name}' must be at least 1", name)
     return value
