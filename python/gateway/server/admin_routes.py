@@ -12,7 +12,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from .errors import bad_request
 from .openai_protocol import parse_openai_chat
 from .pipeline import prepare_chat
-from .spec import check_token_ids, parse_json_body
+from .serving import off_loop, read_json
+from .spec import check_token_ids
 from .state import STATE_KEY, ServerState
 
 
@@ -125,7 +126,10 @@ async def props(request: web.Request) -> web.Response:
 
 async def tokenize(request: web.Request) -> web.Response:
     state = request.app[STATE_KEY]
-    body = parse_json_body(await request.read())
+    return web.json_response(await off_loop(_tokenize, state, await read_json(request)))
+
+
+def _tokenize(state: ServerState, body: object) -> dict:
     if not isinstance(body, dict):
         raise bad_request("the body must be a JSON object")
     if "messages" in body:
@@ -138,14 +142,17 @@ async def tokenize(request: web.Request) -> web.Response:
     out: dict = {"tokens": ids, "count": len(ids)}
     if body.get("with_pieces"):
         out["pieces"] = [state.tokenizer.decode([i]) for i in ids]
-    return web.json_response(out)
+    return out
 
 
 async def detokenize(request: web.Request) -> web.Response:
     state = request.app[STATE_KEY]
-    body = parse_json_body(await request.read())
+    return web.json_response({"content": await off_loop(_detokenize, state, await read_json(request))})
+
+
+def _detokenize(state: ServerState, body: object) -> str:
     tokens = body.get("tokens") if isinstance(body, dict) else None
     if not isinstance(tokens, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in tokens):
         raise bad_request("'tokens' must be a list of token ids", "tokens")
     check_token_ids(tokens, state.tokenizer.vocab_size, "tokens")
-    return web.json_response({"content": state.tokenizer.decode(tokens)})
+    return state.tokenizer.decode(tokens)

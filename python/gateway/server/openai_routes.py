@@ -15,6 +15,7 @@ from .errors import ApiError, bad_request
 from .openai_protocol import (
     ChatStream,
     Completions,
+    CompletionSpec,
     CompletionStream,
     OpenAIChunks,
     chat_choice,
@@ -26,14 +27,14 @@ from .openai_protocol import (
     parse_openai_chat,
 )
 from .pipeline import Delta, Finish, JobRun, Usage, check_context, generation_request, start_chat
-from .serving import choice_sampling, one_after_another, stream
-from .spec import check_token_ids, parse_json_body
-from .state import STATE_KEY
+from .serving import choice_sampling, off_loop, one_after_another, read_json, stream
+from .spec import check_token_ids
+from .state import STATE_KEY, ServerState
 
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
     state = request.app[STATE_KEY]
-    spec = parse_openai_chat(parse_json_body(await request.read()))
+    spec = await off_loop(parse_openai_chat, await read_json(request))
     ident = f"chatcmpl-{uuid.uuid4().hex[:24]}"
     created = int(time.time())
     model = spec.model or state.model_id
@@ -68,15 +69,8 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
 async def completions(request: web.Request) -> web.StreamResponse:
     """Legacy text completions: the prompt is raw text (or token ids), no chat template."""
     state = request.app[STATE_KEY]
-    spec = parse_completion(parse_json_body(await request.read()))
-    if isinstance(spec.prompt, str):
-        ids = state.tokenizer.encode(spec.prompt)
-    else:
-        ids = spec.prompt
-        check_token_ids(ids, state.tokenizer.vocab_size, "prompt")
-    if not ids:
-        raise bad_request("'prompt' is empty", "prompt")
-    check_context(state, ids, "prompt")
+    spec = await off_loop(parse_completion, await read_json(request))
+    ids, echo_text = await off_loop(_completion_prompt, state, spec)
     stop_ids = frozenset() if spec.ignore_eos else state.stop_token_ids
 
     async def job(index: int) -> JobRun:
@@ -90,7 +84,6 @@ async def completions(request: web.Request) -> web.StreamResponse:
 
     ident = f"cmpl-{uuid.uuid4().hex[:24]}"
     out = Completions(ident, int(time.time()), spec.model or state.model_id, state.tokenizer, spec.sampling.logprobs)
-    echo_text = state.tokenizer.decode(ids) if spec.echo else ""
     first = await job(0)  # 400/429 here, before any response is opened
     runs = one_after_another(first, job, spec.n)
     try:
@@ -113,6 +106,19 @@ async def completions(request: web.Request) -> web.StreamResponse:
         return web.json_response(out.chunk(choices, usage=openai_usage(usage)))
     finally:
         first.close()
+
+
+def _completion_prompt(state: ServerState, spec: CompletionSpec) -> tuple[list[int], str]:
+    """The prompt as checked ids, and the echoed text (empty without echo)."""
+    if isinstance(spec.prompt, str):
+        ids = state.tokenizer.encode(spec.prompt)
+    else:
+        ids = spec.prompt
+        check_token_ids(ids, state.tokenizer.vocab_size, "prompt")
+    if not ids:
+        raise bad_request("'prompt' is empty", "prompt")
+    check_context(state, ids, "prompt")
+    return ids, state.tokenizer.decode(ids) if spec.echo else ""
 
 
 async def list_models(request: web.Request) -> web.Response:

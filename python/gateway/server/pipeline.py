@@ -353,11 +353,9 @@ class ChatRun:
 
 
 async def start_chat(state: ServerState, spec: ChatSpec, id_salt: str = "") -> ChatRun:
-    """Validates, renders, tokenises and queues a chat request (ApiError on any problem), with
-    the rendering and grammar compilation off the event loop when the request needs a grammar
-    (a large tool schema can take a moment to compile); queueing stays on the loop."""
-    if constrained.wants_constraint(spec):
-        prep = await asyncio.to_thread(prepare_chat, state, spec, constrain=True)
-    else:
-        prep = prepare_chat(state, spec)
+    """Validates, renders, tokenises and queues a chat request (ApiError on any problem).
+    Rendering, tokenizing and grammar compilation run in a worker thread (they grow with the
+    body: about 1 s per MB of prompt, seconds for a large tool schema's grammar), so the event
+    loop keeps serving other clients; queueing stays on the loop."""
+    prep = await asyncio.to_thread(prepare_chat, state, spec, constrain=constrained.wants_constraint(spec))
     return ChatRun(state, spec, prep, id_salt)
