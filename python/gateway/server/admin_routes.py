@@ -22,6 +22,9 @@ async def health(request: web.Request) -> web.Response:
     state = request.app[STATE_KEY]
     if not state.ready:
         return web.json_response({"status": "loading"}, status=503)
+    if state.scheduler.draining:  # load balancers take the instance out
+        return web.json_response({"status": "shutting_down"}, status=503,
+                                 headers={"Retry-After": str(state.retry_after_seconds)})
     return web.json_response({"status": "ok", "model": state.model_id,
                               "busy": state.scheduler.running is not None,
                               "queue_depth": state.scheduler.queue_depth})

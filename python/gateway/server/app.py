@@ -9,6 +9,7 @@ from aiohttp import web
 
 from . import admin_routes, anthropic_routes, openai_routes, responses_routes
 from .errors import ApiError
+from .pipeline import shutting_down
 from .state import STATE_KEY, ServerState
 
 log = logging.getLogger("moegate.server")
@@ -56,6 +57,9 @@ async def gateway_middleware(request: web.Request, handler):
         if request.path not in PUBLIC_PATHS and not _authorized(state, request):
             raise ApiError(401, "invalid or missing API key (send Authorization: Bearer KEY or x-api-key)",
                            code="invalid_api_key")
+        if state.scheduler.draining and request.path not in PUBLIC_PATHS:
+            # a request on a connection that was open before the shutdown began
+            raise shutting_down(state, RuntimeError("the server is shutting down"))
         resp = await handler(request)
         status = resp.status
         if cors and not resp.prepared:
@@ -109,9 +113,16 @@ def create_app(state: ServerState) -> web.Application:
     async def on_startup(app: web.Application) -> None:
         app[STATE_KEY].scheduler.start()
 
+    async def on_shutdown(app: web.Application) -> None:
+        # SIGTERM: the listening socket is closed already; the running generation ends at its
+        # next token with a final event, queued requests get 503, then the handlers finish
+        # (serve.SHUTDOWN_GRACE_SECONDS at most) before on_cleanup.
+        app[STATE_KEY].scheduler.drain()
+
     async def on_cleanup(app: web.Application) -> None:
         await app[STATE_KEY].scheduler.stop()
 
     app.on_startup.append(on_startup)
+    app.on_shutdown.append(on_shutdown)
     app.on_cleanup.append(on_cleanup)
     return app

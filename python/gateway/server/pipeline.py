@@ -26,7 +26,7 @@ from typing import Any
 
 from ..generate import GenerationRequest, GenerationResult, TextEvent
 from ..sampling import SamplingParams
-from ..scheduler import Done, Failed, QueueFull
+from ..scheduler import Done, Failed, QueueFull, ShuttingDown
 from . import constrained
 from .errors import ApiError, bad_request
 from .spec import ChatSpec
@@ -172,6 +172,12 @@ def logprob_entries(state: ServerState, event: TextEvent) -> list[dict]:
     return [item]
 
 
+def shutting_down(state: ServerState, exc: Exception) -> ApiError:
+    """503 with Retry-After: the request never ran; another instance (or this one, restarted)
+    can take it."""
+    return ApiError(503, f"{exc}; retry shortly", code="shutting_down", retry_after=state.retry_after_seconds)
+
+
 class JobRun:
     """One submitted generation job.  Construction submits (429 when the queue is full);
     `events()` yields Queued, ProgressEvent, TextEvent ... and finally the GenerationResult.
@@ -189,6 +195,8 @@ class JobRun:
         except QueueFull as exc:
             state.metrics.rejected += 1
             raise ApiError(429, str(exc), retry_after=state.retry_after_seconds) from None
+        except ShuttingDown as exc:
+            raise shutting_down(state, exc) from None
 
     async def events(self) -> AsyncIterator[object]:
         try:
@@ -199,6 +207,8 @@ class JobRun:
                     yield event.result
                     return
                 if isinstance(event, Failed):
+                    if isinstance(event.error, ShuttingDown):
+                        raise shutting_down(self.state, event.error)
                     raise ApiError(500, f"generation failed: {event.error}")
                 yield event
         finally:
