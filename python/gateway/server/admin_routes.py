@@ -2,6 +2,7 @@
 /detokenize."""
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterator
 
@@ -129,7 +130,10 @@ async def props(request: web.Request) -> web.Response:
 
 async def tokenize(request: web.Request) -> web.Response:
     state = request.app[STATE_KEY]
-    return web.json_response(await off_loop(_tokenize, state, await read_json(request)))
+    body = await read_json(request)
+    # The reply grows with the body too (an id per token): serialised off the loop as well.
+    text = await off_loop(lambda: json.dumps(_tokenize(state, body)))
+    return web.Response(text=text, content_type="application/json")
 
 
 def _tokenize(state: ServerState, body: object) -> dict:
