@@ -281,6 +281,10 @@ def load_all(folders: list[Path]) -> dict[str, dict]:
             results[item["folder"]] = item
     assert proc.returncode == 0, (f"the loader crashed (exit {proc.returncode}) on {last}:\n"
                                   f"{proc.stderr[-6000:]}")
+    # Under the sanitizers UBSan reports and carries on (the extension's flags do not make it
+    # abort): its reports must fail the test too.
+    for sign in ("runtime error:", "AddressSanitizer", "LeakSanitizer"):
+        assert sign not in proc.stderr, proc.stderr[-6000:]
     return results
 
 
