@@ -223,6 +223,10 @@ PROPS = _obj({"model": STR, "n_ctx": INT, "chat_format": STR, "default_max_token
 TOKENS = _obj({"tokens": _arr(INT), "count": INT, "pieces": _arr(STR)}, ["tokens", "count"])
 TEXT = _obj({"content": STR}, ["content"])
 
+# One server-sent event of a stream (SSE tooling validates each event against this): `data` is a
+# JSON text (OpenAI chunks, Anthropic / Responses events) or "[DONE]"; comments carry no data.
+SSE_EVENT = _obj({"event": STR, "data": STR, "id": STR}, ["data"])
+
 OPENAI_ERROR = _obj({"error": _obj({"message": STR, "type": STR, "param": {"type": ["string", "null"]},
                                     "code": {"type": ["string", "null"]}}, ["message", "type", "param", "code"])},
                     ["error"])
@@ -286,7 +290,7 @@ def _operation(route: Route) -> dict[str, Any]:
     else:
         content: dict[str, Any] = {"application/json": {"schema": route.ok or ANY_OBJ}}
         if route.streams:
-            content["text/event-stream"] = {"schema": STR}
+            content["text/event-stream"] = {"schema": SSE_EVENT}
         responses["200"] = {"description": "OK" + (" (an SSE stream when `stream` is true)" if route.streams else ""),
                             "content": content}
     for status in sorted(statuses):
