@@ -272,7 +272,7 @@ def test_large_bodies_never_stall_health_or_a_running_stream(qwen_server):
     reader = threading.Thread(target=read_stream, daemon=True)
     reader.start()
 
-    words = "lorem ipsum dolor sit amet " * 24_000  # ~650 KB of prompt
+    words = "lorem ipsum dolor sit amet " * 40_000  # ~1 MB of prompt
     bodies = [
         ("/v1/chat/completions", {"model": "m", "max_tokens": 1, "messages": [{"role": "user", "content": words}]}),
         ("/v1/completions", {"model": "m", "max_tokens": 1, "prompt": words[:250_000]}),
@@ -282,8 +282,10 @@ def test_large_bodies_never_stall_health_or_a_running_stream(qwen_server):
     answers: list[tuple[str, int, dict]] = []
 
     def post_all() -> None:
-        for path, body in bodies:
-            answers.append((path, *_post_raw(server, path, json.dumps(body).encode())))
+        # At least one pass, and on for 2 s: the window measured is long enough on any machine.
+        while not answers or time.monotonic() - t0 < 2.0:
+            for path, body in bodies:
+                answers.append((path, *_post_raw(server, path, json.dumps(body).encode())))
 
     poster = threading.Thread(target=post_all, daemon=True)
     t0 = time.monotonic()
@@ -298,14 +300,13 @@ def test_large_bodies_never_stall_health_or_a_running_stream(qwen_server):
     running.close()
     reader.join(timeout=10)
 
-    statuses = {path: status for path, status, _ in answers}
-    assert statuses["/v1/chat/completions"] == 400 and answers[0][2]["error"]["code"] == "context_length_exceeded"
-    assert statuses["/v1/completions"] == 400 and answers[1][2]["error"]["code"] == "context_length_exceeded"
-    assert statuses["/tokenize"] == 200 and answers[2][2]["count"] > 10_000
-    # (a count past the context is still a 400 here: issue 16 item 14, not this test's concern)
-    assert statuses["/v1/messages/count_tokens"] in (200, 400)
-    print(f"large bodies took {busy_for:.1f} s; worst /health {max(health_seconds):.2f} s")
-    assert busy_for > 1.0, "the bodies were too small to show a stall"
+    for path, status, body in answers:
+        if path in ("/v1/chat/completions", "/v1/completions"):
+            assert status == 400 and body["error"]["code"] == "context_length_exceeded", (path, body)
+        elif path == "/tokenize":
+            assert status == 200 and body["count"] > 10_000
+        else:  # (a count past the context is still a 400 here: issue 16 item 14, not this test's concern)
+            assert status in (200, 400), (path, body)
     assert max(health_seconds) < 1.0, (max(health_seconds), busy_for)
     window = [t for t in chunk_times if t0 <= t <= t0 + busy_for]
     gaps = [b - a for a, b in zip(window, window[1:])]
