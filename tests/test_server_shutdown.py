@@ -128,3 +128,43 @@ def test_sigterm_ends_streams_refuses_queued_persists_and_exits(build_checkpoint
         assert "Traceback" not in server.log(), server.log()
     finally:
         stop_server(server)
+
+
+def test_sigterm_while_a_large_body_is_tokenized_still_exits_in_time(build_checkpoint):
+    """Tokenizing a large prompt runs in a worker thread for seconds: the exit does not wait
+    for it (request threads are daemons; pool threads would be joined at exit)."""
+    server = start_server(build_checkpoint("qwen3_moe", "bf16"))
+    try:
+        raw = json.dumps({"model": "m", "max_tokens": 1,
+                          "messages": [{"role": "user", "content": "lorem ipsum dolor sit amet " * 300_000}]}).encode()
+        sent = threading.Event()
+        answer: dict = {}
+
+        def post() -> None:
+            conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=60)
+            try:
+                conn.request("POST", "/v1/chat/completions", body=raw, headers={"Content-Type": "application/json"})
+                sent.set()
+                resp = conn.getresponse()
+                answer.update(status=resp.status, headers=dict(resp.headers), body=json.loads(resp.read()),
+                              at=time.monotonic())
+            finally:
+                sent.set()
+                conn.close()
+
+        poster = threading.Thread(target=post, daemon=True)
+        poster.start()
+        assert sent.wait(timeout=30)
+        time.sleep(1.0)  # the body is in, its prompt being tokenized (seconds at ~8 MB)
+        assert _health(server)["status"] == "ok"
+        t0 = time.monotonic()
+        server.proc.send_signal(signal.SIGTERM)
+        code = server.proc.wait(timeout=30)
+        assert time.monotonic() - t0 < 5.0, time.monotonic() - t0
+        assert code == 0, server.log()
+        poster.join(timeout=5)
+        # It never reached the queue: 503 with Retry-After at once, like a queued request.
+        assert answer.get("status") == 503 and answer["at"] - t0 < 2.0, answer
+        assert "Retry-After" in answer["headers"] and answer["body"]["error"]["code"] == "shutting_down"
+    finally:
+        stop_server(server)

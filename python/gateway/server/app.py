@@ -7,7 +7,7 @@ import logging
 
 from aiohttp import web
 
-from . import admin_routes, anthropic_routes, openai_routes, responses_routes
+from . import admin_routes, anthropic_routes, offload, openai_routes, responses_routes
 from . import openapi as oas
 from .errors import ApiError
 from .openapi import Route, build_document
@@ -149,7 +149,10 @@ def create_app(state: ServerState) -> web.Application:
         # SIGTERM: the listening socket is closed already; the running generation ends at its
         # next token with a final event, queued requests get 503, then the handlers finish
         # (serve.SHUTDOWN_GRACE_SECONDS at most) before on_cleanup.
-        app[STATE_KEY].scheduler.drain()
+        state = app[STATE_KEY]
+        state.scheduler.drain()
+        # handlers still parsing or tokenizing (a large body) answer 503 now too
+        offload.abandon(lambda: shutting_down(state, RuntimeError("the server is shutting down")))
 
     async def on_cleanup(app: web.Application) -> None:
         await app[STATE_KEY].scheduler.stop()

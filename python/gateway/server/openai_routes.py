@@ -1,7 +1,6 @@
 """OpenAI-compatible endpoints: /v1/chat/completions, /v1/completions, /v1/models."""
 from __future__ import annotations
 
-import asyncio
 import time
 import uuid
 from contextlib import aclosing
@@ -77,7 +76,7 @@ async def completions(request: web.Request) -> web.StreamResponse:
         """Choice `index` (seed + index, its own grammar state), queued now."""
         constraint = None
         if spec.response_format is not None:  # vLLM's guided_* / llama.cpp's grammar: the continuation follows it
-            constraint = await asyncio.to_thread(constrained.build_reply_constraint, state, spec.response_format,
+            constraint = await off_loop(constrained.build_reply_constraint, state, spec.response_format,
                                                  stop_ids)
         return JobRun(state, generation_request(state, ids, spec.max_tokens, choice_sampling(spec.sampling, index),
                                                 spec.stop, stop_ids=stop_ids, constraint=constraint))

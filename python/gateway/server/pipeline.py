@@ -17,7 +17,6 @@ grammar (server/constrained.py), as is every token of a response_format JSON rep
 """
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import AsyncIterator
 from contextlib import aclosing
@@ -29,6 +28,7 @@ from ..sampling import SamplingParams
 from ..scheduler import Done, Failed, QueueFull, ShuttingDown
 from . import constrained
 from .errors import ApiError, bad_request
+from .offload import off_loop
 from .spec import ChatSpec
 from .state import ServerState
 
@@ -367,5 +367,5 @@ async def start_chat(state: ServerState, spec: ChatSpec, id_salt: str = "") -> C
     Rendering, tokenizing and grammar compilation run in a worker thread (they grow with the
     body: about 1 s per MB of prompt, seconds for a large tool schema's grammar), so the event
     loop keeps serving other clients; queueing stays on the loop."""
-    prep = await asyncio.to_thread(prepare_chat, state, spec, constrain=constrained.wants_constraint(spec))
+    prep = await off_loop(prepare_chat, state, spec, constrain=constrained.wants_constraint(spec))
     return ChatRun(state, spec, prep, id_salt)

@@ -9,7 +9,7 @@ after the status line was sent travel in the stream, in the API's shape, and the
 serving.
 
 Per-request CPU work that grows with the body (JSON parsing, rendering the prompt, tokenizing,
-compiling a grammar, decoding ids) runs through `off_loop`, in a worker thread: on the event
+compiling a grammar, decoding ids) runs through `offload.off_loop`, in a worker thread: on the event
 loop it costs about 1 s per MB, during which /health and every running stream would freeze.
 The body itself is bounded by app.MAX_BODY_BYTES (413 above it).
 """
@@ -21,27 +21,19 @@ import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import aclosing
 from dataclasses import replace
-from typing import Any, ParamSpec, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from aiohttp import web
 
 from ..generate import ProgressEvent
 from ..sampling import SamplingParams
 from .errors import ApiError
+from .offload import off_loop
 from .pipeline import Queued
 from .spec import parse_json_body
 from .state import ServerState
 
 log = logging.getLogger("moegate.server")
-
-
-P = ParamSpec("P")
-T = TypeVar("T")
-
-
-async def off_loop(fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
-    """Runs `fn` in a worker thread: the event loop keeps serving other clients meanwhile."""
-    return await asyncio.to_thread(fn, *args, **kwargs)
 
 
 async def read_json(request: web.Request) -> Any:
