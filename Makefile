@@ -5,6 +5,7 @@
 #   make rehearse   full-size sparse rehearsals (tools/rehearse.py; slow, not part of make test)
 #   make bench      benchmarks (ratios measured side by side in one run)
 #   make sanitize   ASan+UBSan build; the C tests and the C-facing Python tests under it
+#   make fuzz       one bounded schemathesis run (tools/fuzz_api.py) against a demo server's /openapi.json
 #
 # Everything Python lives in the virtual environment $(VENV), made from $(SYSTEM_PYTHON) without
 # the machine's site-packages, so a fresh machine needs nothing installed by hand.  Afterwards:
@@ -35,7 +36,7 @@ endif
 
 .SECONDARY:
 
-.PHONY: all install deps test-deps build test test-c test-py lint serve rehearse bench sanitize neon-check tsan clean
+.PHONY: all install deps test-deps build test test-c test-py lint serve rehearse bench sanitize fuzz neon-check tsan clean
 
 all: install
 
@@ -110,6 +111,13 @@ bench: install test-deps
 	$(PYTHON) tools/bench_experts.py
 	$(PYTHON) tools/bench_structured.py
 	$(PYTHON) tools/bench_llamacpp.py
+
+# Seeded, capped at FUZZ_EXAMPLES cases per operation and FUZZ_SECONDS in all (a few minutes):
+# too slow for `make test`.  Exit code non-zero when schemathesis found a failure.
+FUZZ_EXAMPLES ?= 10
+FUZZ_SECONDS ?= 150
+fuzz: test-deps build
+	$(PYTHON) tools/fuzz_api.py --max-examples $(FUZZ_EXAMPLES) --max-time $(FUZZ_SECONDS)
 
 # ---- sanitizers: separate object dir so a normal build is never mixed with an instrumented one.
 # The expert cache runs under ASan in tests/c/test_expert_store.c; the Python budget tests size

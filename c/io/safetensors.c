@@ -315,7 +315,7 @@ static int load_shard(mg_checkpoint *ck, int si, const char *why, const char *in
                          path, ck->tensors[bad->tensor].name, (unsigned long long)bad->begin,
                          (unsigned long long)bad->end, (unsigned long long)data_size);
     }
-    if (!rc && nr > 1) {
+    if (!rc && nr > 0) {
         /* Overlap: the reference writer never produces it; aliasing tensors are a defect. */
         qsort(ranges, nr, sizeof *ranges, cmp_range);
         const range *prev = NULL;
@@ -329,6 +329,25 @@ static int load_shard(mg_checkpoint *ck, int si, const char *why, const char *in
                              (unsigned long long)prev->end);
             if (!prev || ranges[i].end > prev->end) prev = &ranges[i];
         }
+    }
+    if (!rc) {
+        /* Coverage: the format indexes every byte of the data area, with no holes and nothing
+         * after the last tensor.  A header length a few bytes off can still parse (the JSON
+         * ends in padding spaces) and would shift every tensor's data; this catches it. */
+        uint64_t covered = 0;
+        for (size_t i = 0; i < nr && !rc; i++) {
+            if (ranges[i].begin == ranges[i].end) continue;
+            if (ranges[i].begin > covered)
+                rc = mg_fail(err, "%s: data bytes [%llu, %llu) before tensor '%s' belong to no tensor "
+                             "(wrong data_offsets or header length?)",
+                             path, (unsigned long long)covered, (unsigned long long)ranges[i].begin,
+                             ck->tensors[ranges[i].tensor].name);
+            if (ranges[i].end > covered) covered = ranges[i].end;
+        }
+        if (!rc && covered != data_size)
+            rc = mg_fail(err, "%s: the data area holds %llu bytes but the tensors cover %llu "
+                         "(wrong header length or data_offsets, or bytes appended to the file?)",
+                         path, (unsigned long long)data_size, (unsigned long long)covered);
     }
     free(ranges);
     if (rc) return rc;

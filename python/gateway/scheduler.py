@@ -4,6 +4,11 @@ Handlers submit a job and read its events from an asyncio queue.  The engine run
 thread so the event loop (health checks, other clients, keepalives) never blocks on it.
 Cancelling a job (client gone) removes it from the queue, or stops its prefill/decode at the next
 layer or token, freeing the slot at once.
+
+At shutdown `drain()` ends everything at once: queued jobs fail with ShuttingDown (the server
+answers 503 with Retry-After), the running one stops at the next layer or token and its result
+reads finish_reason "length" (the reply was cut before its end, as max_tokens cuts it, so
+clients see a proper final event), and later submissions fail with ShuttingDown too.
 """
 from __future__ import annotations
 
@@ -24,6 +29,10 @@ class QueueFull(Exception):
     """The wait queue is at its cap; the server answers 429 with Retry-After."""
 
 
+class ShuttingDown(Exception):
+    """The server is shutting down: the job will never run (503 with Retry-After)."""
+
+
 @dataclass
 class Done:
     result: GenerationResult
@@ -41,8 +50,9 @@ class Job:
     events: asyncio.Queue = field(default_factory=asyncio.Queue)
     started: asyncio.Event = field(default_factory=asyncio.Event)
     finished: bool = False
-    # Who asked to stop it: "client" (went away) or "server" (e.g. parallel_tool_calls=false
-    # after the first call).  Only client cancellations count as cancelled in the metrics.
+    # Who asked to stop it: "client" (went away), "server" (e.g. parallel_tool_calls=false
+    # after the first call) or "shutdown" (drain).  Only client cancellations count as
+    # cancelled in the metrics.
     cancelled_by: str | None = None
 
 
@@ -62,6 +72,7 @@ class Scheduler:
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="moegate-engine")
         self._task: asyncio.Task | None = None
         self.running: Job | None = None
+        self.draining = False
 
     @property
     def queue_depth(self) -> int:
@@ -83,7 +94,24 @@ class Scheduler:
                 pass
         self._executor.shutdown(wait=True, cancel_futures=True)
 
+    def drain(self) -> None:
+        """Shutdown: refuses every queued job and new submissions (ShuttingDown), and stops the
+        running job at its next layer or token (its result still arrives)."""
+        self.draining = True
+        while self._pending:
+            job = self._pending.popleft()
+            job.cancelled_by = "shutdown"
+            job.cancel.set()
+            job.finished = True
+            job.events.put_nowait(Failed(ShuttingDown("the server is shutting down")))
+        if self.running is not None:
+            if self.running.cancelled_by is None:
+                self.running.cancelled_by = "shutdown"
+            self.running.cancel.set()
+
     def submit(self, request: GenerationRequest) -> Job:
+        if self.draining:
+            raise ShuttingDown("the server is shutting down")
         if len(self._pending) >= self.max_queue:
             raise QueueFull(f"{len(self._pending)} requests are waiting; try again shortly")
         job = Job(request)
@@ -134,6 +162,8 @@ class Scheduler:
             try:
                 result = await loop.run_in_executor(
                     self._executor, self.slot.generate, job.request, job.cancel, emit)
+                if result.finish_reason == "cancelled" and job.cancelled_by == "shutdown":
+                    result.finish_reason = "length"  # cut before its end: the client gets a final event
                 job.events.put_nowait(Done(result))
             except asyncio.CancelledError:
                 job.cancel.set()

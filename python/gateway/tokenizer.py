@@ -27,6 +27,14 @@ from tokenizers import Tokenizer as _HFTokenizer
 if TYPE_CHECKING:
     from .chat.untrusted import PromptText
 
+# Above this many characters (encode) or ids (decode) the batch entry points are used: they
+# release the GIL while the Rust side works, the single-item ones hold it.  Server handlers run
+# tokenization in a worker thread, and a held GIL would still stall the event loop (a 15 MB
+# prompt took ~17 s during which /health and every stream froze).  Short inputs stay on the
+# single-item calls, cheaper per call (streaming decodes a token at a time).  encode_batch_fast
+# (tokenizers >= 0.21) skips the offsets nobody here reads, which makes it faster than encode.
+_RELEASE_GIL_ABOVE = 16384
+
 
 def special_token_text(value: object) -> str | None:
     """tokenizer_config.json spells special tokens as a string or as an AddedToken dict."""
@@ -160,6 +168,9 @@ class Tokenizer:
         """Trusted prompt text to ids: every added token written in it maps to its single id
         (a raw completions prompt, whose writer chose its markers).  No BOS is added here: the
         encoders write it themselves.  Chat prompts go through `encode_prompt`."""
+        if len(text) > _RELEASE_GIL_ABOVE:
+            batch = getattr(self.backend, "encode_batch_fast", self.backend.encode_batch)
+            return batch([text], add_special_tokens=False)[0].ids
         return self.backend.encode(text, add_special_tokens=False).ids
 
     @cached_property
@@ -234,6 +245,8 @@ class Tokenizer:
         return frozenset(i for text, i in self.control.ids.items() if not any(text in m for m in markup))
 
     def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
+        if len(ids) > _RELEASE_GIL_ABOVE:
+            return self.backend.decode_batch([ids], skip_special_tokens=skip_special_tokens)[0]
         return self.backend.decode(ids, skip_special_tokens=skip_special_tokens)
 
     def token_id(self, text: str) -> int | None:

@@ -309,6 +309,22 @@ static void test_defective_files(void) {
               data, 16);
     expect_open_error(dir, "outofrange/model.safetensors: tensor 'q': data [16, 24)", "beyond the end", NULL);
 
+    /* Every byte of the data area belongs to a tensor (a header length a few bytes off parses
+     * and would shift every tensor's data). */
+    dir = new_dir("gap");
+    write_raw(dir, "model.safetensors",
+              "{\"p\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]},"
+              "\"q\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[8,12]}}",
+              data, 12);
+    expect_open_error(dir, "gap/model.safetensors: data bytes [4, 8) before tensor 'q' belong to no tensor",
+                      NULL, NULL);
+
+    dir = new_dir("trailing");
+    write_raw(dir, "model.safetensors",
+              "{\"p\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}", data, 12);
+    expect_open_error(dir, "trailing/model.safetensors: the data area holds 12 bytes but the tensors cover 8",
+                      NULL, NULL);
+
     dir = new_dir("reversed");
     write_raw(dir, "model.safetensors",
               "{\"p\":{\"dtype\":\"F32\",\"shape\":[0],\"data_offsets\":[8,0]}}", data, 16);

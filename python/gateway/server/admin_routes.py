@@ -2,6 +2,7 @@
 /detokenize."""
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterator
 
@@ -12,7 +13,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from .errors import bad_request
 from .openai_protocol import parse_openai_chat
 from .pipeline import prepare_chat
-from .spec import check_token_ids, field_of, parse_json_body
+from .serving import off_loop, read_json
+from .spec import check_token_ids, field_of
 from .state import STATE_KEY, ServerState
 
 
@@ -21,6 +23,9 @@ async def health(request: web.Request) -> web.Response:
     state = request.app[STATE_KEY]
     if not state.ready:
         return web.json_response({"status": "loading"}, status=503)
+    if state.scheduler.draining:  # load balancers take the instance out
+        return web.json_response({"status": "shutting_down"}, status=503,
+                                 headers={"Retry-After": str(state.retry_after_seconds)})
     return web.json_response({"status": "ok", "model": state.model_id,
                               "busy": state.scheduler.running is not None,
                               "queue_depth": state.scheduler.queue_depth})
@@ -125,7 +130,13 @@ async def props(request: web.Request) -> web.Response:
 
 async def tokenize(request: web.Request) -> web.Response:
     state = request.app[STATE_KEY]
-    body = parse_json_body(await request.read())
+    body = await read_json(request)
+    # The reply grows with the body too (an id per token): serialised off the loop as well.
+    text = await off_loop(lambda: json.dumps(_tokenize(state, body)))
+    return web.Response(text=text, content_type="application/json")
+
+
+def _tokenize(state: ServerState, body: object) -> dict:
     if not isinstance(body, dict):
         raise bad_request("the body must be a JSON object")
     if "messages" in body:
@@ -138,14 +149,17 @@ async def tokenize(request: web.Request) -> web.Response:
     out: dict = {"tokens": ids, "count": len(ids)}
     if field_of(body, "with_pieces", bool, False):
         out["pieces"] = [state.tokenizer.decode([i]) for i in ids]
-    return web.json_response(out)
+    return out
 
 
 async def detokenize(request: web.Request) -> web.Response:
     state = request.app[STATE_KEY]
-    body = parse_json_body(await request.read())
+    return web.json_response({"content": await off_loop(_detokenize, state, await read_json(request))})
+
+
+def _detokenize(state: ServerState, body: object) -> str:
     tokens = body.get("tokens") if isinstance(body, dict) else None
     if not isinstance(tokens, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in tokens):
         raise bad_request("'tokens' must be a list of token ids", "tokens")
     check_token_ids(tokens, state.tokenizer.vocab_size, "tokens")
-    return web.json_response({"content": state.tokenizer.decode(tokens)})
+    return state.tokenizer.decode(tokens)

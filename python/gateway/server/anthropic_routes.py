@@ -8,14 +8,13 @@ from aiohttp import web
 
 from .anthropic_protocol import MessagesStream, message_reply, parse_anthropic
 from .pipeline import prepare_chat, start_chat
-from .serving import one_after_another, stream
-from .spec import parse_json_body
-from .state import STATE_KEY
+from .serving import off_loop, one_after_another, read_json, stream
+from .state import STATE_KEY, ServerState
 
 
 async def messages(request: web.Request) -> web.StreamResponse:
     state = request.app[STATE_KEY]
-    spec = parse_anthropic(parse_json_body(await request.read()))
+    spec = await off_loop(parse_anthropic, await read_json(request))
     ident = f"msg_{uuid.uuid4().hex[:24]}"
     model = spec.model or state.model_id
     run = await start_chat(state, spec, id_salt=ident)  # 400/429 here, before any response is opened
@@ -30,10 +29,12 @@ async def messages(request: web.Request) -> web.StreamResponse:
 
 async def count_tokens(request: web.Request) -> web.Response:
     state = request.app[STATE_KEY]
-    body = parse_json_body(await request.read())
+    return web.json_response({"input_tokens": await off_loop(_count_tokens, state, await read_json(request))})
+
+
+def _count_tokens(state: ServerState, body: object) -> int:
     if isinstance(body, dict) and "max_tokens" not in body:
         # count_tokens takes no max_tokens; any budget_tokens below it then passes, as at Anthropic.
         body = dict(body, max_tokens=sys.maxsize)
-    spec = parse_anthropic(body)
     # A count, not a generation: a prompt longer than the context is counted too.
-    return web.json_response({"input_tokens": len(prepare_chat(state, spec, limit=False).prompt_ids)})
+    return len(prepare_chat(state, parse_anthropic(body), limit=False).prompt_ids)

@@ -7,8 +7,11 @@ import logging
 
 from aiohttp import web
 
-from . import admin_routes, anthropic_routes, openai_routes, responses_routes
+from . import admin_routes, anthropic_routes, offload, openai_routes, responses_routes
+from . import openapi as oas
 from .errors import ApiError
+from .openapi import Route, build_document
+from .pipeline import shutting_down
 from .serving import CLIENT_GONE
 from .state import STATE_KEY, ServerState
 
@@ -65,6 +68,9 @@ async def gateway_middleware(request: web.Request, handler):
         if request.path not in PUBLIC_PATHS and not _authorized(state, request):
             raise ApiError(401, "invalid or missing API key (send Authorization: Bearer KEY or x-api-key)",
                            code="invalid_api_key")
+        if state.scheduler.draining and request.path not in PUBLIC_PATHS:
+            # a request on a connection that was open before the shutdown began
+            raise shutting_down(state, RuntimeError("the server is shutting down"))
         resp = await handler(request)
         status = 499 if request.get(CLIENT_GONE) else resp.status
         if cors and not resp.prepared:
@@ -97,30 +103,70 @@ async def gateway_middleware(request: web.Request, handler):
         state.metrics.requests[(endpoint, str(status))] += 1
 
 
+async def openapi_json(request: web.Request) -> web.Response:
+    return web.json_response(request.app[OPENAPI_KEY])
+
+
+# Every route, with its documentation: registered from here and described from here
+# (/openapi.json), so the two cannot drift apart.
+ROUTES: tuple[Route, ...] = (
+    Route("POST", "/v1/chat/completions", openai_routes.chat_completions, "OpenAI chat completion", "openai",
+          body=oas.CHAT_BODY, ok=oas.CHAT_COMPLETION, streams=True, generates=True),
+    Route("POST", "/v1/completions", openai_routes.completions, "OpenAI legacy text completion (no chat template)",
+          "openai", body=oas.COMPLETION_BODY, ok=oas.TEXT_COMPLETION, streams=True, generates=True),
+    Route("POST", "/v1/responses", responses_routes.create_response, "OpenAI Responses (stateless)", "openai",
+          body=oas.RESPONSES_BODY, ok=oas.RESPONSE, streams=True, generates=True),
+    Route("GET", "/v1/models", openai_routes.list_models, "The served model", "openai", ok=oas.MODEL_LIST),
+    Route("GET", "/v1/models/{model_id:.+}", openai_routes.get_model, "One model by id", "openai", ok=oas.MODEL),
+    Route("POST", "/v1/messages", anthropic_routes.messages, "Anthropic Messages", "anthropic",
+          body=oas.MESSAGES_BODY, ok=oas.MESSAGE, streams=True, generates=True),
+    Route("POST", "/v1/messages/count_tokens", anthropic_routes.count_tokens, "Anthropic token count", "anthropic",
+          body=oas.COUNT_TOKENS_BODY, ok=oas.COUNT),
+    Route("GET", "/health", admin_routes.health, "Liveness and load (never waits for the engine)", "ops",
+          ok=oas.HEALTH, public=True),
+    Route("GET", "/v1/health", admin_routes.health, "Same as /health", "ops", ok=oas.HEALTH, public=True),
+    Route("GET", "/metrics", admin_routes.metrics, "Prometheus metrics", "ops", text_reply=True),
+    Route("GET", "/props", admin_routes.props, "Model, context and engine properties", "ops", ok=oas.PROPS),
+    Route("POST", "/tokenize", admin_routes.tokenize, "Token ids of a text or of rendered chat messages", "ops",
+          body=oas.TOKENIZE_BODY, ok=oas.TOKENS),
+    Route("POST", "/detokenize", admin_routes.detokenize, "Text of token ids", "ops", body=oas.DETOKENIZE_BODY,
+          ok=oas.TEXT),
+    Route("GET", "/openapi.json", openapi_json, "This document (OpenAPI 3.1)", "ops", ok={"type": "object"}),
+)
+
+OPENAPI_KEY = web.AppKey("openapi", dict)
+
+
+def register_routes(app: web.Application, routes: tuple[Route, ...] = ROUTES) -> None:
+    """Adds every route of the table (a GET also answers HEAD) and the document describing them."""
+    for route in routes:
+        app.router.add_route(route.method, route.path, route.handler)
+        if route.method == "GET":
+            app.router.add_route("HEAD", route.path, route.handler)
+    app[OPENAPI_KEY] = build_document(routes)
+
+
 def create_app(state: ServerState) -> web.Application:
     app = web.Application(middlewares=[gateway_middleware], client_max_size=MAX_BODY_BYTES)
     app[STATE_KEY] = state
-    r = app.router
-    r.add_post("/v1/chat/completions", openai_routes.chat_completions)
-    r.add_post("/v1/completions", openai_routes.completions)
-    r.add_post("/v1/responses", responses_routes.create_response)
-    r.add_get("/v1/models", openai_routes.list_models)
-    r.add_get("/v1/models/{model_id:.+}", openai_routes.get_model)
-    r.add_post("/v1/messages", anthropic_routes.messages)
-    r.add_post("/v1/messages/count_tokens", anthropic_routes.count_tokens)
-    r.add_get("/health", admin_routes.health)
-    r.add_get("/v1/health", admin_routes.health)
-    r.add_get("/metrics", admin_routes.metrics)
-    r.add_get("/props", admin_routes.props)
-    r.add_post("/tokenize", admin_routes.tokenize)
-    r.add_post("/detokenize", admin_routes.detokenize)
+    register_routes(app)
 
     async def on_startup(app: web.Application) -> None:
         app[STATE_KEY].scheduler.start()
+
+    async def on_shutdown(app: web.Application) -> None:
+        # SIGTERM: the listening socket is closed already; the running generation ends at its
+        # next token with a final event, queued requests get 503, then the handlers finish
+        # (serve.SHUTDOWN_GRACE_SECONDS at most) before on_cleanup.
+        state = app[STATE_KEY]
+        state.scheduler.drain()
+        # handlers still parsing or tokenizing (a large body) answer 503 now too
+        offload.abandon(lambda: shutting_down(state, RuntimeError("the server is shutting down")))
 
     async def on_cleanup(app: web.Application) -> None:
         await app[STATE_KEY].scheduler.stop()
 
     app.on_startup.append(on_startup)
+    app.on_shutdown.append(on_shutdown)
     app.on_cleanup.append(on_cleanup)
     return app

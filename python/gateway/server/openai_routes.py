@@ -1,7 +1,6 @@
 """OpenAI-compatible endpoints: /v1/chat/completions, /v1/completions, /v1/models."""
 from __future__ import annotations
 
-import asyncio
 import time
 import uuid
 from contextlib import aclosing
@@ -15,6 +14,7 @@ from .errors import ApiError, bad_request
 from .openai_protocol import (
     ChatStream,
     Completions,
+    CompletionSpec,
     CompletionStream,
     OpenAIChunks,
     add_completion_usage,
@@ -37,14 +37,14 @@ from .pipeline import (
     generation_request,
     start_chat,
 )
-from .serving import choice_sampling, one_after_another, stream
-from .spec import check_token_ids, parse_json_body
-from .state import STATE_KEY
+from .serving import choice_sampling, off_loop, one_after_another, read_json, stream
+from .spec import check_token_ids
+from .state import STATE_KEY, ServerState
 
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
     state = request.app[STATE_KEY]
-    spec = parse_openai_chat(parse_json_body(await request.read()))
+    spec = await off_loop(parse_openai_chat, await read_json(request))
     ident = f"chatcmpl-{uuid.uuid4().hex[:24]}"
     created = int(time.time())
     model = spec.model or state.model_id
@@ -80,25 +80,15 @@ async def completions(request: web.Request) -> web.StreamResponse:
     """Legacy text completions: the prompt is raw text (or token ids), no chat template.  A list
     of prompts gives n choices per prompt, indexed prompt * n + choice, one after another."""
     state = request.app[STATE_KEY]
-    spec = parse_completion(parse_json_body(await request.read()))
-    prompt_ids: list[list[int]] = []
-    for i, prompt in enumerate(spec.prompts):  # every prompt is checked before anything runs
-        if isinstance(prompt, str):
-            ids = state.tokenizer.encode(prompt)
-        else:
-            ids = prompt
-            check_token_ids(ids, state.tokenizer.vocab_size, "prompt")
-        if not ids:
-            raise bad_request("'prompt' is empty" if len(spec.prompts) == 1 else f"prompt[{i}] is empty", "prompt")
-        check_context(state, ids, "prompt")
-        prompt_ids.append(ids)
+    spec = await off_loop(parse_completion, await read_json(request))
+    prompt_ids, echo_texts = await off_loop(_completion_prompts, state, spec)
     stop_ids = frozenset() if spec.ignore_eos else state.stop_token_ids
 
     async def job(index: int) -> JobRun:
         """Choice `index` (its prompt's; seed + choice, its own grammar state), queued now."""
         constraint = None
         if spec.response_format is not None:  # vLLM's guided_* / llama.cpp's grammar: the continuation follows it
-            constraint = await asyncio.to_thread(constrained.build_reply_constraint, state, spec.response_format,
+            constraint = await off_loop(constrained.build_reply_constraint, state, spec.response_format,
                                                  stop_ids)
         return JobRun(state, generation_request(state, prompt_ids[index // spec.n], spec.max_tokens,
                                                 choice_sampling(spec.sampling, index % spec.n), spec.stop,
@@ -109,7 +99,6 @@ async def completions(request: web.Request) -> web.StreamResponse:
         check_room(state, len(ids), spec.max_tokens, "max_tokens")
     ident = f"cmpl-{uuid.uuid4().hex[:24]}"
     out = Completions(ident, int(time.time()), spec.model or state.model_id, state.tokenizer, spec.sampling.logprobs)
-    echo_texts = [state.tokenizer.decode(ids) if spec.echo else "" for ids in prompt_ids]
     first = await job(0)  # 400/429 here, before any response is opened
     runs = one_after_another(first, job, spec.n * len(prompt_ids))
     try:
@@ -133,6 +122,23 @@ async def completions(request: web.Request) -> web.StreamResponse:
         return web.json_response(out.chunk(choices, usage=openai_usage(usage)))
     finally:
         first.close()
+
+
+def _completion_prompts(state: ServerState, spec: CompletionSpec) -> tuple[list[list[int]], list[str]]:
+    """Every prompt as checked ids (all before anything runs), and the echoed texts (empty
+    without echo).  Tokenizing runs here, off the event loop."""
+    prompt_ids: list[list[int]] = []
+    for i, prompt in enumerate(spec.prompts):
+        if isinstance(prompt, str):
+            ids = state.tokenizer.encode(prompt)
+        else:
+            ids = prompt
+            check_token_ids(ids, state.tokenizer.vocab_size, "prompt")
+        if not ids:
+            raise bad_request("'prompt' is empty" if len(spec.prompts) == 1 else f"prompt[{i}] is empty", "prompt")
+        check_context(state, ids, "prompt")
+        prompt_ids.append(ids)
+    return prompt_ids, [state.tokenizer.decode(ids) if spec.echo else "" for ids in prompt_ids]
 
 
 async def list_models(request: web.Request) -> web.Response:

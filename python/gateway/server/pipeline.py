@@ -17,7 +17,6 @@ grammar (server/constrained.py), as is every token of a response_format JSON rep
 """
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import AsyncIterator
 from contextlib import aclosing
@@ -26,9 +25,10 @@ from typing import Any
 
 from ..generate import GenerationRequest, GenerationResult, TextEvent
 from ..sampling import SamplingParams
-from ..scheduler import Done, Failed, QueueFull
+from ..scheduler import Done, Failed, QueueFull, ShuttingDown
 from . import constrained
 from .errors import ApiError, bad_request
+from .offload import off_loop
 from .spec import ChatSpec
 from .state import ServerState
 from .thinking_budget import ThinkingBudget
@@ -195,6 +195,12 @@ def logprob_entries(state: ServerState, event: TextEvent) -> list[dict]:
     return [item]
 
 
+def shutting_down(state: ServerState, exc: Exception) -> ApiError:
+    """503 with Retry-After: the request never ran; another instance (or this one, restarted)
+    can take it."""
+    return ApiError(503, f"{exc}; retry shortly", code="shutting_down", retry_after=state.retry_after_seconds)
+
+
 class JobRun:
     """One submitted generation job.  Construction submits (429 when the queue is full);
     `events()` yields Queued, ProgressEvent, TextEvent ... and finally the GenerationResult.
@@ -212,6 +218,8 @@ class JobRun:
         except QueueFull as exc:
             state.metrics.rejected += 1
             raise ApiError(429, str(exc), retry_after=state.retry_after_seconds) from None
+        except ShuttingDown as exc:
+            raise shutting_down(state, exc) from None
 
     async def events(self) -> AsyncIterator[object]:
         try:
@@ -222,6 +230,8 @@ class JobRun:
                     yield event.result
                     return
                 if isinstance(event, Failed):
+                    if isinstance(event.error, ShuttingDown):
+                        raise shutting_down(self.state, event.error)
                     raise ApiError(500, f"generation failed: {event.error}")
                 yield event
         finally:
@@ -393,11 +403,9 @@ class ChatRun:
 
 
 async def start_chat(state: ServerState, spec: ChatSpec, id_salt: str = "") -> ChatRun:
-    """Validates, renders, tokenises and queues a chat request (ApiError on any problem), with
-    the rendering and grammar compilation off the event loop when the request needs a grammar
-    (a large tool schema can take a moment to compile); queueing stays on the loop."""
-    if constrained.wants_constraint(spec):
-        prep = await asyncio.to_thread(prepare_chat, state, spec, constrain=True)
-    else:
-        prep = prepare_chat(state, spec)
+    """Validates, renders, tokenises and queues a chat request (ApiError on any problem).
+    Rendering, tokenizing and grammar compilation run in a worker thread (they grow with the
+    body: about 1 s per MB of prompt, seconds for a large tool schema's grammar), so the event
+    loop keeps serving other clients; queueing stays on the loop."""
+    prep = await off_loop(prepare_chat, state, spec, constrain=constrained.wants_constraint(spec))
     return ChatRun(state, spec, prep, id_salt)

@@ -13,15 +13,14 @@ from aiohttp import web
 
 from .pipeline import start_chat
 from .responses_protocol import ResponseEvents, ResponseObject, ResponsesStream, parse_responses, response_reply
-from .serving import one_after_another, stream
-from .spec import parse_json_body
+from .serving import off_loop, one_after_another, read_json, stream
 from .state import STATE_KEY
 
 
 async def create_response(request: web.Request) -> web.StreamResponse:
     state = request.app[STATE_KEY]
-    body = parse_json_body(await request.read())
-    spec = parse_responses(body)
+    body = await read_json(request)
+    spec = await off_loop(parse_responses, body)
     ident = f"resp_{uuid.uuid4().hex[:24]}"
     response = ResponseObject(ident, spec.model or state.model_id, body,
                               temperature=spec.sampling.temperature, top_p=spec.sampling.top_p)

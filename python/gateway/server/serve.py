@@ -24,6 +24,11 @@ from .state import Metrics, ServerState
 
 log = logging.getLogger("moegate")
 
+# At SIGTERM, how long the handlers get to write their final events once the running
+# generation was told to stop (it stops at its next token or prefill layer) before they are
+# cancelled.  The whole shutdown stays well inside the 10 s a container runtime waits.
+SHUTDOWN_GRACE_SECONDS = 3.0
+
 
 @dataclass
 class ServeOptions:
@@ -246,8 +251,10 @@ def serve(opts: ServeOptions) -> None:
 
 async def _serve_until_signal(app: web.Application, state: ServerState, host: str, port: int) -> None:
     """Binds (port 0 picks a free port; the summary shows the real one), serves until SIGINT or
-    SIGTERM, then cancels running work and closes connections."""
-    runner = web.AppRunner(app, handler_cancellation=True,
+    SIGTERM, then shuts down: the listening socket closes, the running generation ends with its
+    final event, queued requests get 503 with Retry-After (app.py's on_shutdown), handlers get
+    SHUTDOWN_GRACE_SECONDS to finish; `serve` then persists the slot."""
+    runner = web.AppRunner(app, handler_cancellation=True, shutdown_timeout=SHUTDOWN_GRACE_SECONDS,
                            access_log=log if os.environ.get("MOEGATE_ACCESS_LOG") else None)
     await runner.setup()
     try:
@@ -264,5 +271,6 @@ async def _serve_until_signal(app: web.Application, state: ServerState, host: st
             except (NotImplementedError, RuntimeError):  # not on the main thread / platform
                 pass
         await stop.wait()
+        log.info("shutting down: no new connections; ending the running generation, refusing queued requests")
     finally:
         await runner.cleanup()

@@ -7,6 +7,11 @@ yields (choice index, run) pairs, each run's `events()` the pipeline's event voc
 completions); the API's `StreamWriter` (in its protocol module) turns each into frames.  Errors
 after the status line was sent travel in the stream, in the API's shape, and the server keeps
 serving.
+
+Per-request CPU work that grows with the body (JSON parsing, rendering the prompt, tokenizing,
+compiling a grammar, decoding ids) runs through `offload.off_loop`, in a worker thread: on the event
+loop it costs about 1 s per MB, during which /health and every running stream would freeze.
+The body itself is bounded by app.MAX_BODY_BYTES (413 above it).
 """
 from __future__ import annotations
 
@@ -16,17 +21,24 @@ import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import aclosing
 from dataclasses import replace
-from typing import Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from aiohttp import web
 
 from ..generate import ProgressEvent
 from ..sampling import SamplingParams
 from .errors import ApiError
+from .offload import off_loop
 from .pipeline import Queued
+from .spec import parse_json_body
 from .state import ServerState
 
 log = logging.getLogger("moegate.server")
+
+
+async def read_json(request: web.Request) -> Any:
+    """The request's JSON body (400 when it is not JSON), parsed off the event loop."""
+    return await off_loop(parse_json_body, await request.read())
 
 
 class Comment(str):
