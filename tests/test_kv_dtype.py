@@ -162,18 +162,25 @@ def expected_kv_bytes_per_token(case: Case, value_bytes: int) -> int:
         if not r:
             continue
         total += -(-d * value_bytes // r)  # one compressed row per r positions
-        if r == 4:  # CSA (overlapping): A-half snapshots, indexer keys and their snapshots
-            total += -(-2 * r * d * 4 // snap) + -(-di * value_bytes // r) + -(-2 * r * di * 4 // snap)
+        if r == 4:  # CSA (overlapping): A-half snapshots kept every period, indexer keys and theirs
+            total += -(-2 * r * d * 4 // period) + -(-di * value_bytes // r) + -(-2 * r * di * 4 // period)
     return total
 
 
 def expected_kv_fixed_bytes(case: Case, value_bytes: int) -> int:
-    """DeepSeek-V4 keeps the K=V rows of the last max(32 W, W + 128) positions per layer."""
+    """DeepSeek-V4 keeps the K=V rows of the last max(32 W, W + 128) positions per layer, and
+    each CSA compressor (and its indexer's) the f32 carry snapshots a rewind inside that ring
+    can land on: one per compression period (8 here) of the ring, plus two."""
     if case.arch != "deepseek_v4":
         return 0
     dims = dsv4_writer.TINY
     w = dims.sliding_window
-    return dims.n_layers * max(32 * w, w + 128) * dims.head_dim * value_bytes
+    ring = max(32 * w, w + 128)
+    ratios = [r for r in dims.compress_ratios if r]
+    snap = int(np.lcm.reduce(ratios)) if ratios else 1
+    carries = sum(2 * r * (dims.head_dim + dims.index_head_dim) * 4 for r in dims.compress_ratios[: dims.n_layers]
+                  if r == 4)
+    return dims.n_layers * ring * dims.head_dim * value_bytes + (ring // snap + 2) * carries
 
 
 def test_info_reports_kv_dtype_and_bytes_per_token(case: Case) -> None:

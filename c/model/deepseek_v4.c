@@ -194,6 +194,12 @@ static int row_block(const mg_matrix *w, int64_t r0, int64_t n, mg_matrix *out, 
     return 0;
 }
 
+/* Recent carry snapshots a compressor holds: every multiple of snap_every the window-row ring
+ * can rewind to (dsv4_rows.h), with a slot to spare either side. */
+static int64_t comp_ring_len(const state *s) {
+    return dsv4_rows_ring_len(s->c.W, CHUNK) / s->snap_every + 2;
+}
+
 static int bind_compressor(state *s, const mg_checkpoint *ck, dsv4_compressor *cp, int ratio, int dim, int overlap,
                            const mg_rope *rope, const char *prefix, mg_error *err) {
     const int64_t w = (int64_t)(overlap ? 2 : 1) * dim;
@@ -201,6 +207,8 @@ static int bind_compressor(state *s, const mg_checkpoint *ck, dsv4_compressor *c
     cp->dim = dim;
     cp->overlap = overlap;
     cp->snap_every = s->snap_every;
+    cp->keep_every = dsv4_rows_period(s->c.W, s->snap_every); /* where deep rewinds land */
+    cp->ring_len = comp_ring_len(s);
     cp->rope = rope;
     cp->eps = (float)s->c.eps;
     cp->row_type = s->kv_type;
@@ -333,15 +341,23 @@ static uint64_t slot_bytes_per_token(const state *s) {
     for (int64_t i = 0; i < c->n_layers; i++) {
         if (c->kinds[i] == ATTN_SWA) continue;
         const int r = (int)c->ratios[i], csa = c->kinds[i] == ATTN_CSA;
-        b += dsv4_comp_bytes_per_pos(r, (int)c->D, csa, s->snap_every, s->kv_type);
-        if (csa) b += dsv4_comp_bytes_per_pos(r, (int)c->DI, 1, s->snap_every, s->kv_type);
+        const int64_t keep = dsv4_rows_period(c->W, s->snap_every);
+        b += dsv4_comp_bytes_per_pos(r, (int)c->D, csa, keep, s->kv_type);
+        if (csa) b += dsv4_comp_bytes_per_pos(r, (int)c->DI, 1, keep, s->kv_type);
     }
     return b;
 }
 
-/* The ring of recent K=V rows: paid once, whatever the context. */
+/* The rings of recent K=V rows and of recent compressor carries: paid once, whatever the context. */
 static uint64_t ring_bytes(const state *s) {
-    return dsv4_rows_fixed_bytes((int)s->c.n_layers, s->c.D, s->c.W, CHUNK, s->kv_type);
+    const dcfg *c = &s->c;
+    uint64_t b = dsv4_rows_fixed_bytes((int)c->n_layers, c->D, c->W, CHUNK, s->kv_type);
+    for (int64_t i = 0; i < c->n_layers; i++) {
+        if (c->kinds[i] != ATTN_CSA) continue; /* only overlapping (CSA) compressors carry */
+        b += dsv4_comp_fixed_bytes((int)c->ratios[i], (int)c->D, 1, comp_ring_len(s));
+        b += dsv4_comp_fixed_bytes((int)c->ratios[i], (int)c->DI, 1, comp_ring_len(s));
+    }
+    return b;
 }
 
 /* Floats per token of a prefill window's own arrays (win_bufs below: residual streams, block
@@ -940,12 +956,15 @@ static int prefix_regions(void *p, int64_t n, int reserve, mg_region_fn fn, void
     state *s = p;
     int rc = fn(ctx, s->tokens, (uint64_t)n * sizeof(int32_t));
     if (rc) return rc;
+    /* the rows first: their tail fixes the replay point whose carries the compressors send */
+    if ((rc = dsv4_rows_regions(&s->rows, n, reserve, fn, ctx, err))) return rc;
+    const int64_t at = s->rows.tail_at;
     for (int64_t i = 0; i < s->c.n_layers; i++) {
         layer *L = &s->layers[i];
-        if (L->kind != ATTN_SWA && (rc = dsv4_comp_regions(&L->comp, n, reserve, fn, ctx, err))) return rc;
-        if (L->kind == ATTN_CSA && (rc = dsv4_comp_regions(&L->icomp, n, reserve, fn, ctx, err))) return rc;
+        if (L->kind != ATTN_SWA && (rc = dsv4_comp_regions(&L->comp, n, at, reserve, fn, ctx, err))) return rc;
+        if (L->kind == ATTN_CSA && (rc = dsv4_comp_regions(&L->icomp, n, at, reserve, fn, ctx, err))) return rc;
     }
-    return dsv4_rows_regions(&s->rows, n, reserve, fn, ctx, err);
+    return 0;
 }
 
 const mg_arch mg_arch_deepseek_v4 = {"deepseek_v4", load, eval, truncate_state, state_free, info, prefix_regions};

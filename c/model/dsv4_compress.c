@@ -6,6 +6,7 @@
 #include "model/dsv4_compress.h"
 
 static int64_t width_of(const dsv4_compressor *c) { return (int64_t)(c->overlap ? 2 : 1) * c->dim; }
+static int grow_snaps(dsv4_compressor *c, int64_t need, int exact, mg_error *err);
 
 int dsv4_comp_init(dsv4_compressor *c, mg_error *err) {
     const int64_t w = width_of(c);
@@ -15,14 +16,20 @@ int dsv4_comp_init(dsv4_compressor *c, mg_error *err) {
     c->prev_gate = calloc((size_t)(c->ratio * c->dim), sizeof(float));
     c->slot_w = calloc((size_t)(2 * c->ratio), sizeof(float));
     c->row_f32 = calloc((size_t)c->dim, sizeof(float));
-    if (!c->pend_kv || !c->pend_gate || !c->prev_kv || !c->prev_gate || !c->slot_w || !c->row_f32)
+    if (c->overlap && (c->keep_every <= 0 || c->keep_every % c->snap_every || c->ring_len < 2))
+        return mg_fail(err, "internal: compressor snapshots every %lld kept, ring of %lld",
+                       (long long)c->keep_every, (long long)c->ring_len);
+    c->ring_snaps = c->overlap ? calloc((size_t)(c->ring_len * 2 * c->ratio * c->dim), sizeof(float)) : NULL;
+    if (!c->pend_kv || !c->pend_gate || !c->prev_kv || !c->prev_gate || !c->slot_w || !c->row_f32 ||
+        (c->overlap && !c->ring_snaps))
         return mg_fail(err, "out of memory (compressor state)");
+    if (c->overlap && grow_snaps(c, 1, 0, err)) return -1; /* entry 0: position 0 (no carry), never read */
     return 0;
 }
 
 void dsv4_comp_free(dsv4_compressor *c) {
     free(c->pend_kv); free(c->pend_gate); free(c->prev_kv); free(c->prev_gate);
-    free(c->rows); free(c->snaps); free(c->slot_w); free(c->row_f32);
+    free(c->rows); free(c->snaps); free(c->ring_snaps); free(c->slot_w); free(c->row_f32);
     free(c->ape); free(c->norm);
     memset(c, 0, sizeof *c);
 }
@@ -51,15 +58,28 @@ int dsv4_comp_reserve(dsv4_compressor *c, int64_t max_pos, mg_error *err) {
              err))
         return -1;
     if (!c->overlap) return 0;
-    return grow_snaps(c, max_pos / c->snap_every + 1, 1, err);
+    return grow_snaps(c, max_pos / c->keep_every + 1, 1, err);
 }
 
-uint64_t dsv4_comp_bytes_per_pos(int ratio, int dim, int overlap, int64_t snap_every, mg_kv_type row_type) {
+static uint64_t snap_floats(int ratio, int dim) { return 2 * (uint64_t)ratio * (uint64_t)dim; }
+
+uint64_t dsv4_comp_bytes_per_pos(int ratio, int dim, int overlap, int64_t keep_every, mg_kv_type row_type) {
     uint64_t rows = ((uint64_t)dim * mg_kv_type_bytes(row_type) + (uint64_t)ratio - 1) / (uint64_t)ratio;
-    uint64_t snaps = overlap ? (2 * (uint64_t)ratio * (uint64_t)dim * sizeof(float) + (uint64_t)snap_every - 1) /
-                                   (uint64_t)snap_every
+    uint64_t snaps = overlap ? (snap_floats(ratio, dim) * sizeof(float) + (uint64_t)keep_every - 1) /
+                                   (uint64_t)keep_every
                              : 0;
     return rows + snaps;
+}
+
+uint64_t dsv4_comp_fixed_bytes(int ratio, int dim, int overlap, int64_t ring_len) {
+    return overlap ? (uint64_t)ring_len * snap_floats(ratio, dim) * sizeof(float) : 0;
+}
+
+/* Where the snapshot of position t (a multiple of snap_every) lives: kept, or in the ring. */
+static float *snap_at(const dsv4_compressor *c, int64_t t) {
+    const int64_t sz = (int64_t)snap_floats(c->ratio, c->dim);
+    if (t % c->keep_every == 0) return c->snaps + (t / c->keep_every) * sz;
+    return c->ring_snaps + ((t / c->snap_every) % c->ring_len) * sz;
 }
 
 /* Row of the window that token p closes: per channel, softmax over the slots' gates. */
@@ -115,10 +135,10 @@ int dsv4_comp_push(dsv4_compressor *c, const float *kv, const float *gate, int64
         }
         c->has_prev = 1;
         if ((p + 1) % c->snap_every == 0) {
-            int64_t k = (p + 1) / c->snap_every, sz = 2 * (int64_t)r * D;
-            if (grow_snaps(c, k + 1, 0, err)) return -1;
-            memcpy(c->snaps + k * sz, c->prev_kv, sizeof(float) * (size_t)(r * D));
-            memcpy(c->snaps + k * sz + r * D, c->prev_gate, sizeof(float) * (size_t)(r * D));
+            if ((p + 1) % c->keep_every == 0 && grow_snaps(c, (p + 1) / c->keep_every + 1, 0, err)) return -1;
+            float *snap = snap_at(c, p + 1);
+            memcpy(snap, c->prev_kv, sizeof(float) * (size_t)(r * D));
+            memcpy(snap + r * D, c->prev_gate, sizeof(float) * (size_t)(r * D));
         }
     }
     return 0;
@@ -130,19 +150,22 @@ void dsv4_comp_rewind(dsv4_compressor *c, int64_t t0) {
     if (!c->overlap) return;
     c->has_prev = t0 > 0;
     if (t0 > 0) {
-        int64_t k = t0 / c->snap_every, sz = 2 * (int64_t)r * D;
-        memcpy(c->prev_kv, c->snaps + k * sz, sizeof(float) * (size_t)(r * D));
-        memcpy(c->prev_gate, c->snaps + k * sz + r * D, sizeof(float) * (size_t)(r * D));
+        const float *snap = snap_at(c, t0);
+        memcpy(c->prev_kv, snap, sizeof(float) * (size_t)(r * D));
+        memcpy(c->prev_gate, snap + r * D, sizeof(float) * (size_t)(r * D));
     }
 }
 
-int dsv4_comp_regions(dsv4_compressor *c, int64_t n, int reserve, int (*fn)(void *, void *, uint64_t),
-                      void *ctx, mg_error *err) {
+int dsv4_comp_regions(dsv4_compressor *c, int64_t n, int64_t tail_at, int reserve,
+                      int (*fn)(void *, void *, uint64_t), void *ctx, mg_error *err) {
     if (reserve && dsv4_comp_reserve(c, n, err)) return -1;
-    const int64_t rows = n / c->ratio, snaps = c->overlap ? n / c->snap_every + 1 : 0;
+    const int64_t rows = n / c->ratio, snaps = c->overlap ? n / c->keep_every + 1 : 0;
     if (rows > c->cap_rows || snaps > c->cap_snaps)
         return mg_fail(err, "compressor: %lld positions asked, fewer held", (long long)n);
     int rc = fn(ctx, c->rows, (uint64_t)rows * (uint64_t)c->dim * mg_kv_type_bytes(c->row_type));
     if (rc || !snaps) return rc;
-    return fn(ctx, c->snaps, (uint64_t)snaps * 2 * (uint64_t)c->ratio * (uint64_t)c->dim * sizeof(float));
+    const uint64_t snap_bytes = snap_floats(c->ratio, c->dim) * sizeof(float);
+    if ((rc = fn(ctx, c->snaps, (uint64_t)snaps * snap_bytes))) return rc;
+    /* the tail's snapshot (a multiple of keep_every: already among the kept ones, sent again) */
+    return fn(ctx, snap_at(c, tail_at), snap_bytes);
 }

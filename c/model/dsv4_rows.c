@@ -3,12 +3,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-static int64_t ring_len(int64_t window, int64_t max_write) {
+int64_t dsv4_rows_ring_len(int64_t window, int64_t max_write) {
     const int64_t want = DSV4_RING_WINDOWS * window, least = window + max_write;
     return want > least ? want : least;
 }
 
-static int64_t period_len(int64_t window, int64_t snap_every) {
+int64_t dsv4_rows_period(int64_t window, int64_t snap_every) {
     const int64_t want = DSV4_SNAP_WINDOWS * window;
     return (want + snap_every - 1) / snap_every * snap_every;
 }
@@ -22,12 +22,12 @@ static uint64_t layer_rows_bytes(const dsv4_rows *r) {
 static uint64_t snap_bytes(const dsv4_rows *r) { return (uint64_t)r->n_layers * layer_rows_bytes(r); }
 
 uint64_t dsv4_rows_fixed_bytes(int n_layers, int64_t dim, int64_t window, int64_t max_write, mg_kv_type type) {
-    return (uint64_t)n_layers * (uint64_t)ring_len(window, max_write) * (uint64_t)dim * mg_kv_type_bytes(type);
+    return (uint64_t)n_layers * (uint64_t)dsv4_rows_ring_len(window, max_write) * (uint64_t)dim * mg_kv_type_bytes(type);
 }
 
 uint64_t dsv4_rows_bytes_per_pos(int n_layers, int64_t dim, int64_t window, int64_t snap_every, mg_kv_type type) {
     const uint64_t snap = (uint64_t)n_layers * (uint64_t)window * (uint64_t)dim * mg_kv_type_bytes(type);
-    const uint64_t period = (uint64_t)period_len(window, snap_every);
+    const uint64_t period = (uint64_t)dsv4_rows_period(window, snap_every);
     return (snap + period - 1) / period;
 }
 
@@ -40,8 +40,8 @@ int dsv4_rows_init(dsv4_rows *r, int n_layers, int64_t dim, int64_t window, int6
     r->n_layers = n_layers;
     r->dim = dim;
     r->window = window;
-    r->ring = ring_len(window, max_write);
-    r->period = period_len(window, snap_every);
+    r->ring = dsv4_rows_ring_len(window, max_write);
+    r->period = dsv4_rows_period(window, snap_every);
     r->snap_every = snap_every;
     r->max_pos = max_pos;
     r->type = type;

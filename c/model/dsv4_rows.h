@@ -43,6 +43,10 @@ typedef struct dsv4_rows {
     int64_t tail_at;         /* a prefix snapshot's replay point, read back during a restore */
 } dsv4_rows;
 
+/* The ring's positions and the snapshot period for these sizes (what init picks). */
+int64_t dsv4_rows_ring_len(int64_t window, int64_t max_write);
+int64_t dsv4_rows_period(int64_t window, int64_t snap_every);
+
 /* max_write: the most positions one eval writes per layer between attention reads (a sub-chunk). */
 int dsv4_rows_init(dsv4_rows *r, int n_layers, int64_t dim, int64_t window, int64_t max_write,
                    int64_t snap_every, int64_t max_pos, mg_kv_type type, mg_error *err);
