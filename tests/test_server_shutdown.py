@@ -25,7 +25,7 @@ from server_fixtures import (  # noqa: E402
 
 # ~450 prompt tokens: the slot holds more than a snapshot's minimum (prefix_cache.MIN_SNAPSHOT_TOKENS)
 PROMPT = " ".join(f"w{i * 7919 % 10007}" for i in range(120)) + " Go on forever."
-LONG = {"model": "m", "max_tokens": 4000, "ignore_eos": True, "stream": True,
+LONG = {"model": "m", "max_tokens": 3000, "ignore_eos": True, "stream": True,  # fits after the prompt
         "messages": [{"role": "user", "content": PROMPT}]}
 HI = [{"role": "user", "content": "Say hi."}]
 
