@@ -26,6 +26,17 @@ py::object text(const char *s, size_t len) {
     return py::bytes(s, len);
 }
 
+// The reader's message may quote a corrupt name's bytes, or be cut inside a UTF-8 sequence at
+// the message's length limit: decoded with replacement, so the caller gets ValueError with the
+// text rather than a UnicodeDecodeError about it.
+[[noreturn]] void raise_value_error(const char *msg) {
+    PyObject *u = PyUnicode_DecodeUTF8(msg, static_cast<Py_ssize_t>(std::strlen(msg)), "replace");
+    if (!u) throw py::error_already_set();
+    PyErr_SetObject(PyExc_ValueError, u);
+    Py_DECREF(u);
+    throw py::error_already_set();
+}
+
 py::object element(const mg_gguf_kv *kv, uint64_t i) {
     int64_t iv;
     uint64_t uv;
@@ -72,7 +83,7 @@ py::dict inspect(const std::string &path) {
         py::gil_scoped_release nogil;
         g = mg_gguf_open(path.c_str(), &err);
     }
-    if (!g) throw py::value_error(err.msg);
+    if (!g) raise_value_error(err.msg);
     py::dict out, meta, types;
     py::list tensors;
     try {
