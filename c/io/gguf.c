@@ -512,6 +512,15 @@ const mg_gguf_kv *mg_gguf_find_kv(const mg_gguf *g, const char *key) {
     return i ? &g->kvs[i - 1] : NULL;
 }
 
+int mg_gguf_tensor_slice(const mg_gguf_tensor *t, int64_t i, uint64_t *file_offset,
+                         uint64_t *nbytes) {
+    if (!t || i < 0 || i >= t->ne[t->n_dims - 1]) return -1;
+    uint64_t per = t->nbytes / (uint64_t)t->ne[t->n_dims - 1]; /* exact: nbytes = row_bytes * rows */
+    *file_offset = t->file_offset + (uint64_t)i * per;
+    *nbytes = per;
+    return 0;
+}
+
 /* ---- values ---------------------------------------------------------------------------- */
 
 static const unsigned char *element(const mg_gguf_kv *kv, uint64_t i) {

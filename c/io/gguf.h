@@ -105,6 +105,12 @@ size_t mg_gguf_tensor_count(const mg_gguf *g);
 const mg_gguf_tensor *mg_gguf_tensor_at(const mg_gguf *g, size_t i); /* in file order */
 const mg_gguf_tensor *mg_gguf_find_tensor(const mg_gguf *g, const char *name); /* NULL if absent */
 
+/* Slice i of the outermost dim (ne[n_dims - 1]) of t: for a stacked `ffn_*_exps` tensor,
+ * expert i's contiguous bytes (docs/reference/gguf.md §4: offset + i * ne1 * row_bytes for a
+ * 3-D tensor).  Returns 0, or -1 when i is out of range. */
+int mg_gguf_tensor_slice(const mg_gguf_tensor *t, int64_t i, uint64_t *file_offset,
+                         uint64_t *nbytes);
+
 size_t mg_gguf_kv_count(const mg_gguf *g);
 const mg_gguf_kv *mg_gguf_kv_at(const mg_gguf *g, size_t i); /* in file order */
 const mg_gguf_kv *mg_gguf_find_kv(const mg_gguf *g, const char *key); /* NULL if absent */

@@ -264,6 +264,12 @@ static void test_valid(void) {
         CHECK(t->offset == 224 && t->file_offset == d.data_offset + 224, "offset %llu",
               (unsigned long long)t->offset);
         CHECK(!memcmp(t->data, b.p + t->file_offset, (size_t)t->nbytes), "data pointer");
+        uint64_t so = 0, sn = 0;
+        /* expert 3 of [256, 2, 4]: 2 rows of 144 bytes each, after 3 such experts */
+        CHECK(!mg_gguf_tensor_slice(t, 3, &so, &sn) && sn == 288 && so == t->file_offset + 3 * 288,
+              "expert slice %llu+%llu", (unsigned long long)so, (unsigned long long)sn);
+        CHECK(mg_gguf_tensor_slice(t, 4, &so, &sn) == -1 && mg_gguf_tensor_slice(t, -1, &so, &sn) == -1,
+              "slice out of range");
     }
     const mg_gguf_tensor *t2 = mg_gguf_tensor_at(g, 2);
     CHECK(t2 && t2->nbytes == 20 && t2->offset == 224 + 1152, "F32 tensor");
