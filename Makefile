@@ -120,7 +120,8 @@ fuzz: test-deps build
 	$(PYTHON) tools/fuzz_api.py --max-examples $(FUZZ_EXAMPLES) --max-time $(FUZZ_SECONDS)
 
 # ---- sanitizers: separate object dir so a normal build is never mixed with an instrumented one.
-# The expert cache runs under ASan in tests/c/test_expert_store.c; the Python budget tests size
+# The expert cache runs under ASan in tests/c/test_expert_store.c, the GGUF reader in test_gguf.c
+# (and its corruption test in tests/test_gguf_reader.py); the Python budget tests size
 # their budgets from this process's RSS, which ASan inflates, so they are left out here.
 SAN_FLAGS := -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
 sanitize:
@@ -128,7 +129,7 @@ sanitize:
 	rm -f python/gateway/.core-built
 	MOEGATE_SANITIZE=1 $(PYTHON) setup.py -q build_ext --inplace --force --build-temp build/san-ext
 	ASAN_OPTIONS=detect_leaks=0 LD_PRELOAD="$$($(CC) -print-file-name=libasan.so) $$($(CC) -print-file-name=libubsan.so)" \
-		$(PYTHON) -m pytest -q -p no:cacheprovider tests -m "not rss" -k "(engine or kernel or loader or oracle or prefix_snapshot) and not budget"
+		$(PYTHON) -m pytest -q -p no:cacheprovider tests -m "not rss" -k "(engine or kernel or loader or oracle or prefix_snapshot or gguf) and not budget"
 	rm -f python/gateway/.core-built
 	$(PYTHON) setup.py -q build_ext --inplace --force
 

@@ -2,7 +2,8 @@
 #include "bindings/bindings.h"
 
 PYBIND11_MODULE(_core, m) {
-    m.doc() = "moegate C core: SIMD kernels, safetensors loader, MoE forward passes";
+    m.doc() = "moegate C core: SIMD kernels, safetensors and GGUF readers, MoE forward passes";
     moegate::register_kernels(m);
     moegate::register_model(m);
+    moegate::register_gguf(m);
 }
