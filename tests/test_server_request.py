@@ -118,6 +118,7 @@ def test_anthropic_tool_choice_mapping():
     ({"max_tokens": 1, "messages": [{"role": "tool", "content": "x"}]}, "messages"),
     ({"max_tokens": 1, "messages": [{"role": "user", "content": [{"type": "document"}]}]}, "messages"),
     ({"max_tokens": 1, "messages": HI, "tool_choice": {"type": "maybe"}}, "tool_choice"),
+    ({"max_tokens": 1, "messages": HI, "tool_choice": {"type": {}}}, "tool_choice"),  # schemathesis: was a 500
     ({"max_tokens": 1, "messages": HI, "tools": [{"input_schema": {}}]}, "tools"),
     ({"max_tokens": 1, "messages": HI, "thinking": "on"}, "thinking"),
     ({"max_tokens": 1, "messages": HI, "stop_sequences": "END!"}, "stop_sequences"),  # a list only (issue 16)

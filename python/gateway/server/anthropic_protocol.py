@@ -147,7 +147,7 @@ def parse_anthropic(body: Any) -> ChatSpec:
     choice = body.get("tool_choice")
     if choice is not None:
         expect(choice, dict, "tool_choice")
-        kind = choice.get("type")
+        kind = field_of(choice, "type", str, param="tool_choice")  # a dict here was a TypeError (500)
         mapped: Any = {"auto": "auto", "any": "required", "none": "none"}.get(kind)
         if kind == "tool":
             mapped = {"type": "function", "function": {"name": choice.get("name")}}
