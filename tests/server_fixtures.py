@@ -60,6 +60,16 @@ class LiveServer:
         with urllib.request.urlopen(req, timeout=timeout) as resp:
             return json.loads(resp.read())
 
+    def post_raw(self, path: str, raw: bytes, timeout: float = 120.0) -> tuple[int, dict]:
+        """(status, JSON body) of raw bytes POSTed as JSON -- error statuses are returned."""
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
+        try:
+            conn.request("POST", path, body=raw, headers={"Content-Type": "application/json", **self.headers()})
+            resp = conn.getresponse()
+            return resp.status, json.loads(resp.read() or b"null")
+        finally:
+            conn.close()
+
     def post_json(self, path: str, body: dict, timeout: float = 60.0,
                   headers: dict[str, str] | None = None) -> tuple[int, dict, dict[str, str]]:
         """(status, JSON body, headers) -- error statuses are returned, not raised."""

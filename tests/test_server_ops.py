@@ -240,16 +240,6 @@ def test_props_health_metrics(qwen_server):
 
 # --------------------------------------------------------------------- large bodies off the event loop
 
-def _post_raw(server, path: str, raw: bytes, timeout: float = 120.0) -> tuple[int, dict]:
-    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=timeout)
-    try:
-        conn.request("POST", path, body=raw, headers={"Content-Type": "application/json", **server.headers()})
-        resp = conn.getresponse()
-        return resp.status, json.loads(resp.read() or b"null")
-    finally:
-        conn.close()
-
-
 def test_large_bodies_never_stall_health_or_a_running_stream(qwen_server):
     """Rendering and tokenizing a prompt take about 1 s per MB: they run in a worker thread
     (with the GIL released inside the tokenizer), so /health and a running stream's chunks keep
@@ -287,7 +277,7 @@ def test_large_bodies_never_stall_health_or_a_running_stream(qwen_server):
         # At least one pass, and on for 2 s: the window measured is long enough on any machine.
         while not answers or time.monotonic() - t0 < 2.0:
             for path, body in bodies:
-                answers.append((path, *_post_raw(server, path, json.dumps(body).encode())))
+                answers.append((path, *server.post_raw(path, json.dumps(body).encode())))
 
     poster = threading.Thread(target=post_all, daemon=True)
     t0 = time.monotonic()
@@ -320,9 +310,9 @@ def test_body_size_bound(qwen_server):
     from gateway.server.app import MAX_BODY_BYTES
 
     raw = json.dumps({"model": "m", "messages": [{"role": "user", "content": "x" * MAX_BODY_BYTES}]}).encode()
-    status, body = _post_raw(qwen_server, "/v1/chat/completions", raw)
+    status, body = qwen_server.post_raw("/v1/chat/completions", raw)
     assert status == 413 and body["error"]["type"] == "invalid_request_error"
     assert str(MAX_BODY_BYTES) in body["error"]["message"]
-    status, body = _post_raw(qwen_server, "/v1/messages", raw)
+    status, body = qwen_server.post_raw("/v1/messages", raw)
     assert status == 413 and body["type"] == "error" and body["error"]["type"] == "request_too_large"
     assert _health(qwen_server)["status"] == "ok"

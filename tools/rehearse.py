@@ -526,6 +526,16 @@ def _gb(n: float) -> str:
     return f"{n / GB:.2f}"
 
 
+def _aligned(rows: list[tuple[str, ...]]) -> str:
+    """rows[0] is the head: columns padded to their widest cell (the first two left-aligned),
+    a rule under the head."""
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(cell.rjust(w) if i > 1 else cell.ljust(w) for i, (cell, w) in enumerate(zip(row, widths)))
+             for row in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
 def table(results: Sequence[Result], disk_gbps: float) -> str:
     """One row per (family, prompt, phase), the columns the issue asks for."""
     head = ("family", "L", "load s", "peak RSS GB", "phase", "tokens", "wall s", "tok/s", "hit rate",
@@ -544,11 +554,7 @@ def table(results: Sequence[Result], disk_gbps: float) -> str:
                              f"{p['wall_tok_s']:.2f}", f"{p['hit_rate']:.3f}", f"{p['bytes_per_token'] / 1e6:.1f}",
                              f"{p['read_s']:.1f}", f"{p['compute_s']:.1f}", f"{p['disk_floor_s']:.1f}",
                              f"{p['projected_s']:.1f}", f"{p['projected_tok_s']:.3f}"))
-    widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
-    lines = ["  ".join(cell.rjust(w) if i > 1 else cell.ljust(w) for i, (cell, w) in enumerate(zip(row, widths)))
-             for row in rows]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(lines)
+    return _aligned(rows)
 
 
 def time_split(results: Sequence[Result], disk_gbps: float) -> str:
@@ -567,11 +573,7 @@ def time_split(results: Sequence[Result], disk_gbps: float) -> str:
                 rows.append((r.family, kind, str(n), *(f"{p[k] / n:.3f}" for k in ("dense_s", "expert_s", "wait_s",
                              "read_s", "projected_s", "overlapped_s")),
                              f"{p['projected_s'] / p['overlapped_s']:.2f}" if p["overlapped_s"] else "-"))
-    widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
-    lines = ["  ".join(cell.rjust(w) if i > 1 else cell.ljust(w) for i, (cell, w) in enumerate(zip(row, widths)))
-             for row in rows]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(lines)
+    return _aligned(rows)
 
 
 def checkpoint_line(r: Result) -> str:

@@ -6,6 +6,7 @@
 #define _GNU_SOURCE
 #endif
 #include "io/gguf.h"
+#include "core/hash.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -103,15 +104,6 @@ static uint64_t le(const unsigned char *p, int n) {
     uint64_t v = 0;
     for (int i = n - 1; i >= 0; i--) v = (v << 8) | p[i];
     return v;
-}
-
-static uint64_t hash_bytes(const char *s) {
-    uint64_t h = 1469598103934665603ull;
-    for (; *s; s++) {
-        h ^= (unsigned char)*s;
-        h *= 1099511628211ull;
-    }
-    return h;
 }
 
 /* A cursor over the mapping: every read checks that the bytes exist first. */
@@ -245,7 +237,7 @@ static int build_index(const char *path, const char *what, const char **names, s
     *mask = slots - 1;
     for (size_t i = 0; i < n; i++) {
         const char *name = *(const char **)((const char *)names + i * stride);
-        size_t h = (size_t)hash_bytes(name) & *mask;
+        size_t h = (size_t)mg_hash_string(name) & *mask;
         while ((*index)[h]) {
             const char *o = *(const char **)((const char *)names + ((*index)[h] - 1) * stride);
             if (!strcmp(o, name))
@@ -261,7 +253,7 @@ static int build_index(const char *path, const char *what, const char **names, s
 static uint32_t lookup(const uint32_t *index, size_t mask, const void *base, size_t stride,
                        const char *name) {
     if (!index || !name) return 0;
-    size_t h = (size_t)hash_bytes(name) & mask;
+    size_t h = (size_t)mg_hash_string(name) & mask;
     while (index[h]) {
         const char *o = *(const char *const *)((const char *)base + (index[h] - 1) * stride);
         if (!strcmp(o, name)) return index[h];

@@ -4,6 +4,7 @@
 #define _GNU_SOURCE
 #endif
 #include "io/safetensors.h"
+#include "core/hash.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -100,15 +101,6 @@ static const char *unsafe_shard_name(const char *s, size_t len) {
     if (len <= strlen(ST_SUFFIX) || !ends_with(s, len, ST_SUFFIX))
         return "file name does not end in " ST_SUFFIX;
     return NULL;
-}
-
-static uint64_t hash_name(const char *s) {
-    uint64_t h = 1469598103934665603ull;
-    for (; *s; s++) {
-        h ^= (unsigned char)*s;
-        h *= 1099511628211ull;
-    }
-    return h;
 }
 
 static void format_shape(char *buf, size_t cap, int ndim, const int64_t *shape) {
@@ -368,7 +360,7 @@ static int build_index(mg_checkpoint *ck, mg_error *err) {
     ck->index_mask = slots - 1;
     for (size_t i = 0; i < ck->n_tensors; i++) {
         const mg_tensor *t = &ck->tensors[i];
-        size_t h = (size_t)hash_name(t->name) & ck->index_mask;
+        size_t h = (size_t)mg_hash_string(t->name) & ck->index_mask;
         while (ck->index[h]) {
             const mg_tensor *o = &ck->tensors[ck->index[h] - 1];
             if (!strcmp(o->name, t->name))
@@ -623,7 +615,7 @@ void mg_checkpoint_close(mg_checkpoint *ck) {
 
 const mg_tensor *mg_checkpoint_find(const mg_checkpoint *ck, const char *name) {
     if (!ck || !name || !ck->index) return NULL;
-    size_t h = (size_t)hash_name(name) & ck->index_mask;
+    size_t h = (size_t)mg_hash_string(name) & ck->index_mask;
     while (ck->index[h]) {
         const mg_tensor *t = &ck->tensors[ck->index[h] - 1];
         if (!strcmp(t->name, name)) return t;
