@@ -40,7 +40,7 @@ mg_format format_by_name(const std::string &name) {
     for (int f = 0; f < MG_FORMAT_COUNT; f++)
         if (name == mg_format_name(static_cast<mg_format>(f))) return static_cast<mg_format>(f);
     if (name == "fp8") return MG_FP8_E4M3;
-    if (name == "fp4" || name == "mxfp4") return MG_FP4_E2M1;
+    if (name == "fp4") return MG_FP4_E2M1;
     throw std::invalid_argument("unknown weight format '" + name + "' (f32, bf16, f16, fp8_e4m3, fp4_e2m1)");
 }
 

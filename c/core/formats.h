@@ -13,8 +13,31 @@ typedef enum mg_format {
     MG_F16 = 2,
     MG_FP8_E4M3 = 3, /* "fn" variant: no inf, S.1111.111 is NaN, max 448 */
     MG_FP4_E2M1 = 4, /* two codes per byte, low nibble = even column */
+    /* ggml block formats, as GGUF files store them (docs/reference/gguf.md §2): each row is a
+     * run of self-scaled blocks (mg_format_block gives their size); no separate scale table. */
+    MG_Q8_0 = 5,
+    MG_Q4_0 = 6,
+    MG_Q5_0 = 7,
+    MG_Q4_K = 8,
+    MG_Q5_K = 9,
+    MG_Q6_K = 10,
+    MG_MXFP4 = 11,   /* GGUF layout: e8m0 byte, then 16 bytes (element j low nibble, j+16 high) */
+    MG_IQ4_NL = 12,
+    MG_IQ4_XS = 13,
     MG_FORMAT_COUNT
 } mg_format;
+
+/* Elements and bytes of one block of a ggml block format (1 and the element size otherwise;
+ * MG_FP4_E2M1 is 2 elements in 1 byte). */
+static inline void mg_format_block(mg_format f, int64_t *elems, int64_t *bytes) {
+    static const int64_t e[MG_FORMAT_COUNT] = {1, 1, 1, 1, 2, 32, 32, 32, 256, 256, 256, 32, 32, 256};
+    static const int64_t b[MG_FORMAT_COUNT] = {4, 2, 2, 1, 1, 34, 18, 22, 144, 176, 210, 17, 18, 136};
+    *elems = (unsigned)f < MG_FORMAT_COUNT ? e[f] : 0;
+    *bytes = (unsigned)f < MG_FORMAT_COUNT ? b[f] : 0;
+}
+
+/* 1 for the ggml block formats (rows are whole blocks; cols a multiple of the block). */
+static inline int mg_format_is_ggml_block(mg_format f) { return f >= MG_Q8_0 && f < MG_FORMAT_COUNT; }
 
 /* How a quantised matrix is scaled.  Values are multiplied by the scale (never divided),
  * even for tensors named weight_scale_inv, as transformers' fine-grained FP8 does. */

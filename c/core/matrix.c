@@ -12,6 +12,15 @@ const char *mg_format_name(mg_format f) {
     case MG_F16: return "f16";
     case MG_FP8_E4M3: return "fp8_e4m3";
     case MG_FP4_E2M1: return "fp4_e2m1";
+    case MG_Q8_0: return "q8_0";
+    case MG_Q4_0: return "q4_0";
+    case MG_Q5_0: return "q5_0";
+    case MG_Q4_K: return "q4_k";
+    case MG_Q5_K: return "q5_k";
+    case MG_Q6_K: return "q6_k";
+    case MG_MXFP4: return "mxfp4";
+    case MG_IQ4_NL: return "iq4_nl";
+    case MG_IQ4_XS: return "iq4_xs";
     default: return "unknown";
     }
 }

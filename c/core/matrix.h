@@ -24,7 +24,11 @@ static inline size_t mg_matrix_row_bytes(const mg_matrix *w) {
     case MG_F16: return (size_t)w->cols * 2;
     case MG_FP8_E4M3: return (size_t)w->cols;
     case MG_FP4_E2M1: return (size_t)w->cols / 2;
-    default: return 0;
+    default: {
+        int64_t e, b;
+        mg_format_block(w->format, &e, &b);
+        return e ? (size_t)(w->cols / e * b) : 0;
+    }
     }
 }
 
