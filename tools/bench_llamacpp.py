@@ -27,54 +27,23 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import statistics
 import subprocess
 import sys
-import tarfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_models  # noqa: E402  (sets OPENBLAS_NUM_THREADS before numpy loads)
+import llamacpp  # noqa: E402
+from llamacpp import LLAMA_CPP_PYTHON, Unavailable, all_threads  # noqa: E402,F401  (LLAMA_CPP_PYTHON: tests)
 
-LLAMA_CPP_PYTHON = "0.3.36"       # the pinned sdist: its vendor/llama.cpp is the llama.cpp we compare with
 DEFAULT_MODELS = "qwen3_moe,glm4_moe,deepseek_v4"
-# The converter recognises a tokenizer by hashing how it splits a test string; ours are synthetic.
-PRE_TOKENIZER = {"qwen3_moe": "qwen2", "glm4_moe": "glm4", "deepseek_v4": "deepseek-v3"}
 # GGUF --outtype for our checkpoint formats (native DeepSeek-V4: the converter picks Q8_0/MXFP4
 # for the FP8/FP4 tensors itself and keeps the bf16 ones).
 OUTTYPE = {"bf16": "bf16", "native": "bf16"}
-CMAKE_FLAGS = ["-DCMAKE_BUILD_TYPE=Release", "-DBUILD_SHARED_LIBS=OFF", "-DGGML_NATIVE=ON", "-DGGML_BLAS=OFF",
-               "-DGGML_CUDA=OFF", "-DGGML_VULKAN=OFF", "-DGGML_METAL=OFF", "-DGGML_HIP=OFF", "-DGGML_SYCL=OFF",
-               "-DGGML_OPENCL=OFF", "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF",
-               "-DLLAMA_BUILD_SERVER=OFF", "-DLLAMA_BUILD_APP=OFF", "-DLLAMA_BUILD_TOOLS=ON",
-               "-DLLAMA_OPENSSL=OFF", "-DLLAMA_CURL=OFF"]
-
-# Runs convert_hf_to_gguf.py with a fallback pre-tokenizer name (argv: src, pre-tokenizer, args...).
-CONVERT_LAUNCHER = r"""
-import runpy, sys
-from pathlib import Path
-src, pre = Path(sys.argv[1]), sys.argv[2]
-sys.path[0:0] = [str(src), str(src / "gguf-py")]
-import conversion.base as base
-known = base.TextModel.get_vocab_base_pre
-def get_vocab_base_pre(self, tokenizer):
-    try:
-        return known(self, tokenizer)
-    except NotImplementedError:
-        print(f"bench_llamacpp: synthetic tokenizer, pre-tokenizer set to {pre!r}", flush=True)
-        return pre
-base.TextModel.get_vocab_base_pre = get_vocab_base_pre
-sys.argv = [str(src / "convert_hf_to_gguf.py")] + sys.argv[3:]
-runpy.run_path(sys.argv[0], run_name="__main__")
-"""
-
-
-class Unavailable(Exception):
-    """llama.cpp cannot be run for this row; the message says why (printed in the table's notes)."""
 
 
 # ---- options --------------------------------------------------------------------------------
@@ -98,102 +67,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return opts
 
 
-def all_threads() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-
-
 def llama_dir(opts: argparse.Namespace) -> Path:
-    return Path(opts.llama_dir or os.environ.get("MOEGATE_LLAMA_DIR") or
-                Path.home() / ".cache" / "moegate" / "llama.cpp")
-
-
-# ---- llama.cpp: sources, build, binary ------------------------------------------------------
-
-def vendored_source(cache: Path) -> Path | None:
-    """The extracted llama.cpp tree of the pinned sdist in the cache, if there is one."""
-    src = cache / f"llama_cpp_python-{LLAMA_CPP_PYTHON}" / "vendor" / "llama.cpp"
-    return src if (src / "convert_hf_to_gguf.py").is_file() and (src / "CMakeLists.txt").is_file() else None
-
-
-def fetch_source(cache: Path, opts: argparse.Namespace) -> Path:
-    """llama.cpp's source tree, extracted from the pinned llama-cpp-python sdist (downloaded once)."""
-    src = vendored_source(cache)
-    if src:
-        return src
-    if opts.no_fetch:
-        raise Unavailable(f"no llama.cpp sources in {cache} (--no-fetch/--quick: not downloading)")
-    download = cache / "download"
-    download.mkdir(parents=True, exist_ok=True)
-    sdist = next(iter(sorted(download.glob(f"llama_cpp_python-{LLAMA_CPP_PYTHON}.tar.gz"))), None)
-    if sdist is None:
-        print(f"  fetching the llama-cpp-python {LLAMA_CPP_PYTHON} sdist (its vendor/llama.cpp, ~80 MB) with pip ...",
-              flush=True)
-        # --no-binary names the package only: with :all: pip would also compile the sdist's build
-        # dependencies (cmake, ninja ...) from source just to read its metadata.
-        cmd = [sys.executable, "-m", "pip", "download", f"llama-cpp-python=={LLAMA_CPP_PYTHON}", "--no-deps",
-               "--no-binary", "llama-cpp-python", "--disable-pip-version-check", "--progress-bar", "on",
-               "--timeout", "30", "--retries", "2", "-d", str(download)]
-        try:
-            done = subprocess.run(cmd, timeout=1800)
-        except subprocess.TimeoutExpired:
-            raise Unavailable("pip download of the llama-cpp-python sdist timed out") from None
-        sdist = next(iter(sorted(download.glob(f"llama_cpp_python-{LLAMA_CPP_PYTHON}.tar.gz"))), None)
-        if done.returncode != 0 or sdist is None:
-            raise Unavailable(f"pip could not download llama-cpp-python=={LLAMA_CPP_PYTHON} (offline?)")
-    print(f"  extracting {sdist.name} ...", flush=True)
-    with tarfile.open(sdist) as tar:
-        if hasattr(tarfile, "data_filter"):
-            tar.extractall(cache, filter="data")
-        else:  # Python < 3.11.4
-            tar.extractall(cache)  # noqa: S202 (a pinned sdist fetched by pip)
-    src = vendored_source(cache)
-    if not src:
-        raise Unavailable(f"{sdist.name} holds no vendor/llama.cpp with convert_hf_to_gguf.py")
-    return src
-
-
-def build_llama_bench(cache: Path, opts: argparse.Namespace) -> Path:
-    """Builds llama-bench (CPU only) in cache/build from the vendored sources; returns the binary."""
-    src = fetch_source(cache, opts)
-    cmake = shutil.which("cmake")
-    if not cmake:
-        raise Unavailable("cmake not found: cannot build llama.cpp (install cmake, or set MOEGATE_LLAMA_BENCH)")
-    if not (shutil.which("c++") or shutil.which("g++") or shutil.which("clang++")):
-        raise Unavailable("no C++ compiler found: cannot build llama.cpp")
-    build = cache / "build"
-    generator = ["-G", "Ninja"] if shutil.which("ninja") and not (build / "Makefile").exists() else []
-    jobs = opts.build_jobs or all_threads()
-    print(f"  building llama-bench in {build} (CPU only, {jobs} jobs, low priority; minutes) ...", flush=True)
-    # Low priority: a build on a shared machine should not skew the timings of whoever else runs.
-    low = (lambda: os.nice(19)) if hasattr(os, "nice") else None
-    for cmd in ([cmake, "-S", str(src), "-B", str(build), *generator, *CMAKE_FLAGS],
-                [cmake, "--build", str(build), "--target", "llama-bench", "-j", str(jobs)]):
-        if subprocess.run(cmd, preexec_fn=low).returncode != 0:
-            raise Unavailable(f"building llama.cpp failed ({' '.join(cmd[:3])} ...), see the output above")
-    binary = build / "bin" / "llama-bench"
-    if not binary.is_file():
-        raise Unavailable(f"the build produced no {binary}")
-    return binary
+    return llamacpp.cache_dir(opts.llama_dir)
 
 
 def find_llama_bench(opts: argparse.Namespace) -> Path:
-    """$MOEGATE_LLAMA_BENCH, then PATH, then the cache's build, else a fresh build there."""
-    env = os.environ.get("MOEGATE_LLAMA_BENCH")
-    if env:
-        if not os.access(env, os.X_OK):
-            raise Unavailable(f"MOEGATE_LLAMA_BENCH={env} is not an executable")
-        return Path(env)
-    on_path = shutil.which("llama-bench")
-    if on_path:
-        return Path(on_path)
-    cache = llama_dir(opts)
-    built = cache / "build" / "bin" / "llama-bench"
-    if built.is_file():
-        return built
-    if opts.no_fetch:
-        raise Unavailable("llama-bench not found ($MOEGATE_LLAMA_BENCH, PATH, "
-                          f"{built}); --no-fetch/--quick: not building it")
-    return build_llama_bench(cache, opts)
+    """$MOEGATE_LLAMA_BENCH, then PATH, then the cache's build, else (without --no-fetch) a fresh
+    build there."""
+    return llamacpp.find_tool("llama-bench", cache=llama_dir(opts), build_missing=not opts.no_fetch,
+                              jobs=opts.build_jobs)
 
 
 # ---- GGUF conversion ------------------------------------------------------------------------
@@ -208,25 +90,15 @@ def ensure_gguf(name: str, ckpt: Path, fmt: str, opts: argparse.Namespace) -> Pa
     out = gguf_path(ckpt)
     if out.is_file() and out.stat().st_mtime >= (ckpt / "config.json").stat().st_mtime:
         return out
-    src = fetch_source(llama_dir(opts), opts)
+    src = llamacpp.fetch_source(llama_dir(opts), no_fetch=opts.no_fetch)
     need = sum(f.stat().st_size for f in ckpt.glob("*.safetensors")) * 1.1  # a GGUF is about as large
     free = shutil.disk_usage(ckpt.parent).free
     if free < need:
         raise Unavailable(f"{ckpt.parent}: {free / 1e9:.1f} GB free, its GGUF needs {need / 1e9:.1f} GB")
-    log = out.with_name(out.name + ".log")
-    tmp = out.with_name(out.name + ".partial")
     print(f"  converting {ckpt.name} to GGUF ({OUTTYPE[fmt]}) with llama.cpp's convert_hf_to_gguf.py "
-          f"(once; log {log}) ...", flush=True)
+          f"(once; log {out}.log) ...", flush=True)
     t0 = time.perf_counter()
-    cmd = [sys.executable, "-c", CONVERT_LAUNCHER, str(src), PRE_TOKENIZER.get(name, "default"), str(ckpt),
-           "--outtype", OUTTYPE[fmt], "--outfile", str(tmp)]
-    with log.open("w") as f:
-        done = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONPATH": ""})
-    if done.returncode != 0 or not tmp.is_file():
-        tmp.unlink(missing_ok=True)
-        tail = log.read_text(errors="replace").strip().splitlines()[-1:] or ["(no output)"]
-        raise Unavailable(f"llama.cpp's converter rejected {ckpt.name}: {tail[0][:200]}")
-    tmp.rename(out)
+    llamacpp.convert(src, ckpt, name, OUTTYPE[fmt], out)
     print(f"  converted in {time.perf_counter() - t0:.0f} s: {out} ({out.stat().st_size / 1e9:.2f} GB)", flush=True)
     return out
 
