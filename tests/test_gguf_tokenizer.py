@@ -194,3 +194,37 @@ def test_file_picks_the_family_of_its_folder(folders: dict[str, Path], tmp_path:
     got = load_chat_setup(path)
     assert (got.format, got.chat_template, got.note) == (expected.format, expected.chat_template, expected.note)
     assert dict(got.default_extra) == dict(expected.default_extra)
+
+
+# --------------------------------------------------------------------------- server side
+
+def test_server_reads_tokenizer_chat_and_stops_from_the_file(files: dict[str, Path],
+                                                             pairs: dict[str, tuple[Tokenizer, Tokenizer]]) -> None:
+    from gateway.server.serve import _gguf_summary, default_model_id, load_tokenizer_and_chat
+
+    tokenizer, chat, stops = load_tokenizer_and_chat(files["glm4"])
+    assert chat.format == "glm45" and chat.chat_template == read_vocab_template(files["glm4"])
+    assert tokenizer.encode(SAMPLE[0]) == pairs["glm4"][1].encode(SAMPLE[0])
+    assert {tokenizer.id_to_token(i) for i in stops} == {"<|endoftext|>", "<|user|>", "<|observation|>"}
+    assert gguf_vocab.stop_token_ids(gguf_vocab.read_vocab(files["dsv4"])) == [1]  # <｜end▁of▁sentence｜>
+    assert default_model_id(Path("/m/Qwen3-30B-A3B-Q4_K_M.gguf")) == "Qwen3-30B-A3B-Q4_K_M"
+    assert default_model_id(Path("/m/Qwen3-30B-A3B")) == "Qwen3-30B-A3B"
+    assert _gguf_summary(str(files["qwen3"])).startswith("GGUF v3, ") and "F32 x1" in _gguf_summary(str(files["qwen3"]))
+
+
+def read_vocab_template(path: Path) -> str | None:
+    return gguf_vocab.read_vocab(path).chat_template
+
+
+def test_disk_snapshot_folder_of_a_file_follows_its_content(folders: dict[str, Path], tmp_path: Path) -> None:
+    """--prefix-cache-dir keys snapshots by model: for a file, by its path, size and mtime (a
+    folder's config.json has no counterpart), so another file at the same path starts afresh."""
+    import os
+
+    from gateway.prefix_disk import model_folder
+
+    path = write_tokenizer_gguf(tmp_path / "m.gguf", folders["qwen3"], "qwen2")
+    first = model_folder(tmp_path / "cache", path, "bf16")
+    assert model_folder(tmp_path / "cache", path, "bf16") == first != model_folder(tmp_path / "cache", path, "f32")
+    os.utime(path, ns=(1, 1))
+    assert model_folder(tmp_path / "cache", path, "bf16") != first

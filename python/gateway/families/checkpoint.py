@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from ..chat.types import ChatEncodingError, ChatTemplateError
-from ..gguf_vocab import chat_inputs, is_gguf, read_vocab
+from ..gguf_vocab import GGUFVocab, chat_inputs, is_gguf, read_vocab
 from ..tokenizer import special_token_text
 from .record import Family
 from .registry import FAMILIES, EncodedPrompt, encode, get_family, render
@@ -180,15 +180,21 @@ def load_chat_setup(model_dir: str | os.PathLike[str]) -> ChatSetup:
     """Inspect a checkpoint (a folder, or one .gguf file) and decide how to render its prompts."""
     root = Path(model_dir)
     if is_gguf(root):
-        # A GGUF carries the same three inputs in its metadata: the architecture stands for
-        # config.json's model_type, tokenizer.chat_template for the folder's template.
-        config, tokenizer_config, template = chat_inputs(read_vocab(root))
-        return _chat_setup(root, config, tokenizer_config, template)
+        return gguf_chat_setup(read_vocab(root))
     config = _read_json(root / "config.json")
     if config is None:
         raise ChatTemplateError(f"{root / 'config.json'}: file not found")
     tokenizer_config = _read_json(root / "tokenizer_config.json")
     return _chat_setup(root, config, tokenizer_config, _read_checkpoint_template(root, tokenizer_config))
+
+
+def gguf_chat_setup(vocab: GGUFVocab) -> ChatSetup:
+    """`load_chat_setup` for a GGUF file already read (the server reads it once for the
+    tokenizer too).  The file carries the same three inputs as a folder: the architecture stands
+    for config.json's model_type, tokenizer.chat_template for the folder's template, the
+    special ids' spellings for tokenizer_config.json's."""
+    config, tokenizer_config, template = chat_inputs(vocab)
+    return _chat_setup(vocab.path, config, tokenizer_config, template)
 
 
 def _chat_setup(root: Path, config: Mapping[str, Any], tokenizer_config: Mapping[str, Any] | None,
