@@ -19,7 +19,7 @@ from gateway.tokenizer import Tokenizer
 from reference_data import template_text
 
 pytest.importorskip("gguf")
-from tools.ckpt.gguf_vocab import looks_special, write_tokenizer_gguf  # noqa: E402
+from tools.ckpt.gguf_vocab import looks_special, pre_name, write_tokenizer_gguf  # noqa: E402
 from tools.ckpt.tokenizer import FAMILIES as TOKENIZER_FAMILIES  # noqa: E402
 from tools.ckpt.tokenizer import write_tokenizer  # noqa: E402
 
@@ -141,6 +141,15 @@ def test_file_layout_and_padding(files: dict[str, Path], pairs: dict[str, tuple[
     assert {glm.tokens[i] for i in gguf_vocab.stop_token_ids(glm)} == {"<|endoftext|>", "<|user|>", "<|observation|>"}
     ds = gguf_vocab.read_vocab(files["dsv4"])
     assert ds.token_text("bos") == "<｜begin▁of▁sentence｜>" and ds.chat_template is None
+
+
+def test_writer_names_the_pre_tokenizer_of_the_family(tmp_path: Path) -> None:
+    for model_type, pre in (("qwen3_moe", "qwen2"), ("glm4_moe", "glm4"), ("deepseek_v4", "joyai-llm")):
+        (tmp_path / "config.json").write_text(json.dumps({"model_type": model_type}), encoding="utf-8")
+        assert pre_name(tmp_path) == pre and pre in PRE_TOKENIZERS
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama"}), encoding="utf-8")
+    with pytest.raises(ValueError, match="llama"):
+        pre_name(tmp_path)
 
 
 def test_unknown_pre_tokenizer_is_a_clear_error(folders: dict[str, Path], tmp_path: Path) -> None:

@@ -1,7 +1,7 @@
 """The `tokenizer.ggml.*` metadata of a GGUF file, written from a checkpoint's tokenizer files the
 way llama.cpp's converter writes it (test side: needs the `gguf` package of the test extra).
 
-    add_tokenizer_metadata(writer, tokenizer_dir, pre=..., vocab_size=None)
+    add_tokenizer_metadata(writer, tokenizer_dir, pre=None, vocab_size=None)  # pre: from config.json
     write_tokenizer_gguf(path, tokenizer_dir, pre=..., arch=...)   # tokenizer-only test file
 
 What the converter does, and so what this does:
@@ -11,8 +11,8 @@ What the converter does, and so what this does:
   text they encode from, not their byte-level spelling);
 - merges as "a b" strings; bos/eos/pad/unk ids from tokenizer_config.json's spellings (falling
   back to config.json's ids); add_bos/add_eos; the chat template;
-- `tokenizer.ggml.pre` is the name the caller passes (the converter finds it by hashing the
-  encoding of a probe text; here the test knows which family it built).
+- `tokenizer.ggml.pre`: the converter finds it by hashing the encoding of a probe text; here it
+  is the caller's, or `PRE_NAMES` of config.json's model_type (the family is known).
 """
 from __future__ import annotations
 
@@ -90,16 +90,31 @@ def _chat_template(tokenizer_dir: Path, tokenizer_config: dict[str, Any]) -> str
 
 _FROM_FOLDER: Any = object()
 
+# config.json model_type -> the tokenizer.ggml.pre llama.cpp's converter finds for the family.
+PRE_NAMES = {"qwen3_moe": "qwen2", "qwen3": "qwen2", "qwen3_5_moe": "qwen35", "glm4_moe": "glm4",
+             "glm4_moe_lite": "glm4", "deepseek_v3": "deepseek-v3", "deepseek_v4": "joyai-llm"}
 
-def add_tokenizer_metadata(writer: Any, tokenizer_dir: str | Path, pre: str, vocab_size: int | None = None,
+
+def pre_name(tokenizer_dir: str | Path) -> str:
+    """The pre-tokenizer name for the checkpoint in `tokenizer_dir`, from its config.json."""
+    model_type = _read_json(Path(tokenizer_dir) / "config.json").get("model_type")
+    if model_type not in PRE_NAMES:
+        raise ValueError(f"{tokenizer_dir}: no tokenizer.ggml.pre known for model_type {model_type!r}")
+    return PRE_NAMES[model_type]
+
+
+def add_tokenizer_metadata(writer: Any, tokenizer_dir: str | Path, pre: str | None = None,
+                           vocab_size: int | None = None,
                            chat_template: str | None = _FROM_FOLDER) -> None:
     """Add the `tokenizer.*` keys of the checkpoint in `tokenizer_dir` (tokenizer.json,
     tokenizer_config.json, optional config.json / chat_template.jinja) to a gguf.GGUFWriter.
+    `pre`: the pre-tokenizer name (default: `pre_name`, from config.json's model_type);
     `vocab_size`: the embedding's rows (default: config.json's, else the tokenizer's size);
     `chat_template`: written instead of the folder's (None: no template key)."""
     folder = Path(tokenizer_dir)
     tokenizer_config = _read_json(folder / "tokenizer_config.json")
     config = _read_json(folder / "config.json")
+    pre = pre or pre_name(folder)
     tokens, types = vocab_lists(folder, vocab_size)
     ids = {t: i for i, t in reversed(list(enumerate(tokens)))}
     writer.add_tokenizer_model("gpt2")
