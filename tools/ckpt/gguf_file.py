@@ -114,6 +114,11 @@ def encode(values: np.ndarray, qtype: str, rng: np.random.Generator) -> tuple[np
     import gguf
 
     qt = gguf.GGMLQuantizationType[qtype]
+    block, _ = gguf.GGML_QUANT_SIZES[qt]
+    if values.shape[-1] % block:
+        # As llama.cpp's quantizer does for rows that are not whole blocks: a finer type.
+        qtype = "Q8_0" if values.shape[-1] % 32 == 0 else "F16"
+        qt = gguf.GGMLQuantizationType[qtype]
     if qtype == "F32":
         return np.ascontiguousarray(values, dtype=np.float32), None
     if qtype == "F16":
