@@ -197,6 +197,18 @@ def test_unsupported_type_is_named(build_checkpoint, tmp_path: Path) -> None:
     assert "Q8_0" in message and "Q4_K" in message, message  # the supported ones are listed
 
 
+def test_missing_tensor_is_named_as_stored(build_checkpoint, tmp_path: Path) -> None:
+    from gateway.engine import Engine, EngineError
+
+    ckpt = build_checkpoint("glm4_moe", "f32")
+    for dropped, expected in (("blk.2.ffn_down_exps.weight", r"blk\.2\.ffn_down_exps\.weight \(expert 0\)"),
+                              ("blk.1.post_attention_norm.weight", r"blk\.1\.ffn_norm\.weight or blk\.1\.post_attention_norm\.weight"),
+                              ("blk.0.attn_k.bias", r"blk\.0\.attn_k\.bias")):
+        path = write_gguf(ckpt, tmp_path / f"{dropped}.gguf", drop=(dropped,))
+        with pytest.raises(EngineError, match=f"not found in the file.*{expected}|{expected}.*not found"):
+            Engine(str(path))
+
+
 def test_vector_in_a_block_type_is_named(build_checkpoint, tmp_path: Path) -> None:
     from gateway.engine import Engine, EngineError
 

@@ -79,6 +79,32 @@ static int split_layer_name(const char *name, long *layer, const char **rest) {
     return 0;
 }
 
+int mg_gguf_stored_name(const char *hf, char *out, size_t cap) {
+    for (size_t k = 0; k < sizeof global_names / sizeof *global_names; k++)
+        if (!strcmp(hf, global_names[k].hf)) return snprintf(out, cap, "%s", global_names[k].gguf) < 0 ? -1 : 0;
+    const char *p = "model.layers.";
+    if (strncmp(hf, p, strlen(p))) return -1;
+    char *end;
+    long layer = strtol(hf + strlen(p), &end, 10);
+    if (end == hf + strlen(p) || *end != '.') return -1;
+    const char *rest = end + 1;
+    size_t n = 0;
+    for (size_t k = 0; k < sizeof layer_names / sizeof *layer_names && n < cap; k++)
+        if (!strcmp(rest, layer_names[k].hf)) /* post_attention_layernorm has two names */
+            n += (size_t)snprintf(out + n, cap - n, "%sblk.%ld.%s", n ? " or " : "", layer, layer_names[k].gguf);
+    if (n) return 0;
+    long e;
+    char proj[16];
+    int used = 0;
+    if (sscanf(rest, "mlp.experts.%ld.%15[a-z_].weight%n", &e, proj, &used) == 2 && rest[used] == 0)
+        for (size_t k = 0; k < sizeof stacked_names / sizeof *stacked_names; k++)
+            if (!strcmp(proj, stacked_names[k].proj)) {
+                snprintf(out, cap, "blk.%ld.%s (expert %ld)", layer, stacked_names[k].gguf, e);
+                return 0;
+            }
+    return -1;
+}
+
 /* The plain dtype of a ggml type, or MG_DT_GGML for the block formats. */
 static mg_dtype dtype_of(uint32_t ggml_type) {
     switch (ggml_type) {

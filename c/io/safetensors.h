@@ -71,6 +71,9 @@ uint64_t mg_checkpoint_shard_size(const mg_checkpoint *ck, int shard);
 const char *mg_checkpoint_dir(const mg_checkpoint *ck); /* the folder, or the (first) GGUF file */
 /* 1 when the checkpoint was opened from a GGUF file. */
 int mg_checkpoint_is_gguf(const mg_checkpoint *ck);
+/* llama.cpp's name for Hugging Face tensor name `hf` ("blk.0.attn_q.weight"; an expert's as
+ * "blk.1.ffn_up_exps.weight (expert 3)"), for messages about GGUF files; -1 if it has none. */
+int mg_gguf_stored_name(const char *hf, char *out, size_t cap);
 
 /* Added by the loader: tensor t (of this checkpoint; F32, BF16 or F16) as fp32 values.  F32
  * data is returned in place when aligned; otherwise a converted copy is made once and owned

@@ -51,6 +51,10 @@ static void supported_list(char *buf, size_t cap) {
 static const char *stored(const mg_tensor *t) { return t->stored_name ? t->stored_name : t->name; }
 
 static int not_found(const mg_checkpoint *ck, const char *name, mg_error *err) {
+    char stored_as[192];
+    if (mg_checkpoint_is_gguf(ck) && !mg_gguf_stored_name(name, stored_as, sizeof stored_as))
+        return mg_fail(err, "%s: tensor '%s' not found in the file (bound as '%s')", mg_checkpoint_dir(ck),
+                       stored_as, name);
     return mg_fail(err, "%s: tensor '%s' not found in the checkpoint", mg_checkpoint_dir(ck), name);
 }
 

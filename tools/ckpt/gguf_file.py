@@ -129,10 +129,12 @@ def encode(values: np.ndarray, qtype: str, rng: np.random.Generator) -> tuple[np
 
 
 def write_gguf(ckpt: Path | str, out: Path | str, *, types: dict[str, str] | None = None, default: str = "F32",
-               split_max_tensors: int = 0, tied: bool = False, arch: str | None = None, seed: int = 0) -> Path:
+               split_max_tensors: int = 0, tied: bool = False, arch: str | None = None, seed: int = 0,
+               drop: tuple[str, ...] = ()) -> Path:
     """Writes the GGUF of checkpoint folder `ckpt` to `out` (a split set's parts beside it) and
     returns the path to open: `out`, or its first part.  tied: leave out `output.weight` (the
-    reference must then tie the head to the embeddings).  arch: general.architecture to claim."""
+    reference must then tie the head to the embeddings).  arch: general.architecture to claim.
+    drop: fnmatch patterns of llama.cpp names to leave out (for error tests)."""
     import gguf
 
     ckpt, out = Path(ckpt), Path(out)
@@ -178,6 +180,8 @@ def write_gguf(ckpt: Path | str, out: Path | str, *, types: dict[str, str] | Non
         n_experts = config["num_experts"]
 
     def add(name: str, values: np.ndarray) -> None:
+        if any(fnmatch.fnmatchcase(name, pattern) for pattern in drop):
+            return
         data, qt = encode(values, choose_type(name, values.ndim, types, default), rng)
         writer.add_tensor(name, data, raw_dtype=qt)
 
