@@ -1,9 +1,10 @@
 """`python -m gateway --model FILE.gguf` end to end: a tiny Qwen3-MoE checkpoint converted to one
-GGUF file (tools/ckpt/gguf_file.py, tokenizer metadata by tools/ckpt/gguf_vocab.py) is served,
+Q8_0 GGUF file (tools/ckpt/gguf_file.py, tokenizer metadata by tools/ckpt/gguf_vocab.py) is served,
 and the official openai SDK gets a chat answer whose prompt the file's own tokenizer and
 template produced exactly as the folder's would."""
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -22,14 +23,15 @@ def test_serves_a_tiny_gguf_with_the_openai_sdk(build_checkpoint, tmp_path: Path
     from server_fixtures import start_server, stop_server
 
     ckpt = build_checkpoint("qwen3_moe", "bf16")
-    path = gguf_file.write_gguf(ckpt, tmp_path / "tiny-qwen3.gguf")
+    path = gguf_file.write_gguf(ckpt, tmp_path / "tiny-qwen3.gguf", default="Q8_0")  # a quantised file
     folder_prompt = load_chat_setup(ckpt).encode(HI)
     expected_tokens = len(Tokenizer.from_dir(ckpt).encode_prompt(folder_prompt.prompt))
 
     server = start_server(path)
     try:
         log = server.log()
-        assert str(path) in log and "GGUF v3" in log and "chat format qwen3" in log, log
+        assert str(path) in log and "chat format qwen3" in log, log
+        assert re.search(r"file +GGUF v3, .*Q8_0 x\d+", log), log  # the file's weight types
         client = openai.OpenAI(base_url=server.url("/v1"), api_key="x", max_retries=0, timeout=60)
         assert [m.id for m in client.models.list()] == ["tiny-qwen3"]
         reply = client.chat.completions.create(model="tiny-qwen3", messages=HI, max_tokens=4, seed=1)

@@ -12,7 +12,9 @@ Each tensor's type is chosen by name (`types`: fnmatch pattern -> type, first ma
 vectors and routers stay F32 unless a pattern names them).  F32/F16/BF16/Q8_0/Q4_0/Q5_0 are
 quantised with gguf.quants; the K and IQ types, which that package cannot quantise, get random
 blocks with sane f16 scales (`random_blocks`): a reference that dequantises the file is exact
-either way.  `split_max_tensors` writes a split set NAME-0000k-of-0000N.gguf.
+either way.  `split_max_tensors` writes a split set NAME-0000k-of-0000N.gguf.  The checkpoint's
+tokenizer and chat template go in as `tokenizer.*` keys (tools/ckpt/gguf_vocab.py), so the server
+can serve the file alone.
 
 `read_gguf_as_hf(path)` is the other direction for oracles: every tensor of the file (all parts),
 dequantised by gguf.quants, under the Hugging Face names, experts unstacked.
@@ -26,6 +28,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from .gguf_vocab import add_tokenizer_metadata
 
 GGUF_ARCH = {"qwen3_moe": "qwen3moe", "glm4_moe": "glm4moe"}
 QUANTISABLE = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q5_0", "Q4_1", "Q5_1", "MXFP4")
@@ -200,6 +204,8 @@ def write_gguf(ckpt: Path | str, out: Path | str, *, types: dict[str, str] | Non
     for (layer, proj), experts in sorted(stacked.items()):
         add(f"blk.{layer}.{EXPERT_PROJ[proj]}.weight", np.stack(experts))  # [E, rows, cols]: ne = {cols, rows, E}
 
+    if (ckpt / "tokenizer.json").is_file():  # tokenizer.ggml.* and the chat template, as the converter writes them
+        add_tokenizer_metadata(writer, ckpt, vocab_size=config["vocab_size"])
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()

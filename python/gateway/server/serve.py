@@ -237,10 +237,12 @@ def _gguf_summary(path: str) -> str:
     file holds, whatever the engine turns it into."""
     from .. import _core
 
-    info = _core.gguf_inspect(path)
+    info = _core.gguf_inspect(path, arrays=False)
     counts = Counter(t["type"] for t in info["tensors"])
     types = ", ".join(f"{name} x{n}" for name, n in counts.most_common())
-    return f"GGUF v{info['version']}, {info['file_size'] / 1e9:.2f} GB, tensors {types}"
+    size = info["file_size"]
+    shown = f"{size / 1e9:.2f} GB" if size >= 1e9 else f"{size / 1e6:.1f} MB"
+    return f"GGUF v{info['version']}, {shown}, tensors {types}"
 
 
 def startup_summary(state: ServerState, url: str) -> str:
