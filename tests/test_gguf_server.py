@@ -40,3 +40,21 @@ def test_serves_a_tiny_gguf_with_the_openai_sdk(build_checkpoint, tmp_path: Path
         assert 1 <= reply.usage.completion_tokens <= 4
     finally:
         stop_server(server)
+
+
+def test_split_set_is_read_from_its_first_part(build_checkpoint, tmp_path: Path) -> None:
+    """A split set: tokenizer and template come from the first part (the only one holding the
+    metadata), the summary counts every part's tensors, the id drops -00001-of-0000N."""
+    gguf_file = pytest.importorskip("tools.ckpt.gguf_file")
+    from gateway.server.serve import _gguf_summary, default_model_id, load_tokenizer_and_chat
+
+    ckpt = build_checkpoint("glm4_moe", "bf16")
+    first = gguf_file.write_gguf(ckpt, tmp_path / "tiny-glm.gguf", split_max_tensors=40)
+    parts = sorted(tmp_path.glob("tiny-glm-*-of-*.gguf"))
+    assert len(parts) > 1 and first == parts[0]
+    tokenizer, chat, stops = load_tokenizer_and_chat(first)
+    assert chat.format == "glm45" and stops
+    assert tokenizer.encode(HI[1]["content"]) == Tokenizer.from_dir(ckpt).encode(HI[1]["content"])
+    n_tensors = sum(int(n) for n in re.findall(r" x(\d+)", _gguf_summary(str(first))))
+    assert f"in {len(parts)} parts" in _gguf_summary(str(first)) and n_tensors > 40
+    assert default_model_id(first) == "tiny-glm"

@@ -218,6 +218,9 @@ def test_server_reads_tokenizer_chat_and_stops_from_the_file(files: dict[str, Pa
     assert gguf_vocab.stop_token_ids(gguf_vocab.read_vocab(files["dsv4"])) == [1]  # <｜end▁of▁sentence｜>
     assert default_model_id(Path("/m/Qwen3-30B-A3B-Q4_K_M.gguf")) == "Qwen3-30B-A3B-Q4_K_M"
     assert default_model_id(Path("/m/Qwen3-30B-A3B")) == "Qwen3-30B-A3B"
+    assert default_model_id(Path("/m/GLM-4.5-Q4_K_M-00001-of-00003.gguf")) == "GLM-4.5-Q4_K_M"
+    assert [p.name for p in gguf_vocab.split_parts("/m/G-00001-of-00002.gguf")] == ["G-00001-of-00002.gguf",
+                                                                                    "G-00002-of-00002.gguf"]
     assert _gguf_summary(str(files["qwen3"])).startswith("GGUF v3, ") and "F32 x1" in _gguf_summary(str(files["qwen3"]))
 
 

@@ -15,7 +15,7 @@ from aiohttp import web
 
 from ..families import ChatSetup, gguf_chat_setup, load_chat_setup
 from ..generate import Slot
-from ..gguf_vocab import build_tokenizer, is_gguf, read_vocab, stop_token_ids
+from ..gguf_vocab import build_tokenizer, is_gguf, model_name, read_vocab, split_parts, stop_token_ids
 from ..prefix_cache import MIN_SNAPSHOT_TOKENS, PrefixCache
 from ..prefix_disk import DiskSnapshots, model_folder
 from ..scheduler import Scheduler
@@ -149,8 +149,9 @@ def load_tokenizer_and_chat(path: Path) -> tuple[Tokenizer, ChatSetup, list[int]
 
 
 def default_model_id(path: Path) -> str:
-    """/v1/models id without --model-id: the folder's name, or the file's without .gguf."""
-    return path.stem if is_gguf(path) else path.name
+    """/v1/models id without --model-id: the folder's name, or the file's without .gguf (and
+    without a split set's -00001-of-0000N)."""
+    return model_name(path) if is_gguf(path) else path.name
 
 
 def _generation_eos(path: Path) -> list[int]:
@@ -233,16 +234,17 @@ def _snapshot_summary(state: ServerState) -> str:
 
 
 def _gguf_summary(path: str) -> str:
-    """A GGUF's version, size and tensor types by count ("Q4_K x96, F32 x97"): what a quantised
-    file holds, whatever the engine turns it into."""
+    """A GGUF's version, size and tensor types by count ("Q4_K x96, F32 x97"), over every part
+    of a split set: what a quantised file holds, whatever the engine turns it into."""
     from .. import _core
 
-    info = _core.gguf_inspect(path, arrays=False)
-    counts = Counter(t["type"] for t in info["tensors"])
+    parts = [_core.gguf_inspect(str(p), arrays=False) for p in split_parts(path) if p.is_file()]
+    counts = Counter(t["type"] for info in parts for t in info["tensors"])
     types = ", ".join(f"{name} x{n}" for name, n in counts.most_common())
-    size = info["file_size"]
+    size = sum(info["file_size"] for info in parts)
     shown = f"{size / 1e9:.2f} GB" if size >= 1e9 else f"{size / 1e6:.1f} MB"
-    return f"GGUF v{info['version']}, {shown}, tensors {types}"
+    split = f" in {len(parts)} parts" if len(parts) > 1 else ""
+    return f"GGUF v{parts[0]['version']}, {shown}{split}, tensors {types}"
 
 
 def startup_summary(state: ServerState, url: str) -> str:
