@@ -156,7 +156,7 @@ def test_unknown_pre_tokenizer_is_a_clear_error(folders: dict[str, Path], tmp_pa
     path = write_tokenizer_gguf(tmp_path / "x.gguf", folders["qwen3"], "llama-bpe")
     with pytest.raises(GGUFTokenizerError) as err:
         gguf_vocab.tokenizer_from_gguf(path)
-    assert "'llama-bpe'" in str(err.value)
+    assert "'llama-bpe'" in str(err.value) and str(path) in str(err.value)
     assert all(name in str(err.value) for name in PRE_TOKENIZERS)
     assert {"qwen2", "glm4", "deepseek-v3", "joyai-llm"} <= set(PRE_TOKENIZERS)
 

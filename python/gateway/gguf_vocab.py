@@ -129,10 +129,8 @@ class GGUFVocab:
 _SPECIAL_KEYS = ("bos", "eos", "eot", "eom", "padding", "unknown")
 
 
-def _string_list(meta: Mapping[str, Any], key: str, path: Path, required: bool = True) -> list[str]:
+def _string_list(meta: Mapping[str, Any], key: str, path: Path) -> list[str]:
     value = meta.get(key)
-    if value is None and not required:
-        return []
     if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
         raise GGUFTokenizerError(f"{path}: {key} is missing or not an array of UTF-8 strings")
     return value
@@ -166,12 +164,14 @@ def read_vocab(path: str | os.PathLike[str]) -> GGUFVocab:
         chat_template=template if isinstance(template, str) else None)
 
 
-def pre_tokenizer(name: str) -> PreTokenizer:
+def pre_tokenizer(name: str, where: str = "") -> PreTokenizer:
+    """The table entry for a `tokenizer.ggml.pre` name; `where` (the file) prefixes the error."""
     try:
         return PRE_TOKENIZERS[name]
     except KeyError:
         shown = repr(name) if name else "missing"
-        raise GGUFTokenizerError(f"tokenizer.ggml.pre {shown}: no pre-tokenizer known for it "
+        prefix = f"{where}: " if where else ""
+        raise GGUFTokenizerError(f"{prefix}tokenizer.ggml.pre {shown}: no pre-tokenizer known for it "
                                  f"(known: {', '.join(sorted(PRE_TOKENIZERS))})") from None
 
 
@@ -180,7 +180,7 @@ _BYTE_LEVEL = {"add_prefix_space": False, "trim_offsets": False, "use_regex": Fa
 
 def tokenizer_json(vocab: GGUFVocab) -> dict[str, Any]:
     """The tokenizer.json document equivalent to the file's metadata."""
-    pre = pre_tokenizer(vocab.pre)
+    pre = pre_tokenizer(vocab.pre, str(vocab.path))
     model_vocab: dict[str, int] = {}
     added: list[dict[str, Any]] = []
     for tid, (text, kind) in enumerate(zip(vocab.tokens, vocab.token_types, strict=True)):
@@ -214,7 +214,7 @@ def tokenizer_json(vocab: GGUFVocab) -> dict[str, Any]:
 
 def build_tokenizer(vocab: GGUFVocab) -> Tokenizer:
     """The gateway Tokenizer for a read vocabulary."""
-    pre = pre_tokenizer(vocab.pre)
+    pre = pre_tokenizer(vocab.pre, str(vocab.path))
     try:
         backend = _HFTokenizer.from_str(json.dumps(tokenizer_json(vocab), ensure_ascii=False))
     except Exception as exc:  # the tokenizers library raises its own exception type
