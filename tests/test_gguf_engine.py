@@ -160,6 +160,7 @@ def test_cached_experts_read_from_disk_are_bitwise_resident(gguf_file) -> None:
             got = engine.eval(tokens)
             stats = engine.stats()["experts"]
             assert stats["slots"] > 0 and stats["misses"] > 0 and stats["bytes_read"] > 0, stats
+            assert stats["direct_reads"] + stats["buffered_reads"] > 0, stats
             assert np.array_equal(got, want), f"{case}: cached run differs from the resident one"
         finally:
             engine.close()
