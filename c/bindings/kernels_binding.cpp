@@ -41,7 +41,9 @@ mg_format format_by_name(const std::string &name) {
         if (name == mg_format_name(static_cast<mg_format>(f))) return static_cast<mg_format>(f);
     if (name == "fp8") return MG_FP8_E4M3;
     if (name == "fp4") return MG_FP4_E2M1;
-    throw std::invalid_argument("unknown weight format '" + name + "' (f32, bf16, f16, fp8_e4m3, fp4_e2m1)");
+    throw std::invalid_argument("unknown weight format '" + name +
+                                "' (f32, bf16, f16, fp8_e4m3, fp4_e2m1, q8_0, q4_0, q5_0, q4_k, q5_k, q6_k, mxfp4, "
+                                "iq4_nl, iq4_xs)");
 }
 
 const char *const kScaleNames[] = {"none", "f32_block128", "e8m0_block128", "e8m0_g32", "f32_row"};
@@ -87,6 +89,12 @@ mg_matrix make_matrix(const std::string &fmt, const std::string &scale_kind, con
     m.cols = cols;
     if (rows <= 0 || cols <= 0) throw std::invalid_argument("rows and cols must be positive");
     if (m.format == MG_FP4_E2M1 && cols % 2) throw std::invalid_argument("fp4_e2m1 needs an even number of columns");
+    if (mg_format_is_ggml_block(m.format)) { /* raw GGUF block bytes: whole, self-scaled blocks */
+        int64_t e, b;
+        mg_format_block(m.format, &e, &b);
+        if (cols % e) throw std::invalid_argument(fmt + " needs cols to be a multiple of " + std::to_string(e));
+        if (m.scale_kind != MG_SCALE_NONE) throw std::invalid_argument(fmt + " blocks carry their own scales: scale kind must be 'none'");
+    }
     if (m.scale_kind == MG_SCALE_E8M0_G32 && cols % 32)
         throw std::invalid_argument("e8m0_g32 scales need cols to be a multiple of 32");
     if (!(data.flags() & py::array::c_style)) throw std::invalid_argument("weight data must be C-contiguous");
@@ -146,6 +154,14 @@ py::array_t<float> decode(const std::string &fmt, const std::string &scale_kind,
     float *o = out.mutable_data();
     for (int64_t r = 0; r < rows; r++) mg_matrix_row_f32(&m, r, o + r * cols);
     return out;
+}
+
+// The scalar dequantisation of raw ggml block bytes (rows of cols / block-size blocks): the ground
+// truth tests compare with gguf-py's dequantize.
+py::array_t<float> dequantize(const std::string &fmt, const py::array &raw, int64_t rows, int64_t cols) {
+    if (!mg_format_is_ggml_block(format_by_name(fmt)))
+        throw std::invalid_argument("dequantize takes a ggml block format, not '" + fmt + "'");
+    return decode(fmt, "none", raw, py::none(), rows, cols);
 }
 
 struct ReadSumJob {
@@ -208,6 +224,9 @@ void register_kernels(py::module_ &m) {
           "(<= 0: all cores) by mg_linear.");
     m.def("decode", &decode, py::arg("fmt"), py::arg("scale_kind"), py::arg("data"), py::arg("scale"),
           py::arg("rows"), py::arg("cols"), "Dequantise W to float32 [rows, cols] with the scalar reference decoders.");
+    m.def("dequantize", &dequantize, py::arg("fmt"), py::arg("raw"), py::arg("rows"), py::arg("cols"),
+          "float32 [rows, cols] from raw ggml block bytes (q8_0, q4_0, q5_0, q4_k, q5_k, q6_k, mxfp4, iq4_nl, "
+          "iq4_xs), through the scalar decoder (c/core/ggml_blocks.h)");
     m.def("read_sum", &read_sum, py::arg("table"), py::arg("buf"), py::arg("threads") = 1,
           "Sum of a float32 buffer read by `threads` workers: the memory-bandwidth yardstick.");
     m.def("dot", [](const std::string &table, const f32_array &a, const f32_array &b) {

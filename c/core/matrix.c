@@ -2,6 +2,7 @@
  * scale convention means.  Reads go through memcpy because tensor data inside a mapped
  * shard need not be aligned to its element size. */
 #include "core/matrix.h"
+#include "core/ggml_blocks.h"
 
 #include <string.h>
 
@@ -65,6 +66,13 @@ float mg_matrix_scale_at(const mg_matrix *w, int64_t r, int64_t c) {
 float mg_matrix_get(const mg_matrix *w, int64_t r, int64_t c) {
     const uint8_t *row = (const uint8_t *)w->data + (size_t)r * mg_matrix_row_bytes(w);
     float v;
+    if (mg_format_is_ggml_block(w->format)) { /* decode the whole block holding c */
+        int64_t e, bytes;
+        float block[256];
+        mg_format_block(w->format, &e, &bytes);
+        mg_ggml_block_f32(w->format, row + (size_t)(c / e * bytes), block);
+        return block[c % e]; /* self-scaled: scale_kind is MG_SCALE_NONE */
+    }
     switch (w->format) {
     case MG_F32: memcpy(&v, row + (size_t)c * 4, 4); break;
     case MG_BF16: {
@@ -91,5 +99,9 @@ float mg_matrix_get(const mg_matrix *w, int64_t r, int64_t c) {
 }
 
 void mg_matrix_row_f32(const mg_matrix *w, int64_t r, float *out) {
+    if (mg_format_is_ggml_block(w->format)) { /* block by block, not element by element */
+        mg_ggml_row_f32(w->format, (const uint8_t *)w->data + (size_t)r * mg_matrix_row_bytes(w), 0, w->cols, out);
+        return;
+    }
     for (int64_t c = 0; c < w->cols; c++) out[c] = mg_matrix_get(w, r, c);
 }

@@ -5,6 +5,7 @@
 #endif
 #include "io/safetensors.h"
 #include "core/hash.h"
+#include "io/checkpoint_internal.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -23,40 +24,19 @@
 #define MAX_INDEX_BYTES ((off_t)512 * 1024 * 1024)
 #define ST_SUFFIX ".safetensors"
 
-typedef struct mg_shard {
-    char *path;                /* dir/file, used in every message */
-    int fd;                    /* kept open for later pread/O_DIRECT reads of expert bytes */
-    const unsigned char *map;  /* whole file, PROT_READ, MAP_PRIVATE */
-    uint64_t size;
-    uint64_t data_start;       /* 8 + header length */
-    mg_json *header;           /* owns the tensor name strings */
-} mg_shard;
-
-struct mg_checkpoint {
-    char *dir;
-    mg_shard *shards;
-    int n_shards;
-    mg_tensor *tensors;
-    size_t n_tensors, cap_tensors;
-    uint32_t *index; /* open addressing: slot -> tensor index + 1 */
-    size_t index_mask;
-    uint64_t total_bytes;
-    float **f32_copies; /* [n_tensors]: fp32 conversions made by mg_checkpoint_tensor_f32 */
-};
-
 static const char *const dtype_names[MG_DT_COUNT] = {
     [MG_DT_F32] = "F32",         [MG_DT_F16] = "F16",         [MG_DT_BF16] = "BF16",
     [MG_DT_F64] = "F64",         [MG_DT_F8_E4M3] = "F8_E4M3", [MG_DT_F8_E5M2] = "F8_E5M2",
     [MG_DT_F8_E8M0] = "F8_E8M0", [MG_DT_I8] = "I8",           [MG_DT_U8] = "U8",
     [MG_DT_I16] = "I16",         [MG_DT_I32] = "I32",         [MG_DT_I64] = "I64",
-    [MG_DT_BOOL] = "BOOL",
+    [MG_DT_BOOL] = "BOOL",        [MG_DT_GGML] = "GGML",
 };
 
 static const size_t dtype_sizes[MG_DT_COUNT] = {
     [MG_DT_F32] = 4,     [MG_DT_F16] = 2,     [MG_DT_BF16] = 2,    [MG_DT_F64] = 8,
     [MG_DT_F8_E4M3] = 1, [MG_DT_F8_E5M2] = 1, [MG_DT_F8_E8M0] = 1, [MG_DT_I8] = 1,
     [MG_DT_U8] = 1,      [MG_DT_I16] = 2,     [MG_DT_I32] = 4,     [MG_DT_I64] = 8,
-    [MG_DT_BOOL] = 1,
+    [MG_DT_BOOL] = 1,    [MG_DT_GGML] = 0,
 };
 
 const char *mg_dtype_name(mg_dtype dt) {
@@ -66,7 +46,9 @@ const char *mg_dtype_name(mg_dtype dt) {
 size_t mg_dtype_size(mg_dtype dt) { return (unsigned)dt < MG_DT_COUNT ? dtype_sizes[dt] : 0; }
 
 static int dtype_from_name(const char *s, mg_dtype *out) {
-    for (int i = 0; i < MG_DT_COUNT; i++)
+    /* Up to MG_DT_GGML: a safetensors header never names a ggml block format (its size 0
+     * would break the byte count check). */
+    for (int i = 0; i < MG_DT_GGML; i++)
         if (!strcmp(s, dtype_names[i])) {
             *out = (mg_dtype)i;
             return 0;
@@ -114,8 +96,13 @@ static void format_shape(char *buf, size_t cap, int ndim, const int64_t *shape) 
 /* ---- shards -------------------------------------------------------------------------- */
 
 static void shard_release(mg_shard *sh) {
-    if (sh->map) munmap((void *)sh->map, (size_t)sh->size);
-    if (sh->fd >= 0) close(sh->fd);
+    if (sh->gguf) {
+        mg_gguf_close(sh->gguf); /* owns the mapping and the descriptor */
+    } else {
+        if (sh->map) munmap((void *)sh->map, (size_t)sh->size);
+        if (sh->fd >= 0) close(sh->fd);
+    }
+    sh->gguf = NULL;
     mg_json_free(sh->header);
     free(sh->path);
     sh->map = NULL;
@@ -124,7 +111,7 @@ static void shard_release(mg_shard *sh) {
     sh->path = NULL;
 }
 
-static int push_tensor(mg_checkpoint *ck, const mg_tensor *t, mg_error *err) {
+int mg_ck_push_tensor(mg_checkpoint *ck, const mg_tensor *t, mg_error *err) {
     if (ck->n_tensors == ck->cap_tensors) {
         size_t cap = ck->cap_tensors ? ck->cap_tensors * 2 : 256;
         mg_tensor *p = realloc(ck->tensors, cap * sizeof *p);
@@ -293,7 +280,7 @@ static int load_shard(mg_checkpoint *ck, int si, const char *why, const char *in
         ranges[nr].end = en;
         ranges[nr].tensor = ck->n_tensors;
         nr++;
-        rc = push_tensor(ck, &t, err);
+        rc = mg_ck_push_tensor(ck, &t, err);
     }
     if (!rc) {
         /* Truncation: report the tensor that starts first among those that do not fit. */
@@ -351,7 +338,7 @@ static int load_shard(mg_checkpoint *ck, int si, const char *why, const char *in
     return 0;
 }
 
-static int build_index(mg_checkpoint *ck, mg_error *err) {
+int mg_ck_build_index(mg_checkpoint *ck, mg_error *err) {
     if (ck->n_tensors > UINT32_MAX / 4) return mg_fail(err, "%s: too many tensors", ck->dir);
     size_t slots = 16;
     while (slots < 2 * ck->n_tensors) slots *= 2;
@@ -379,7 +366,7 @@ static int cmp_str(const void *a, const void *b) {
     return strcmp(*(const char *const *)a, *(const char *const *)b);
 }
 
-static int alloc_shards(mg_checkpoint *ck, int n, mg_error *err) {
+int mg_ck_alloc_shards(mg_checkpoint *ck, int n, mg_error *err) {
     ck->shards = calloc((size_t)(n ? n : 1), sizeof *ck->shards);
     if (!ck->shards) return mg_fail(err, "%s: out of memory", ck->dir);
     for (int i = 0; i < n; i++) ck->shards[i].fd = -1;
@@ -489,7 +476,7 @@ static int open_from_index(mg_checkpoint *ck, const char *index_path, mg_error *
         rc = mg_fail(err, "%s: too many shards (%zu)", index_path, u);
         goto done;
     }
-    if ((rc = alloc_shards(ck, (int)u, err))) goto done;
+    if ((rc = mg_ck_alloc_shards(ck, (int)u, err))) goto done;
     for (size_t i = 0; i < u; i++) {
         ck->shards[i].path = join_path(ck->dir, refs[i].file);
         if (!ck->shards[i].path) {
@@ -498,7 +485,7 @@ static int open_from_index(mg_checkpoint *ck, const char *index_path, mg_error *
         }
         if ((rc = load_shard(ck, (int)i, refs[i].first_tensor, index_path, err))) goto done;
     }
-    if ((rc = build_index(ck, err))) goto done;
+    if ((rc = mg_ck_build_index(ck, err))) goto done;
     for (size_t i = 0; i < n; i++) {
         const char *tname = mg_json_key_at(wm, i);
         const char *file = mg_json_string(mg_json_at(wm, i));
@@ -554,7 +541,7 @@ static int open_from_listing(mg_checkpoint *ck, mg_error *err) {
     if (!rc && n > 100000) rc = mg_fail(err, "%s: too many shards", ck->dir);
     if (!rc) {
         qsort(names, n, sizeof *names, cmp_str);
-        rc = alloc_shards(ck, (int)n, err);
+        rc = mg_ck_alloc_shards(ck, (int)n, err);
     }
     for (size_t i = 0; i < n && !rc; i++) {
         ck->shards[i].path = join_path(ck->dir, names[i]);
@@ -563,15 +550,33 @@ static int open_from_listing(mg_checkpoint *ck, mg_error *err) {
     }
     for (size_t i = 0; i < n; i++) free(names[i]);
     free(names);
-    if (!rc) rc = build_index(ck, err);
+    if (!rc) rc = mg_ck_build_index(ck, err);
     return rc;
 }
 
 /* ---- public API ---------------------------------------------------------------------- */
 
+char *mg_ck_own_string(mg_checkpoint *ck, const char *s) {
+    if (ck->n_names == ck->cap_names) {
+        size_t cap = ck->cap_names ? ck->cap_names * 2 : 256;
+        char **p = realloc(ck->names, cap * sizeof *p);
+        if (!p) return NULL;
+        ck->names = p;
+        ck->cap_names = cap;
+    }
+    char *c = strdup(s);
+    if (c) ck->names[ck->n_names++] = c;
+    return c;
+}
+
+static int is_gguf_name(const char *path) {
+    size_t n = strlen(path);
+    return ends_with(path, n, ".gguf") || ends_with(path, n, ".GGUF");
+}
+
 mg_checkpoint *mg_checkpoint_open(const char *dir, mg_error *err) {
     if (!dir || !*dir) {
-        mg_fail(err, "checkpoint folder not given");
+        mg_fail(err, "checkpoint folder or GGUF file not given");
         return NULL;
     }
     mg_checkpoint *ck = calloc(1, sizeof *ck);
@@ -583,7 +588,11 @@ mg_checkpoint *mg_checkpoint_open(const char *dir, mg_error *err) {
     struct stat st;
     int rc;
     if (stat(dir, &st)) rc = mg_fail(err, "%s: %s", dir, strerror(errno));
-    else if (!S_ISDIR(st.st_mode)) rc = mg_fail(err, "%s: not a folder", dir);
+    else if (S_ISREG(st.st_mode) && is_gguf_name(dir)) {
+        ck->is_gguf = 1;
+        rc = mg_gguf_checkpoint_load(ck, err);
+    } else if (!S_ISDIR(st.st_mode))
+        rc = mg_fail(err, "%s: not a folder of safetensors nor a .gguf file", dir);
     else {
         char *index_path = join_path(dir, INDEX_FILE);
         if (!index_path) rc = mg_fail(err, "%s: out of memory", dir);
@@ -609,6 +618,8 @@ void mg_checkpoint_close(mg_checkpoint *ck) {
     free(ck->f32_copies);
     free(ck->tensors);
     free(ck->index);
+    for (size_t i = 0; i < ck->n_names; i++) free(ck->names[i]);
+    free(ck->names);
     free(ck->dir);
     free(ck);
 }
@@ -646,6 +657,8 @@ uint64_t mg_checkpoint_shard_size(const mg_checkpoint *ck, int shard) {
 
 const char *mg_checkpoint_dir(const mg_checkpoint *ck) { return ck ? ck->dir : NULL; }
 
+int mg_checkpoint_is_gguf(const mg_checkpoint *ck) { return ck ? ck->is_gguf : 0; }
+
 uint64_t mg_checkpoint_total_bytes(const mg_checkpoint *ck) { return ck ? ck->total_bytes : 0; }
 
 const float *mg_checkpoint_tensor_f32(const mg_checkpoint *ck, const mg_tensor *t, mg_error *err) {
@@ -657,8 +670,10 @@ const float *mg_checkpoint_tensor_f32(const mg_checkpoint *ck, const mg_tensor *
     if (t->dtype == MG_DT_F32 && ((uintptr_t)t->data & 3) == 0) return t->data;
     if (ck->f32_copies[i]) return ck->f32_copies[i];
     if (t->dtype != MG_DT_F32 && t->dtype != MG_DT_BF16 && t->dtype != MG_DT_F16) {
-        mg_fail(err, "%s: tensor '%s': dtype %s cannot be converted to F32",
-                ck->shards[t->shard].path, t->name, dtype_names[t->dtype]);
+        mg_fail(err, "%s: tensor '%s': %s%s cannot be converted to F32",
+                ck->shards[t->shard].path, t->name,
+                t->dtype == MG_DT_GGML ? "ggml type " : "dtype ",
+                t->dtype == MG_DT_GGML ? mg_ggml_type_info(t->ggml_type)->name : dtype_names[t->dtype]);
         return NULL;
     }
     size_t esz = dtype_sizes[t->dtype], n = t->nbytes / esz;

@@ -1,6 +1,7 @@
 /* Binds checkpoint tensors to mg_matrix descriptors (pointing into the mapped shards) and
  * converts small vectors to fp32.  Every error names the tensor and the shard file. */
 #include "model/weights.h"
+#include "io/gguf.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -18,7 +19,42 @@ static void shape_str(char *buf, size_t cap, const mg_tensor *t) {
     if (n < cap) snprintf(buf + n, cap - n, "]");
 }
 
+/* The ggml block type -> the matrix format our kernels read it in (docs/reference/gguf.md §2);
+ * -1 for the types outside that set. */
+static int format_of_ggml(uint32_t type) {
+    switch (type) {
+    case 2: return MG_Q4_0;
+    case 6: return MG_Q5_0;
+    case 8: return MG_Q8_0;
+    case 12: return MG_Q4_K;
+    case 13: return MG_Q5_K;
+    case 14: return MG_Q6_K;
+    case 20: return MG_IQ4_NL;
+    case 23: return MG_IQ4_XS;
+    case 39: return MG_MXFP4;
+    default: return -1;
+    }
+}
+
+/* "F32, F16, Q4_0, ...": the reader's supported types, for messages. */
+static void supported_list(char *buf, size_t cap) {
+    size_t n = 0;
+    buf[0] = 0;
+    for (uint32_t id = 0; id < mg_ggml_type_id_end() && n < cap; id++) {
+        const mg_ggml_type *ty = mg_ggml_type_info(id);
+        if (ty && ty->supported && (ty->block_size == 1 || format_of_ggml(id) >= 0))
+            n += (size_t)snprintf(buf + n, cap - n, n ? ", %s" : "%s", ty->name);
+    }
+}
+
+/* The file's own name for the tensor, when it has one (a GGUF name), for messages. */
+static const char *stored(const mg_tensor *t) { return t->stored_name ? t->stored_name : t->name; }
+
 static int not_found(const mg_checkpoint *ck, const char *name, mg_error *err) {
+    char stored_as[192];
+    if (mg_checkpoint_is_gguf(ck) && !mg_gguf_stored_name(name, stored_as, sizeof stored_as))
+        return mg_fail(err, "%s: tensor '%s' not found in the file (bound as '%s')", mg_checkpoint_dir(ck),
+                       stored_as, name);
     return mg_fail(err, "%s: tensor '%s' not found in the checkpoint", mg_checkpoint_dir(ck), name);
 }
 
@@ -37,8 +73,10 @@ static int wrong_shape(const mg_checkpoint *ck, const mg_tensor *t, int64_t rows
                        const char *note, mg_error *err) {
     char got[160];
     shape_str(got, sizeof got, t);
-    return mg_fail(err, "%s: tensor '%s': %s shape %s, expected [%lld, %lld]%s", shard_of(ck, t),
-                   t->name, mg_dtype_name(t->dtype), got, (long long)rows, (long long)cols, note);
+    const mg_ggml_type *ty = t->dtype == MG_DT_GGML ? mg_ggml_type_info(t->ggml_type) : NULL;
+    return mg_fail(err, "%s: tensor '%s'%s%s%s: %s shape %s, expected [%lld, %lld]%s", shard_of(ck, t),
+                   t->name, t->stored_name ? " (GGUF '" : "", t->stored_name ? t->stored_name : "",
+                   t->stored_name ? "')" : "", ty ? ty->name : mg_dtype_name(t->dtype), got, (long long)rows, (long long)cols, note);
 }
 
 /* Finds and checks a scale tensor: dtype and exact 2-D shape.  With allow_half, a BF16 or
@@ -168,6 +206,24 @@ int mg_bind_matrix(const mg_checkpoint *ck, const char *name, int64_t rows, int6
         out->scale = sdata;
         return 0;
     }
+    case MG_DT_GGML: {
+        const mg_ggml_type *ty = mg_ggml_type_info(t->ggml_type);
+        int f = format_of_ggml(t->ggml_type);
+        if (f < 0 || !ty || !ty->supported) {
+            char list[256];
+            supported_list(list, sizeof list);
+            return mg_fail(err, "%s: %s (bound as '%s'): ggml type %s is not supported (supported: %s)",
+                           shard_of(ck, t), stored(t), name, ty ? ty->name : "?", list);
+        }
+        if (!is_matrix_shape(t, rows, cols)) return wrong_shape(ck, t, rows, cols, "", err);
+        int64_t be, bb;
+        mg_format_block((mg_format)f, &be, &bb);
+        if (cols % be) /* the reader checks ne[0]; a [a, b, cols] view needs nothing more */
+            return mg_fail(err, "%s: %s: %lld columns are not whole %s blocks of %lld", shard_of(ck, t),
+                           stored(t), (long long)cols, ty->name, (long long)be);
+        out->format = (mg_format)f;
+        return 0;
+    }
     default:
         return mg_fail(err, "%s: tensor '%s': dtype %s cannot be used as a weight matrix",
                        shard_of(ck, t), name, mg_dtype_name(t->dtype));
@@ -175,6 +231,12 @@ int mg_bind_matrix(const mg_checkpoint *ck, const char *name, int64_t rows, int6
 }
 
 static float *to_f32(const mg_checkpoint *ck, const mg_tensor *t, int64_t n, mg_error *err) {
+    if (t->dtype == MG_DT_GGML) {
+        const mg_ggml_type *ty = mg_ggml_type_info(t->ggml_type);
+        mg_fail(err, "%s: %s (bound as '%s'): ggml type %s, expected F32, BF16 or F16 for a vector",
+                shard_of(ck, t), stored(t), t->name, ty ? ty->name : "?");
+        return NULL;
+    }
     if (t->dtype != MG_DT_F32 && t->dtype != MG_DT_BF16 && t->dtype != MG_DT_F16) {
         mg_fail(err, "%s: tensor '%s': dtype %s, expected F32, BF16 or F16", shard_of(ck, t),
                 t->name, mg_dtype_name(t->dtype));
@@ -220,6 +282,7 @@ float *mg_bind_array(const mg_checkpoint *ck, const char *name, int64_t n, mg_er
         not_found(ck, name, err);
         return NULL;
     }
+    if (t->dtype == MG_DT_GGML) return to_f32(ck, t, n, err);
     size_t esz = mg_dtype_size(t->dtype);
     if (n < 0 || !esz || t->nbytes / esz != (size_t)n) {
         char got[160];

@@ -1,4 +1,4 @@
-"""Command line: `python -m gateway --model DIR [--ram GB] [--threads N] [--host H] [--port P] ...`."""
+"""Command line: `python -m gateway --model DIR|FILE.gguf [--ram GB] [--threads N] [--host H] [--port P] ...`."""
 from __future__ import annotations
 
 import argparse
@@ -10,8 +10,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m gateway",
                                 description="Serve a Mixture-of-Experts checkpoint on CPU behind OpenAI- and "
                                             "Anthropic-compatible APIs.")
-    p.add_argument("--model", help="checkpoint folder (config.json, safetensors, tokenizer.json); "
-                                   "without it a tiny random-weight demo checkpoint is served")
+    p.add_argument("--model", help="checkpoint folder (config.json, safetensors, tokenizer.json) or one .gguf "
+                                   "file; without it a tiny random-weight demo checkpoint is served")
     p.add_argument("--ram", type=float, default=None, metavar="GB", help="memory budget for the whole process")
     p.add_argument("--read-ahead", action=argparse.BooleanOptionalAction, default=True,
                    help="with --ram: while a layer computes, read the experts the next layer's router, "
@@ -34,7 +34,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prefix-cache-disk", type=float, default=20.0, metavar="GB",
                    help="disk budget of --prefix-cache-dir (default 20; least recently used files go first)")
     p.add_argument("--api-key", default=None, help="require this key (Bearer or x-api-key); /health stays public")
-    p.add_argument("--model-id", default=None, help="model name reported by /v1/models (default: folder name)")
+    p.add_argument("--model-id", default=None, help="model name reported by /v1/models (default: folder name, or file name without .gguf)")
     p.add_argument("--max-queue", type=int, default=16, help="requests that may wait for the slot before 429")
     p.add_argument("--max-tokens", type=int, default=4096, help="default max_tokens when a request sets none")
     p.add_argument("--cors", default="", help="comma-separated allowed origins ('*' for any); off by default")

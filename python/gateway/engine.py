@@ -47,10 +47,14 @@ KV_DTYPES = ("f32", "bf16")
 def default_expert_history(model_dir: Path) -> Path:
     """Where a budgeted run keeps its routing history: beside the model when that folder is
     writable, else in the user's cache folder under a name keyed by the model's full path (so
-    two read-only copies of different models never share one)."""
-    model_dir = model_dir.resolve()
-    beside = model_dir / EXPERT_HISTORY_NAME
-    if os.access(model_dir, os.W_OK) and (not beside.exists() or os.access(beside, os.W_OK)):
+    two read-only copies of different models never share one).  For a GGUF file, "beside" is
+    NAME.gguf.moegate-expert-usage in the file's folder (two files there never share one)."""
+    model_dir = Path(model_dir).resolve()
+    if model_dir.is_file():
+        folder, beside = model_dir.parent, model_dir.parent / f"{model_dir.name}{EXPERT_HISTORY_NAME}"
+    else:
+        folder, beside = model_dir, model_dir / EXPERT_HISTORY_NAME
+    if os.access(folder, os.W_OK) and (not beside.exists() or os.access(beside, os.W_OK)):
         return beside
     cache_root = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
     key = hashlib.sha256(str(model_dir).encode()).hexdigest()[:16]
@@ -95,8 +99,9 @@ class Engine:
         from . import _core  # imported here so config errors surface even without a built core
 
         self.path = Path(path).expanduser()
-        if not self.path.is_dir():
-            raise EngineError(f"{self.path}: not a model folder")
+        is_gguf = self.path.is_file() and self.path.suffix.lower() == ".gguf"
+        if not self.path.is_dir() and not is_gguf:
+            raise EngineError(f"{self.path}: not a model folder or a .gguf file")
         if threads is not None and (not isinstance(threads, int) or threads < 1):
             raise ValueError(f"threads must be a positive integer, got {threads!r}")
         if max_ctx is not None and (not isinstance(max_ctx, int) or max_ctx < 1):

@@ -13,6 +13,8 @@
 #include <unistd.h>
 
 #include "io/gguf.h"
+#include "io/safetensors.h"
+#include "model/weights.h"
 #include "check.h"
 
 static char g_root[256];
@@ -615,6 +617,106 @@ static void test_missing_file(void) {
           strstr(err.msg, "not a GGUF file"), "%s", err.msg);
 }
 
+/* ---- the file as a checkpoint (c/io/gguf_checkpoint.c) ----------------------------------- */
+
+static void add_u16_kv(fdesc *d, const char *key, uint16_t v) {
+    put_str(&d->extra_kv, key);
+    put_u32(&d->extra_kv, MG_GGUF_U16);
+    put_le(&d->extra_kv, v, 2);
+    d->n_extra_kv++;
+}
+
+static void test_checkpoint(void) {
+    fdesc d;
+    base(&d);
+    buf b = {0};
+    build(&d, &b);
+    mg_error err = {{0}};
+    mg_checkpoint *ck = mg_checkpoint_open(write_file("ck.gguf", &b, b.n), &err);
+    CHECK(ck != NULL, "open: %s", err.msg);
+    if (!ck) return;
+    CHECK(mg_checkpoint_is_gguf(ck) && mg_checkpoint_shards(ck) == 1, "one GGUF part");
+    const mg_tensor *e = mg_checkpoint_find(ck, "model.embed_tokens.weight");
+    CHECK(e && e->dtype == MG_DT_GGML && e->ggml_type == 8 && e->ndim == 2 && e->shape[0] == 3 &&
+          e->shape[1] == 64 && !strcmp(e->stored_name, "token_embd.weight"), "embedding as [rows, cols] Q8_0");
+    const mg_tensor *n = mg_checkpoint_find(ck, "model.norm.weight");
+    CHECK(n && n->dtype == MG_DT_F32 && n->ndim == 1 && n->shape[0] == 5, "norm as F32 [5]");
+    CHECK(!mg_checkpoint_find(ck, "blk.0.ffn_gate_exps.weight"), "the stacked tensor is cut into experts");
+    /* Expert E of ne {256, 2, 4} Q4_K: 2 rows of 144 bytes at offset + E * 288. */
+    for (int x = 0; x < 4; x++) {
+        char name[96];
+        snprintf(name, sizeof name, "model.layers.0.mlp.experts.%d.gate_proj.weight", x);
+        const mg_tensor *t = mg_checkpoint_find(ck, name);
+        CHECK(t && t->ndim == 2 && t->shape[0] == 2 && t->shape[1] == 256 && t->nbytes == 288, "%s", name);
+        if (!t) continue;
+        uint64_t want_off = d.data_offset + (type_nbytes(8, d.t[0].ne, 2) + 31) / 32 * 32 /* token_embd */ +
+                            (uint64_t)x * 288;
+        CHECK(t->file_offset == want_off, "%s at %llu, expected %llu", name,
+              (unsigned long long)t->file_offset, (unsigned long long)want_off);
+        CHECK(!memcmp(t->data, b.p + want_off, 288), "%s: data is the file's slice", name);
+        CHECK(!strcmp(t->stored_name, "blk.0.ffn_gate_exps.weight"), "%s: stored name", name);
+        mg_matrix m;
+        CHECK(mg_bind_matrix(ck, name, 2, 256, &m, &err) == 0 && m.format == MG_Q4_K &&
+              m.scale_kind == MG_SCALE_NONE && m.data == t->data, "%s binds as Q4_K: %s", name, err.msg);
+    }
+    float *v = mg_bind_vector(ck, "model.norm.weight", 5, &err);
+    CHECK(v != NULL, "norm binds: %s", err.msg);
+    free(v);
+    CHECK(mg_bind_array(ck, "model.embed_tokens.weight", 192, &err) == NULL &&
+          strstr(err.msg, "token_embd.weight") && strstr(err.msg, "Q8_0"), "%s", err.msg);
+    mg_matrix m;
+    CHECK(mg_bind_matrix(ck, "model.layers.0.self_attn.q_proj.weight", 4, 64, &m, &err) &&
+          strstr(err.msg, "blk.0.attn_q.weight") && strstr(err.msg, "not found"), "%s", err.msg);
+    mg_checkpoint_close(ck);
+
+    /* A type outside the kernels' set is refused when bound, by GGUF name and type name. */
+    d.t[1].type = 16; /* IQ2_XXS: 256 elements in 66 bytes */
+    build(&d, &b);
+    ck = mg_checkpoint_open(write_file("iq2.gguf", &b, b.n), &err);
+    CHECK(ck != NULL, "open: %s", err.msg);
+    if (ck) {
+        CHECK(mg_bind_matrix(ck, "model.layers.0.mlp.experts.1.gate_proj.weight", 2, 256, &m, &err) &&
+              strstr(err.msg, "blk.0.ffn_gate_exps.weight") && strstr(err.msg, "IQ2_XXS") &&
+              strstr(err.msg, "not supported") && strstr(err.msg, "Q4_K"), "%s", err.msg);
+        mg_checkpoint_close(ck);
+    }
+    free_desc(&d);
+
+    /* A split set: the first part names the count; a missing part is named; a complete set
+     * holds both parts' tensors. */
+    base(&d);
+    d.nt = 2;
+    add_u16_kv(&d, "split.no", 0);
+    add_u16_kv(&d, "split.count", 2);
+    build(&d, &b);
+    const char *first = write_file("s-00001-of-00002.gguf", &b, b.n);
+    char first_path[512];
+    snprintf(first_path, sizeof first_path, "%s", first);
+    CHECK(mg_checkpoint_open(first_path, &err) == NULL && strstr(err.msg, "split part 2 of 2 is missing") &&
+          strstr(err.msg, "s-00002-of-00002.gguf"), "%s", err.msg);
+    free_desc(&d);
+    base(&d);
+    d.nt = 1;
+    d.t[0] = (tdesc){"output.weight", 2, {32, 3, 1, 1}, 0, -1};
+    add_u16_kv(&d, "split.no", 1);
+    add_u16_kv(&d, "split.count", 2);
+    build(&d, &b);
+    write_file("s-00002-of-00002.gguf", &b, b.n);
+    ck = mg_checkpoint_open(first_path, &err);
+    CHECK(ck && mg_checkpoint_shards(ck) == 2, "split set: %s", err.msg);
+    if (ck) {
+        const mg_tensor *h = mg_checkpoint_find(ck, "lm_head.weight");
+        CHECK(h && h->shard == 1 && h->dtype == MG_DT_F32 && h->shape[0] == 3 && h->shape[1] == 32,
+              "output in part 2");
+        CHECK(mg_checkpoint_shard_fd(ck, 1) >= 0, "part 2's descriptor for the expert reads");
+        mg_checkpoint_close(ck);
+    }
+    snprintf(first_path, sizeof first_path, "%s/s-00002-of-00002.gguf", g_root);
+    CHECK(mg_checkpoint_open(first_path, &err) == NULL && strstr(err.msg, "open the first part"), "%s", err.msg);
+    free_desc(&d);
+    free(b.p);
+}
+
 int main(void) {
     snprintf(g_root, sizeof g_root, "/tmp/mg_test_gguf_XXXXXX");
     if (!mkdtemp(g_root)) {
@@ -625,6 +727,7 @@ int main(void) {
     test_type_table();
     test_corruptions();
     test_missing_file();
+    test_checkpoint();
     char cmd[512];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_root);
     if (system(cmd)) fprintf(stderr, "could not remove %s\n", g_root);

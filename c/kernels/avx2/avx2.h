@@ -194,6 +194,13 @@ typedef void mg_avx2_prefill_fn(const mg_matrix *w, const float *x, int64_t x_st
 mg_avx2_prefill_fn mg_avx2_prefill_f32, mg_avx2_prefill_bf16, mg_avx2_prefill_f16, mg_avx2_prefill_fp8,
     mg_avx2_prefill_fp4;
 
+/* ggml_avx2.c: the ggml block formats (MG_Q8_0 ... MG_IQ4_XS, scale kind none).  decode_ggml: n_tok
+ * == 1, rows [r0, r1); ggml_dequant_block: the exact values of one block of format f at p into out
+ * (equal to core/ggml_blocks.h's), for prefill_avx2.c's tiles (mg_avx2_prefill_ggml). */
+mg_avx2_decode_fn mg_avx2_decode_ggml;
+void mg_avx2_ggml_dequant_block(mg_format f, const uint8_t *p, float *out);
+mg_avx2_prefill_fn mg_avx2_prefill_ggml;
+
 /* vector_avx2.c: the vector ops of mg_kernels. */
 MG_VECTOR_OPS_DECLARE(mg_avx2)
 

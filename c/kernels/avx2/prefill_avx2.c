@@ -234,6 +234,36 @@ INLINE void dequant_tile(const mg_matrix *w, mg_format f, int64_t r, int64_t nr,
     }
 }
 
+/* The tile of a ggml block-format matrix (kc whole blocks: TILE_COLS is a multiple of 256):
+ * each row's blocks are dequantised exactly (ggml_avx2.c) into a row-major buffer of 8 rows,
+ * then transposed 8 x 8 into the tile's columns.  Lanes past nr repeat the last row. */
+INLINE void dequant_tile_ggml(const mg_matrix *w, int64_t r, int64_t nr, int64_t c0, int64_t kc, float *tile) {
+    int64_t e, bytes;
+    mg_format_block(w->format, &e, &bytes);
+    const size_t rb = mg_matrix_row_bytes(w);
+    float buf[8][256] __attribute__((aligned(32)));
+    for (int g = 0; g < TILE_ROWS; g += 8) {
+        if (g >= nr) { /* lanes no output reads: zeros, so no stale values reach the FMAs */
+            for (int64_t c = 0; c < kc; c++) _mm256_store_ps(tile + c * TILE_ROWS + g, _mm256_setzero_ps());
+            continue;
+        }
+        const uint8_t *rows[8];
+        for (int i = 0; i < 8; i++) {
+            const int64_t ri = r + g + i < r + nr ? r + g + i : r + nr - 1;
+            rows[i] = (const uint8_t *)w->data + (size_t)ri * rb + (size_t)(c0 / e * bytes);
+        }
+        for (int64_t b = 0; b < kc; b += e) {
+            for (int i = 0; i < 8; i++) mg_avx2_ggml_dequant_block(w->format, rows[i] + (size_t)(b / e * bytes), buf[i]);
+            for (int64_t k = 0; k < e; k += 8) {
+                __m256 v[8];
+                for (int i = 0; i < 8; i++) v[i] = _mm256_load_ps(buf[i] + k);
+                transpose8(v);
+                for (int j = 0; j < 8; j++) _mm256_store_ps(tile + (b + k + j) * TILE_ROWS + g, v[j]);
+            }
+        }
+    }
+}
+
 /* y[t][r + i] (+)= sum over c < kc of tile[c][i] * x[t][c] for T tokens and the nr (<= 16) rows
  * of the tile: stored by the first column chunk, added by the next ones; the last one applies the
  * F32_ROW row scales (rs, NULL otherwise) to the whole sum.  Each column is two vectors of 16 row
@@ -323,7 +353,10 @@ INLINE void linear_prefill(const mg_matrix *w, mg_format f, const float *x, int6
         for (int64_t c0 = 0; c0 < cols; c0 += TILE_COLS) {
             const int64_t kc = cols - c0 < TILE_COLS ? cols - c0 : TILE_COLS;
             const int last = c0 + kc == cols;
-            dequant_tile(w, f, r, nr, c0, kc, tile);
+            if (mg_format_is_ggml_block(f))
+                dequant_tile_ggml(w, r, nr, c0, kc, tile);
+            else
+                dequant_tile(w, f, r, nr, c0, kc, tile);
             tile_tokens(tile, x + c0, x_stride, n_tok, kc, y + r, y_stride, nr, c0 == 0,
                         last && w->scale_kind == MG_SCALE_F32_ROW ? rsv : NULL);
         }
@@ -340,4 +373,5 @@ PREFILL_FN(mg_avx2_prefill_bf16, MG_BF16)
 PREFILL_FN(mg_avx2_prefill_f16, MG_F16)
 PREFILL_FN(mg_avx2_prefill_fp8, MG_FP8_E4M3)
 PREFILL_FN(mg_avx2_prefill_fp4, MG_FP4_E2M1)
+PREFILL_FN(mg_avx2_prefill_ggml, MG_Q8_0) /* every ggml block format: the tile reads w->format */
 #endif

@@ -30,9 +30,11 @@ LINEAR_FN(linear_bf16, decode_bf16, mg_avx2_prefill_bf16)
 LINEAR_FN(linear_f16, mg_avx2_decode_f16, mg_avx2_prefill_f16)
 LINEAR_FN(linear_fp8, decode_fp8, mg_avx2_prefill_fp8)
 LINEAR_FN(linear_fp4, decode_fp4, mg_avx2_prefill_fp4)
+LINEAR_FN(linear_ggml, mg_avx2_decode_ggml, mg_avx2_prefill_ggml) /* ggml_avx2.c + prefill tiles */
 
 int mg_kernels_override_avx2(mg_kernels *k) {
     MG_LINEAR_SET(k, linear);
+    for (int f = MG_Q8_0; f < MG_FORMAT_COUNT; f++) k->linear[f] = linear_ggml;
     MG_VECTOR_OPS_SET(k, mg_avx2);
     return 1;
 }

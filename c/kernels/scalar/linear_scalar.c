@@ -3,6 +3,7 @@
 #include <math.h>
 #include <string.h>
 #include "kernels/scalar/scalar.h"
+#include "core/ggml_blocks.h"
 
 /* The scale of row r for MG_SCALE_F32_ROW (1 otherwise).  Row scales are applied once to the
  * row's dot product, not to each weight: every table does the same, so they agree up to fp32
@@ -38,7 +39,8 @@ static void dequant_row(const mg_matrix *w, int64_t r, float *out) {
             if (c + 1 < cols) out[c + 1] = mg_fp4_e2m1_to_f32(row[c / 2] >> 4);
         }
         break;
-    default:
+    default: /* the ggml block formats: self-scaled blocks, scale_kind NONE (core/ggml_blocks.h) */
+        mg_ggml_row_f32(w->format, row, 0, cols, out);
         break;
     }
     switch (w->scale_kind) {
@@ -79,7 +81,20 @@ void mg_scalar_linear(const mg_matrix *w, const float *x, int64_t x_stride, int6
         for (int64_t t0 = 0; t0 < n_tok; t0 += 64) {
             int64_t nt = n_tok - t0 < 64 ? n_tok - t0 : 64;
             for (int64_t t = 0; t < nt; t++) acc_tok[t] = 0.0f;
-            if (w->cols <= 4096) {
+            if (mg_format_is_ggml_block(w->format)) {
+                /* Block rows of any width: decode 4096 columns (whole blocks) at a time. */
+                const uint8_t *wr = (const uint8_t *)w->data + (size_t)r * mg_matrix_row_bytes(w);
+                for (int64_t c0 = 0; c0 < w->cols; c0 += 4096) {
+                    const int64_t kc = w->cols - c0 < 4096 ? w->cols - c0 : 4096;
+                    mg_ggml_row_f32(w->format, wr, c0, kc, row);
+                    for (int64_t t = 0; t < nt; t++) {
+                        const float *xt = x + (t0 + t) * x_stride + c0;
+                        float acc = acc_tok[t];
+                        for (int64_t c = 0; c < kc; c++) acc += row[c] * xt[c];
+                        acc_tok[t] = acc;
+                    }
+                }
+            } else if (w->cols <= 4096) {
                 dequant_row(w, r, row);
                 for (int64_t t = 0; t < nt; t++) {
                     const float *xt = x + (t0 + t) * x_stride;

@@ -1,8 +1,8 @@
 """Which family a checkpoint speaks, and how to talk to it.
 
     detect_format(config, tokenizer_config=None, chat_template=None) -> str
-    load_chat_setup(model_dir) -> ChatSetup     (reads the checkpoint, verifies the hand-written
-                                                 encoder against its template)
+    load_chat_setup(model_dir) -> ChatSetup     (reads the checkpoint, a folder or a .gguf file,
+                                                 verifies the hand-written encoder against its template)
 """
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from ..chat.types import ChatEncodingError, ChatTemplateError
+from ..gguf_vocab import GGUFVocab, chat_inputs, is_gguf, read_vocab
 from ..tokenizer import special_token_text
 from .record import Family
 from .registry import FAMILIES, EncodedPrompt, encode, get_family, render
@@ -176,13 +177,28 @@ def _special_token_vars(tokenizer_config: Mapping[str, Any] | None) -> dict[str,
 
 
 def load_chat_setup(model_dir: str | os.PathLike[str]) -> ChatSetup:
-    """Inspect a checkpoint directory and decide how to render its prompts."""
+    """Inspect a checkpoint (a folder, or one .gguf file) and decide how to render its prompts."""
     root = Path(model_dir)
+    if is_gguf(root):
+        return gguf_chat_setup(read_vocab(root))
     config = _read_json(root / "config.json")
     if config is None:
         raise ChatTemplateError(f"{root / 'config.json'}: file not found")
     tokenizer_config = _read_json(root / "tokenizer_config.json")
-    template = _read_checkpoint_template(root, tokenizer_config)
+    return _chat_setup(root, config, tokenizer_config, _read_checkpoint_template(root, tokenizer_config))
+
+
+def gguf_chat_setup(vocab: GGUFVocab) -> ChatSetup:
+    """`load_chat_setup` for a GGUF file already read (the server reads it once for the
+    tokenizer too).  The file carries the same three inputs as a folder: the architecture stands
+    for config.json's model_type, tokenizer.chat_template for the folder's template, the
+    special ids' spellings for tokenizer_config.json's."""
+    config, tokenizer_config, template = chat_inputs(vocab)
+    return _chat_setup(vocab.path, config, tokenizer_config, template)
+
+
+def _chat_setup(root: Path, config: Mapping[str, Any], tokenizer_config: Mapping[str, Any] | None,
+                template: str | None) -> ChatSetup:
     template_vars = _special_token_vars(tokenizer_config)
     name = detect_format(config, tokenizer_config, template)
     note = ""

@@ -58,7 +58,12 @@ def normalise(raw: dict[str, Any]) -> dict[str, Any]:
 
 
 def load_config(model_dir: str | Path) -> dict[str, Any]:
-    """Reads and normalises ``model_dir/config.json``."""
+    """Reads and normalises ``model_dir/config.json``, or the metadata of a ``.gguf`` file
+    (model_config/gguf.py)."""
+    if Path(model_dir).suffix.lower() == ".gguf" and not Path(model_dir).is_dir():
+        from .gguf import load_gguf_config
+
+        return load_gguf_config(model_dir)
     path = Path(model_dir) / "config.json"
     try:
         raw = json.loads(path.read_text(encoding="utf-8"))

@@ -7,13 +7,15 @@ import logging
 import os
 import signal
 import sys
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
 from aiohttp import web
 
-from ..families import load_chat_setup
+from ..families import ChatSetup, gguf_chat_setup, load_chat_setup
 from ..generate import Slot
+from ..gguf_vocab import build_tokenizer, is_gguf, model_name, read_vocab, split_parts, stop_token_ids
 from ..prefix_cache import MIN_SNAPSHOT_TOKENS, PrefixCache
 from ..prefix_disk import DiskSnapshots, model_folder
 from ..scheduler import Scheduler
@@ -75,9 +77,14 @@ def build_state(opts: ServeOptions, *, demo: bool = False) -> ServerState:
     from ..engine import Engine, EngineError
 
     path = Path(opts.model).expanduser()
-    if not (path / "config.json").is_file():
-        raise FileNotFoundError(f"{path}: not a checkpoint folder (no config.json)")
-    tokenizer = Tokenizer.from_dir(path)
+    if is_gguf(path):
+        if not path.is_file():
+            raise FileNotFoundError(f"{path}: no such GGUF file")
+    elif not (path / "config.json").is_file():
+        raise FileNotFoundError(f"{path}: not a checkpoint folder (no config.json) nor a .gguf file")
+    # Tokenizer and chat format before the weights: a checkpoint we cannot talk to fails in
+    # a second, not after the engine has mapped its weights.
+    tokenizer, chat, checkpoint_stops = load_tokenizer_and_chat(path)
     snapshots_gb = prefix_cache_budget(opts)
     engine_ram = opts.ram_gb
     if opts.ram_gb is not None:
@@ -93,7 +100,6 @@ def build_state(opts: ServeOptions, *, demo: bool = False) -> ServerState:
                               "cache: lower it with --prefix-cache)") from None
         raise
     max_ctx = int(engine.info.get("max_ctx") or opts.ctx or 4096)
-    chat = load_chat_setup(path)
     if chat.note:
         log.warning("chat format: %s", chat.note)
     # The end of a turn: the family's stop strings held as one token, the tokenizer's EOS and
@@ -105,8 +111,7 @@ def build_state(opts: ServeOptions, *, demo: bool = False) -> ServerState:
             stop_ids.add(tid)
         elif text in chat.stop_strings:
             stop_texts.append(text)
-    for tid in _generation_eos(path):
-        stop_ids.add(tid)
+    stop_ids.update(checkpoint_stops)
     disk = None
     if opts.prefix_cache_dir:
         folder = model_folder(Path(opts.prefix_cache_dir).expanduser(), path, opts.kv_dtype)
@@ -120,7 +125,7 @@ def build_state(opts: ServeOptions, *, demo: bool = False) -> ServerState:
     scheduler = Scheduler(slot, opts.max_queue, on_result=metrics.record_job, on_dropped=metrics.record_dropped)
     state = ServerState(
         engine=engine, tokenizer=tokenizer, slot=slot, scheduler=scheduler,
-        chat=chat, model_id=opts.model_id or path.name, model_path=str(path), max_ctx=max_ctx,
+        chat=chat, model_id=opts.model_id or default_model_id(path), model_path=str(path), max_ctx=max_ctx,
         stop_token_ids=frozenset(stop_ids), stop_texts=tuple(stop_texts), default_max_tokens=opts.default_max_tokens,
         api_key=opts.api_key,
         cors_origins=opts.cors, reasoning_field_mirror=opts.reasoning_mirror,
@@ -131,6 +136,22 @@ def build_state(opts: ServeOptions, *, demo: bool = False) -> ServerState:
     seconds = constrained.warm_up(state)
     log.info("structured output ready (token trie built in %.1f s)", seconds)
     return state
+
+
+def load_tokenizer_and_chat(path: Path) -> tuple[Tokenizer, ChatSetup, list[int]]:
+    """The tokenizer, the chat setup and the checkpoint's own end-of-turn ids of a folder
+    (tokenizer.json, generation_config.json's eos_token_id list) or of a GGUF file (its
+    tokenizer.ggml.* metadata, read once for all three; its eos/eot/eom ids)."""
+    if is_gguf(path):
+        vocab = read_vocab(path)
+        return build_tokenizer(vocab), gguf_chat_setup(vocab), stop_token_ids(vocab)
+    return Tokenizer.from_dir(path), load_chat_setup(path), _generation_eos(path)
+
+
+def default_model_id(path: Path) -> str:
+    """/v1/models id without --model-id: the folder's name, or the file's without .gguf (and
+    without a split set's -00001-of-0000N)."""
+    return model_name(path) if is_gguf(path) else path.name
 
 
 def _generation_eos(path: Path) -> list[int]:
@@ -212,6 +233,20 @@ def _snapshot_summary(state: ServerState) -> str:
     return "; ".join(parts)
 
 
+def _gguf_summary(path: str) -> str:
+    """A GGUF's version, size and tensor types by count ("Q4_K x96, F32 x97"), over every part
+    of a split set: what a quantised file holds, whatever the engine turns it into."""
+    from .. import _core
+
+    parts = [_core.gguf_inspect(str(p), arrays=False) for p in split_parts(path) if p.is_file()]
+    counts = Counter(t["type"] for info in parts for t in info["tensors"])
+    types = ", ".join(f"{name} x{n}" for name, n in counts.most_common())
+    size = sum(info["file_size"] for info in parts)
+    shown = f"{size / 1e9:.2f} GB" if size >= 1e9 else f"{size / 1e6:.1f} MB"
+    split = f" in {len(parts)} parts" if len(parts) > 1 else ""
+    return f"GGUF v{parts[0]['version']}, {shown}{split}, tensors {types}"
+
+
 def startup_summary(state: ServerState, url: str) -> str:
     info = state.engine.info
     formats = info.get("weights") or info.get("formats") or {}
@@ -223,6 +258,7 @@ def startup_summary(state: ServerState, url: str) -> str:
         f"  model      {state.model_id}  ({state.model_path})",
         f"  arch       {info.get('arch')}  layers={info.get('n_layers')}  vocab={info.get('vocab_size')}",
         f"  weights    {formats}",
+        *([f"  file       {_gguf_summary(state.model_path)}"] if is_gguf(state.model_path) else []),
         f"  memory     {_memory_summary(state)}",
         f"  SIMD       {info.get('simd')}   threads {info.get('threads')}",
         f"  context    {state.max_ctx} tokens   chat format {state.chat.format}",

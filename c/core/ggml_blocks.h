@@ -1,0 +1,197 @@
+/* Scalar decoding of one block of each ggml block format (docs/reference/gguf.md §2) into floats:
+ * the ground truth of every block-format kernel.
+ *
+ * The values equal gguf-py's gguf.quants.dequantize bit for bit.  That holds whatever order the
+ * products are taken in, and with or without FMA contraction, because every value here is one
+ * rounding of an exact expression: a d (f16, 11 significant bits) times a sub-scale (<= 8 bits)
+ * is exact in fp32, and so is dmin times a min; only the final product with the code (or the
+ * final subtraction of dmin*m in Q4_K/Q5_K) rounds.  We still follow gguf-py's order (d*sc
+ * first, then *q, then - dmin*m) so the code reads like the reference.  MXFP4's scale can be a
+ * denormal (e8m0 bytes 0 and 1): the kernels must not run with flush-to-zero.
+ *
+ * Blocks start at any byte (GGUF aligns tensors to 32 bytes only, and blocks are 17..210 bytes),
+ * so every multi-byte field is read through memcpy. */
+#ifndef MG_GGML_BLOCKS_H
+#define MG_GGML_BLOCKS_H
+
+#include <stdint.h>
+#include <string.h>
+#include "formats.h"
+
+/* IQ4_NL / IQ4_XS: the 16 non-linear int8 values a code selects. */
+static const int8_t MG_IQ4NL_VALUES[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
+                                            1,    13,   25,  38,  53,  69,  89,  113};
+/* MXFP4: the e2m1 values doubled (so integers), paired with a scale of 2^(e-128). */
+static const int8_t MG_MXFP4_VALUES2[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+
+static inline float mg_ggml_f16_at(const uint8_t *p) {
+    uint16_t h;
+    memcpy(&h, p, 2);
+    return mg_f16_to_f32(h);
+}
+
+/* 2^(e-128) for an e8m0 byte: half the block scale, to go with MG_MXFP4_VALUES2.  Bytes 0 and 1
+ * give the denormals 2^-128 and 2^-127; 255 gives 2^127 (gguf-py has no NaN code here). */
+static inline float mg_ggml_e8m0_half(uint8_t e) {
+    uint32_t u = e < 2 ? (uint32_t)0x00200000u << e : (uint32_t)(e - 1) << 23;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+/* Q4_K / Q5_K: the 6-bit scale and min of sub-block j (0..7) from the 12 packed bytes: j < 4 in
+ * the low 6 bits of bytes j (scale) and 4+j (min); j >= 4 from the nibbles of byte 4+j plus the
+ * top 2 bits of bytes j-4 and j. */
+static inline void mg_ggml_k4_scale_min(const uint8_t *s, int j, uint8_t *sc, uint8_t *m) {
+    if (j < 4) {
+        *sc = s[j] & 63;
+        *m = s[j + 4] & 63;
+    } else {
+        *sc = (uint8_t)((s[j + 4] & 0x0f) | ((s[j - 4] >> 2) & 0x30));
+        *m = (uint8_t)((s[j + 4] >> 4) | ((s[j] >> 2) & 0x30));
+    }
+}
+
+/* Q8_0 (34 bytes): f16 d, int8 q[32]; d * q. */
+static inline void mg_ggml_block_q8_0(const uint8_t *b, float *out) {
+    const float d = mg_ggml_f16_at(b);
+    for (int i = 0; i < 32; i++) out[i] = (float)(int8_t)b[2 + i] * d;
+}
+
+/* Q4_0 (18 bytes): f16 d, qs[16]; element i < 16 is the low nibble of byte i, i + 16 its high
+ * nibble; d * (q - 8). */
+static inline void mg_ggml_block_q4_0(const uint8_t *b, float *out) {
+    const float d = mg_ggml_f16_at(b);
+    for (int i = 0; i < 16; i++) {
+        out[i] = d * (float)((b[2 + i] & 15) - 8);
+        out[i + 16] = d * (float)((b[2 + i] >> 4) - 8);
+    }
+}
+
+/* Q5_0 (22 bytes): f16 d, u32 qh (bit i: 5th bit of element i), qs[16] as Q4_0; d * (q - 16). */
+static inline void mg_ggml_block_q5_0(const uint8_t *b, float *out) {
+    const float d = mg_ggml_f16_at(b);
+    uint32_t qh;
+    memcpy(&qh, b + 2, 4);
+    for (int i = 0; i < 16; i++) {
+        const int lo = (b[6 + i] & 15) | (int)(((qh >> i) & 1) << 4);
+        const int hi = (b[6 + i] >> 4) | (int)(((qh >> (i + 16)) & 1) << 4);
+        out[i] = d * (float)(lo - 16);
+        out[i + 16] = d * (float)(hi - 16);
+    }
+}
+
+/* Q4_K (144 bytes): f16 d, f16 dmin, 12 scale bytes, qs[128].  Four 64-element chunks of 32
+ * bytes: element l (< 32) of the chunk is the low nibble of byte l (sub-block 2c), element
+ * 32 + l the high nibble (sub-block 2c + 1); (d*sc) * q - dmin*m. */
+static inline void mg_ggml_block_q4_k(const uint8_t *b, float *out) {
+    const float d = mg_ggml_f16_at(b), dmin = mg_ggml_f16_at(b + 2);
+    const uint8_t *s = b + 4, *qs = b + 16;
+    for (int j = 0; j < 8; j++) {
+        uint8_t sc, m;
+        mg_ggml_k4_scale_min(s, j, &sc, &m);
+        const float ds = d * (float)sc, dm = dmin * (float)m;
+        const uint8_t *q = qs + 32 * (j / 2);
+        const int shift = 4 * (j & 1);
+        for (int l = 0; l < 32; l++) out[32 * j + l] = ds * (float)((q[l] >> shift) & 15) - dm;
+    }
+}
+
+/* Q5_K (176 bytes): Q4_K with qh[32] before qs: bit j of qh[l] is the 5th bit of element l of
+ * sub-block j. */
+static inline void mg_ggml_block_q5_k(const uint8_t *b, float *out) {
+    const float d = mg_ggml_f16_at(b), dmin = mg_ggml_f16_at(b + 2);
+    const uint8_t *s = b + 4, *qh = b + 16, *qs = b + 48;
+    for (int j = 0; j < 8; j++) {
+        uint8_t sc, m;
+        mg_ggml_k4_scale_min(s, j, &sc, &m);
+        const float ds = d * (float)sc, dm = dmin * (float)m;
+        const uint8_t *q = qs + 32 * (j / 2);
+        const int shift = 4 * (j & 1);
+        for (int l = 0; l < 32; l++) {
+            const int v = ((q[l] >> shift) & 15) | (((qh[l] >> j) & 1) << 4);
+            out[32 * j + l] = ds * (float)v - dm;
+        }
+    }
+}
+
+/* Q6_K (210 bytes): ql[128], qh[64], int8 scales[16], f16 d last.  Two halves of 128 elements
+ * (ql + 64h, qh + 32h); element e of a half: low 4 bits from ql[e % 64] (low nibble for e < 64,
+ * high above), top 2 bits from qh[e % 32] >> (2 * (e / 32)); (d*scale[e/16]) * (q - 32). */
+static inline void mg_ggml_block_q6_k(const uint8_t *b, float *out) {
+    const uint8_t *ql = b, *qh = b + 128;
+    const int8_t *sc = (const int8_t *)(b + 192);
+    const float d = mg_ggml_f16_at(b + 208);
+    for (int h = 0; h < 2; h++) {
+        for (int e = 0; e < 128; e++) {
+            const int lo = (ql[64 * h + e % 64] >> (4 * (e / 64))) & 15;
+            const int hi = (qh[32 * h + e % 32] >> (2 * (e / 32))) & 3;
+            const int i = 128 * h + e;
+            out[i] = (d * (float)sc[i / 16]) * (float)((lo | (hi << 4)) - 32);
+        }
+    }
+}
+
+/* MXFP4 in GGUF's layout (17 bytes): e8m0 e, qs[16] in Q4_0's nibble order;
+ * 2^(e-128) * (2 * e2m1 value). */
+static inline void mg_ggml_block_mxfp4(const uint8_t *b, float *out) {
+    const float d = mg_ggml_e8m0_half(b[0]);
+    for (int i = 0; i < 16; i++) {
+        out[i] = d * (float)MG_MXFP4_VALUES2[b[1 + i] & 15];
+        out[i + 16] = d * (float)MG_MXFP4_VALUES2[b[1 + i] >> 4];
+    }
+}
+
+/* IQ4_NL (18 bytes): f16 d, qs[16] in Q4_0's nibble order; d * table[q]. */
+static inline void mg_ggml_block_iq4_nl(const uint8_t *b, float *out) {
+    const float d = mg_ggml_f16_at(b);
+    for (int i = 0; i < 16; i++) {
+        out[i] = d * (float)MG_IQ4NL_VALUES[b[2 + i] & 15];
+        out[i + 16] = d * (float)MG_IQ4NL_VALUES[b[2 + i] >> 4];
+    }
+}
+
+/* IQ4_XS (136 bytes): f16 d, u16 scales_h, scales_l[4], qs[128].  Eight sub-blocks of 32, each
+ * 16 bytes of qs in Q4_0's nibble order, with the 6-bit scale (nibble j%2 of scales_l[j/2]) |
+ * (bits 2j..2j+1 of scales_h) << 4, minus 32; (d * scale) * table[q]. */
+static inline void mg_ggml_block_iq4_xs(const uint8_t *b, float *out) {
+    const float d = mg_ggml_f16_at(b);
+    uint16_t sh;
+    memcpy(&sh, b + 2, 2);
+    const uint8_t *sl = b + 4, *qs = b + 8;
+    for (int j = 0; j < 8; j++) {
+        const int s = ((sl[j / 2] >> (4 * (j & 1))) & 15) | (((sh >> (2 * j)) & 3) << 4);
+        const float dl = d * (float)(s - 32);
+        const uint8_t *q = qs + 16 * j;
+        for (int l = 0; l < 16; l++) {
+            out[32 * j + l] = dl * (float)MG_IQ4NL_VALUES[q[l] & 15];
+            out[32 * j + 16 + l] = dl * (float)MG_IQ4NL_VALUES[q[l] >> 4];
+        }
+    }
+}
+
+/* Decodes the block at b of format f (mg_format_is_ggml_block) into out[block elements];
+ * returns 0, writing nothing, for any other format. */
+static inline int mg_ggml_block_f32(mg_format f, const uint8_t *b, float *out) {
+    switch (f) {
+    case MG_Q8_0: mg_ggml_block_q8_0(b, out); return 1;
+    case MG_Q4_0: mg_ggml_block_q4_0(b, out); return 1;
+    case MG_Q5_0: mg_ggml_block_q5_0(b, out); return 1;
+    case MG_Q4_K: mg_ggml_block_q4_k(b, out); return 1;
+    case MG_Q5_K: mg_ggml_block_q5_k(b, out); return 1;
+    case MG_Q6_K: mg_ggml_block_q6_k(b, out); return 1;
+    case MG_MXFP4: mg_ggml_block_mxfp4(b, out); return 1;
+    case MG_IQ4_NL: mg_ggml_block_iq4_nl(b, out); return 1;
+    case MG_IQ4_XS: mg_ggml_block_iq4_xs(b, out); return 1;
+    default: return 0;
+    }
+}
+
+/* Decodes elements [c0, c0 + n) of a row of blocks (c0 and n multiples of the block size). */
+static inline void mg_ggml_row_f32(mg_format f, const uint8_t *row, int64_t c0, int64_t n, float *out) {
+    int64_t e, bytes;
+    mg_format_block(f, &e, &bytes);
+    for (int64_t c = 0; c < n; c += e) mg_ggml_block_f32(f, row + (size_t)((c0 + c) / e * bytes), out + c);
+}
+
+#endif

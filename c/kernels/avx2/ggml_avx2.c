@@ -1,0 +1,345 @@
+/* AVX2 kernels for the ggml block formats (GGUF weights: Q8_0, Q4_0, Q5_0, Q4_K, Q5_K, Q6_K,
+ * MXFP4, IQ4_NL, IQ4_XS; layouts in c/core/ggml_blocks.h, the scalar twin).  Activations stay
+ * fp32: codes are widened to fp32 in registers and multiplied with x, never the other way round.
+ *
+ * Decode (n_tok == 1), one row at a time, each row streamed once.  Every 32 elements become one
+ * ymm of 32 signed int8 codes in element order: nibbles split by mask/shift, IQ4 / MXFP4 / Q4_0
+ * values taken from a 16-entry vpshufb table, the fifth (Q5) or fifth and sixth (Q6_K) bits
+ * merged in with byte masks.  The codes' dot product with x (4 sign-extensions, 4 FMAs) is then
+ * multiplied by the sub-block's scale once, instead of scaling every weight.  The K-quant mins
+ * do not touch the codes at all: sum_l (ds*q_l - dm) x_l = ds * (q . x) - dm * sum(x), and the
+ * sums of x per 32 columns are computed once per call and shared by every row.
+ *
+ * Dequantisation (mg_avx2_ggml_dequant_block, for prefill's tiles): exact values, equal bit for
+ * bit to the scalar decoder: every value is one rounding of an exact product (ggml_blocks.h), and
+ * Q4_K/Q5_K's ds*q - dm is one FMA (ds*q is exact, so the FMA rounds the same as mul then sub). */
+#include <string.h>
+#include "kernels/tables.h"
+
+#if defined(__x86_64__) && defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#include "kernels/avx2/avx2.h"
+#include "core/ggml_blocks.h"
+
+INLINE float f16_at(const uint8_t *p) { /* vcvtph2ps: exact, denormals included */
+    uint16_t h;
+    memcpy(&h, p, 2);
+    return _cvtsh_ss(h);
+}
+
+INLINE __m256i loadu256(const uint8_t *p) { return _mm256_loadu_si256((const __m256i *)p); }
+
+/* 16 bytes of Q4_0-ordered nibbles (element i low nibble of byte i, element 16 + i its high
+ * nibble) as 32 bytes 0..15 in element order. */
+INLINE __m256i nibbles16(const uint8_t *p) {
+    const __m128i b = _mm_loadu_si128((const __m128i *)p);
+    const __m256i v = _mm256_inserti128_si256(_mm256_castsi128_si256(b), _mm_srli_epi16(b, 4), 1);
+    return _mm256_and_si256(v, _mm256_set1_epi8(0x0f));
+}
+
+/* vpshufb tables (both 128-bit lanes) from a 16-entry int8 value table. */
+INLINE __m256i lut16(const int8_t *v) {
+    return _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)v));
+}
+static const int8_t Q4_0_VALUES[16] = {-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7};
+
+/* The 32 bits of Q5_0's qh as 32 bytes: 0x10 where the element's fifth bit is set. */
+INLINE __m256i q5_0_high(const uint8_t *p) {
+    uint32_t qh;
+    memcpy(&qh, p, 4);
+    const __m256i spread = _mm256_shuffle_epi8(_mm256_set1_epi32((int)qh),
+                                               _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2,
+                                                                2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3));
+    const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ull);
+    return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit), _mm256_set1_epi8(0x10));
+}
+
+/* 0x10 in the bytes of qh[32] whose bit j is set: Q5_K's fifth bits of sub-block j. */
+INLINE __m256i q5_k_high(__m256i qh, int j) {
+    const __m256i bit = _mm256_set1_epi8((char)(1 << j));
+    return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(qh, bit), bit), _mm256_set1_epi8(0x10));
+}
+
+/* The 8 signed int8 codes of lane group k (0..3) of q as fp32. */
+INLINE __m256 codes8(__m256i q, int k) {
+    const __m128i h = k < 2 ? _mm256_castsi256_si128(q) : _mm256_extracti128_si256(q, 1);
+    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32((k & 1) ? _mm_unpackhi_epi64(h, h) : h));
+}
+
+/* sum_l q[l] * x[l] over 32 elements, as 8 partial sums. */
+INLINE __m256 dot32(__m256i q, const float *x) {
+    __m256 a = _mm256_mul_ps(codes8(q, 0), _mm256_loadu_ps(x));
+    __m256 b = _mm256_mul_ps(codes8(q, 2), _mm256_loadu_ps(x + 16));
+    a = _mm256_fmadd_ps(codes8(q, 1), _mm256_loadu_ps(x + 8), a);
+    b = _mm256_fmadd_ps(codes8(q, 3), _mm256_loadu_ps(x + 24), b);
+    return _mm256_add_ps(a, b);
+}
+
+/* Q4_K / Q5_K sub-block scales and mins (as mg_ggml_k4_scale_min) for all 8 sub-blocks at once,
+ * as bytes: 32-bit shifts move bits across bytes, and the masks keep only each byte's own. */
+INLINE void k4_scales(const uint8_t *s, uint8_t sc[8], uint8_t mn[8]) {
+    uint32_t a, b, c;
+    memcpy(&a, s, 4);
+    memcpy(&b, s + 4, 4);
+    memcpy(&c, s + 8, 4);
+    const uint32_t sc_lo = a & 0x3f3f3f3fu, mn_lo = b & 0x3f3f3f3fu;
+    const uint32_t sc_hi = (c & 0x0f0f0f0fu) | ((a >> 2) & 0x30303030u);
+    const uint32_t mn_hi = ((c >> 4) & 0x0f0f0f0fu) | ((b >> 2) & 0x30303030u);
+    memcpy(sc, &sc_lo, 4), memcpy(sc + 4, &sc_hi, 4);
+    memcpy(mn, &mn_lo, 4), memcpy(mn + 4, &mn_hi, 4);
+}
+
+/* 8 unsigned bytes times v, as fp32 (exact: v is an f16 value, the bytes 6-bit). */
+INLINE __m256 bytes_times(const uint8_t b[8], float v) {
+    return _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)b))),
+                         _mm256_set1_ps(v));
+}
+
+/* Q6_K: the 4 groups of 32 codes (minus 32) of half h of the block. */
+INLINE void q6_k_half(const uint8_t *b, int h, __m256i q[4]) {
+    const __m256i m4 = _mm256_set1_epi8(0x0f), m3 = _mm256_set1_epi8(0x03), k32 = _mm256_set1_epi8(32);
+    const __m256i A = loadu256(b + 64 * h), B = loadu256(b + 64 * h + 32), H = loadu256(b + 128 + 32 * h);
+    const __m256i lo[4] = {_mm256_and_si256(A, m4), _mm256_and_si256(B, m4), _mm256_and_si256(_mm256_srli_epi16(A, 4), m4),
+                           _mm256_and_si256(_mm256_srli_epi16(B, 4), m4)};
+    for (int g = 0; g < 4; g++) {
+        const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(H, 2 * g), m3);
+        q[g] = _mm256_sub_epi8(_mm256_or_si256(lo[g], _mm256_slli_epi16(hi, 4)), k32);
+    }
+}
+
+/* IQ4_XS: the 8 sub-block scales d * (s - 32). */
+INLINE __m256 iq4_xs_scales(const uint8_t *b, float d) {
+    uint16_t sh;
+    uint32_t sl;
+    memcpy(&sh, b + 2, 2);
+    memcpy(&sl, b + 4, 4);
+    int32_t s[8];
+    for (int j = 0; j < 8; j++) s[j] = (int32_t)(((sl >> (4 * j)) & 15) | (((uint32_t)sh >> (2 * j)) & 3) << 4) - 32;
+    return _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_loadu_si256((const __m256i *)s)), _mm256_set1_ps(d));
+}
+
+/* ---- decode: one row's dot product with x over nb blocks --------------------------------- */
+
+/* Blocks of 32 with one f16 scale at offset 0 (or an e8m0 byte for MXFP4): codes() gives the
+ * 32 codes of block p. */
+#define ROW_DOT_32(NAME, BYTES, SCALE, CODES)                                              \
+    static float NAME(const uint8_t *p, int64_t nb, const float *x, const float *xs) {     \
+        (void)xs;                                                                           \
+        __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();                     \
+        int64_t i = 0;                                                                      \
+        for (; i + 2 <= nb; i += 2, p += 2 * (BYTES), x += 64) {                            \
+            acc0 = _mm256_fmadd_ps(_mm256_set1_ps(SCALE(p)), dot32(CODES(p), x), acc0);     \
+            const uint8_t *p1 = p + (BYTES);                                                \
+            acc1 = _mm256_fmadd_ps(_mm256_set1_ps(SCALE(p1)), dot32(CODES(p1), x + 32), acc1); \
+        }                                                                                   \
+        if (i < nb) acc0 = _mm256_fmadd_ps(_mm256_set1_ps(SCALE(p)), dot32(CODES(p), x), acc0); \
+        return hsum8(_mm256_add_ps(acc0, acc1));                                            \
+    }
+
+#define SCALE_F16(p) f16_at(p)
+#define SCALE_E8M0(p) mg_ggml_e8m0_half((p)[0])
+#define CODES_Q8_0(p) loadu256((p) + 2)
+#define CODES_Q4_0(p) _mm256_shuffle_epi8(lut16(Q4_0_VALUES), nibbles16((p) + 2))
+#define CODES_IQ4_NL(p) _mm256_shuffle_epi8(lut16(MG_IQ4NL_VALUES), nibbles16((p) + 2))
+#define CODES_MXFP4(p) _mm256_shuffle_epi8(lut16(MG_MXFP4_VALUES2), nibbles16((p) + 1))
+#define CODES_Q5_0(p) _mm256_sub_epi8(_mm256_or_si256(nibbles16((p) + 6), q5_0_high((p) + 2)), _mm256_set1_epi8(16))
+
+ROW_DOT_32(row_dot_q8_0, 34, SCALE_F16, CODES_Q8_0)
+ROW_DOT_32(row_dot_q4_0, 18, SCALE_F16, CODES_Q4_0)
+ROW_DOT_32(row_dot_q5_0, 22, SCALE_F16, CODES_Q5_0)
+ROW_DOT_32(row_dot_iq4_nl, 18, SCALE_F16, CODES_IQ4_NL)
+ROW_DOT_32(row_dot_mxfp4, 17, SCALE_E8M0, CODES_MXFP4)
+
+/* Q4_K and Q5_K (q5 = 1): scales times the codes' dot products, minus the mins times xs (the sums
+ * of x per 32 columns). */
+INLINE float row_dot_k4(const uint8_t *p, int64_t nb, const float *x, const float *xs, int q5) {
+    const size_t bytes = q5 ? 176 : 144;
+    const __m256i m4 = _mm256_set1_epi8(0x0f);
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps(), accm = _mm256_setzero_ps();
+    for (int64_t i = 0; i < nb; i++, p += bytes, x += 256, xs += 8) {
+        uint8_t sc[8], mn[8];
+        float ds[8] __attribute__((aligned(32)));
+        k4_scales(p + 4, sc, mn);
+        _mm256_store_ps(ds, bytes_times(sc, f16_at(p)));
+        accm = _mm256_fmadd_ps(bytes_times(mn, f16_at(p + 2)), _mm256_loadu_ps(xs), accm);
+        const uint8_t *qs = p + (q5 ? 48 : 16);
+        const __m256i qh = q5 ? loadu256(p + 16) : _mm256_setzero_si256();
+        for (int c = 0; c < 4; c++) {
+            const __m256i v = loadu256(qs + 32 * c);
+            __m256i lo = _mm256_and_si256(v, m4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+            if (q5) {
+                lo = _mm256_or_si256(lo, q5_k_high(qh, 2 * c));
+                hi = _mm256_or_si256(hi, q5_k_high(qh, 2 * c + 1));
+            }
+            acc0 = _mm256_fmadd_ps(_mm256_broadcast_ss(ds + 2 * c), dot32(lo, x + 64 * c), acc0);
+            acc1 = _mm256_fmadd_ps(_mm256_broadcast_ss(ds + 2 * c + 1), dot32(hi, x + 64 * c + 32), acc1);
+        }
+    }
+    return hsum8(_mm256_sub_ps(_mm256_add_ps(acc0, acc1), accm));
+}
+static float row_dot_q4_k(const uint8_t *p, int64_t nb, const float *x, const float *xs) {
+    return row_dot_k4(p, nb, x, xs, 0);
+}
+static float row_dot_q5_k(const uint8_t *p, int64_t nb, const float *x, const float *xs) {
+    return row_dot_k4(p, nb, x, xs, 1);
+}
+
+/* 16 codes' dot product with x (the lanes k, k + 1 of codes8) as 8 partial sums. */
+INLINE __m256 dot16(__m256i q, int k, const float *x) {
+    return _mm256_fmadd_ps(codes8(q, k + 1), _mm256_loadu_ps(x + 8), _mm256_mul_ps(codes8(q, k), _mm256_loadu_ps(x)));
+}
+
+/* Q6_K: a scale per 16 elements. */
+static float row_dot_q6_k(const uint8_t *p, int64_t nb, const float *x, const float *xs) {
+    (void)xs;
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    for (int64_t i = 0; i < nb; i++, p += 210, x += 256) {
+        float ds[16] __attribute__((aligned(32)));
+        const __m256i s16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(p + 192)));
+        const __m256 d = _mm256_set1_ps(f16_at(p + 208));
+        _mm256_store_ps(ds, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi16_epi32(_mm256_castsi256_si128(s16))), d));
+        _mm256_store_ps(ds + 8, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi16_epi32(_mm256_extracti128_si256(s16, 1))), d));
+        for (int h = 0; h < 2; h++) {
+            __m256i q[4];
+            q6_k_half(p, h, q);
+            for (int g = 0; g < 4; g++) {
+                const float *xg = x + 128 * h + 32 * g;
+                const float *sg = ds + 8 * h + 2 * g;
+                acc0 = _mm256_fmadd_ps(_mm256_broadcast_ss(sg), dot16(q[g], 0, xg), acc0);
+                acc1 = _mm256_fmadd_ps(_mm256_broadcast_ss(sg + 1), dot16(q[g], 2, xg + 16), acc1);
+            }
+        }
+    }
+    return hsum8(_mm256_add_ps(acc0, acc1));
+}
+
+/* IQ4_XS: 8 sub-blocks of 32 with 6-bit scales. */
+static float row_dot_iq4_xs(const uint8_t *p, int64_t nb, const float *x, const float *xs) {
+    (void)xs;
+    const __m256i lut = lut16(MG_IQ4NL_VALUES);
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    for (int64_t i = 0; i < nb; i++, p += 136, x += 256) {
+        float dl[8] __attribute__((aligned(32)));
+        _mm256_store_ps(dl, iq4_xs_scales(p, f16_at(p)));
+        for (int j = 0; j < 8; j += 2) {
+            acc0 = _mm256_fmadd_ps(_mm256_broadcast_ss(dl + j), dot32(_mm256_shuffle_epi8(lut, nibbles16(p + 8 + 16 * j)), x + 32 * j), acc0);
+            acc1 = _mm256_fmadd_ps(_mm256_broadcast_ss(dl + j + 1),
+                                   dot32(_mm256_shuffle_epi8(lut, nibbles16(p + 24 + 16 * j)), x + 32 * j + 32), acc1);
+        }
+    }
+    return hsum8(_mm256_add_ps(acc0, acc1));
+}
+
+typedef float row_dot_fn(const uint8_t *p, int64_t nb, const float *x, const float *xs);
+
+static row_dot_fn *row_dot_of(mg_format f) {
+    switch (f) {
+    case MG_Q8_0: return row_dot_q8_0;
+    case MG_Q4_0: return row_dot_q4_0;
+    case MG_Q5_0: return row_dot_q5_0;
+    case MG_Q4_K: return row_dot_q4_k;
+    case MG_Q5_K: return row_dot_q5_k;
+    case MG_Q6_K: return row_dot_q6_k;
+    case MG_MXFP4: return row_dot_mxfp4;
+    case MG_IQ4_NL: return row_dot_iq4_nl;
+    case MG_IQ4_XS: return row_dot_iq4_xs;
+    default: return NULL;
+    }
+}
+
+/* Columns per pass: the sums of x per 32 columns of one pass fit a stack array.  Almost every
+ * matrix is one pass; wider rows add the passes' partial sums. */
+enum { GGML_PASS_COLS = 65536 };
+
+void mg_avx2_decode_ggml(const mg_matrix *w, const float *x, float *y, int64_t r0, int64_t r1) {
+    int64_t e, bytes;
+    mg_format_block(w->format, &e, &bytes);
+    row_dot_fn *dot = row_dot_of(w->format);
+    const int mins = w->format == MG_Q4_K || w->format == MG_Q5_K;
+    const size_t rb = mg_matrix_row_bytes(w);
+    float xs[GGML_PASS_COLS / 32] __attribute__((aligned(32)));
+    for (int64_t c0 = 0; c0 < w->cols; c0 += GGML_PASS_COLS) {
+        const int64_t kc = w->cols - c0 < GGML_PASS_COLS ? w->cols - c0 : GGML_PASS_COLS;
+        if (mins)
+            for (int64_t g = 0; g < kc / 32; g++) {
+                const float *xg = x + c0 + 32 * g;
+                __m256 s = _mm256_add_ps(_mm256_add_ps(_mm256_loadu_ps(xg), _mm256_loadu_ps(xg + 8)),
+                                         _mm256_add_ps(_mm256_loadu_ps(xg + 16), _mm256_loadu_ps(xg + 24)));
+                xs[g] = hsum8(s);
+            }
+        for (int64_t r = r0; r < r1; r++) {
+            const uint8_t *p = (const uint8_t *)w->data + (size_t)r * rb + (size_t)(c0 / e * bytes);
+            const float part = dot(p, kc / e, x + c0, xs);
+            y[r] = c0 == 0 ? part : y[r] + part;
+        }
+    }
+}
+
+/* ---- exact dequantisation of one block (prefill) ----------------------------------------- */
+
+/* out[0..32) = codes * s (one rounding each, as the scalar decoder). */
+INLINE void emit32(__m256i q, __m256 s, float *out) {
+    for (int k = 0; k < 4; k++) _mm256_storeu_ps(out + 8 * k, _mm256_mul_ps(codes8(q, k), s));
+}
+/* out[0..32) = ds * q - dm: ds * q is exact, so one FMA rounds as the scalar mul then sub. */
+INLINE void emit32_min(__m256i q, __m256 ds, __m256 dm, float *out) {
+    for (int k = 0; k < 4; k++) _mm256_storeu_ps(out + 8 * k, _mm256_fmsub_ps(codes8(q, k), ds, dm));
+}
+
+void mg_avx2_ggml_dequant_block(mg_format f, const uint8_t *p, float *out) {
+    const __m256i m4 = _mm256_set1_epi8(0x0f);
+    switch (f) {
+    case MG_Q8_0: emit32(CODES_Q8_0(p), _mm256_set1_ps(f16_at(p)), out); break;
+    case MG_Q4_0: emit32(CODES_Q4_0(p), _mm256_set1_ps(f16_at(p)), out); break;
+    case MG_Q5_0: emit32(CODES_Q5_0(p), _mm256_set1_ps(f16_at(p)), out); break;
+    case MG_IQ4_NL: emit32(CODES_IQ4_NL(p), _mm256_set1_ps(f16_at(p)), out); break;
+    case MG_MXFP4: emit32(CODES_MXFP4(p), _mm256_set1_ps(SCALE_E8M0(p)), out); break;
+    case MG_Q4_K:
+    case MG_Q5_K: {
+        const int q5 = f == MG_Q5_K;
+        uint8_t sc[8], mn[8];
+        float ds[8], dm[8];
+        k4_scales(p + 4, sc, mn);
+        _mm256_storeu_ps(ds, bytes_times(sc, f16_at(p)));
+        _mm256_storeu_ps(dm, bytes_times(mn, f16_at(p + 2)));
+        const uint8_t *qs = p + (q5 ? 48 : 16);
+        const __m256i qh = q5 ? loadu256(p + 16) : _mm256_setzero_si256();
+        for (int c = 0; c < 4; c++) {
+            const __m256i v = loadu256(qs + 32 * c);
+            __m256i lo = _mm256_and_si256(v, m4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+            if (q5) {
+                lo = _mm256_or_si256(lo, q5_k_high(qh, 2 * c));
+                hi = _mm256_or_si256(hi, q5_k_high(qh, 2 * c + 1));
+            }
+            emit32_min(lo, _mm256_set1_ps(ds[2 * c]), _mm256_set1_ps(dm[2 * c]), out + 64 * c);
+            emit32_min(hi, _mm256_set1_ps(ds[2 * c + 1]), _mm256_set1_ps(dm[2 * c + 1]), out + 64 * c + 32);
+        }
+        break;
+    }
+    case MG_Q6_K: {
+        const float d = f16_at(p + 208);
+        for (int h = 0; h < 2; h++) {
+            __m256i q[4];
+            q6_k_half(p, h, q);
+            for (int g = 0; g < 4; g++) {
+                const int8_t *s = (const int8_t *)(p + 192 + 8 * h + 2 * g);
+                const __m256 s0 = _mm256_set1_ps(d * (float)s[0]), s1 = _mm256_set1_ps(d * (float)s[1]);
+                float *o = out + 128 * h + 32 * g;
+                _mm256_storeu_ps(o, _mm256_mul_ps(codes8(q[g], 0), s0));
+                _mm256_storeu_ps(o + 8, _mm256_mul_ps(codes8(q[g], 1), s0));
+                _mm256_storeu_ps(o + 16, _mm256_mul_ps(codes8(q[g], 2), s1));
+                _mm256_storeu_ps(o + 24, _mm256_mul_ps(codes8(q[g], 3), s1));
+            }
+        }
+        break;
+    }
+    case MG_IQ4_XS: {
+        const __m256i lut = lut16(MG_IQ4NL_VALUES);
+        float dl[8];
+        _mm256_storeu_ps(dl, iq4_xs_scales(p, f16_at(p)));
+        for (int j = 0; j < 8; j++) emit32(_mm256_shuffle_epi8(lut, nibbles16(p + 8 + 16 * j)), _mm256_set1_ps(dl[j]), out + 32 * j);
+        break;
+    }
+    default: break;
+    }
+}
+#endif
