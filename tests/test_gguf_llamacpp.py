@@ -1,0 +1,150 @@
+"""GGUF files made by llama.cpp's own converter and quantizer (tools/llamacpp_ggufs.py), served by
+our Engine and checked against transformers' own model class on the file's dequantised weights.
+
+The quants a desktop user downloads are made by these tools, so the engine must read them exactly
+as they are, whatever llama.cpp's converter did on the way (name mapping, dim order, stacked
+experts, per-tensor type choices): Q8_0, the Q4_K_M mix (Q4_K / Q5_K / Q6_K / Q8_0) and a
+per-tensor mix in the manner of unsloth's files (Q5_K, IQ4_XS, Q4_0, Q5_0, IQ4_NL, Q6_K, Q8_0).
+
+The oracle is transformers loading the same .gguf (`from_pretrained(gguf_file=...)`, which
+dequantises every tensor with the gguf package); logits must agree as closely as for the
+safetensors checkpoints (max |err| / max |logit| <= 1e-4).  transformers reads qwen3moe GGUF
+files but not glm4moe ones: for glm4_moe its model class gets the file's tensors dequantised by
+the gguf package, and the f32 file must compute what the checkpoint it came from computes.
+
+These need llama.cpp's sources and a built llama-quantize in the cache folder
+(`python tools/llamacpp_ggufs.py --arch qwen3_moe --out DIR --build` makes them once); on a
+machine without them the tests are skipped and say why.  The files are made in a few seconds.
+"""
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO_ROOT / "tools"))
+import llamacpp  # noqa: E402
+import llamacpp_ggufs  # noqa: E402
+
+PROMPT = [1, 17, 300, 5, 999, 42, 7, 512, 64, 3, 880, 21]
+REL_TOL = 1e-4
+
+
+@pytest.fixture(scope="module")
+def made(tmp_path_factory: pytest.TempPathFactory):
+    """made(arch) -> {variant: path} of llama.cpp-made files for a tiny checkpoint of arch."""
+    try:
+        llamacpp.fetch_source(llamacpp.cache_dir(), no_fetch=True)
+        llamacpp.find_tool("llama-quantize", build_missing=False)
+    except llamacpp.Unavailable as why:
+        pytest.skip(f"llama.cpp's tools are not built here ({why}); "
+                    "make them with: python tools/llamacpp_ggufs.py --arch qwen3_moe --out DIR --build")
+    root = tmp_path_factory.mktemp("llamacpp-ggufs")
+    files: dict[str, dict[str, Path]] = {}
+
+    def make(arch: str) -> dict[str, Path]:
+        if arch not in files:
+            ckpt = llamacpp_ggufs.write_tiny_checkpoint(arch, root / f"{arch}-tiny256-bf16")
+            files[arch] = {"f32": ckpt.parent / f"{ckpt.name}.f32.gguf",
+                           **llamacpp_ggufs.make_ggufs(ckpt, arch)}
+        return files[arch]
+    return make
+
+
+def relative_error(ours: np.ndarray, ref: np.ndarray) -> float:
+    return float(np.max(np.abs(ours - ref)) / np.max(np.abs(ref)))
+
+
+def engine_logits(path: Path, **kwargs) -> np.ndarray:
+    from gateway.engine import Engine
+
+    with Engine(path, threads=1, **kwargs) as engine:
+        return engine.eval(PROMPT)
+
+
+def transformers_logits(path: Path) -> np.ndarray:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32)
+    model.eval()
+    with torch.no_grad():
+        return model(torch.tensor([PROMPT])).logits[0].numpy()
+
+
+@pytest.mark.parametrize("variant", ["f32", "Q8_0", "Q4_K_M", "mixed"])
+def test_qwen3_moe_file_matches_transformers_on_its_weights(made, variant: str) -> None:
+    path = made("qwen3_moe")[variant]
+    ours, ref = engine_logits(path), transformers_logits(path)
+    assert ours.shape == ref.shape
+    assert relative_error(ours, ref) <= REL_TOL, f"{path.name}: logits differ from transformers on the same file"
+
+
+def test_the_files_hold_the_types_they_name(made) -> None:
+    """The variants would test nothing if llama.cpp fell back to other types (rows not a
+    multiple of 256 make it do that silently): check what the files hold."""
+    import gguf
+
+    def types(path: Path) -> set[str]:
+        return {t.tensor_type.name for t in gguf.GGUFReader(str(path)).tensors}
+
+    for arch in ("qwen3_moe", "glm4_moe"):
+        files = made(arch)
+        assert {"Q4_K", "Q6_K"} <= types(files["Q4_K_M"])
+        assert types(files["Q8_0"]) == {"F32", "Q8_0"}
+        assert {"Q5_K", "IQ4_XS", "Q4_0", "Q5_0", "IQ4_NL", "Q6_K", "Q8_0"} <= types(files["mixed"])
+
+
+def test_glm4_moe_f32_file_is_the_checkpoint(made) -> None:
+    """llama.cpp's converter wrote every value of the bf16 checkpoint into the f32 file, so the
+    file must compute what the checkpoint folder computes (itself checked against transformers
+    by the oracle tests): this catches any reordering or renaming the converter does on the way."""
+    files = made("glm4_moe")
+    folder = files["f32"].parent / files["f32"].name.removesuffix(".f32.gguf")
+    assert relative_error(engine_logits(files["f32"]), engine_logits(folder)) <= 1e-5
+
+
+@pytest.mark.parametrize("variant", ["Q8_0", "Q4_K_M", "mixed"])
+def test_glm4_moe_file_matches_transformers_on_its_weights(made, variant: str) -> None:
+    """transformers cannot read glm4moe GGUF files itself: its Glm4MoeForCausalLM gets the file's
+    tensors dequantised by the gguf package, under their Hugging Face names (the f32 test above
+    ties those names to the converter's)."""
+    import torch
+    from tools.ckpt.gguf_file import read_gguf_as_hf
+    from tools.ckpt.hf_moe import fuse_experts, hf_config_object, hf_model_class
+
+    import oracle
+
+    path = made("glm4_moe")[variant]
+    config = oracle.read_config(path.parent / path.name.removesuffix(f".{variant}.gguf"))
+    n_layers = config["num_hidden_layers"]
+    tensors = {name: torch.from_numpy(np.ascontiguousarray(values))
+               for name, values in read_gguf_as_hf(path).items()
+               if not (name.startswith("model.layers.") and int(name.split(".")[2]) >= n_layers)}
+    model = hf_model_class(config)(hf_config_object(config)).float()
+    model.load_state_dict(fuse_experts(tensors, config), strict=True)
+    ref = oracle.full_logits(model.eval(), PROMPT)
+    assert relative_error(engine_logits(path), ref) <= REL_TOL
+
+
+def test_budgeted_run_of_a_llamacpp_file_is_bitwise_the_resident_one(made) -> None:
+    """Under ram_gb the experts are read from the file's stacked tensors by the expert store
+    (O_DIRECT, slices rounded to 4 KiB): the logits must be those of the resident run, bit for bit."""
+    from gateway.engine import Engine, EngineError
+
+    path = made("qwen3_moe")["mixed"]
+    resident = engine_logits(path)
+    try:  # the smallest budget the engine takes: a cache of one layer's experts
+        Engine(path, ram_gb=0.001)
+    except EngineError as exc:
+        found = re.search(r"minimum is ([0-9.]+) GB", str(exc))
+    assert found, "a 1 MB budget loaded, or its error names no minimum"
+    with Engine(path, threads=1, ram_gb=float(found.group(1)), expert_history=False) as engine:
+        cached = engine.eval(PROMPT)
+        experts = engine.stats()["experts"]
+    assert experts["misses"] > 0 and experts["bytes_read"] > 0, experts
+    assert np.array_equal(resident, cached)
