@@ -6,6 +6,8 @@
 #   make bench      benchmarks (ratios measured side by side in one run)
 #   make sanitize   ASan+UBSan build; the C tests and the C-facing Python tests under it
 #   make fuzz       one bounded schemathesis run (tools/fuzz_api.py) against a demo server's /openapi.json
+#   make llamacpp   llama.cpp's llama-bench and llama-quantize, built once into ~/.cache/moegate/llama.cpp
+#                   (make bench and tests/test_gguf_llamacpp.py use them; that test is skipped without them)
 #
 # Everything Python lives in the virtual environment $(VENV), made from $(SYSTEM_PYTHON) without
 # the machine's site-packages, so a fresh machine needs nothing installed by hand.  Afterwards:
@@ -36,7 +38,7 @@ endif
 
 .SECONDARY:
 
-.PHONY: all install deps test-deps build test test-c test-py lint serve rehearse bench sanitize fuzz neon-check tsan clean
+.PHONY: all install deps test-deps build test test-c test-py lint serve rehearse bench sanitize fuzz llamacpp neon-check tsan clean
 
 all: install
 
@@ -118,6 +120,10 @@ FUZZ_EXAMPLES ?= 10
 FUZZ_SECONDS ?= 150
 fuzz: test-deps build
 	$(PYTHON) tools/fuzz_api.py --max-examples $(FUZZ_EXAMPLES) --max-time $(FUZZ_SECONDS)
+
+# From the llama-cpp-python sdist of the version pinned in tools/llamacpp.py, fetched with pip.
+llamacpp: deps
+	$(PYTHON) -c 'import sys; sys.path.insert(0, "tools"); import llamacpp; c = llamacpp.cache_dir(); llamacpp.build(c, ["llama-bench", "llama-quantize"]); print("built in", c / "build" / "bin")'
 
 # ---- sanitizers: separate object dir so a normal build is never mixed with an instrumented one.
 # The expert cache runs under ASan in tests/c/test_expert_store.c, the GGUF reader in test_gguf.c

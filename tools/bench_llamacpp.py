@@ -44,6 +44,11 @@ DEFAULT_MODELS = "qwen3_moe,glm4_moe,deepseek_v4"
 # GGUF --outtype for our checkpoint formats (native DeepSeek-V4: the converter picks Q8_0/MXFP4
 # for the FP8/FP4 tensors itself and keeps the bf16 ones).
 OUTTYPE = {"bf16": "bf16", "native": "bf16"}
+# The files desktop users run: llama-quantize makes them from the converted bench checkpoint, and
+# both engines read the same .gguf (issue 17's targets: decode >= 1.3x on Q4_K_M, >= 1.15x on
+# Q8_0, prefill >= 1.0x).
+QUANT_MODELS = ("qwen3_moe", "glm4_moe")
+DEFAULT_QUANTS = "Q8_0,Q4_K_M"
 
 
 # ---- options --------------------------------------------------------------------------------
@@ -61,9 +66,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    "tools (default $MOEGATE_LLAMA_DIR or ~/.cache/moegate/llama.cpp)")
     p.add_argument("--no-fetch", action="store_true", help="never download or build llama.cpp (use what exists)")
     p.add_argument("--build-jobs", type=int, default=0, help="parallel compile jobs (default: all cores)")
+    p.add_argument("--quants", default=DEFAULT_QUANTS,
+                   help=f"GGUF types made by llama-quantize and served by both engines from the same file, for "
+                        f"{', '.join(QUANT_MODELS)} (comma-separated; empty: none)")
+    p.add_argument("--prefill-tokens", type=int, default=256, help="prompt of the prefill comparison (0: skip it)")
     opts = p.parse_args(argv)
     if opts.quick:
-        opts.repeats, opts.no_fetch = 1, True
+        opts.repeats, opts.no_fetch, opts.quants, opts.prefill_tokens = 1, True, "", 0
     return opts
 
 
@@ -103,6 +112,21 @@ def ensure_gguf(name: str, ckpt: Path, fmt: str, opts: argparse.Namespace) -> Pa
     return out
 
 
+def ensure_quantized(name: str, ckpt: Path, fmt: str, quant: str, opts: argparse.Namespace) -> Path:
+    """The converted checkpoint quantised by llama-quantize to `quant`, cached next to it."""
+    base = ensure_gguf(name, ckpt, fmt, opts)
+    out = ckpt.parent / f"{ckpt.name}.{quant}.gguf"
+    if llamacpp.newer_than(out, base):
+        return out
+    quantizer = llamacpp.find_tool("llama-quantize", cache=llama_dir(opts), build_missing=not opts.no_fetch,
+                                   jobs=opts.build_jobs)
+    print(f"  quantising {base.name} to {quant} with llama-quantize (once) ...", flush=True)
+    t0 = time.perf_counter()
+    llamacpp.quantize(quantizer, base, out, quant)
+    print(f"  quantised in {time.perf_counter() - t0:.0f} s: {out} ({out.stat().st_size / 1e9:.2f} GB)", flush=True)
+    return out
+
+
 # ---- measurements ---------------------------------------------------------------------------
 
 @dataclass
@@ -111,10 +135,12 @@ class LlamaRun:
     commit: str
 
 
-def llama_decode(binary: Path, model: Path, threads: int, tokens: int, depth: int) -> LlamaRun:
-    """One llama-bench tg run (after its own warm-up): N tokens decoded after `depth` of context."""
-    base = [str(binary), "-m", str(model), "-p", "0", "-n", str(tokens), "-t", str(threads), "-r", "1", "-o", "json"]
-    for extra in (["-d", str(depth)], []):  # -d (context depth) is missing in older llama-bench
+def llama_bench(binary: Path, model: Path, threads: int, *, gen: int = 0, prompt: int = 0, depth: int = 0) -> LlamaRun:
+    """One llama-bench run (after its own warm-up): a tg run of `gen` tokens after `depth` of
+    context, or a pp run of a `prompt`-token prompt."""
+    base = [str(binary), "-m", str(model), "-p", str(prompt), "-n", str(gen), "-t", str(threads), "-r", "1",
+            "-o", "json"]
+    for extra in (["-d", str(depth)] if depth else [], []):  # -d (context depth) is missing in older llama-bench
         try:
             done = subprocess.run(base + extra, capture_output=True, text=True, errors="replace", timeout=3600)
         except subprocess.TimeoutExpired:
@@ -123,12 +149,13 @@ def llama_decode(binary: Path, model: Path, threads: int, tokens: int, depth: in
             break
     if done.returncode != 0:
         raise Unavailable(f"llama-bench could not run {model.name}: {failure_reason(done, base + extra)}")
+    key = "n_gen" if gen else "n_prompt"
     try:
-        rows = [r for r in json.loads(done.stdout) if int(r.get("n_gen", 0)) > 0]
+        rows = [r for r in json.loads(done.stdout) if int(r.get(key, 0)) > 0]
     except (ValueError, TypeError, AttributeError):
         raise Unavailable(f"llama-bench's output is not its JSON report: {done.stdout[:120]!r}") from None
     if not rows:
-        raise Unavailable("llama-bench printed no tg result")
+        raise Unavailable(f"llama-bench printed no {'tg' if gen else 'pp'} result")
     return LlamaRun(float(rows[0]["avg_ts"]), str(rows[0].get("build_commit", "?")))
 
 
@@ -156,6 +183,9 @@ class Row:
     ours: list[float] = field(default_factory=list)       # tok/s per repetition
     llama: list[float] = field(default_factory=list)
     read_gbs: list[float] = field(default_factory=list)   # memory read bandwidth next to our steps
+    of_bandwidth: list[float] = field(default_factory=list)  # our weight GB/s / that bandwidth
+    prefill_ours: list[float] = field(default_factory=list)  # prompt tok/s
+    prefill_llama: list[float] = field(default_factory=list)
     busy: list[float] = field(default_factory=list)       # other runnable tasks seen around each repetition
     note: str = ""
     commit: str = ""
@@ -164,11 +194,15 @@ class Row:
         def med(xs: list[float], fmt: str = "{:.2f}") -> str:
             return fmt.format(statistics.median(xs)) if xs else "n/a"
         ratios = [o / ll for o, ll in zip(self.ours, self.llama)]
+        prefill = [o / ll for o, ll in zip(self.prefill_ours, self.prefill_llama)]
         return [self.name, self.fmt, str(self.threads), med(self.ours), med(self.llama), med(ratios),
-                med(self.read_gbs), str(len(self.ours)), f"{max(self.busy):g}" if self.busy else "?"]
+                med(self.prefill_ours, "{:.1f}"), med(self.prefill_llama, "{:.1f}"), med(prefill),
+                med(self.read_gbs), med(self.of_bandwidth), str(len(self.ours)),
+                f"{max(self.busy):g}" if self.busy else "?"]
 
 
-HEADER = ["model", "format", "T", "ours tok/s", "llama.cpp tok/s", "ratio", "read GB/s", "reps", "busy"]
+HEADER = ["model", "format", "T", "ours tok/s", "llama.cpp tok/s", "ratio", "pp ours", "pp llama.cpp", "pp ratio",
+          "read GB/s", "of bw", "reps", "busy"]
 
 
 def other_runnable() -> float:
@@ -204,44 +238,58 @@ def warm_page_cache(files: list[Path]) -> None:
     print(f"  page cache: read {total / 1e9:.1f} GB of weights in {time.perf_counter() - t0:.1f} s", flush=True)
 
 
-def bench_model(name: str, opts: argparse.Namespace, yardstick) -> Row:
+def bench_model(name: str, opts: argparse.Namespace, yardstick, quant: str = "") -> Row:
+    """One row: our engine and llama-bench side by side.  Without `quant`, ours reads the bench
+    checkpoint and llama.cpp its conversion at the same precision; with it, both read the one
+    GGUF file llama-quantize made."""
     arch, fmt, _ = bench_models.MODELS[name]
     threads = opts.threads or all_threads()
-    row = Row(name, fmt, threads)
+    row = Row(name, quant or fmt, threads)
     ckpt = bench_models.ensure_checkpoint(name, opts)
     binary = model = None
     try:
         binary = find_llama_bench(opts)
-        model = ensure_gguf(arch, ckpt, fmt, opts)
+        model = ensure_quantized(arch, ckpt, fmt, quant, opts) if quant else ensure_gguf(arch, ckpt, fmt, opts)
         print(f"  {name}: llama-bench {binary}, GGUF {model}", flush=True)
     except Unavailable as why:
         row.note = str(why)
+        if quant:  # no file to read: nothing to measure on either side
+            return row
+    ours_path = model if quant else ckpt
     steps = 4 if opts.quick else opts.decode_tokens
-    warm_page_cache([*sorted(ckpt.glob("*.safetensors")), *([model] if model else [])])
+    warm_page_cache([*([] if quant else sorted(ckpt.glob("*.safetensors"))), *([model] if model else [])])
     for rep in range(opts.repeats):
         # Alternate which engine goes first: the host's share of the memory bus drifts in seconds.
         order = ("ours", "llama") if rep % 2 == 0 else ("llama", "ours")
         row.busy.append(other_runnable())
         for who in order:
             if who == "ours":
-                result = bench_models.bench_decode_model(name, opts, yardstick)
+                result = bench_models.bench_decode_model(name, opts, yardstick, path=ours_path)
                 # tokens over their summed time, as llama-bench's avg_ts (a median would drop slow steps)
                 row.ours.append(len(result.step_seconds) / sum(result.step_seconds))
                 row.read_gbs.append(statistics.median(result.read_gbs) / bench_models.GB)
+                row.of_bandwidth.append(statistics.median(result.ratios))
+                if opts.prefill_tokens:
+                    row.prefill_ours.append(bench_models.bench_prefill(ours_path, opts, opts.prefill_tokens))
             elif binary and model and not row.note:
                 try:
-                    run = llama_decode(binary, model, threads, steps, opts.prompt_tokens)
+                    run = llama_bench(binary, model, threads, gen=steps, depth=opts.prompt_tokens)
                     row.llama.append(run.tok_s)
                     row.commit = run.commit
+                    if opts.prefill_tokens:
+                        row.prefill_llama.append(llama_bench(binary, model, threads, prompt=opts.prefill_tokens).tok_s)
                 except Unavailable as why:
                     row.note = str(why)
         ours = f"{row.ours[-1]:.2f}"
         theirs = f"{row.llama[-1]:.2f}" if len(row.llama) == len(row.ours) else "n/a"
         row.busy[-1] = max(row.busy[-1], other_runnable())
-        print(f"  {name} rep {rep + 1}/{opts.repeats}: ours {ours} tok/s, llama.cpp {theirs} tok/s "
-              f"(other runnable tasks: {row.busy[-1]:g})", flush=True)
+        print(f"  {name} {row.fmt} rep {rep + 1}/{opts.repeats}: decode ours {ours} tok/s, llama.cpp {theirs} tok/s"
+              + (f"; prefill ours {row.prefill_ours[-1]:.1f} tok/s" if row.prefill_ours else "")
+              + (f", llama.cpp {row.prefill_llama[-1]:.1f} tok/s" if len(row.prefill_llama) == len(row.ours) else "")
+              + f" (other runnable tasks: {row.busy[-1]:g})", flush=True)
     if row.note:
         row.llama.clear()  # a load that failed midway leaves no partial ratio
+        row.prefill_llama.clear()
     return row
 
 
@@ -249,11 +297,14 @@ def print_table(rows: list[Row]) -> None:
     bench_models.print_table(HEADER, [r.cells() for r in rows], rule=True)
     for r in rows:
         if r.note:
-            print(f"  {r.name}: llama.cpp n/a: {r.note}")
+            print(f"  {r.name} {r.fmt}: llama.cpp n/a: {r.note}")
     commits = sorted({r.commit for r in rows if r.commit})
-    print(f"\nratio = our decode tok/s / llama.cpp's on the same checkpoint (GGUF from its converter), same "
-          f"threads, medians over the repetitions{'; llama.cpp build ' + ', '.join(commits) if commits else ''}. "
-          "read GB/s = memory read bandwidth measured between our steps.")
+    print(f"\nratio = our decode tok/s / llama.cpp's on the same checkpoint, same threads, medians over the "
+          f"repetitions{'; llama.cpp build ' + ', '.join(commits) if commits else ''}.  Rows named by a GGUF type "
+          "(Q8_0, Q4_K_M ...) read one file made by llama-quantize in both engines; the others read our checkpoint "
+          "and its conversion by llama.cpp's converter at the same precision.  pp = prompt tok/s of a "
+          "--prefill-tokens prompt (pp ratio: ours / llama.cpp).  read GB/s = memory read bandwidth measured "
+          "between our steps; of bw = the weight bytes our decode streams per second / that bandwidth.")
     print("busy = most runnable tasks of other processes seen around a repetition: above 0 the machine "
           "was shared and llama.cpp's spinning barriers suffer far more than our pool, so the ratio is unreliable.")
     if any(busy > 0 for r in rows for busy in r.busy):
@@ -270,16 +321,19 @@ def run_llamacpp_benches(opts: argparse.Namespace) -> list[Row]:
         raise SystemExit(f"unknown model(s) {', '.join(unknown)}; known: {', '.join(bench_models.MODELS)}")
     opts = bench_models.model_options(opts)
     yardstick = bench_models.yardstick_buffer(opts)
-    print(f"== decode vs llama.cpp: {', '.join(names)}, {opts.prompt_tokens}-token context then "
-          f"{4 if opts.quick else opts.decode_tokens} decoded tokens, {opts.repeats} side-by-side repetition(s)")
+    print(f"== decode and prefill vs llama.cpp: {', '.join(names)}, {opts.prompt_tokens}-token context then "
+          f"{4 if opts.quick else opts.decode_tokens} decoded tokens; a {opts.prefill_tokens}-token prompt; "
+          f"{opts.repeats} side-by-side repetition(s)")
     rows = []
+    quants = [q for q in opts.quants.split(",") if q]
     for name in names:
-        try:
-            rows.append(bench_model(name, opts, yardstick))
-        except Exception as error:  # one model failing (disk space, a load error) keeps the others
-            print(f"  {name}: failed: {error}", flush=True)
-            rows.append(Row(name, bench_models.MODELS[name][1], opts.threads or all_threads(),
-                            note=f"failed: {error}"))
+        for quant in ["", *(quants if name in QUANT_MODELS else [])]:
+            try:
+                rows.append(bench_model(name, opts, yardstick, quant))
+            except Exception as error:  # one model failing (disk space, a load error) keeps the others
+                print(f"  {name} {quant}: failed: {error}", flush=True)
+                rows.append(Row(name, quant or bench_models.MODELS[name][1], opts.threads or all_threads(),
+                                note=f"failed: {error}"))
     print_table(rows)
     return rows
 

@@ -112,10 +112,14 @@ def ensure_checkpoint(name: str, opts: argparse.Namespace) -> Path:
     return out
 
 
-def tensor_bytes(folder: Path) -> dict[str, int]:
-    """Stored bytes of every tensor in the folder's safetensors shards (headers only)."""
+def tensor_bytes(path: Path) -> dict[str, int]:
+    """Stored bytes of every tensor: of a folder's safetensors shards (headers only), or of a
+    GGUF file, whose stacked expert tensors are listed per expert as `blk.N.experts.E.<proj>`
+    (the slices the expert store reads), so both group the same way below."""
+    if path.suffix == ".gguf":
+        return gguf_tensor_bytes(path)
     sizes: dict[str, int] = {}
-    for shard in sorted(folder.glob("*.safetensors")):
+    for shard in sorted(path.glob("*.safetensors")):
         with shard.open("rb") as f:
             (n,) = struct.unpack("<Q", f.read(8))
             header = json.loads(f.read(n))
@@ -124,6 +128,20 @@ def tensor_bytes(folder: Path) -> dict[str, int]:
                 continue
             begin, end = meta["data_offsets"]
             sizes[key] = end - begin
+    return sizes
+
+
+def gguf_tensor_bytes(path: Path) -> dict[str, int]:
+    sizes: dict[str, int] = {}
+    for t in _core.gguf_inspect(str(path), arrays=False)["tensors"]:
+        layer, _, proj = t["name"].removesuffix(".weight").rpartition(".")
+        if proj.endswith("_exps") and len(t["shape"]) == 3:
+            n_experts = t["shape"][2]
+            for e in range(n_experts):
+                sizes[f"{layer}.experts.{e}.{proj}"] = t["nbytes"] // n_experts
+        else:
+            sizes[{"token_embd.weight": "model.embed_tokens.weight", "output.weight": "lm_head.weight"}
+                  .get(t["name"], t["name"])] = t["nbytes"]
     return sizes
 
 
@@ -196,8 +214,10 @@ HEADER = ["model", "T", "tok/s med", "tok/s best", "GB/token", "experts/tok", "w
           "ratio med", "ratio best"]
 
 
-def bench_decode_model(name: str, opts: argparse.Namespace, yardstick: np.ndarray) -> DecodeResult:
-    path = ensure_checkpoint(name, opts)
+def bench_decode_model(name: str, opts: argparse.Namespace, yardstick: np.ndarray,
+                       path: Path | None = None) -> DecodeResult:
+    """Decode steps of `name`'s bench checkpoint (or of `path`, a file or folder of that model)."""
+    path = path or ensure_checkpoint(name, opts)
     table = opts.table or _core.best_kernel_table()
     threads = opts.threads or len(os.sched_getaffinity(0))
     engine = Engine(path, threads=threads, kernels=table, max_ctx=4096)
@@ -226,6 +246,22 @@ def bench_decode_model(name: str, opts: argparse.Namespace, yardstick: np.ndarra
     experts_per_token = (int(engine.stats()["experts"]["hits"]) - hits0) / n
     del engine
     return DecodeResult(name, threads, steps, bws, account.per_token(experts_per_token), experts_per_token)
+
+
+def bench_prefill(path: Path, opts: argparse.Namespace, tokens: int) -> float:
+    """Prompt tok/s of one `tokens`-token prefill (logits of the last position only, as
+    llama-bench's pp), after an untimed one that maps the weights."""
+    table = opts.table or _core.best_kernel_table()
+    threads = opts.threads or len(os.sched_getaffinity(0))
+    engine = Engine(path, threads=threads, kernels=table, max_ctx=max(4096, tokens))
+    prompt = [int(t) for t in np.random.default_rng(1).integers(0, min(engine.vocab_size, 32000), tokens)]
+    engine.eval(prompt, last_only=True)
+    engine.truncate(0)
+    t0 = time.perf_counter()
+    engine.eval(prompt, last_only=True)
+    seconds = time.perf_counter() - t0
+    del engine
+    return tokens / seconds
 
 
 def print_table(header: list[str], rows: list[list[str]], rule: bool = False) -> None:
