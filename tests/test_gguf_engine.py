@@ -56,6 +56,8 @@ CASES: dict[str, tuple[str, dict[str, Any], dict[str, Any]]] = {
     "glm4_moe-mixed": ("glm4_moe", WIDE["glm4_moe"], {"types": MIXED}),
     "qwen3_moe-split": ("qwen3_moe", {}, {"split_max_tensors": 12, "default": "F16"}),
     "glm4_moe-tied": ("glm4_moe", {}, {"tied": True}),
+    # general.alignment 256: every tensor (and so each stacked expert tensor) starts elsewhere.
+    "qwen3_moe-q5_0-align256": ("qwen3_moe", {}, {"default": "Q5_0", "alignment": 256}),
 }
 
 

@@ -130,11 +130,12 @@ def encode(values: np.ndarray, qtype: str, rng: np.random.Generator) -> tuple[np
 
 def write_gguf(ckpt: Path | str, out: Path | str, *, types: dict[str, str] | None = None, default: str = "F32",
                split_max_tensors: int = 0, tied: bool = False, arch: str | None = None, seed: int = 0,
-               drop: tuple[str, ...] = ()) -> Path:
+               drop: tuple[str, ...] = (), alignment: int | None = None) -> Path:
     """Writes the GGUF of checkpoint folder `ckpt` to `out` (a split set's parts beside it) and
     returns the path to open: `out`, or its first part.  tied: leave out `output.weight` (the
     reference must then tie the head to the embeddings).  arch: general.architecture to claim.
-    drop: fnmatch patterns of llama.cpp names to leave out (for error tests)."""
+    drop: fnmatch patterns of llama.cpp names to leave out (for error tests).  alignment:
+    general.alignment (a power of two; 32 when None)."""
     import gguf
 
     ckpt, out = Path(ckpt), Path(out)
@@ -150,6 +151,8 @@ def write_gguf(ckpt: Path | str, out: Path | str, *, types: dict[str, str] | Non
 
     out.parent.mkdir(parents=True, exist_ok=True)
     writer = gguf.GGUFWriter(str(out), gguf_arch, split_max_tensors=split_max_tensors)
+    if alignment is not None:
+        writer.add_custom_alignment(alignment)
     head_dim = config["head_dim"]
     writer.add_block_count(n_layers + nextn)
     writer.add_context_length(config["max_position_embeddings"])
