@@ -105,7 +105,20 @@ LAYOUTS = [
     ("fp8 e4m3 + f32/128²", "fp8_e4m3", "f32_block128", 1.0),
     ("fp8 e4m3 + e8m0/128²", "fp8_e4m3", "e8m0_block128", 1.0),
     ("mxfp4 (e2m1 + e8m0/32)", "fp4_e2m1", "e8m0_g32", 0.5),
+    # ggml block formats (GGUF), self-scaled blocks
+    ("gguf q8_0", "q8_0", "none", 34 / 32),
+    ("gguf q4_0", "q4_0", "none", 18 / 32),
+    ("gguf q4_k", "q4_k", "none", 144 / 256),
+    ("gguf q5_k", "q5_k", "none", 176 / 256),
+    ("gguf q6_k", "q6_k", "none", 210 / 256),
+    ("gguf mxfp4", "mxfp4", "none", 17 / 32),
+    ("gguf iq4_xs", "iq4_xs", "none", 136 / 256),
 ]
+
+# ggml block formats: (elements, bytes) per block and the byte offsets of their f16 scales.
+GGML_BLOCKS = {"q8_0": (32, 34, (0,)), "q4_0": (32, 18, (0,)), "q5_0": (32, 22, (0,)), "q4_k": (256, 144, (0, 2)),
+               "q5_k": (256, 176, (0, 2)), "q6_k": (256, 210, (208,)), "mxfp4": (32, 17, ()),
+               "iq4_nl": (32, 18, (0,)), "iq4_xs": (256, 136, (0,))}
 
 
 def random_codes(fmt: str, shape: tuple[int, int], rng: np.random.Generator) -> np.ndarray:
@@ -117,6 +130,15 @@ def random_codes(fmt: str, shape: tuple[int, int], rng: np.random.Generator) -> 
         return (rng.standard_normal(shape, dtype=np.float32).view(np.uint32) >> 16).astype(np.uint16)
     if fmt == "f16":
         return rng.standard_normal(shape, dtype=np.float32).astype(np.float16)
+    if fmt in GGML_BLOCKS:  # random codes, f16 scales 1e-3..1e-2, e8m0 exponents near 2^-7
+        elems, nbytes, f16_at = GGML_BLOCKS[fmt]
+        nblk = rows * cols // elems
+        blocks = rng.integers(0, 256, (nblk, nbytes), dtype=np.uint8)
+        for off in f16_at:
+            blocks[:, off:off + 2] = rng.uniform(1e-3, 1e-2, nblk).astype(np.float16).view(np.uint8).reshape(nblk, 2)
+        if fmt == "mxfp4":
+            blocks[:, 0] = rng.integers(118, 126, nblk)
+        return blocks.reshape(rows, -1)
     if fmt == "fp8_e4m3":
         codes = rng.integers(0, 256, shape, dtype=np.uint8)
         codes[(codes & 0x7F) == 0x7F] ^= 1

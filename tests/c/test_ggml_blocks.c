@@ -7,7 +7,8 @@
  *     untouched.
  *  2. Exactness of the dequantisation: with x one-hot (x = e_c), decode and prefill both give
  *     W[r, c] itself, equal to the scalar value.
- *  3. Prefill batching: 19 tokens in one call equal the same tokens in calls of 2, 3, 5, 9. */
+ *  3. Prefill batching: 19 tokens in one call equal the same tokens in calls of 2, 3, 5, 9.
+ * Plus rows wider than one 65536-column decode pass. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -198,6 +199,10 @@ int main(void) {
                 unmake(&b);
             }
         bmat b;
+        /* rows wider than the SIMD decoders' 65536-column pass: partial sums added across passes */
+        make(&b, f, 3, 65536 + 2 * e);
+        for (int k = 1; k < n; k++) case_linear(tables[k], &b, 1, 0, 3), case_linear(tables[k], &b, 2, 1, 3);
+        unmake(&b);
         make(&b, f, 37, e == 32 ? 544 : 512);
         for (int k = 1; k < n; k++) case_batching(tables[k], &b);
         unmake(&b);

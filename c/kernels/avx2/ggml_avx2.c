@@ -1,12 +1,11 @@
 /* AVX2 kernels for the ggml block formats (GGUF weights: Q8_0, Q4_0, Q5_0, Q4_K, Q5_K, Q6_K,
  * MXFP4, IQ4_NL, IQ4_XS; layouts in c/core/ggml_blocks.h, the scalar twin).  Activations stay
- * fp32: codes are widened to fp32 in registers and multiplied with x, never the other way round.
+ * fp32: codes are widened to fp32 in registers and multiplied with x; x is never quantised.
  *
- * Decode (n_tok == 1), one row at a time, each row streamed once.  Every 32 elements become one
- * ymm of 32 signed int8 codes in element order: nibbles split by mask/shift, IQ4 / MXFP4 / Q4_0
- * values taken from a 16-entry vpshufb table, the fifth (Q5) or fifth and sixth (Q6_K) bits
- * merged in with byte masks.  The codes' dot product with x (4 sign-extensions, 4 FMAs) is then
- * multiplied by the sub-block's scale once, instead of scaling every weight.  The K-quant mins
+ * Decode (n_tok == 1), one row at a time, each row streamed once.  The codes (the integers a
+ * block's scale multiplies: q - 8, q - 32, the IQ4 table's values, twice the e2m1 values ...)
+ * are widened to fp32 and dotted with x, 8 per FMA, and the sum of each 32 (Q6_K: 16) is
+ * multiplied by its sub-block's scale once, instead of scaling every weight.  The K-quant mins
  * do not touch the codes at all: sum_l (ds*q_l - dm) x_l = ds * (q . x) - dm * sum(x), and the
  * sums of x per 32 columns are computed once per call and shared by every row.
  *
@@ -119,41 +118,87 @@ INLINE __m256 iq4_xs_scales(const uint8_t *b, float d) {
 
 /* ---- decode: one row's dot product with x over nb blocks --------------------------------- */
 
-/* Blocks of 32 with one f16 scale at offset 0 (or an e8m0 byte for MXFP4): codes() gives the
- * 32 codes of block p. */
-#define ROW_DOT_32(NAME, BYTES, SCALE, CODES)                                              \
+/* 8 bytes at p zero-extended to 8 dword lanes (vpmovzxbd from memory: one load-shuffle). */
+INLINE __m256i bytes8(const uint8_t *p) { return _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p)); }
+
+/* Two ways to widen codes, each used where it measured faster (Zen 4, one core):
+ *  - from memory, one byte per dword lane (vpmovzxbd / vpmovsxbd with a memory operand), both
+ *    nibbles of the byte then taken by a mask and a shift: no other shuffle.  Q8_0, Q4_0, Q4_K
+ *    and Q5_K (Q4_K 16 -> 21 Gweights/s, Q4_0 14 -> 17 against the way below).
+ *  - a register of 32 int8 codes in element order (codes by vpshufb tables, high bits by byte
+ *    masks), split by dot32.  IQ4_NL, IQ4_XS, MXFP4, Q5_0 and Q6_K: the dword way needed
+ *    vpermps tables or more shifts per lane there, and was 10-20 % slower. */
+
+/* Q8_0: the int8 codes sign-extended straight from memory. */
+INLINE __m256 dot_q8_0(const uint8_t *p, const float *x) {
+    __m256 a = _mm256_setzero_ps(), b = _mm256_setzero_ps();
+    for (int k = 0; k < 4; k += 2) {
+        a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(p + 2 + 8 * k)))),
+                            _mm256_loadu_ps(x + 8 * k), a);
+        b = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(p + 10 + 8 * k)))),
+                            _mm256_loadu_ps(x + 8 * k + 8), b);
+    }
+    return _mm256_add_ps(a, b);
+}
+
+/* Q4_0: 16 bytes of nibbles (element i: low nibble of byte i, element 16 + i: its high nibble),
+ * each byte widened once to a dword lane and both nibbles taken from it; value code - 8.  (The
+ * table formats and Q5_0, whose codes need byte shuffles or high bits, measured faster through
+ * a register of 32 int8 codes and dot32.) */
+INLINE __m256 dot_q4_0(const uint8_t *p, const float *x) {
+    const __m256i m4 = _mm256_set1_epi32(15), off = _mm256_set1_epi32(8);
+    __m256 a = _mm256_setzero_ps(), b = _mm256_setzero_ps();
+    for (int k = 0; k < 2; k++) {
+        const __m256i v = bytes8(p + 2 + 8 * k);
+        const __m256i lo = _mm256_sub_epi32(_mm256_and_si256(v, m4), off), hi = _mm256_sub_epi32(_mm256_srli_epi32(v, 4), off);
+        a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(lo), _mm256_loadu_ps(x + 8 * k), a);
+        b = _mm256_fmadd_ps(_mm256_cvtepi32_ps(hi), _mm256_loadu_ps(x + 16 + 8 * k), b);
+    }
+    return _mm256_add_ps(a, b);
+}
+
+/* Blocks of 32 with one scale: SCALE(p) and DOT(p, x) of block p. */
+#define ROW_DOT_32(NAME, BYTES, SCALE, DOT)                                                 \
     static float NAME(const uint8_t *p, int64_t nb, const float *x, const float *xs) {     \
         (void)xs;                                                                           \
         __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();                     \
         int64_t i = 0;                                                                      \
         for (; i + 2 <= nb; i += 2, p += 2 * (BYTES), x += 64) {                            \
-            acc0 = _mm256_fmadd_ps(_mm256_set1_ps(SCALE(p)), dot32(CODES(p), x), acc0);     \
+            acc0 = _mm256_fmadd_ps(_mm256_set1_ps(SCALE(p)), DOT(p, x), acc0);              \
             const uint8_t *p1 = p + (BYTES);                                                \
-            acc1 = _mm256_fmadd_ps(_mm256_set1_ps(SCALE(p1)), dot32(CODES(p1), x + 32), acc1); \
+            acc1 = _mm256_fmadd_ps(_mm256_set1_ps(SCALE(p1)), DOT(p1, x + 32), acc1);       \
         }                                                                                   \
-        if (i < nb) acc0 = _mm256_fmadd_ps(_mm256_set1_ps(SCALE(p)), dot32(CODES(p), x), acc0); \
+        if (i < nb) acc0 = _mm256_fmadd_ps(_mm256_set1_ps(SCALE(p)), DOT(p, x), acc0);      \
         return hsum8(_mm256_add_ps(acc0, acc1));                                            \
     }
 
-#define SCALE_F16(p) f16_at(p)
-#define SCALE_E8M0(p) mg_ggml_e8m0_half((p)[0])
+/* The codes of one 32-element block as a register of 32 int8 in element order, for the exact
+ * dequantisation of prefill. */
 #define CODES_Q8_0(p) loadu256((p) + 2)
 #define CODES_Q4_0(p) _mm256_shuffle_epi8(lut16(Q4_0_VALUES), nibbles16((p) + 2))
 #define CODES_IQ4_NL(p) _mm256_shuffle_epi8(lut16(MG_IQ4NL_VALUES), nibbles16((p) + 2))
 #define CODES_MXFP4(p) _mm256_shuffle_epi8(lut16(MG_MXFP4_VALUES2), nibbles16((p) + 1))
 #define CODES_Q5_0(p) _mm256_sub_epi8(_mm256_or_si256(nibbles16((p) + 6), q5_0_high((p) + 2)), _mm256_set1_epi8(16))
 
-ROW_DOT_32(row_dot_q8_0, 34, SCALE_F16, CODES_Q8_0)
-ROW_DOT_32(row_dot_q4_0, 18, SCALE_F16, CODES_Q4_0)
-ROW_DOT_32(row_dot_q5_0, 22, SCALE_F16, CODES_Q5_0)
-ROW_DOT_32(row_dot_iq4_nl, 18, SCALE_F16, CODES_IQ4_NL)
-ROW_DOT_32(row_dot_mxfp4, 17, SCALE_E8M0, CODES_MXFP4)
+#define SCALE_F16(p) f16_at(p)
+#define SCALE_E8M0(p) mg_ggml_e8m0_half((p)[0])
+#define DOT_IQ4_NL(p, x) dot32(CODES_IQ4_NL(p), x)
+#define DOT_MXFP4(p, x) dot32(CODES_MXFP4(p), x)
+#define DOT_Q5_0(p, x) dot32(CODES_Q5_0(p), x)
+
+ROW_DOT_32(row_dot_q8_0, 34, SCALE_F16, dot_q8_0)
+ROW_DOT_32(row_dot_q4_0, 18, SCALE_F16, dot_q4_0)
+ROW_DOT_32(row_dot_q5_0, 22, SCALE_F16, DOT_Q5_0)
+ROW_DOT_32(row_dot_iq4_nl, 18, SCALE_F16, DOT_IQ4_NL)
+ROW_DOT_32(row_dot_mxfp4, 17, SCALE_E8M0, DOT_MXFP4)
 
 /* Q4_K and Q5_K (q5 = 1): scales times the codes' dot products, minus the mins times xs (the sums
- * of x per 32 columns). */
+ * of x per 32 columns).  A chunk's byte l holds element l of sub-blocks 2c (low nibble) and
+ * 2c + 1 (high): each byte is widened once, to a dword, and both nibbles are taken from it by a
+ * mask and a shift, with no byte shuffles at all. */
 INLINE float row_dot_k4(const uint8_t *p, int64_t nb, const float *x, const float *xs, int q5) {
     const size_t bytes = q5 ? 176 : 144;
-    const __m256i m4 = _mm256_set1_epi8(0x0f);
+    const __m256i m4 = _mm256_set1_epi32(15), m16 = _mm256_set1_epi32(16);
     __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps(), accm = _mm256_setzero_ps();
     for (int64_t i = 0; i < nb; i++, p += bytes, x += 256, xs += 8) {
         uint8_t sc[8], mn[8];
@@ -161,17 +206,22 @@ INLINE float row_dot_k4(const uint8_t *p, int64_t nb, const float *x, const floa
         k4_scales(p + 4, sc, mn);
         _mm256_store_ps(ds, bytes_times(sc, f16_at(p)));
         accm = _mm256_fmadd_ps(bytes_times(mn, f16_at(p + 2)), _mm256_loadu_ps(xs), accm);
-        const uint8_t *qs = p + (q5 ? 48 : 16);
-        const __m256i qh = q5 ? loadu256(p + 16) : _mm256_setzero_si256();
+        const uint8_t *qs = p + (q5 ? 48 : 16), *qh = p + 16;
         for (int c = 0; c < 4; c++) {
-            const __m256i v = loadu256(qs + 32 * c);
-            __m256i lo = _mm256_and_si256(v, m4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
-            if (q5) {
-                lo = _mm256_or_si256(lo, q5_k_high(qh, 2 * c));
-                hi = _mm256_or_si256(hi, q5_k_high(qh, 2 * c + 1));
+            __m256 lo = _mm256_setzero_ps(), hi = _mm256_setzero_ps();
+            for (int k = 0; k < 4; k++) {
+                const __m256i v = bytes8(qs + 32 * c + 8 * k);
+                __m256i l = _mm256_and_si256(v, m4), h = _mm256_srli_epi32(v, 4);
+                if (q5) { /* bit 2c (2c + 1) of qh[l] is the fifth bit of element l of sub-block 2c (2c + 1) */
+                    const __m256i b = bytes8(qh + 8 * k);
+                    l = _mm256_or_si256(l, _mm256_and_si256(_mm256_srli_epi32(_mm256_slli_epi32(b, 4), 2 * c), m16));
+                    h = _mm256_or_si256(h, _mm256_and_si256(_mm256_srli_epi32(_mm256_slli_epi32(b, 3), 2 * c), m16));
+                }
+                lo = _mm256_fmadd_ps(_mm256_cvtepi32_ps(l), _mm256_loadu_ps(x + 64 * c + 8 * k), lo);
+                hi = _mm256_fmadd_ps(_mm256_cvtepi32_ps(h), _mm256_loadu_ps(x + 64 * c + 32 + 8 * k), hi);
             }
-            acc0 = _mm256_fmadd_ps(_mm256_broadcast_ss(ds + 2 * c), dot32(lo, x + 64 * c), acc0);
-            acc1 = _mm256_fmadd_ps(_mm256_broadcast_ss(ds + 2 * c + 1), dot32(hi, x + 64 * c + 32), acc1);
+            acc0 = _mm256_fmadd_ps(_mm256_broadcast_ss(ds + 2 * c), lo, acc0);
+            acc1 = _mm256_fmadd_ps(_mm256_broadcast_ss(ds + 2 * c + 1), hi, acc1);
         }
     }
     return hsum8(_mm256_sub_ps(_mm256_add_ps(acc0, acc1), accm));

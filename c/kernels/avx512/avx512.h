@@ -151,6 +151,9 @@ INLINE float scale_block128(const mg_matrix *w, int64_t r, int64_t c) {
 typedef int mg_avx512_decode_fn(const mg_matrix *w, const float *x, float *y, int64_t r0, int64_t r1);
 mg_avx512_decode_fn mg_avx512_decode_f32, mg_avx512_decode_bf16, mg_avx512_decode_f16, mg_avx512_decode_fp8,
     mg_avx512_decode_fp4;
+/* ggml_avx512.c: the ggml block formats it takes (Q8_0, Q4_0, Q4_K, Q5_K, IQ4_NL, IQ4_XS, MXFP4);
+ * returns 0 for the others (the parent's entry runs). */
+mg_avx512_decode_fn mg_avx512_decode_ggml;
 
 /* decode_rows_avx512.c: the four-row loops decode_avx512.c runs, over columns [c0, c0 + kc) of
  * rows [r, r + n) (n in 1..4); each writes (c0 == 0) or adds its rows' sums and returns n. */

@@ -193,6 +193,13 @@ ALWAYS_INLINE float row_dot(mg_format fmt, const mg_matrix *w, int64_t r, const 
 /* Prefill: dequantise columns [c0, c1) of row r (c0 a multiple of the scale block) into out. */
 ALWAYS_INLINE void row_dequant(mg_format fmt, const mg_matrix *w, int64_t r, int64_t c0, int64_t c1,
                                float *out) {
+    if (mg_format_is_ggml_block(fmt)) { /* whole blocks: CHUNK is a multiple of 256 */
+        int64_t e, bytes;
+        mg_format_block(w->format, &e, &bytes);
+        const uint8_t *row = (const uint8_t *)w->data + (size_t)r * mg_matrix_row_bytes(w);
+        for (int64_t c = c0; c < c1; c += e) mg_neon_ggml_dequant_block(w->format, row + (size_t)(c / e * bytes), out + (c - c0));
+        return;
+    }
     const int64_t block = scale_block_len(w);
     const uint8_t *row = (const uint8_t *)w->data + (size_t)r * mg_matrix_row_bytes(w);
     const int scaled = block_scaled(w);
@@ -251,6 +258,10 @@ static void dot_tile(const float *rows, const float *x, int64_t n, float d[ROW_T
 
 ALWAYS_INLINE void linear_impl(mg_format fmt, const mg_matrix *w, const float *x, int64_t x_stride,
                                int64_t n_tok, float *y, int64_t y_stride, int64_t r0, int64_t r1) {
+    if (n_tok == 1 && mg_format_is_ggml_block(fmt)) {
+        mg_neon_decode_ggml(w, x, y, r0, r1);
+        return;
+    }
     if (n_tok == 1) {
         for (int64_t r = r0; r < r1; r++) y[r] = row_dot(fmt, w, r, x);
         return;
@@ -289,5 +300,6 @@ LINEAR_FOR(mg_neon_linear_bf16, MG_BF16)
 LINEAR_FOR(mg_neon_linear_f16, MG_F16)
 LINEAR_FOR(mg_neon_linear_fp8, MG_FP8_E4M3)
 LINEAR_FOR(mg_neon_linear_fp4, MG_FP4_E2M1)
+LINEAR_FOR(mg_neon_linear_ggml, MG_Q8_0) /* every ggml block format: the block paths read w->format */
 #undef LINEAR_FOR
 #endif

@@ -20,6 +20,13 @@ typedef void mg_neon_linear_fn(const mg_matrix *w, const float *x, int64_t x_str
 mg_neon_linear_fn mg_neon_linear_f32, mg_neon_linear_bf16, mg_neon_linear_f16, mg_neon_linear_fp8,
     mg_neon_linear_fp4;
 
+/* ggml_neon.c: the ggml block formats (scale kind none).  decode_ggml: n_tok == 1, rows [r0, r1);
+ * ggml_dequant_block: the exact values of one block of format f at p (equal to core/ggml_blocks.h's),
+ * for linear_neon.c's prefill tiles; mg_neon_linear_ggml (linear_neon.c) is the table entry. */
+void mg_neon_decode_ggml(const mg_matrix *w, const float *x, float *y, int64_t r0, int64_t r1);
+void mg_neon_ggml_dequant_block(mg_format f, const uint8_t *p, float *out);
+mg_neon_linear_fn mg_neon_linear_ggml;
+
 /* vector_neon.c: the vector ops of mg_kernels. */
 MG_VECTOR_OPS_DECLARE(mg_neon)
 

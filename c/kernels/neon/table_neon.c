@@ -8,6 +8,7 @@
 
 int mg_kernels_override_neon(mg_kernels *k) {
     MG_LINEAR_SET(k, mg_neon_linear);
+    for (int f = MG_Q8_0; f < MG_FORMAT_COUNT; f++) k->linear[f] = mg_neon_linear_ggml; /* ggml_neon.c */
     MG_VECTOR_OPS_SET(k, mg_neon);
     return 1;
 }

@@ -1,0 +1,241 @@
+/* AVX-512 decode (n_tok == 1) for some ggml block formats (GGUF weights); the others, and
+ * prefill, stay the avx2 table's (c/kernels/avx2/ggml_avx2.c, whose comment explains the plan:
+ * fp32 activations, each sub-block's dot product of codes and x scaled once, K-quant mins
+ * through per-32 sums of x).  What 512-bit registers add here:
+ *  - 16 code bytes widened to 16 dword lanes by one vpmovzxbd / vpmovsxbd from memory, nibbles
+ *    split by a mask and a shift (Q8_0, Q4_0, Q4_K, Q5_K: half the operations per weight of
+ *    the AVX2 loop);
+ *  - a whole 16-entry fp32 value table in one register, read by one vpermps per 16 codes with
+ *    no conversion at all (IQ4_NL, IQ4_XS, MXFP4), where AVX2 needs a byte table, widening and
+ *    vcvtdq2ps.
+ * Scalar twin: core/ggml_blocks.h through the scalar table; tests/c/test_ggml_blocks.c. */
+#include <string.h>
+#include "kernels/tables.h"
+
+#if defined(__x86_64__) && defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && \
+    defined(__AVX512DQ__) && defined(__FMA__) && defined(__F16C__)
+#include "kernels/avx512/avx512.h"
+#include "core/ggml_blocks.h"
+
+INLINE float f16_at(const uint8_t *p) { /* vcvtph2ps: exact, denormals included */
+    uint16_t h;
+    memcpy(&h, p, 2);
+    return _cvtsh_ss(h);
+}
+
+/* 16 bytes at p zero- (sign-) extended to 16 dword lanes. */
+INLINE __m512i u8x16(const uint8_t *p) { return _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)p)); }
+INLINE __m512i i8x16(const uint8_t *p) { return _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p)); }
+
+/* The value tables as fp32 (IQ4: the int8 table; MXFP4: twice the e2m1 values, to go with the
+ * 2^(e-128) of mg_ggml_e8m0_half). */
+INLINE __m512 table_f32(const int8_t *v) { return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)v))); }
+
+/* Blocks of 32 whose 16 nibble bytes sit at p (element i: low nibble of byte i, element 16 + i:
+ * its high nibble): the codes' dot product with x[0..32) as 16 partial sums.  tbl: the value of
+ * each code (Q4_0: code - 8). */
+INLINE __m512 dot_nib32(const uint8_t *p, const float *x, __m512 tbl) {
+    const __m512i v = u8x16(p);
+    const __m512 lo = _mm512_permutexvar_ps(_mm512_and_si512(v, _mm512_set1_epi32(15)), tbl);
+    const __m512 hi = _mm512_permutexvar_ps(_mm512_srli_epi32(v, 4), tbl);
+    return _mm512_fmadd_ps(hi, _mm512_loadu_ps(x + 16), _mm512_mul_ps(lo, _mm512_loadu_ps(x)));
+}
+
+static const int8_t Q4_0_VALUES[16] = {-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7};
+
+/* Blocks of 32 with one scale at the block's start: Q8_0, Q4_0, IQ4_NL, MXFP4. */
+INLINE float row_dot_32(mg_format f, const uint8_t *p, int64_t nb, const float *x) {
+    __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
+    const __m512 tbl = table_f32(f == MG_Q4_0 ? Q4_0_VALUES : f == MG_IQ4_NL ? MG_IQ4NL_VALUES : MG_MXFP4_VALUES2);
+    const size_t bytes = f == MG_Q8_0 ? 34 : f == MG_MXFP4 ? 17 : 18;
+    for (int64_t i = 0; i < nb; i++, p += bytes, x += 32) {
+        __m512 part;
+        float d;
+        if (f == MG_Q8_0) {
+            d = f16_at(p);
+            part = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i8x16(p + 18)), _mm512_loadu_ps(x + 16),
+                                   _mm512_mul_ps(_mm512_cvtepi32_ps(i8x16(p + 2)), _mm512_loadu_ps(x)));
+        } else if (f == MG_MXFP4) {
+            d = mg_ggml_e8m0_half(p[0]);
+            part = dot_nib32(p + 1, x, tbl);
+        } else {
+            d = f16_at(p);
+            part = dot_nib32(p + 2, x, tbl);
+        }
+        if (i & 1)
+            acc1 = _mm512_fmadd_ps(_mm512_set1_ps(d), part, acc1);
+        else
+            acc0 = _mm512_fmadd_ps(_mm512_set1_ps(d), part, acc0);
+    }
+    return _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
+}
+
+/* Q4_K / Q5_K sub-block scales and mins for all 8 sub-blocks, as bytes (see ggml_avx2.c). */
+INLINE void k4_scales(const uint8_t *s, uint8_t sc[8], uint8_t mn[8]) {
+    uint32_t a, b, c;
+    memcpy(&a, s, 4);
+    memcpy(&b, s + 4, 4);
+    memcpy(&c, s + 8, 4);
+    const uint32_t sc_lo = a & 0x3f3f3f3fu, mn_lo = b & 0x3f3f3f3fu;
+    const uint32_t sc_hi = (c & 0x0f0f0f0fu) | ((a >> 2) & 0x30303030u);
+    const uint32_t mn_hi = ((c >> 4) & 0x0f0f0f0fu) | ((b >> 2) & 0x30303030u);
+    memcpy(sc, &sc_lo, 4), memcpy(sc + 4, &sc_hi, 4);
+    memcpy(mn, &mn_lo, 4), memcpy(mn + 4, &mn_hi, 4);
+}
+
+INLINE __m256 bytes_times(const uint8_t b[8], float v) {
+    return _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)b))),
+                         _mm256_set1_ps(v));
+}
+
+/* Q4_K / Q5_K (q5): chunk c's byte l holds element l of sub-blocks 2c (low nibble) and 2c + 1
+ * (high); Q5_K's bit 2c (2c + 1) of qh[l] is their fifth bit. */
+INLINE float row_dot_k4(const uint8_t *p, int64_t nb, const float *x, const float *xs, int q5) {
+    const size_t bytes = q5 ? 176 : 144;
+    const __m512i m4 = _mm512_set1_epi32(15), m16 = _mm512_set1_epi32(16);
+    __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
+    __m256 accm = _mm256_setzero_ps();
+    for (int64_t i = 0; i < nb; i++, p += bytes, x += 256, xs += 8) {
+        uint8_t sc[8], mn[8];
+        float ds[8] __attribute__((aligned(32)));
+        k4_scales(p + 4, sc, mn);
+        _mm256_store_ps(ds, bytes_times(sc, f16_at(p)));
+        accm = _mm256_fmadd_ps(bytes_times(mn, f16_at(p + 2)), _mm256_loadu_ps(xs), accm);
+        const uint8_t *qs = p + (q5 ? 48 : 16), *qh = p + 16;
+        __m512i h[2];
+        if (q5) h[0] = u8x16(qh), h[1] = u8x16(qh + 16);
+        for (int c = 0; c < 4; c++) {
+            __m512 lo = _mm512_setzero_ps(), hi = _mm512_setzero_ps();
+            for (int k = 0; k < 2; k++) {
+                const __m512i v = u8x16(qs + 32 * c + 16 * k);
+                __m512i l = _mm512_and_si512(v, m4), u = _mm512_srli_epi32(v, 4);
+                if (q5) {
+                    const __m512i t = _mm512_srli_epi32(h[k], 2 * c);
+                    l = _mm512_or_si512(l, _mm512_and_si512(_mm512_slli_epi32(t, 4), m16));
+                    u = _mm512_or_si512(u, _mm512_and_si512(_mm512_slli_epi32(t, 3), m16));
+                }
+                lo = _mm512_fmadd_ps(_mm512_cvtepi32_ps(l), _mm512_loadu_ps(x + 64 * c + 16 * k), lo);
+                hi = _mm512_fmadd_ps(_mm512_cvtepi32_ps(u), _mm512_loadu_ps(x + 64 * c + 32 + 16 * k), hi);
+            }
+            acc0 = _mm512_fmadd_ps(_mm512_set1_ps(ds[2 * c]), lo, acc0);
+            acc1 = _mm512_fmadd_ps(_mm512_set1_ps(ds[2 * c + 1]), hi, acc1);
+        }
+    }
+    const __m512 a = _mm512_add_ps(acc0, acc1);
+    return _mm512_reduce_add_ps(a) - (accm[0] + accm[1] + accm[2] + accm[3] + accm[4] + accm[5] + accm[6] + accm[7]);
+}
+
+/* IQ4_XS: 8 sub-blocks of 32 (16 nibble bytes each) with scales d * (s - 32). */
+INLINE float row_dot_iq4_xs(const uint8_t *p, int64_t nb, const float *x) {
+    const __m512 tbl = table_f32(MG_IQ4NL_VALUES);
+    __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
+    for (int64_t i = 0; i < nb; i++, p += 136, x += 256) {
+        const float d = f16_at(p);
+        uint16_t sh;
+        memcpy(&sh, p + 2, 2);
+        for (int j = 0; j < 8; j++) {
+            const int s = ((p[4 + j / 2] >> (4 * (j & 1))) & 15) | (((sh >> (2 * j)) & 3) << 4);
+            const __m512 part = dot_nib32(p + 8 + 16 * j, x + 32 * j, tbl);
+            if (j & 1)
+                acc1 = _mm512_fmadd_ps(_mm512_set1_ps(d * (float)(s - 32)), part, acc1);
+            else
+                acc0 = _mm512_fmadd_ps(_mm512_set1_ps(d * (float)(s - 32)), part, acc0);
+        }
+    }
+    return _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
+}
+
+/* Q5_0: Q4_0's nibbles plus a fifth bit per element from the u32 qh (bit i: element i), moved
+ * into place per lane by vpsrlvd; value code - 16. */
+INLINE float row_dot_q5_0(const uint8_t *p, int64_t nb, const float *x) {
+    const __m512i iota = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    const __m512i iota12 = _mm512_add_epi32(iota, _mm512_set1_epi32(12)), m16 = _mm512_set1_epi32(16);
+    __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
+    for (int64_t i = 0; i < nb; i++, p += 22, x += 32) {
+        uint32_t qh;
+        memcpy(&qh, p + 2, 4);
+        const __m512i h = _mm512_set1_epi32((int)qh), v = u8x16(p + 6);
+        const __m512i lo = _mm512_or_si512(_mm512_and_si512(v, _mm512_set1_epi32(15)),
+                                           _mm512_and_si512(_mm512_slli_epi32(_mm512_srlv_epi32(h, iota), 4), m16));
+        const __m512i hi = _mm512_or_si512(_mm512_srli_epi32(v, 4), _mm512_and_si512(_mm512_srlv_epi32(h, iota12), m16));
+        const __m512 part = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(hi, m16)), _mm512_loadu_ps(x + 16),
+                                            _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(lo, m16)), _mm512_loadu_ps(x)));
+        if (i & 1)
+            acc1 = _mm512_fmadd_ps(_mm512_set1_ps(f16_at(p)), part, acc1);
+        else
+            acc0 = _mm512_fmadd_ps(_mm512_set1_ps(f16_at(p)), part, acc0);
+    }
+    return _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
+}
+
+/* Q6_K: per half h, ql bytes l (A, elements l and 64 + l) and 32 + l (B, elements 32 + l and
+ * 96 + l), qh byte l holding the top 2 bits of elements l, 32 + l, 64 + l, 96 + l; each byte
+ * widened once to a dword lane.  A scale per 16 elements: one per vector. */
+INLINE float row_dot_q6_k(const uint8_t *p, int64_t nb, const float *x) {
+    const __m512i m4 = _mm512_set1_epi32(15), m30 = _mm512_set1_epi32(0x30), k32 = _mm512_set1_epi32(32);
+    __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
+    for (int64_t i = 0; i < nb; i++, p += 210, x += 256) {
+        const float d = f16_at(p + 208);
+        const int8_t *sc = (const int8_t *)(p + 192);
+        for (int h = 0; h < 2; h++)
+            for (int k = 0; k < 2; k++) {
+                const __m512i qa = u8x16(p + 64 * h + 16 * k), qb = u8x16(p + 64 * h + 32 + 16 * k);
+                const __m512i qh = u8x16(p + 128 + 32 * h + 16 * k);
+                const __m512i v[4] = {
+                    _mm512_or_si512(_mm512_and_si512(qa, m4), _mm512_and_si512(_mm512_slli_epi32(qh, 4), m30)),
+                    _mm512_or_si512(_mm512_and_si512(qb, m4), _mm512_and_si512(_mm512_slli_epi32(qh, 2), m30)),
+                    _mm512_or_si512(_mm512_srli_epi32(qa, 4), _mm512_and_si512(qh, m30)),
+                    _mm512_or_si512(_mm512_srli_epi32(qb, 4), _mm512_and_si512(_mm512_srli_epi32(qh, 2), m30))};
+                for (int g = 0; g < 4; g++) { /* elements 128h + 32g + 16k .. + 16: scale 8h + 2g + k */
+                    const __m512 part = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(v[g], k32)),
+                                                      _mm512_loadu_ps(x + 128 * h + 32 * g + 16 * k));
+                    const __m512 s = _mm512_set1_ps(d * (float)sc[8 * h + 2 * g + k]);
+                    if (g & 1)
+                        acc1 = _mm512_fmadd_ps(s, part, acc1);
+                    else
+                        acc0 = _mm512_fmadd_ps(s, part, acc0);
+                }
+            }
+    }
+    return _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
+}
+
+/* Columns per pass: the per-32 sums of x of one pass fit a stack array. */
+enum { GGML_PASS_COLS = 65536 };
+
+int mg_avx512_decode_ggml(const mg_matrix *w, const float *x, float *y, int64_t r0, int64_t r1) {
+    const mg_format f = w->format;
+    if (!mg_format_is_ggml_block(f)) return 0;
+    int64_t e, bytes;
+    mg_format_block(f, &e, &bytes);
+    const int mins = f == MG_Q4_K || f == MG_Q5_K;
+    const size_t rb = mg_matrix_row_bytes(w);
+    float xs[GGML_PASS_COLS / 32] __attribute__((aligned(64)));
+    for (int64_t c0 = 0; c0 < w->cols; c0 += GGML_PASS_COLS) {
+        const int64_t kc = w->cols - c0 < GGML_PASS_COLS ? w->cols - c0 : GGML_PASS_COLS;
+        if (mins)
+            for (int64_t g = 0; g < kc / 32; g++) {
+                const float *xg = x + c0 + 32 * g;
+                xs[g] = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_loadu_ps(xg), _mm512_loadu_ps(xg + 16)));
+            }
+        for (int64_t r = r0; r < r1; r++) {
+            const uint8_t *p = (const uint8_t *)w->data + (size_t)r * rb + (size_t)(c0 / e * bytes);
+            const int64_t nb = kc / e;
+            float part;
+            switch (f) {
+            case MG_Q4_K: part = row_dot_k4(p, nb, x + c0, xs, 0); break;
+            case MG_Q5_K: part = row_dot_k4(p, nb, x + c0, xs, 1); break;
+            case MG_IQ4_XS: part = row_dot_iq4_xs(p, nb, x + c0); break;
+            case MG_Q5_0: part = row_dot_q5_0(p, nb, x + c0); break;
+            case MG_Q6_K: part = row_dot_q6_k(p, nb, x + c0); break;
+            case MG_Q8_0: part = row_dot_32(MG_Q8_0, p, nb, x + c0); break;
+            case MG_Q4_0: part = row_dot_32(MG_Q4_0, p, nb, x + c0); break;
+            case MG_IQ4_NL: part = row_dot_32(MG_IQ4_NL, p, nb, x + c0); break;
+            default: part = row_dot_32(MG_MXFP4, p, nb, x + c0); break;
+            }
+            y[r] = c0 == 0 ? part : y[r] + part;
+        }
+    }
+    return 1;
+}
+#endif

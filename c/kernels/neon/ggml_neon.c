@@ -1,0 +1,293 @@
+/* NEON kernels (arm64) for the ggml block formats, twins of the scalar decoder in
+ * core/ggml_blocks.h and of c/kernels/avx2/ggml_avx2.c, with the same plan: activations stay
+ * fp32; every 32 elements become two int8x16 of signed codes in element order (nibble masks,
+ * vqtbl1q_u8 value tables for Q4_0 / IQ4 / MXFP4, masks for the Q5 / Q6 high bits); decode dots
+ * them with x (widened to fp32) and multiplies the sub-block's sum by its scale once; the K-quant
+ * mins go through sums of x per 32 columns, computed once per call; prefill's blocks are
+ * dequantised exactly (bit-equal to the scalar decoder: each value is one rounding of an exact
+ * product, and ds*q - dm one FMA with an exact product) by mg_neon_ggml_dequant_block, which
+ * linear_neon.c's tiles call. */
+#include <string.h>
+#include "kernels/tables.h"
+
+#if defined(__aarch64__) && defined(__ARM_NEON)
+#include "kernels/neon/neon.h"
+#include "core/ggml_blocks.h"
+
+static const int8_t Q4_0_VALUES[16] = {-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7};
+
+ALWAYS_INLINE float f16_at(const uint8_t *p) {
+    float16_t h;
+    memcpy(&h, p, 2);
+    return (float)h; /* fcvt: exact */
+}
+
+/* 32 signed codes in element order: v[0] elements 0..15, v[1] 16..31. */
+typedef struct {
+    int8x16_t v[2];
+} codes32;
+
+/* Q4_0-ordered nibbles (element i: low nibble of byte i, element 16 + i its high nibble) through
+ * a 16-entry value table. */
+ALWAYS_INLINE codes32 nib_lut(const uint8_t *p, const int8_t *table) {
+    const uint8x16_t b = vld1q_u8(p), t = vreinterpretq_u8_s8(vld1q_s8(table));
+    codes32 c = {{vreinterpretq_s8_u8(vqtbl1q_u8(t, vandq_u8(b, vdupq_n_u8(15)))),
+                  vreinterpretq_s8_u8(vqtbl1q_u8(t, vshrq_n_u8(b, 4)))}};
+    return c;
+}
+
+/* Q5_0's 32 fifth bits as 0x10 bytes, 16 elements per vector. */
+ALWAYS_INLINE uint8x16_t q5_0_bits(uint32_t qh, int half) {
+    static const uint8_t bit[16] = {1, 2, 4, 8, 16, 32, 64, 128, 1, 2, 4, 8, 16, 32, 64, 128};
+    const uint8x8_t b0 = vdup_n_u8((uint8_t)(qh >> (16 * half))), b1 = vdup_n_u8((uint8_t)(qh >> (16 * half + 8)));
+    const uint8x16_t m = vtstq_u8(vcombine_u8(b0, b1), vld1q_u8(bit));
+    return vandq_u8(m, vdupq_n_u8(0x10));
+}
+
+ALWAYS_INLINE codes32 codes_q5_0(const uint8_t *p) {
+    uint32_t qh;
+    memcpy(&qh, p + 2, 4);
+    const uint8x16_t b = vld1q_u8(p + 6), k16 = vdupq_n_u8(16);
+    const uint8x16_t lo = vorrq_u8(vandq_u8(b, vdupq_n_u8(15)), q5_0_bits(qh, 0));
+    const uint8x16_t hi = vorrq_u8(vshrq_n_u8(b, 4), q5_0_bits(qh, 1));
+    codes32 c = {{vreinterpretq_s8_u8(vsubq_u8(lo, k16)), vreinterpretq_s8_u8(vsubq_u8(hi, k16))}};
+    return c;
+}
+
+ALWAYS_INLINE codes32 codes_q8_0(const uint8_t *p) {
+    codes32 c = {{vld1q_s8((const int8_t *)p + 2), vld1q_s8((const int8_t *)p + 18)}};
+    return c;
+}
+
+/* Q4_K / Q5_K: the 32 codes of sub-block j: nibble j & 1 of qs[32 * (j / 2) ..], plus (q5) bit j
+ * of qh[0..32) as 16. */
+ALWAYS_INLINE codes32 codes_k4(const uint8_t *qs, const uint8_t *qh, int j) {
+    codes32 c;
+    for (int h = 0; h < 2; h++) {
+        const uint8x16_t b = vld1q_u8(qs + 32 * (j / 2) + 16 * h);
+        uint8x16_t q = (j & 1) ? vshrq_n_u8(b, 4) : vandq_u8(b, vdupq_n_u8(15));
+        if (qh) q = vorrq_u8(q, vandq_u8(vtstq_u8(vld1q_u8(qh + 16 * h), vdupq_n_u8((uint8_t)(1u << j))), vdupq_n_u8(0x10)));
+        c.v[h] = vreinterpretq_s8_u8(q);
+    }
+    return c;
+}
+
+/* Q6_K: group g (0..3) of half h: 32 codes minus 32. */
+ALWAYS_INLINE codes32 codes_q6_k(const uint8_t *b, int h, int g) {
+    codes32 c;
+    for (int k = 0; k < 2; k++) {
+        const uint8x16_t l = vld1q_u8(b + 64 * h + 32 * (g & 1) + 16 * k);
+        const uint8x16_t hb = vld1q_u8(b + 128 + 32 * h + 16 * k);
+        const uint8x16_t lo = (g & 2) ? vshrq_n_u8(l, 4) : vandq_u8(l, vdupq_n_u8(15));
+        const uint8x16_t hi = vandq_u8(vshlq_u8(hb, vdupq_n_s8((int8_t)(-2 * g))), vdupq_n_u8(3));
+        c.v[k] = vreinterpretq_s8_u8(vsubq_u8(vorrq_u8(lo, vshlq_n_u8(hi, 4)), vdupq_n_u8(32)));
+    }
+    return c;
+}
+
+/* 16 signed codes as 4 fp32 vectors. */
+ALWAYS_INLINE void widen16(int8x16_t q, float32x4_t f[4]) {
+    const int16x8_t a = vmovl_s8(vget_low_s8(q)), b = vmovl_high_s8(q);
+    f[0] = vcvtq_f32_s32(vmovl_s16(vget_low_s16(a)));
+    f[1] = vcvtq_f32_s32(vmovl_high_s16(a));
+    f[2] = vcvtq_f32_s32(vmovl_s16(vget_low_s16(b)));
+    f[3] = vcvtq_f32_s32(vmovl_high_s16(b));
+}
+
+/* sum_l q[l] * x[l] over 16 elements, as 4 partial sums. */
+ALWAYS_INLINE float32x4_t dot16(int8x16_t q, const float *x) {
+    float32x4_t f[4];
+    widen16(q, f);
+    const float32x4_t a = vfmaq_f32(vmulq_f32(f[0], vld1q_f32(x)), f[1], vld1q_f32(x + 4));
+    const float32x4_t b = vfmaq_f32(vmulq_f32(f[2], vld1q_f32(x + 8)), f[3], vld1q_f32(x + 12));
+    return vaddq_f32(a, b);
+}
+
+ALWAYS_INLINE float32x4_t dot32(codes32 c, const float *x) { return vaddq_f32(dot16(c.v[0], x), dot16(c.v[1], x + 16)); }
+
+ALWAYS_INLINE void k4_scales(const uint8_t *s, float d, float dmin, float ds[8], float dm[8]) {
+    for (int j = 0; j < 8; j++) {
+        uint8_t sc, m;
+        mg_ggml_k4_scale_min(s, j, &sc, &m);
+        ds[j] = d * (float)sc;
+        dm[j] = dmin * (float)m;
+    }
+}
+
+ALWAYS_INLINE void iq4_xs_scales(const uint8_t *b, float d, float dl[8]) {
+    uint16_t sh;
+    memcpy(&sh, b + 2, 2);
+    for (int j = 0; j < 8; j++) {
+        const int s = ((b[4 + j / 2] >> (4 * (j & 1))) & 15) | (((sh >> (2 * j)) & 3) << 4);
+        dl[j] = d * (float)(s - 32);
+    }
+}
+
+/* ---- decode ---------------------------------------------------------------------------------- */
+
+/* One row's dot product with x over nb blocks of format f; xs: sums of x per 32 columns. */
+ALWAYS_INLINE float row_dot(mg_format f, const uint8_t *p, int64_t nb, const float *x, const float *xs) {
+    float32x4_t acc0 = vdupq_n_f32(0.0f), acc1 = acc0, accm = acc0;
+    switch (f) {
+#define CASE32(FMT, BYTES, SCALE, CODES)                                          \
+    case FMT:                                                                     \
+        for (int64_t i = 0; i < nb; i++, p += (BYTES), x += 32) {                 \
+            if (i & 1)                                                            \
+                acc1 = vfmaq_n_f32(acc1, dot32(CODES, x), SCALE);                 \
+            else                                                                  \
+                acc0 = vfmaq_n_f32(acc0, dot32(CODES, x), SCALE);                 \
+        }                                                                         \
+        break;
+        CASE32(MG_Q8_0, 34, f16_at(p), codes_q8_0(p))
+        CASE32(MG_Q4_0, 18, f16_at(p), nib_lut(p + 2, Q4_0_VALUES))
+        CASE32(MG_Q5_0, 22, f16_at(p), codes_q5_0(p))
+        CASE32(MG_IQ4_NL, 18, f16_at(p), nib_lut(p + 2, MG_IQ4NL_VALUES))
+        CASE32(MG_MXFP4, 17, mg_ggml_e8m0_half(p[0]), nib_lut(p + 1, MG_MXFP4_VALUES2))
+#undef CASE32
+    case MG_Q4_K:
+    case MG_Q5_K: {
+        const int q5 = f == MG_Q5_K;
+        for (int64_t i = 0; i < nb; i++, p += q5 ? 176 : 144, x += 256, xs += 8) {
+            float ds[8], dm[8];
+            k4_scales(p + 4, f16_at(p), f16_at(p + 2), ds, dm);
+            accm = vfmaq_f32(accm, vld1q_f32(dm), vld1q_f32(xs));
+            accm = vfmaq_f32(accm, vld1q_f32(dm + 4), vld1q_f32(xs + 4));
+            const uint8_t *qs = p + (q5 ? 48 : 16), *qh = q5 ? p + 16 : NULL;
+            for (int j = 0; j < 8; j += 2) {
+                acc0 = vfmaq_n_f32(acc0, dot32(codes_k4(qs, qh, j), x + 32 * j), ds[j]);
+                acc1 = vfmaq_n_f32(acc1, dot32(codes_k4(qs, qh, j + 1), x + 32 * j + 32), ds[j + 1]);
+            }
+        }
+        break;
+    }
+    case MG_Q6_K:
+        for (int64_t i = 0; i < nb; i++, p += 210, x += 256) {
+            const float d = f16_at(p + 208);
+            const int8_t *sc = (const int8_t *)(p + 192);
+            for (int h = 0; h < 2; h++)
+                for (int g = 0; g < 4; g++) {
+                    const codes32 c = codes_q6_k(p, h, g);
+                    const float *xg = x + 128 * h + 32 * g;
+                    const int s = 8 * h + 2 * g;
+                    acc0 = vfmaq_n_f32(acc0, dot16(c.v[0], xg), d * (float)sc[s]);
+                    acc1 = vfmaq_n_f32(acc1, dot16(c.v[1], xg + 16), d * (float)sc[s + 1]);
+                }
+        }
+        break;
+    case MG_IQ4_XS:
+        for (int64_t i = 0; i < nb; i++, p += 136, x += 256) {
+            float dl[8];
+            iq4_xs_scales(p, f16_at(p), dl);
+            for (int j = 0; j < 8; j += 2) {
+                acc0 = vfmaq_n_f32(acc0, dot32(nib_lut(p + 8 + 16 * j, MG_IQ4NL_VALUES), x + 32 * j), dl[j]);
+                acc1 = vfmaq_n_f32(acc1, dot32(nib_lut(p + 24 + 16 * j, MG_IQ4NL_VALUES), x + 32 * j + 32), dl[j + 1]);
+            }
+        }
+        break;
+    default: break;
+    }
+    return vaddvq_f32(vsubq_f32(vaddq_f32(acc0, acc1), accm));
+}
+
+#define ROW_DOT_FOR(NAME, FMT) \
+    static float NAME(const uint8_t *p, int64_t nb, const float *x, const float *xs) { return row_dot(FMT, p, nb, x, xs); }
+ROW_DOT_FOR(row_dot_q8_0, MG_Q8_0)
+ROW_DOT_FOR(row_dot_q4_0, MG_Q4_0)
+ROW_DOT_FOR(row_dot_q5_0, MG_Q5_0)
+ROW_DOT_FOR(row_dot_q4_k, MG_Q4_K)
+ROW_DOT_FOR(row_dot_q5_k, MG_Q5_K)
+ROW_DOT_FOR(row_dot_q6_k, MG_Q6_K)
+ROW_DOT_FOR(row_dot_mxfp4, MG_MXFP4)
+ROW_DOT_FOR(row_dot_iq4_nl, MG_IQ4_NL)
+ROW_DOT_FOR(row_dot_iq4_xs, MG_IQ4_XS)
+
+typedef float row_dot_fn(const uint8_t *p, int64_t nb, const float *x, const float *xs);
+
+static row_dot_fn *row_dot_of(mg_format f) {
+    static row_dot_fn *const fns[MG_FORMAT_COUNT] = {
+        [MG_Q8_0] = row_dot_q8_0, [MG_Q4_0] = row_dot_q4_0,   [MG_Q5_0] = row_dot_q5_0,
+        [MG_Q4_K] = row_dot_q4_k, [MG_Q5_K] = row_dot_q5_k,   [MG_Q6_K] = row_dot_q6_k,
+        [MG_MXFP4] = row_dot_mxfp4, [MG_IQ4_NL] = row_dot_iq4_nl, [MG_IQ4_XS] = row_dot_iq4_xs};
+    return (unsigned)f < MG_FORMAT_COUNT ? fns[f] : NULL;
+}
+
+/* Columns per pass: the per-32 sums of x of one pass fit a stack array. */
+enum { PASS_COLS = 65536 };
+
+void mg_neon_decode_ggml(const mg_matrix *w, const float *x, float *y, int64_t r0, int64_t r1) {
+    int64_t e, bytes;
+    mg_format_block(w->format, &e, &bytes);
+    row_dot_fn *dot = row_dot_of(w->format);
+    const int mins = w->format == MG_Q4_K || w->format == MG_Q5_K;
+    const size_t rb = mg_matrix_row_bytes(w);
+    float xs[PASS_COLS / 32];
+    for (int64_t c0 = 0; c0 < w->cols; c0 += PASS_COLS) {
+        const int64_t kc = w->cols - c0 < PASS_COLS ? w->cols - c0 : PASS_COLS;
+        if (mins)
+            for (int64_t g = 0; g < kc / 32; g++) {
+                const float *xg = x + c0 + 32 * g;
+                float32x4_t s = vaddq_f32(vld1q_f32(xg), vld1q_f32(xg + 4));
+                for (int k = 8; k < 32; k += 8) s = vaddq_f32(s, vaddq_f32(vld1q_f32(xg + k), vld1q_f32(xg + k + 4)));
+                xs[g] = vaddvq_f32(s);
+            }
+        for (int64_t r = r0; r < r1; r++) {
+            const uint8_t *p = (const uint8_t *)w->data + (size_t)r * rb + (size_t)(c0 / e * bytes);
+            const float part = dot(p, kc / e, x + c0, xs);
+            y[r] = c0 == 0 ? part : y[r] + part;
+        }
+    }
+}
+
+/* ---- exact dequantisation of one block (prefill) -------------------------------------------- */
+
+/* out[0..32) = codes * s, or ds * q - dm in one FMA (exact product) when dm is given. */
+ALWAYS_INLINE void emit32(codes32 c, float s, const float *dm, float *out) {
+    for (int h = 0; h < 2; h++) {
+        float32x4_t f[4];
+        widen16(c.v[h], f);
+        for (int k = 0; k < 4; k++)
+            vst1q_f32(out + 16 * h + 4 * k, dm ? vfmaq_n_f32(vdupq_n_f32(-*dm), f[k], s) : vmulq_n_f32(f[k], s));
+    }
+}
+
+void mg_neon_ggml_dequant_block(mg_format f, const uint8_t *p, float *out) {
+    switch (f) {
+    case MG_Q8_0: emit32(codes_q8_0(p), f16_at(p), NULL, out); break;
+    case MG_Q4_0: emit32(nib_lut(p + 2, Q4_0_VALUES), f16_at(p), NULL, out); break;
+    case MG_Q5_0: emit32(codes_q5_0(p), f16_at(p), NULL, out); break;
+    case MG_IQ4_NL: emit32(nib_lut(p + 2, MG_IQ4NL_VALUES), f16_at(p), NULL, out); break;
+    case MG_MXFP4: emit32(nib_lut(p + 1, MG_MXFP4_VALUES2), mg_ggml_e8m0_half(p[0]), NULL, out); break;
+    case MG_Q4_K:
+    case MG_Q5_K: {
+        const int q5 = f == MG_Q5_K;
+        float ds[8], dm[8];
+        k4_scales(p + 4, f16_at(p), f16_at(p + 2), ds, dm);
+        for (int j = 0; j < 8; j++) emit32(codes_k4(p + (q5 ? 48 : 16), q5 ? p + 16 : NULL, j), ds[j], dm + j, out + 32 * j);
+        break;
+    }
+    case MG_Q6_K: {
+        const float d = f16_at(p + 208);
+        const int8_t *sc = (const int8_t *)(p + 192);
+        for (int h = 0; h < 2; h++)
+            for (int g = 0; g < 4; g++) {
+                const codes32 c = codes_q6_k(p, h, g);
+                float *o = out + 128 * h + 32 * g;
+                for (int k = 0; k < 2; k++) {
+                    float32x4_t v[4];
+                    widen16(c.v[k], v);
+                    const float s = d * (float)sc[8 * h + 2 * g + k];
+                    for (int i = 0; i < 4; i++) vst1q_f32(o + 16 * k + 4 * i, vmulq_n_f32(v[i], s));
+                }
+            }
+        break;
+    }
+    case MG_IQ4_XS: {
+        float dl[8];
+        iq4_xs_scales(p, f16_at(p), dl);
+        for (int j = 0; j < 8; j++) emit32(nib_lut(p + 8 + 16 * j, MG_IQ4NL_VALUES), dl[j], NULL, out + 32 * j);
+        break;
+    }
+    default: break;
+    }
+}
+#endif
