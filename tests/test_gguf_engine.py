@@ -212,6 +212,24 @@ def test_missing_tensor_is_named_as_stored(build_checkpoint, tmp_path: Path) -> 
             Engine(str(path))
 
 
+@pytest.mark.parametrize("claim, expected", [
+    ({"num_experts": 12}, r"blk\.0\.ffn_gate_inp\.weight.*shape \[8, 64\], expected \[12, 64\]"),
+    ({"hidden_size": 96}, r"token_embd\.weight.*shape \[\d+, 64\], expected \[\d+, 96\]"),
+    ({"num_hidden_layers": 4}, r"blk\.3\.attn_norm\.weight.*not found|not found.*blk\.3\.attn_norm\.weight"),
+    ({"num_key_value_heads": 3}, r"not a multiple of num_key_value_heads"),
+    ({"num_experts_per_tok": 9}, r"num_experts_per_tok 9 exceeds"),
+    ({"moe_intermediate_size": 16}, r"ffn_gate_exps\.weight.*expected \[16, 64\]"),
+])
+def test_metadata_that_contradicts_the_tensors(build_checkpoint, tmp_path: Path, claim: dict[str, Any], expected: str) -> None:
+    """Metadata that does not fit the tensors is an error naming what disagrees, never a crash."""
+    from gateway.engine import ConfigError, Engine, EngineError
+
+    ckpt = build_checkpoint("qwen3_moe", "f32")
+    path = write_gguf(ckpt, tmp_path / "claim.gguf", metadata=claim)
+    with pytest.raises((EngineError, ConfigError), match=expected):
+        Engine(str(path))
+
+
 def test_vector_in_a_block_type_is_named(build_checkpoint, tmp_path: Path) -> None:
     from gateway.engine import Engine, EngineError
 
