@@ -185,6 +185,21 @@ def test_history_beside_a_gguf_file(gguf_file) -> None:
     assert history == path.resolve().parent / f"{path.name}{EXPERT_HISTORY_NAME}"
 
 
+def test_prefix_snapshots_of_a_gguf_file_are_keyed_by_the_file(gguf_file, tmp_path: Path) -> None:
+    """Disk prefix snapshots live under a key of the model; for a file that key changes when
+    another file is saved under the same name."""
+    from gateway.prefix_disk import model_folder
+
+    _, path = gguf_file("qwen3_moe-f32")
+    copy = tmp_path / "model.gguf"
+    shutil.copyfile(path, copy)
+    before = model_folder(tmp_path / "snaps", copy, "f32")
+    assert before == model_folder(tmp_path / "snaps", copy, "f32")
+    with open(copy, "ab") as handle:
+        handle.write(b"\0" * 32)
+    assert model_folder(tmp_path / "snaps", copy, "f32") != before
+
+
 # ---- errors -------------------------------------------------------------------------------
 
 

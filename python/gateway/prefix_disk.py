@@ -35,8 +35,14 @@ SUFFIX = ".snap"
 
 
 def model_folder(root: Path, model_dir: Path, kv_dtype: str) -> Path:
-    """The subfolder for one model: a hash of its path, its config.json and the KV dtype."""
-    config = (model_dir / "config.json").read_bytes() if (model_dir / "config.json").is_file() else b""
+    """The subfolder for one model: a hash of its path, its config.json and the KV dtype.  A
+    GGUF file has no config.json: its size and modification time stand in, so another file
+    saved under the same name (a different quantisation, say) never meets the old snapshots."""
+    if model_dir.is_file():
+        st = model_dir.stat()
+        config = f"gguf:{st.st_size}:{st.st_mtime_ns}".encode()
+    else:
+        config = (model_dir / "config.json").read_bytes() if (model_dir / "config.json").is_file() else b""
     key = hashlib.sha256(str(model_dir.resolve()).encode() + b"\0" + config + b"\0" + kv_dtype.encode())
     return root / key.hexdigest()[:16]
 
