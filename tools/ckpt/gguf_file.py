@@ -268,3 +268,28 @@ def read_gguf_as_hf(path: Path | str) -> dict[str, np.ndarray]:
             elif not rest.startswith("nextn."):
                 raise ValueError(f"{part}: unexpected tensor {t.name}")
     return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    """python -m tools.ckpt.gguf_file CKPT OUT.gguf [--default Q8_0] [--type 'blk.*.ffn_down_exps.weight=Q6_K' ...]
+    [--split N] [--tied]: a GGUF of a tools/ckpt checkpoint folder, for trying files by hand."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m tools.ckpt.gguf_file", description=main.__doc__)
+    parser.add_argument("ckpt", type=Path, help="checkpoint folder (qwen3_moe or glm4_moe, f32 or bf16)")
+    parser.add_argument("out", type=Path, help="the .gguf to write")
+    parser.add_argument("--default", default="F32", help="type of the matrices no --type names (default F32)")
+    parser.add_argument("--type", action="append", default=[], metavar="PATTERN=TYPE",
+                        help="llama.cpp tensor names (fnmatch) -> ggml type; first match wins")
+    parser.add_argument("--split", type=int, default=0, metavar="N", help="at most N tensors per part")
+    parser.add_argument("--tied", action="store_true", help="leave out output.weight")
+    args = parser.parse_args(argv)
+    types = dict(item.split("=", 1) for item in args.type)
+    path = write_gguf(args.ckpt, args.out, types=types, default=args.default, split_max_tensors=args.split,
+                      tied=args.tied)
+    print(path)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
