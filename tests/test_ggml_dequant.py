@@ -63,6 +63,8 @@ def test_dequantize_equals_gguf_py_bit_for_bit(fmt: str) -> None:
         theirs = dequantize(raw, FORMATS[fmt][0]).reshape(rows, cols).astype(np.float32)
         assert ours.dtype == np.float32 and ours.shape == (rows, cols)
         np.testing.assert_array_equal(ours.view(np.uint32), theirs.view(np.uint32))
+        # raw bytes work as well as arrays
+        np.testing.assert_array_equal(_core.dequantize(fmt, raw.tobytes(), rows, cols).view(np.uint32), ours.view(np.uint32))
         # the generic element-wise decoder agrees with the block decoder
         np.testing.assert_array_equal(_core.decode(fmt, "none", raw, None, rows, cols).view(np.uint32),
                                       ours.view(np.uint32))

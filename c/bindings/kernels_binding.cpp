@@ -158,10 +158,13 @@ py::array_t<float> decode(const std::string &fmt, const std::string &scale_kind,
 
 // The scalar dequantisation of raw ggml block bytes (rows of cols / block-size blocks): the ground
 // truth tests compare with gguf-py's dequantize.
-py::array_t<float> dequantize(const std::string &fmt, const py::array &raw, int64_t rows, int64_t cols) {
+// raw: a C-contiguous array of any dtype (its bytes are read), or bytes / bytearray / memoryview.
+py::array_t<float> dequantize(const std::string &fmt, const py::object &raw, int64_t rows, int64_t cols) {
     if (!mg_format_is_ggml_block(format_by_name(fmt)))
         throw std::invalid_argument("dequantize takes a ggml block format, not '" + fmt + "'");
-    return decode(fmt, "none", raw, py::none(), rows, cols);
+    py::array a = py::isinstance<py::array>(raw) ? py::reinterpret_borrow<py::array>(raw)
+                                                  : py::array(py::module_::import("numpy").attr("frombuffer")(raw, "uint8"));
+    return decode(fmt, "none", a, py::none(), rows, cols);
 }
 
 struct ReadSumJob {
