@@ -56,6 +56,8 @@ CASES: dict[str, tuple[str, dict[str, Any], dict[str, Any]]] = {
     "glm4_moe-mixed": ("glm4_moe", WIDE["glm4_moe"], {"types": MIXED}),
     "qwen3_moe-split": ("qwen3_moe", {}, {"split_max_tensors": 12, "default": "F16"}),
     "glm4_moe-tied": ("glm4_moe", {}, {"tied": True}),
+    # general.alignment 256: every tensor (and so each stacked expert tensor) starts elsewhere.
+    "qwen3_moe-q5_0-align256": ("qwen3_moe", {}, {"default": "Q5_0", "alignment": 256}),
 }
 
 
@@ -183,6 +185,21 @@ def test_history_beside_a_gguf_file(gguf_file) -> None:
     assert history == path.resolve().parent / f"{path.name}{EXPERT_HISTORY_NAME}"
 
 
+def test_prefix_snapshots_of_a_gguf_file_are_keyed_by_the_file(gguf_file, tmp_path: Path) -> None:
+    """Disk prefix snapshots live under a key of the model; for a file that key changes when
+    another file is saved under the same name."""
+    from gateway.prefix_disk import model_folder
+
+    _, path = gguf_file("qwen3_moe-f32")
+    copy = tmp_path / "model.gguf"
+    shutil.copyfile(path, copy)
+    before = model_folder(tmp_path / "snaps", copy, "f32")
+    assert before == model_folder(tmp_path / "snaps", copy, "f32")
+    with open(copy, "ab") as handle:
+        handle.write(b"\0" * 32)
+    assert model_folder(tmp_path / "snaps", copy, "f32") != before
+
+
 # ---- errors -------------------------------------------------------------------------------
 
 
@@ -208,6 +225,24 @@ def test_missing_tensor_is_named_as_stored(build_checkpoint, tmp_path: Path) -> 
         path = write_gguf(ckpt, tmp_path / f"{dropped}.gguf", drop=(dropped,))
         with pytest.raises(EngineError, match=f"not found in the file.*{expected}|{expected}.*not found"):
             Engine(str(path))
+
+
+@pytest.mark.parametrize("claim, expected", [
+    ({"num_experts": 12}, r"blk\.0\.ffn_gate_inp\.weight.*shape \[8, 64\], expected \[12, 64\]"),
+    ({"hidden_size": 96}, r"token_embd\.weight.*shape \[\d+, 64\], expected \[\d+, 96\]"),
+    ({"num_hidden_layers": 4}, r"blk\.3\.attn_norm\.weight.*not found|not found.*blk\.3\.attn_norm\.weight"),
+    ({"num_key_value_heads": 3}, r"not a multiple of num_key_value_heads"),
+    ({"num_experts_per_tok": 9}, r"num_experts_per_tok 9 exceeds"),
+    ({"moe_intermediate_size": 16}, r"ffn_gate_exps\.weight.*expected \[16, 64\]"),
+])
+def test_metadata_that_contradicts_the_tensors(build_checkpoint, tmp_path: Path, claim: dict[str, Any], expected: str) -> None:
+    """Metadata that does not fit the tensors is an error naming what disagrees, never a crash."""
+    from gateway.engine import ConfigError, Engine, EngineError
+
+    ckpt = build_checkpoint("qwen3_moe", "f32")
+    path = write_gguf(ckpt, tmp_path / "claim.gguf", metadata=claim)
+    with pytest.raises((EngineError, ConfigError), match=expected):
+        Engine(str(path))
 
 
 def test_vector_in_a_block_type_is_named(build_checkpoint, tmp_path: Path) -> None:

@@ -100,6 +100,8 @@ class Engine:
 
         self.path = Path(path).expanduser()
         is_gguf = self.path.is_file() and self.path.suffix.lower() == ".gguf"
+        if not self.path.exists():
+            raise EngineError(f"{self.path}: not a model folder or a .gguf file (nothing is there)")
         if not self.path.is_dir() and not is_gguf:
             raise EngineError(f"{self.path}: not a model folder or a .gguf file")
         if threads is not None and (not isinstance(threads, int) or threads < 1):

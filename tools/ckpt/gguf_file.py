@@ -134,28 +134,34 @@ def encode(values: np.ndarray, qtype: str, rng: np.random.Generator) -> tuple[np
 
 def write_gguf(ckpt: Path | str, out: Path | str, *, types: dict[str, str] | None = None, default: str = "F32",
                split_max_tensors: int = 0, tied: bool = False, arch: str | None = None, seed: int = 0,
-               drop: tuple[str, ...] = ()) -> Path:
+               drop: tuple[str, ...] = (), alignment: int | None = None,
+               metadata: dict[str, Any] | None = None) -> Path:
     """Writes the GGUF of checkpoint folder `ckpt` to `out` (a split set's parts beside it) and
     returns the path to open: `out`, or its first part.  tied: leave out `output.weight` (the
     reference must then tie the head to the embeddings).  arch: general.architecture to claim.
-    drop: fnmatch patterns of llama.cpp names to leave out (for error tests)."""
+    drop: fnmatch patterns of llama.cpp names to leave out (for error tests).  alignment:
+    general.alignment (a power of two; 32 when None).  metadata: config.json fields to
+    claim in the metadata instead of the checkpoint's (the tensors stay as they are)."""
     import gguf
 
     ckpt, out = Path(ckpt), Path(out)
-    config, tensors = read_checkpoint(ckpt)
+    stored, tensors = read_checkpoint(ckpt)
+    config = {**stored, **(metadata or {})}
     model_type = config["model_type"]
     gguf_arch = arch or GGUF_ARCH[model_type]
     enum_arch = {"qwen3_moe": gguf.MODEL_ARCH.QWEN3MOE, "glm4_moe": gguf.MODEL_ARCH.GLM4_MOE}[model_type]
-    n_layers = config["num_hidden_layers"]
-    nextn = config.get("num_nextn_predict_layers", 0) if model_type == "glm4_moe" else 0
+    n_layers = stored["num_hidden_layers"]
+    nextn = stored.get("num_nextn_predict_layers", 0) if model_type == "glm4_moe" else 0
     name_map = gguf.get_tensor_name_map(enum_arch, n_layers + nextn)
     rng = np.random.default_rng(seed)
     types = types or {}
 
     out.parent.mkdir(parents=True, exist_ok=True)
     writer = gguf.GGUFWriter(str(out), gguf_arch, split_max_tensors=split_max_tensors)
+    if alignment is not None:
+        writer.add_custom_alignment(alignment)
     head_dim = config["head_dim"]
-    writer.add_block_count(n_layers + nextn)
+    writer.add_block_count(config["num_hidden_layers"] + nextn)
     writer.add_context_length(config["max_position_embeddings"])
     writer.add_embedding_length(config["hidden_size"])
     writer.add_feed_forward_length(config["intermediate_size"])
@@ -178,10 +184,9 @@ def write_gguf(ckpt: Path | str, out: Path | str, *, types: dict[str, str] | Non
         writer.add_expert_group_count(config.get("n_group", 1))
         writer.add_expert_group_used_count(config.get("topk_group", 1))
         writer.add_nextn_predict_layers(nextn)
-        n_experts = config["n_routed_experts"]
     else:
         writer.add_expert_count(config["num_experts"])
-        n_experts = config["num_experts"]
+    n_experts = stored["n_routed_experts" if model_type == "glm4_moe" else "num_experts"]  # as the tensors hold
 
     def add(name: str, values: np.ndarray) -> None:
         if any(fnmatch.fnmatchcase(name, pattern) for pattern in drop):
@@ -269,3 +274,28 @@ def read_gguf_as_hf(path: Path | str) -> dict[str, np.ndarray]:
             elif not rest.startswith("nextn."):
                 raise ValueError(f"{part}: unexpected tensor {t.name}")
     return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    """python -m tools.ckpt.gguf_file CKPT OUT.gguf [--default Q8_0] [--type 'blk.*.ffn_down_exps.weight=Q6_K' ...]
+    [--split N] [--tied]: a GGUF of a tools/ckpt checkpoint folder, for trying files by hand."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m tools.ckpt.gguf_file", description=main.__doc__)
+    parser.add_argument("ckpt", type=Path, help="checkpoint folder (qwen3_moe or glm4_moe, f32 or bf16)")
+    parser.add_argument("out", type=Path, help="the .gguf to write")
+    parser.add_argument("--default", default="F32", help="type of the matrices no --type names (default F32)")
+    parser.add_argument("--type", action="append", default=[], metavar="PATTERN=TYPE",
+                        help="llama.cpp tensor names (fnmatch) -> ggml type; first match wins")
+    parser.add_argument("--split", type=int, default=0, metavar="N", help="at most N tensors per part")
+    parser.add_argument("--tied", action="store_true", help="leave out output.weight")
+    args = parser.parse_args(argv)
+    types = dict(item.split("=", 1) for item in args.type)
+    path = write_gguf(args.ckpt, args.out, types=types, default=args.default, split_max_tensors=args.split,
+                      tied=args.tied)
+    print(path)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
