@@ -34,6 +34,7 @@ from .errors import ApiError, bad_request
 from .pipeline import Delta, Finish, Usage
 from .serving import Frame, StreamWriter
 from .spec import (
+    JSON_SCHEMA_FORMAT_FIELDS,
     MAX_MESSAGES,
     ChatSpec,
     Kind,
@@ -44,6 +45,7 @@ from .spec import (
     expect,
     field_of,
     json_format,
+    no_schema_member,
     positive_int,
     sampling_params,
     thinking_switch,
@@ -274,10 +276,13 @@ def parse_responses(body: Any) -> ChatSpec:
         if kind == "json_schema":
             if fmt.get("schema") is None:
                 raise bad_request("'text.format' of type json_schema needs a 'schema'", "text.format")
+            check_fields(fmt, JSON_SCHEMA_FORMAT_FIELDS, "text.format.")
             spec.response_format = json_format(fmt["schema"], "text.format")
-        elif kind == "json_object":
-            spec.response_format = json_format(None, "text.format")
-        elif kind != "text":
+        elif kind in ("text", "json_object"):
+            no_schema_member(fmt, "schema", "text.format")
+            if kind == "json_object":
+                spec.response_format = json_format(None, "text.format")
+        else:
             raise bad_request("'text.format.type' must be text, json_object or json_schema", "text.format")
     return spec
 
