@@ -227,11 +227,12 @@ def test_progress_runs_between_layers_and_cancel_keeps_whole_windows(tiny: Path)
 
 class Recorder:
     """A progress hook with a poll: records every call as (kind, layer, done) and cancels at the
-    in-layer poll number `cancel_at` (1-based, counted over the whole eval; 0: never)."""
+    in-layer poll number `cancel_at` (1-based, counted over the whole eval, or over the polls of
+    (layer, done) `where`; 0: never)."""
 
-    def __init__(self, cancel_at: int = 0) -> None:
+    def __init__(self, cancel_at: int = 0, where: tuple[int, int] | None = None) -> None:
         self.calls: list[tuple[str, int, int]] = []
-        self.cancel_at, self.polls, self.cancelled_at = cancel_at, 0, -1
+        self.cancel_at, self.where, self.polls, self.cancelled_at = cancel_at, where, 0, -1
 
     def __call__(self, layer: int, n_layers: int, done: int, window: int) -> bool:
         self.calls.append(("layer", layer, done))
@@ -239,6 +240,8 @@ class Recorder:
 
     def poll(self, layer: int, n_layers: int, done: int, window: int) -> bool:
         self.calls.append(("poll", layer, done))
+        if self.where is not None and (layer, done) != self.where:
+            return False
         self.polls += 1
         if self.polls == self.cancel_at:
             self.cancelled_at = len(self.calls)
@@ -300,6 +303,33 @@ def test_cancel_polled_inside_a_layer_stops_before_it_ends(tiny: Path) -> None:
             assert ("layer", layer, kept) not in rec.calls  # the layer never finished
             assert info.value.done == kept and engine.n_past == len(before) + kept
             assert np.array_equal(engine.eval(call[kept:]), want), f"cancelled at poll {cancel_at}"
+    engine.close()
+
+
+def test_cancel_polled_while_experts_are_read(ckpt_root: Path) -> None:
+    """Under a budget a layer's missing experts are computed as their reads land, a poll before
+    each: a cancel there closes the fetch batch (the reads in flight land in the cache) and the
+    slot continues bitwise as a resident engine fed only the kept tokens."""
+    ckpt = small_checkpoint(ckpt_root, "qwen3_moe", "bf16")
+    chunk = chunk_of(ckpt)
+    n_experts = int(Engine(str(ckpt), max_ctx=MAX_CTX).info["n_experts"])
+    engine = open_with_slots(ckpt, 3 * n_experts // 2, max_ctx=MAX_CTX, prefill_window=2 * chunk)
+    assert engine.info["prefill_window"] == 2 * chunk and engine.stats()["experts"]["slots"] > 0
+    prompt = prompt_for(engine, 3 * chunk + 11, seed=4)
+    n_layers = int(engine.info["n_layers"])
+    want = _fresh(ckpt, prompt[:2 * chunk], prompt[2 * chunk:], window=2 * chunk)
+    # The polls of a layer depend on what the cache holds (one per landed read): the first three
+    # are there whatever it holds (between the sub-chunks, before the experts, between groups);
+    # this layer reads over a dozen experts (cold or warm), so the tenth is one before a landed read.
+    for cancel_at in (1, 2, 3, 10):
+        engine.reset()
+        misses = engine.stats()["experts"]["misses"]
+        rec = Recorder(cancel_at, where=(n_layers - 1, 2 * chunk))
+        with pytest.raises(EvalCancelled) as info:
+            engine.eval(prompt, progress=rec)
+        assert rec.cancelled_at == len(rec.calls) and info.value.done == 2 * chunk
+        assert engine.stats()["experts"]["misses"] > misses  # the cache is cold enough to read
+        assert np.array_equal(engine.eval(prompt[2 * chunk:]), want), f"cancelled at poll {cancel_at}"
     engine.close()
 
 
