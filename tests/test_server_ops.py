@@ -229,6 +229,9 @@ def test_message_fields_are_typed_on_every_route(qwen_server):
                            ("/v1/chat/completions", {"model": "m", "messages": [message], "max_tokens": 1})):
             status, err, _ = qwen_server.post_json(path, body)
             assert status == 400 and err["error"]["param"] == param, (path, err)
+    # found by make fuzz: a non-string prompt next to messages was ignored
+    status, err, _ = qwen_server.post_json("/tokenize", {"prompt": {}, "messages": [{"role": "user", "content": "hi"}]})
+    assert status == 400 and err["error"]["param"] == "prompt", err
     blocks = [{"type": "text", "text": "hi", "signature": 5}]
     status, err, _ = qwen_server.post_json("/v1/messages/count_tokens",
                                            {"model": "m", "messages": [{"role": "user", "content": blocks}]})

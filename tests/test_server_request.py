@@ -303,6 +303,9 @@ def test_message_fields_are_typed():
     ({"role": "user", "content": [{"type": "text", "text": 5}]}, "messages[0].content[0].text"),
     ({"role": "assistant", "content": None, "tool_calls": [{"type": "x", "function": {"name": "f"}}]},
      "messages[0].tool_calls[0].type"),
+    # found by make fuzz: calls on a system message were never read, their arguments never checked
+    ({"role": "system", "content": None, "tool_calls": [{"function": {"name": "", "arguments": [None]}}]},
+     "messages[0].tool_calls[0].function.arguments"),
 ])
 def test_message_fields_are_typed_for_every_role(message, param):
     """Found by make fuzz: a non-string reasoning_content passed on a user message (the encoder
@@ -344,3 +347,16 @@ def test_text_formats_without_schema_still_pass():
     assert parse_responses({"input": "hi", "text": {"format": {"type": "text"}}}).response_format is None
     assert parse_anthropic({"max_tokens": 1, "messages": HI,
                             "output_config": {"format": {"type": "text", "schema": None}}}).response_format is None
+
+
+@pytest.mark.parametrize("tool, param", [
+    ({"type": "", "name": None, "parameters": [None, None]}, "tools[0].parameters"),  # found by make fuzz
+    ({"type": "web_search", "name": 5}, "tools[0].name"),
+    ({"type": "function", "name": "f", "description": ["x"]}, "tools[0].description"),
+])
+def test_responses_tool_members_are_typed_whatever_the_type(tool, param):
+    from gateway.server.responses_protocol import parse_responses
+
+    with pytest.raises(ApiError) as err:
+        parse_responses({"input": "hi", "tools": [tool]})
+    assert err.value.status == 400 and err.value.param == param

@@ -82,6 +82,11 @@ def _responses_text(content: Any, where: str) -> str:
     return "".join(texts)
 
 
+# Members of a Responses tool the OpenAPI document types, whatever the tool's type (a JSON Schema
+# is an object or a boolean).
+_TOOL_FIELDS: dict[str, Kind] = {"name": str, "description": str, "parameters": (dict, bool)}
+
+
 def responses_function_tools(tools: Any) -> tuple[list[dict], dict[str, str]]:
     """Responses tools -> chat tools, plus {function name: namespace} for namespaced functions.
     Hosted and custom tools are dropped (nothing here can run them)."""
@@ -103,6 +108,8 @@ def responses_function_tools(tools: Any) -> tuple[list[dict], dict[str, str]]:
     for i, tool in enumerate(tools):
         if not isinstance(tool, dict):
             raise bad_request(f"tools[{i}] must be an object", "tools")
+        # Typed on every tool, dropped ones too: the document types these members for all.
+        check_fields(tool, _TOOL_FIELDS, f"tools[{i}].")
         kind = tool.get("type")
         if kind == "function":
             add(tool, f"tools[{i}]", None)

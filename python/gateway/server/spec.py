@@ -223,6 +223,9 @@ def check_messages(messages: Any) -> list[dict]:
                     raise bad_request(f"messages[{i}].tool_calls[{j}].type must be 'function'",
                                       f"messages[{i}].tool_calls[{j}].type")
                 args = fn.get("arguments", "{}")
+                if args is not None and not isinstance(args, (str, dict)):  # on any role's calls
+                    raise bad_request(f"messages[{i}].tool_calls[{j}].function.arguments must be a JSON string "
+                                      "(or an object)", f"messages[{i}].tool_calls[{j}].function.arguments")
                 if isinstance(args, str):
                     try:
                         json.loads(args or "{}")
