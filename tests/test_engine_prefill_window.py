@@ -306,6 +306,7 @@ def test_cancel_polled_inside_a_layer_stops_before_it_ends(tiny: Path) -> None:
     engine.close()
 
 
+@pytest.mark.rss  # a budget sized for an uninstrumented process (make sanitize skips it)
 def test_cancel_polled_while_experts_are_read(ckpt_root: Path) -> None:
     """Under a budget a layer's missing experts are computed as their reads land, a poll before
     each: a cancel there closes the fetch batch (the reads in flight land in the cache) and the
