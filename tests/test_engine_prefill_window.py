@@ -225,6 +225,128 @@ def test_progress_runs_between_layers_and_cancel_keeps_whole_windows(tiny: Path)
     engine.close()
 
 
+class Recorder:
+    """A progress hook with a poll: records every call as (kind, layer, done) and cancels at the
+    in-layer poll number `cancel_at` (1-based, counted over the whole eval, or over the polls of
+    (layer, done) `where`; 0: never)."""
+
+    def __init__(self, cancel_at: int = 0, where: tuple[int, int] | None = None) -> None:
+        self.calls: list[tuple[str, int, int]] = []
+        self.cancel_at, self.where, self.polls, self.cancelled_at = cancel_at, where, 0, -1
+
+    def __call__(self, layer: int, n_layers: int, done: int, window: int) -> bool:
+        self.calls.append(("layer", layer, done))
+        return False
+
+    def poll(self, layer: int, n_layers: int, done: int, window: int) -> bool:
+        self.calls.append(("poll", layer, done))
+        if self.where is not None and (layer, done) != self.where:
+            return False
+        self.polls += 1
+        if self.polls == self.cancel_at:
+            self.cancelled_at = len(self.calls)
+        return self.polls == self.cancel_at
+
+
+def test_cancel_polled_inside_a_layer_stops_before_it_ends(tiny: Path) -> None:
+    """Issue 16 item 2: one layer of a long window takes a minute at full size, so the hook is
+    polled inside a layer too (between dense sub-chunks and between groups of experts).  A
+    cancel at any of those polls returns at once (no call after it: no sub-chunk or expert group
+    computed after it), drops the window whose layer was in progress, and the slot then equals
+    a fresh engine fed only the kept tokens, bitwise."""
+    chunk = chunk_of(tiny)
+    engine = Engine(str(tiny), max_ctx=MAX_CTX, prefill_window=2 * chunk)
+    n_layers = int(engine.info["n_layers"])
+    head, rest = prompt_for(engine, 5, seed=1), prompt_for(engine, 3 * chunk + 11, seed=2)
+    engine.eval(head)
+    whole = Recorder()
+    assert np.array_equal(engine.eval(rest, progress=whole), _fresh(tiny, head, rest, window=2 * chunk))
+    # Every layer of a window polls between its 2 sub-chunks; a MoE layer also before its
+    # experts and between their groups (about one sub-chunk's assignments each).
+    per_layer = [sum(1 for kind, li, done in whole.calls if kind == "poll" and li == layer and done == 0)
+                 for layer in range(n_layers)]
+    assert min(per_layer) >= 1 and max(per_layer) > 2, per_layer
+    assert [c for c in whole.calls if c[0] == "layer"] == [
+        ("layer", li, t0) for t0 in (0, 2 * chunk) for li in range(n_layers)]
+
+    def cut_at(kept: int) -> np.ndarray:
+        """The whole call cut back to `kept` of its tokens, continued (as the between-layer test
+        above: on DeepSeek-V4 a cut off its compression period replays the tail, as a cancel does)."""
+        engine.reset()
+        engine.eval(head)
+        engine.eval(rest)
+        engine.truncate(len(head) + kept)
+        return engine.eval(rest[kept:])
+
+    prompt = head + rest
+    layer = n_layers - 1  # the last layer: a cancel after it would have kept the window
+    # (tokens before the call, the call, the window with the cancel = the tokens kept, reference)
+    cases = [(head, rest, 0, _fresh(tiny, head, rest, window=2 * chunk)),
+             (head, rest, 2 * chunk, cut_at(2 * chunk)),
+             ([], prompt, 2 * chunk, _fresh(tiny, prompt[:2 * chunk], prompt[2 * chunk:], window=2 * chunk))]
+    for before, call, kept, want in cases:
+        engine.reset()
+        if before:
+            engine.eval(before)
+        probe = Recorder()
+        engine.eval(call, progress=probe)
+        polls = [n + 1 for n, c in enumerate(c for c in probe.calls if c[0] == "poll") if c[1:] == (layer, kept)]
+        assert len(polls) >= 2, probe.calls
+        for cancel_at in polls:
+            engine.reset()
+            if before:
+                engine.eval(before)
+            rec = Recorder(cancel_at)
+            with pytest.raises(EvalCancelled) as info:
+                engine.eval(call, progress=rec)
+            assert rec.cancelled_at == len(rec.calls), "the hook was called after the cancel"
+            assert ("layer", layer, kept) not in rec.calls  # the layer never finished
+            assert info.value.done == kept and engine.n_past == len(before) + kept
+            assert np.array_equal(engine.eval(call[kept:]), want), f"cancelled at poll {cancel_at}"
+    engine.close()
+
+
+@pytest.mark.rss  # a budget sized for an uninstrumented process (make sanitize skips it)
+def test_cancel_polled_while_experts_are_read(ckpt_root: Path) -> None:
+    """Under a budget a layer's missing experts are computed as their reads land, a poll before
+    each: a cancel there closes the fetch batch (the reads in flight land in the cache) and the
+    slot continues bitwise as a resident engine fed only the kept tokens."""
+    ckpt = small_checkpoint(ckpt_root, "qwen3_moe", "bf16")
+    chunk = chunk_of(ckpt)
+    n_experts = int(Engine(str(ckpt), max_ctx=MAX_CTX).info["n_experts"])
+    engine = open_with_slots(ckpt, 3 * n_experts // 2, max_ctx=MAX_CTX, prefill_window=2 * chunk)
+    assert engine.info["prefill_window"] == 2 * chunk and engine.stats()["experts"]["slots"] > 0
+    prompt = prompt_for(engine, 3 * chunk + 11, seed=4)
+    n_layers = int(engine.info["n_layers"])
+    want = _fresh(ckpt, prompt[:2 * chunk], prompt[2 * chunk:], window=2 * chunk)
+    # The polls of a layer depend on what the cache holds (one per landed read): the first three
+    # are there whatever it holds (between the sub-chunks, before the experts, between groups);
+    # this layer reads over a dozen experts (cold or warm), so the tenth is one before a landed read.
+    for cancel_at in (1, 2, 3, 10):
+        engine.reset()
+        misses = engine.stats()["experts"]["misses"]
+        rec = Recorder(cancel_at, where=(n_layers - 1, 2 * chunk))
+        with pytest.raises(EvalCancelled) as info:
+            engine.eval(prompt, progress=rec)
+        assert rec.cancelled_at == len(rec.calls) and info.value.done == 2 * chunk
+        assert engine.stats()["experts"]["misses"] > misses  # the cache is cold enough to read
+        assert np.array_equal(engine.eval(prompt[2 * chunk:]), want), f"cancelled at poll {cancel_at}"
+    engine.close()
+
+
+def _fresh(ckpt: Path, *calls: list[int], window: int) -> np.ndarray:
+    """The logits of the last call on a fresh engine fed the calls before it first (the same
+    calls: a sub-chunk starts where its call does, so other cuts would batch other rows)."""
+    engine = Engine(str(ckpt), max_ctx=MAX_CTX, prefill_window=window)
+    try:
+        for ids in calls[:-1]:
+            if ids:
+                engine.eval(ids)
+        return engine.eval(calls[-1])
+    finally:
+        engine.close()
+
+
 def test_slot_prefill_reports_windows_and_stops_between_layers(build_checkpoint) -> None:
     ckpt = build_checkpoint("qwen3_moe", "bf16")
     chunk = chunk_of(ckpt)

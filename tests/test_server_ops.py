@@ -219,6 +219,25 @@ def test_tokenize_detokenize_round_trip(qwen_server):
     assert status == 400 and err["error"]["param"] == "tokens"
 
 
+def test_message_fields_are_typed_on_every_route(qwen_server):
+    """Found by make fuzz: /tokenize took a non-string reasoning_content.  /tokenize,
+    /v1/chat/completions and /v1/messages/count_tokens read messages through one check."""
+    for message, param in (({"role": "user", "content": "hi", "reasoning_content": 5}, "messages[0].reasoning_content"),
+                           ({"role": "assistant", "content": "hi", "reasoning": [1]}, "messages[0].reasoning"),
+                           ({"role": "user", "content": "hi", "tool_call_id": 5}, "messages[0].tool_call_id")):
+        for path, body in (("/tokenize", {"messages": [message]}),
+                           ("/v1/chat/completions", {"model": "m", "messages": [message], "max_tokens": 1})):
+            status, err, _ = qwen_server.post_json(path, body)
+            assert status == 400 and err["error"]["param"] == param, (path, err)
+    # found by make fuzz: a non-string prompt next to messages was ignored
+    status, err, _ = qwen_server.post_json("/tokenize", {"prompt": {}, "messages": [{"role": "user", "content": "hi"}]})
+    assert status == 400 and err["error"]["param"] == "prompt", err
+    blocks = [{"type": "text", "text": "hi", "signature": 5}]
+    status, err, _ = qwen_server.post_json("/v1/messages/count_tokens",
+                                           {"model": "m", "messages": [{"role": "user", "content": blocks}]})
+    assert status == 400 and err["type"] == "error" and "signature" in err["error"]["message"], err
+
+
 def test_props_health_metrics(qwen_server):
     props = qwen_server.get_json("/props")
     assert props["n_ctx"] > 0 and props["chat_format"] == "qwen3" and props["engine"]["arch"] == "qwen3_moe"

@@ -293,3 +293,70 @@ def test_message_fields_are_typed():
         with pytest.raises(ApiError) as err:
             parse_openai_chat({"messages": [message]})
         assert err.value.param == param
+
+
+@pytest.mark.parametrize("message, param", [
+    ({"role": "user", "content": "x", "reasoning_content": 5}, "messages[0].reasoning_content"),
+    ({"role": "assistant", "content": "x", "reasoning_content": "ok", "reasoning": 5}, "messages[0].reasoning"),
+    ({"role": "user", "content": "x", "thinking": {}}, "messages[0].thinking"),
+    ({"role": "user", "content": "x", "tool_call_id": 5}, "messages[0].tool_call_id"),
+    ({"role": "user", "content": [{"type": "text", "text": 5}]}, "messages[0].content[0].text"),
+    ({"role": "assistant", "content": None, "tool_calls": [{"type": "x", "function": {"name": "f"}}]},
+     "messages[0].tool_calls[0].type"),
+    # found by make fuzz: calls on a system message were never read, their arguments never checked
+    ({"role": "system", "content": None, "tool_calls": [{"function": {"name": "", "arguments": [None]}}]},
+     "messages[0].tool_calls[0].function.arguments"),
+])
+def test_message_fields_are_typed_for_every_role(message, param):
+    """Found by make fuzz: a non-string reasoning_content passed on a user message (the encoder
+    only read it on assistant ones).  Every route reading OpenAI-form messages uses this check."""
+    with pytest.raises(ApiError) as err:
+        parse_openai_chat({"messages": [message]})
+    assert err.value.status == 400 and err.value.param == param
+
+
+@pytest.mark.parametrize("fmt, param", [
+    ({"type": "text", "json_schema": {"schema": {}}}, "response_format"),
+    ({"type": "json_object", "json_schema": "junk"}, "response_format"),
+    ({"type": "json_schema", "json_schema": {"name": 5, "schema": {}}}, "response_format.json_schema.name"),
+    ({"type": "json_schema", "json_schema": {"strict": "yes", "schema": {}}}, "response_format.json_schema.strict"),
+])
+def test_response_format_members_are_typed(fmt, param):
+    with pytest.raises(ApiError) as err:
+        parse_openai_chat({"messages": HI, "response_format": fmt})
+    assert err.value.status == 400 and err.value.param == param
+
+
+@pytest.mark.parametrize("body, param", [
+    ({"output_config": {"format": {"type": "text", "schema": 5}}}, "output_config.format"),
+    ({"messages": [{"role": "user", "content": [{"type": "text", "text": "x", "signature": 5}]}]},
+     "messages[0].content[0].signature"),
+    ({"messages": [{"role": "assistant", "content": [{"type": "text", "text": "x", "input": "y"}]}]},
+     "messages[0].content[0].input"),
+])
+def test_anthropic_members_are_typed(body, param):
+    with pytest.raises(ApiError) as err:
+        parse_anthropic({"max_tokens": 1, "messages": HI, **body})
+    assert err.value.status == 400 and err.value.param == param
+
+
+def test_text_formats_without_schema_still_pass():
+    from gateway.server.responses_protocol import parse_responses
+
+    assert parse_openai_chat({"messages": HI, "response_format": {"type": "text", "json_schema": None}}).response_format is None
+    assert parse_responses({"input": "hi", "text": {"format": {"type": "text"}}}).response_format is None
+    assert parse_anthropic({"max_tokens": 1, "messages": HI,
+                            "output_config": {"format": {"type": "text", "schema": None}}}).response_format is None
+
+
+@pytest.mark.parametrize("tool, param", [
+    ({"type": "", "name": None, "parameters": [None, None]}, "tools[0].parameters"),  # found by make fuzz
+    ({"type": "web_search", "name": 5}, "tools[0].name"),
+    ({"type": "function", "name": "f", "description": ["x"]}, "tools[0].description"),
+])
+def test_responses_tool_members_are_typed_whatever_the_type(tool, param):
+    from gateway.server.responses_protocol import parse_responses
+
+    with pytest.raises(ApiError) as err:
+        parse_responses({"input": "hi", "tools": [tool]})
+    assert err.value.status == 400 and err.value.param == param

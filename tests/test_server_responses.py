@@ -309,6 +309,11 @@ def test_reasoning_items_stream_and_replay(live_server):
     ({"model": "m", "input": "hi", "max_output_tokens": 0}, "max_output_tokens"),
     ({"model": "m", "input": "hi", "temperature": "hot"}, "temperature"),
     ({"model": "m", "input": "hi", "text": {"format": {"type": "json_schema", "name": "x"}}}, "text.format"),
+    # found by make fuzz: a schema on a text format was ignored (OpenAI's text format has none)
+    ({"model": "m", "input": "hi", "text": {"format": {"type": "text", "schema": "junk"}}}, "text.format"),
+    ({"model": "m", "input": "hi", "text": {"format": {"type": "json_object", "schema": {}}}}, "text.format"),
+    ({"model": "m", "input": "hi", "text": {"format": {"type": "json_schema", "name": 5, "schema": {}}}},
+     "text.format.name"),
     ({"model": "m", "input": "hi", "tools": [WEATHER], "tool_choice": {"type": "function", "name": "nope"}},
      "tool_choice"),
     ({"model": "m", "input": "hi", "tool_choice": "required"}, "tool_choice"),

@@ -168,3 +168,39 @@ def test_sigterm_while_a_large_body_is_tokenized_still_exits_in_time(build_check
         assert "Retry-After" in answer["headers"] and answer["body"]["error"]["code"] == "shutting_down"
     finally:
         stop_server(server)
+
+
+# ~3400 prompt tokens: two prefill windows (2048 tokens each)
+LONG_PROMPT = " ".join(f"w{i * 7919 % 10007}" for i in range(700))
+
+
+def test_sigterm_during_a_long_prefill_ends_the_stream_in_time(build_checkpoint):
+    """SIGTERM while a long prompt is prefilled (sent as the first window is reported, the
+    second being computed): the stream ends with its final event within 2 s and the process
+    exits in time.  At full size this needs the cancel polled inside a layer (a layer of a
+    window takes a minute there); the tiny model only checks the path end to end."""
+    server = start_server(build_checkpoint("qwen3_moe", "bf16"), "--keepalive", "0.3")
+    try:
+        running = open_stream(server.base_url, "/v1/chat/completions",
+                              {"model": "m", "max_tokens": 600, "ignore_eos": True, "stream": True,
+                               "messages": [{"role": "user", "content": LONG_PROMPT}]})
+        assert running.status == 200
+
+        def in_prefill() -> bool:
+            ev = running.next_event()
+            assert ev is not None, "stream ended early"
+            return ev.comment is not None and ev.comment.startswith("prefill")  # the first window is done
+
+        assert wait_until(in_prefill, timeout=60)
+        t0 = time.monotonic()
+        server.proc.send_signal(signal.SIGTERM)
+        running.read_all()
+        ended = time.monotonic() - t0
+        assert ended < 2.0, ended
+        chunks = check_openai_chunks(running.events)
+        assert chunks[-1]["choices"][0]["finish_reason"] == "length"
+        code = server.proc.wait(timeout=max(0.1, 5.0 - (time.monotonic() - t0)))
+        assert time.monotonic() - t0 < 5.0 and code == 0, server.log()
+        assert "Traceback" not in server.log(), server.log()
+    finally:
+        stop_server(server)

@@ -56,10 +56,14 @@ class Model {
     }
 
     // eval with a progress callable (None: none), called between layers with (layer, n_layers,
-    // done, window) while the GIL is re-acquired for it alone; a truthy return cancels.
+    // done, window) while the GIL is re-acquired for it alone; a truthy return cancels.  When
+    // it has a `poll` attribute, that is called the same way inside a layer (layer = the one in
+    // progress; between dense sub-chunks and expert groups, model.h), truthy cancelling too: a
+    // cancel then takes effect within a sub-chunk, not a layer.  Without one, in-layer polls
+    // return at once without taking the GIL.
     // Returns (logits, done): logits None when cancelled, done = tokens the slot kept.  An
-    // exception raised by the callable cancels too and is re-raised here (the slot then keeps
-    // `done` tokens, see n_past).
+    // exception raised by either callable cancels too and is re-raised here (the slot then
+    // keeps `done` tokens, see n_past).
     std::pair<py::object, int64_t> eval_hooked(const std::vector<int64_t> &tokens, bool last_only,
                                                py::object progress) {
         const int64_t vocab = mg_model_vocab(m_);
@@ -69,7 +73,7 @@ class Model {
         py::array_t<float> out({rows, vocab});
         if (n == 0) return {std::move(out), 0};
         float *dst = out.mutable_data();
-        Hook hook{progress, nullptr};
+        Hook hook{progress, progress.is_none() ? py::none() : py::getattr(progress, "poll", py::none()), nullptr};
         mg_eval_hook h{&Hook::call, &hook};
         int64_t done = 0;
         mg_error err{};
@@ -200,12 +204,15 @@ class Model {
     // The progress callable behind mg_eval_hook: runs with the GIL taken back for the call.
     struct Hook {
         py::object fn;
+        py::object poll;  // fn.poll, or None: in-layer polls answer 0 without the GIL
         std::exception_ptr error;
-        static int call(void *ctx, int layer, int n_layers, int64_t done, int64_t window) {
+        static int call(void *ctx, int layer, int n_layers, int64_t done, int64_t window, int in_layer) {
             auto *self = static_cast<Hook *>(ctx);
+            if (in_layer && self->poll.is_none()) return 0;  // is_none reads the pointer: no GIL needed
             py::gil_scoped_acquire gil;
             try {
-                return py::bool_(self->fn(layer, n_layers, done, window)) ? 1 : 0;
+                const py::object &f = in_layer ? self->poll : self->fn;
+                return py::bool_(f(layer, n_layers, done, window)) ? 1 : 0;
             } catch (...) {
                 self->error = std::current_exception();
                 return 1;
@@ -256,7 +263,8 @@ void register_model(py::module_ &m) {
         .def("eval", &Model::eval, py::arg("tokens"), py::arg("last_only") = false,
              "Appends tokens; returns float32 logits [n, vocab] ([1, vocab] with last_only).")
         .def("eval_hooked", &Model::eval_hooked, py::arg("tokens"), py::arg("last_only"), py::arg("progress"),
-             "eval with progress(layer, n_layers, done, window) called between layers (truthy: cancel); "
+             "eval with progress(layer, n_layers, done, window) called between layers and progress.poll (when "
+             "present) inside them (truthy: cancel); "
              "returns (logits or None when cancelled, tokens kept).")
 
         .def("truncate", &Model::truncate, py::arg("n"))

@@ -10,7 +10,8 @@
  *             checks every shape, allocates the KV cache for env->max_ctx positions)
  *   eval      runs n tokens at positions [pos, pos + n); tokens are already validated; a
  *             prefill runs layer by layer over windows (blocks.h, section 11), calling the
- *             hook between layers
+ *             hook between layers and polling it inside them (between dense sub-chunks and
+ *             expert groups: mg_window_poll, mg_moe_args.poll)
  *   truncate  forgets positions >= n (n <= current n_past, already validated)
  *   free      releases the state (NULL-safe)
  *   info      fixed facts about the loaded model (filled once after load)

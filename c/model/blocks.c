@@ -633,6 +633,20 @@ static void moe_wave(const moe_wave_ctx *w, const int *sel, int n, int with_shar
     mg_linear_jobs(w->c, nj, jobs);
 }
 
+/* The end of the group of members sel[j0..) computed between two polls: about one sub-chunk's
+ * assignments (group * k rows; at least one member), or all of them when nothing is polled
+ * (an eval without a hook keeps the widest dispatches). */
+static int moe_group_end(const moe_wave_ctx *w, const int *sel, int j0, int n) {
+    const mg_moe_args *a = w->a;
+    const mg_window *win = a->poll;
+    if (!win || !win->hook || !win->hook->fn || a->group <= 0 || j0 >= n) return n; /* nothing polls: one dispatch */
+    const int64_t budget = a->group * a->k;
+    int64_t rows = w->p->count[w->p->uid[sel[j0]]];
+    int j1 = j0 + 1;
+    while (j1 < n && rows + w->p->count[w->p->uid[sel[j1]]] <= budget) rows += w->p->count[w->p->uid[sel[j1++]]];
+    return j1;
+}
+
 /* Checks the shapes of members [i0, i1) (registered ones: readable before their bytes) and
  * returns their widest intermediate size, or -1 with err set. */
 static int64_t moe_check_shapes(const mg_moe_args *a, const moe_plan *p, const mg_expert **ex, int i0, int i1,
@@ -683,16 +697,41 @@ static int moe_fetch_wave(moe_wave_ctx *w, mg_buffers *buf, int slot, const mg_e
     if (r == -2) return -1;
     double now = mg_wall_seconds();
     waited += now - t; /* issuing the reads, and any eviction that had to wait */
-    moe_wave(w, sel, got, with_shared);
+    /* The cached members in groups of about one sub-chunk's assignments, the window's hook
+     * polled between groups (a resident layer is one fetch of every expert: without the groups
+     * a cancel would wait for all of it).  Each expert writes only its own rows, so the
+     * grouping changes no bit; the shared expert rides in the first group. */
+    int cancelled = 0, j0 = 0;
+    do {
+        const int j1 = moe_group_end(w, sel, j0, got);
+        if (j0 > 0 && mg_window_poll(a->poll, a->layer)) {
+            cancelled = 1;
+            break;
+        }
+        moe_wave(w, sel + j0, j1 - j0, with_shared && j0 == 0);
+        j0 = j1;
+    } while (j0 < got);
     t = mg_wall_seconds();
     computed += t - now;
-    while ((r = mg_expert_store_fetch_next(a->store, err)) >= 0) {
+    while (!cancelled && (r = mg_expert_store_fetch_next(a->store, err)) >= 0) {
         int i = i0 + r;
         now = mg_wall_seconds();
         waited += now - t;
+        if (mg_window_poll(a->poll, a->layer)) {
+            cancelled = 1;
+            break;
+        }
         moe_wave(w, &i, 1, 0);
         t = mg_wall_seconds();
         computed += t - now;
+    }
+    if (cancelled) {
+        /* Close the batch: reads already issued land in the cache (a later fetch may use them),
+         * and the store never sees a batch left open by a cancel. */
+        mg_error ignored;
+        while (mg_expert_store_fetch_next(a->store, &ignored) >= 0) {}
+        mg_expert_store_note_times(a->store, computed, waited);
+        return MG_EVAL_CANCELLED;
     }
     waited += mg_wall_seconds() - t;
     mg_expert_store_note_times(a->store, computed, waited);
@@ -742,9 +781,17 @@ int mg_moe_experts(const mg_compute *c, const mg_moe_args *a, mg_buffers *buf, i
     moe_wave_ctx w = {c, a, &p, ex, gather ? xg : a->x, gather ? d : 0, NULL, NULL, y, 0,
                       sg, sg ? sg + T * fs : NULL, jobs};
     const int cap = moe_fetch_cap(a->store, p.nu);
-    for (int i0 = 0; i0 < p.nu; i0 += cap)
-        if (moe_fetch_wave(&w, buf, slot0 + 1, ex, sel, i0, i0 + cap < p.nu ? i0 + cap : p.nu, i0 == 0, err))
+    for (int i0 = 0; i0 < p.nu; i0 += cap) {
+        if (i0 > 0 && mg_window_poll(a->poll, a->layer)) {
+            rc = MG_EVAL_CANCELLED;
             goto done;
+        }
+        const int wrc = moe_fetch_wave(&w, buf, slot0 + 1, ex, sel, i0, i0 + cap < p.nu ? i0 + cap : p.nu, i0 == 0, err);
+        if (wrc) {
+            rc = wrc;
+            goto done;
+        }
+    }
     /* Scatter in expert order, so each token's sum runs in increasing expert id. */
     for (int64_t q = 0; q < A; q++) {
         int64_t t = p.order[q] / a->k;
@@ -775,8 +822,13 @@ float *mg_window_head(const mg_window *w, int64_t c0, int64_t mc, int64_t *from)
 }
 
 int mg_window_layer_done(const mg_window *w, int layer) {
-    if (!w->hook || !w->hook->fn || w->hook->fn(w->hook->ctx, layer, w->n_layers, w->t0, w->m) == 0) return 0;
+    if (!w->hook || !w->hook->fn || w->hook->fn(w->hook->ctx, layer, w->n_layers, w->t0, w->m, 0) == 0) return 0;
     return layer + 1 == w->n_layers ? MG_WINDOW_CANCELLED_KEPT : MG_EVAL_CANCELLED;
+}
+
+int mg_window_poll(const mg_window *w, int layer) {
+    if (!w || !w->hook || !w->hook->fn) return 0;
+    return w->hook->fn(w->hook->ctx, layer, w->n_layers, w->t0, w->m, 1) ? MG_EVAL_CANCELLED : 0;
 }
 
 int mg_eval_windows(void *state, mg_window_fn fn, const mg_window *call, int64_t window, int64_t *done,

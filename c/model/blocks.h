@@ -21,7 +21,8 @@
  *  10. Routed experts           fetch the union of selected experts of a layer as one batch,
  *                               run each on the tokens that chose it, weighted scatter-add
  *  11. Layer-major prefill      an eval call as windows of sub-chunks; which head rows each
- *                               sub-chunk computes; the progress/cancel hook between layers
+ *                               sub-chunk computes; the progress/cancel hook between layers,
+ *                               polled inside a layer between sub-chunks and expert groups
  */
 #ifndef MG_BLOCKS_H
 #define MG_BLOCKS_H
@@ -226,7 +227,11 @@ void mg_route_sigmoid_grouped(const float *logits, const float *bias, int n_expe
  * expert is still fetched once for the whole window.  group = 0: one group of n_tok.
  * shared != NULL: the shared expert (a dense SwiGLU MLP over every token, same clamp limit,
  * one product per group) rides in the same two dispatches and writes shared_out[n_tok, d]
- * (not accumulated; the caller adds it, so the summation order is the caller's). */
+ * (not accumulated; the caller adds it, so the summation order is the caller's).
+ * poll != NULL: a prefill window whose hook is polled (mg_window_poll, layer = `layer`) between
+ * groups of experts of about one sub-chunk's assignments each; a cancel there returns
+ * MG_EVAL_CANCELLED with out only partly written (the window is dropped). */
+struct mg_window;
 typedef struct mg_moe_args {
     mg_expert_store *store;
     int layer, n_experts, k;
@@ -241,6 +246,7 @@ typedef struct mg_moe_args {
     float *shared_out;       /* [n_tok, d] when shared != NULL */
     const float *scores;     /* optional: [n_experts] the router's values that top-k ranked for
                                 the last token (handed to the store: routing trace) */
+    const struct mg_window *poll; /* optional: the window whose hook is polled (see above) */
 } mg_moe_args;
 
 /* Floats of scratch mg_moe_experts takes per token of a window (k choices, intermediate width
@@ -249,6 +255,7 @@ static inline uint64_t mg_moe_floats_per_token(int64_t d, int64_t k, int64_t f, 
     return (uint64_t)(k * (2 * d + 2 * f) + 2 * fs);
 }
 
+/* 0, -1 with err set, or MG_EVAL_CANCELLED (a->poll's hook asked to stop). */
 int mg_moe_experts(const mg_compute *c, const mg_moe_args *a, mg_buffers *buf, int slot0,
                    mg_error *err);
 
@@ -284,6 +291,11 @@ float *mg_window_head(const mg_window *w, int64_t c0, int64_t mc, int64_t *from)
  * cancel (the window is dropped), or MG_WINDOW_CANCELLED_KEPT when it asks so after the last
  * layer.  Return what it returns. */
 int mg_window_layer_done(const mg_window *w, int layer);
+
+/* Inside layer `layer` of the window, between two pieces of its work (dense sub-chunks, groups
+ * of routed experts): polls the hook (in_layer = 1).  0 to go on, or MG_EVAL_CANCELLED: the
+ * window is dropped, whatever of the layer was computed.  Costs one indirect call. */
+int mg_window_poll(const mg_window *w, int layer);
 
 /* Runs an eval call [tokens, n) at position pos as windows of `window` tokens (a multiple of
  * chunk), fn(state, w, err) each: 0, -1, MG_EVAL_CANCELLED or MG_WINDOW_CANCELLED_KEPT.

@@ -796,6 +796,9 @@ static int attn_layer(state *s, int li, const mg_window *win, win_bufs *w, mg_er
         float *X = w->X + t0 * n * d, *hb = w->H + t0 * d, *o = w->O + t0 * d;
         float *post = w->post + t0 * n, *comb = w->comb + t0 * n * n;
         rope_rows rr = rope_at(w, t0, half);
+        /* A cancel between sub-chunks drops the window (eval rewinds the rows and compressor
+         * states to the kept positions, as after a cancel between layers). */
+        if (t0 > 0 && mg_window_poll(win, li)) return MG_EVAL_CANCELLED;
         if (hc_pre(s, &L->hc_attn, L->attn_norm, X, m, hb, post, comb, err) ||
             attention_block(s, li, hb, m, win->pos + t0, &rr, o, err) || hc_post(s, X, o, post, comb, m, err))
             return -1;
@@ -827,8 +830,11 @@ static int moe_layer(state *s, int li, const mg_window *win, win_bufs *w, mg_err
         .group = win->chunk, .ids = w->ids, .w = w->rw, .limit = (float)c->limit, .out = w->O,
         .shared = &L->shared, .shared_out = w->SH, /* same clamp; rides in the experts' dispatches */
         .scores = L->tid2eid ? NULL : ranked, /* the last token's sc + bias; hash layers rank nothing */
+        .poll = win,
     };
-    if (mg_moe_experts(s->comp, &a, &s->buf, B_MOE0, err)) return -1;
+    if (mg_window_poll(win, li)) return MG_EVAL_CANCELLED;
+    const int rc = mg_moe_experts(s->comp, &a, &s->buf, B_MOE0, err);
+    if (rc) return rc; /* -1, or a cancel polled between expert groups */
     for (int64_t i = 0; i < M * d; i++) w->O[i] += w->SH[i];
     for (int64_t t0 = 0; t0 < M; t0 += win->chunk) {
         const int64_t m = M - t0 < win->chunk ? M - t0 : win->chunk;
@@ -879,9 +885,10 @@ static int eval_window(void *p, const mg_window *win, mg_error *err) {
             for (int64_t j = 0; j < n; j++) memcpy(w.X + ((t0 + t) * n + j) * d, e + t * d, sizeof(float) * (size_t)d);
     }
     for (int li = 0; li < c->n_layers; li++) {
-        if (attn_layer(s, li, win, &w, err) || moe_layer(s, li, win, &w, err)) return -1;
-        int rc = mg_window_layer_done(win, li);
-        if (rc) return rc;
+        int rc = attn_layer(s, li, win, &w, err);
+        if (!rc) rc = moe_layer(s, li, win, &w, err);
+        if (!rc) rc = mg_window_layer_done(win, li);
+        if (rc) return rc; /* -1, MG_EVAL_CANCELLED (polled inside the layer) or a cancel after it */
     }
     for (int64_t t0 = 0; t0 < M; t0 += win->chunk)
         if (head_rows(s, win, &w, t0, M - t0 < win->chunk ? M - t0 : win->chunk, err)) return -1;

@@ -31,11 +31,15 @@ int mg_model_eval(mg_model *m, const int32_t *tokens, int64_t n, int last_only, 
 
 /* Progress and cancellation of a long eval.  A prefill runs layer by layer over windows of
  * mg_model_prefill_window() tokens; after layer `layer` (of n_layers) of the window covering
- * tokens [done, done + window) of the call, fn is called.  Tokens [0, done) are complete, and
- * after the last layer so is the window.  A non-zero return cancels: the eval stops there and
- * the slot holds exactly the tokens of the complete windows (the current one too when the
- * cancel came after its last layer).  fn must not call into the model. */
-typedef int (*mg_eval_progress_fn)(void *ctx, int layer, int n_layers, int64_t done, int64_t window);
+ * tokens [done, done + window) of the call, fn is called with in_layer = 0.  Tokens [0, done)
+ * are complete, and after the last layer so is the window.  Inside a layer fn is also polled,
+ * with in_layer = 1 and `layer` the layer in progress: between its dense sub-chunks and between
+ * its groups of routed experts, so that a cancel takes effect within about one sub-chunk's
+ * time (one layer of a long window takes a minute at DeepSeek-V4-Flash size).  A non-zero
+ * return cancels: the eval stops there and the slot holds exactly the tokens of the complete
+ * windows (the current one too when the cancel came after its last layer; never after an
+ * in-layer poll).  fn must not call into the model; a poll should be cheap. */
+typedef int (*mg_eval_progress_fn)(void *ctx, int layer, int n_layers, int64_t done, int64_t window, int in_layer);
 typedef struct mg_eval_hook {
     mg_eval_progress_fn fn;
     void *ctx;

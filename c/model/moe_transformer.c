@@ -346,7 +346,7 @@ static const float *last_ranked(state *s, const layer *L, const float *last_logi
 /* MoE sub-block over the window's M tokens: x += moe(norm(x)) (+ shared expert).  Every
  * sub-chunk is normed and routed first, then each routed expert is fetched once for the whole
  * window (mg_moe_experts with group = chunk: bitwise a pass per chunk). */
-static int moe_block(state *s, int li, float *x, int64_t M, int64_t chunk, mg_error *err) {
+static int moe_block(state *s, int li, const mg_window *win, float *x, int64_t M, int64_t chunk, mg_error *err) {
     const cfg *c = &s->c;
     const layer *L = &s->layers[li];
     const int64_t d = c->d, E = c->n_experts, K = c->top_k;
@@ -375,9 +375,10 @@ static int moe_block(state *s, int li, float *x, int64_t M, int64_t chunk, mg_er
     mg_moe_args a = {
         .store = s->experts, .layer = li, .n_experts = (int)E, .k = (int)K, .x = h, .n_tok = M, .d = d,
         .group = chunk, .ids = ids, .w = rw, .limit = 0.0f, .out = out,
-        .shared = L->has_shared ? &L->shared : NULL, .shared_out = sh, .scores = ranked,
+        .shared = L->has_shared ? &L->shared : NULL, .shared_out = sh, .scores = ranked, .poll = win,
     };
-    if (mg_moe_experts(s->comp, &a, &s->buf, B_MOE0, err)) return -1;
+    const int rc = mg_moe_experts(s->comp, &a, &s->buf, B_MOE0, err);
+    if (rc) return rc; /* -1, or a cancel polled between expert groups */
     if (sh)
         for (int64_t i = 0; i < M * d; i++) out[i] += sh[i];
     for (int64_t i = 0; i < M * d; i++) x[i] += out[i];
@@ -402,12 +403,19 @@ static int eval_window(void *p, const mg_window *win, mg_error *err) {
         for (int64_t t0 = 0; t0 < M; t0 += ch) {
             const int64_t m = M - t0 < ch ? M - t0 : ch;
             float *xs = x + t0 * d;
+            /* A cancel between sub-chunks drops the window: what layer li wrote of it (KV rows
+             * past the kept positions) is dead, as after a cancel between layers. */
+            if (t0 > 0 && mg_window_poll(win, li)) return MG_EVAL_CANCELLED;
             if (attention_block(s, li, xs, m, win->pos + t0, cos_t + t0 * s->rope.half, sin_t + t0 * s->rope.half,
                                 err) ||
                 (!L->is_moe && dense_block(s, L, xs, m, err)))
                 return -1;
         }
-        if (L->is_moe && moe_block(s, li, x, M, ch, err)) return -1;
+        if (L->is_moe) {
+            if (mg_window_poll(win, li)) return MG_EVAL_CANCELLED;
+            int rc = moe_block(s, li, win, x, M, ch, err);
+            if (rc) return rc;
+        }
         int rc = mg_window_layer_done(win, li);
         if (rc) return rc;
     }

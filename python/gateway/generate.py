@@ -3,9 +3,9 @@
 One `Slot` wraps the engine and remembers which tokens its KV state holds.  A request reuses the
 longest common prefix (a second chat turn pays only for its new tokens), prefills the rest in one
 engine call (which runs it layer by layer over windows of info["prefill_window"] tokens; its
-progress hook checks for cancellation between layers and reports each finished window), then
-decodes token by token with the lm head computed for the last position only.  Runs in a worker
-thread; everything it reports goes through the `emit` callback.
+progress hook checks for cancellation between layers and, polled, inside them, and reports each
+finished window), then decodes token by token with the lm head computed for the last position
+only.  Runs in a worker thread; everything it reports goes through the `emit` callback.
 """
 from __future__ import annotations
 
@@ -111,6 +111,33 @@ class StopStringFilter:
 
 # Restore a snapshot only when it saves at least this many prefill tokens over the slot itself.
 MIN_RESTORE_GAIN = 64
+
+
+class _PrefillHook:
+    """Slot.prefill's progress hook for Engine.eval.  Called after each layer of a window: reports
+    finished windows (and layers, at most every progress_seconds) and answers whether to cancel.
+    `poll` is what the engine calls inside a layer, between its dense sub-chunks and groups of
+    experts (one layer of a long window takes a minute on a big model): a cancel there stops
+    the eval within about one sub-chunk, dropping the window."""
+
+    def __init__(self, cancel: threading.Event, progress: Callable[[ProgressEvent], None] | None, total: int,
+                 progress_seconds: float) -> None:
+        self.cancel, self.progress, self.total = cancel, progress, total
+        self.progress_seconds = progress_seconds
+        self.last_report = time.perf_counter()
+
+    def __call__(self, layer: int, n_layers: int, done: int, window: int) -> bool:
+        # A window's tokens are done after its last layer; a cancel there keeps them.
+        if self.progress and layer == n_layers - 1:
+            self.progress(ProgressEvent(done + window, self.total))
+            self.last_report = time.perf_counter()
+        elif self.progress and time.perf_counter() - self.last_report >= self.progress_seconds:
+            self.progress(ProgressEvent(done, self.total, layer + 1, n_layers, window))
+            self.last_report = time.perf_counter()
+        return self.cancel.is_set()
+
+    def poll(self, layer: int, n_layers: int, done: int, window: int) -> bool:
+        return self.cancel.is_set()
 
 
 class Slot:
@@ -220,20 +247,8 @@ class Slot:
             raise Cancelled()
         rest = prompt[cached:]
 
-        last_report = time.perf_counter()
-
-        def between_layers(layer: int, n_layers: int, done: int, window: int) -> bool:
-            # A window's tokens are done after its last layer; a cancel there keeps them.
-            nonlocal last_report
-            if progress and layer == n_layers - 1:
-                progress(ProgressEvent(done + window, len(rest)))
-                last_report = time.perf_counter()
-            elif progress and time.perf_counter() - last_report >= self.progress_seconds:
-                progress(ProgressEvent(done, len(rest), layer + 1, n_layers, window))
-                last_report = time.perf_counter()
-            return cancel.is_set()
-
-        return self._eval(rest, between_layers), cached
+        hook = _PrefillHook(cancel, progress, len(rest), self.progress_seconds)
+        return self._eval(rest, hook), cached
 
     def generate(self, req: GenerationRequest, cancel: threading.Event,
                  emit: Callable[[object], None]) -> GenerationResult:

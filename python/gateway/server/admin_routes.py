@@ -139,6 +139,9 @@ async def tokenize(request: web.Request) -> web.Response:
 def _tokenize(state: ServerState, body: object) -> dict:
     if not isinstance(body, dict):
         raise bad_request("the body must be a JSON object")
+    # Typed whichever is used: a junk `prompt` next to `messages` is refused, not ignored.
+    field_of(body, "content", str)
+    field_of(body, "prompt", str)
     if "messages" in body:
         ids = prepare_chat(state, parse_openai_chat(body), limit=False).prompt_ids  # counts any length
     else:

@@ -25,6 +25,7 @@ from .spec import (
     expect,
     field_of,
     json_format,
+    no_schema_member,
     positive_int,
     sampling_params,
     stop_list,
@@ -60,6 +61,12 @@ def _text_of_blocks(content: Any, where: str, placeholders: bool = False) -> str
     return "".join(parts)
 
 
+# Members of a content block as the OpenAPI document types them, whatever the block's type: a
+# member is typed where it is read and also where it is not (a "signature" on a text block).
+_BLOCK_FIELDS: dict[str, Kind] = {"text": str, "thinking": str, "signature": str, "id": str, "name": str,
+                                  "input": dict, "tool_use_id": str, "is_error": bool, "content": (str, list)}
+
+
 def anthropic_messages_to_openai(body: dict) -> list[dict]:
     out: list[dict] = []
     system = _text_of_blocks(body.get("system"), "system")
@@ -76,6 +83,9 @@ def anthropic_messages_to_openai(body: dict) -> list[dict]:
             out.append({"role": m["role"], "content": content})
             continue
         expect(content, list, f"messages[{i}].content")
+        for j, block in enumerate(content):
+            if isinstance(block, dict):
+                check_fields(block, _BLOCK_FIELDS, f"messages[{i}].content[{j}].")
         if m["role"] == "user":
             text: list[str] = []
             for block in content:
@@ -184,9 +194,11 @@ def parse_anthropic(body: Any) -> ChatSpec:
                 if fmt.get("schema") is None:
                     raise bad_request("'output_config.format' json_schema needs a 'schema'", "output_config.format")
                 spec.response_format = json_format(fmt.get("schema"), "output_config.format")
-            elif fmt.get("type") == "json_object":
-                spec.response_format = json_format(None, "output_config.format")
-            elif fmt.get("type") != "text":
+            elif fmt.get("type") in ("text", "json_object"):
+                no_schema_member(fmt, "schema", "output_config.format")
+                if fmt["type"] == "json_object":
+                    spec.response_format = json_format(None, "output_config.format")
+            else:
                 raise bad_request("'output_config.format.type' must be json_schema", "output_config.format")
     return spec
 

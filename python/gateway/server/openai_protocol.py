@@ -21,6 +21,7 @@ from .errors import ApiError, bad_request
 from .pipeline import Delta, Finish, Usage
 from .serving import Frame, StreamWriter
 from .spec import (
+    JSON_SCHEMA_FORMAT_FIELDS,
     MAX_CHOICES,
     NUMBER,
     ChatSpec,
@@ -33,6 +34,7 @@ from .spec import (
     expect,
     field_of,
     json_format,
+    no_schema_member,
     positive_int,
     sampling_params,
     stop_list,
@@ -75,8 +77,10 @@ def parse_openai_chat(body: Any) -> ChatSpec:
             if not isinstance(inner, dict):
                 raise bad_request("'response_format.json_schema' must be an object with a 'schema'",
                                   "response_format")
+            check_fields(inner, JSON_SCHEMA_FORMAT_FIELDS, "response_format.json_schema.")
             spec.response_format = json_format(inner.get("schema"), "response_format")
         else:
+            no_schema_member(fmt, "json_schema", "response_format")
             spec.response_format = json_format(None, "response_format") if fmt["type"] == "json_object" else None
     extension = extension_format(body)
     if extension is not None:

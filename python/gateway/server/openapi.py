@@ -77,7 +77,9 @@ OPENAI_TOOL = _obj({"type": {"const": "function"},
                                       "parameters": JSON_SCHEMA, "strict": BOOL}, ["name"])},
                    ["function"])
 OPENAI_TOOL_CALL = _obj({"id": STR, "type": {"const": "function"},
-                         "function": _obj({"name": STR, "arguments": STR}, ["name"])}, ["function"])
+                         # A JSON text on the wire; an object is accepted too (chat/normalize.py).
+                         "function": _obj({"name": STR, "arguments": {"type": ["string", "object"]}}, ["name"])},
+                        ["function"])
 OPENAI_MESSAGE = _obj({
     "role": {"enum": ["system", "developer", "user", "assistant", "tool"]},
     "content": {"oneOf": [STR, _arr(TEXT_PART), {"type": "null"}]},
@@ -85,14 +87,20 @@ OPENAI_MESSAGE = _obj({
     "tool_calls": _arr(OPENAI_TOOL_CALL),
     "tool_call_id": STR,
     "reasoning_content": {"type": ["string", "null"]},
+    "reasoning": {"type": ["string", "null"]},  # aliases of reasoning_content (chat/normalize.py)
+    "thinking": {"type": ["string", "null"]},
 }, ["role"])
 TOOL_CHOICE = {"oneOf": [{"enum": ["auto", "none", "required"]},
                          _obj({"type": {"const": "function"}, "function": _obj({"name": STR}, ["name"])},
                               ["type", "function"])]}
+# Only a json_schema format has a schema: one on a text or json_object format is refused
+# (spec.no_schema_member), so those variants allow the member as null (= absent) only.
+NO_SCHEMA: Schema = {"type": "null"}
 RESPONSE_FORMAT = {"oneOf": [
-    _obj({"type": {"enum": ["text", "json_object"]}}, ["type"]),
+    _obj({"type": {"enum": ["text", "json_object"]}, "json_schema": NO_SCHEMA}, ["type"]),
     _obj({"type": {"const": "json_schema"},
-          "json_schema": _obj({"name": STR, "schema": JSON_SCHEMA, "strict": BOOL})}, ["type", "json_schema"]),
+          "json_schema": _obj({"name": STR, "description": STR, "schema": JSON_SCHEMA, "strict": BOOL})},
+         ["type", "json_schema"]),
 ]}
 # Other servers' constraint parameters (vLLM, llama.cpp): at most one per request.
 EXTENSIONS: dict[str, Schema] = {
@@ -153,8 +161,9 @@ ANTHROPIC_FIELDS: dict[str, Schema] = {
                          "disable_parallel_tool_use": BOOL}, ["type"]),
     "thinking": _obj({"type": {"enum": ["enabled", "adaptive", "disabled"]}, "budget_tokens": INT,
                       "display": {"enum": ["summarized", "omitted"]}}, ["type"]),
-    "output_config": _obj({"effort": STR, "format": _obj({"type": {"enum": ["text", "json_object", "json_schema"]},
-                                                          "schema": JSON_SCHEMA}, ["type"])}),
+    "output_config": _obj({"effort": STR, "format": {"oneOf": [
+        _obj({"type": {"enum": ["text", "json_object"]}, "schema": NO_SCHEMA}, ["type"]),
+        _obj({"type": {"const": "json_schema"}, "schema": JSON_SCHEMA}, ["type", "schema"])]}}),
     "metadata": ANY_OBJ,
 }
 MESSAGES_BODY = _obj({
@@ -183,8 +192,10 @@ RESPONSES_BODY = _obj({
     "top_k": SAMPLING["top_k"], "min_p": SAMPLING["min_p"],
     "stream": BOOL,
     "reasoning": _obj({"effort": STR}),
-    "text": _obj({"format": _obj({"type": {"enum": ["text", "json_object", "json_schema"]}, "name": STR,
-                                  "schema": JSON_SCHEMA}, ["type"])}),
+    "text": _obj({"format": {"oneOf": [
+        _obj({"type": {"enum": ["text", "json_object"]}, "schema": NO_SCHEMA}, ["type"]),
+        _obj({"type": {"const": "json_schema"}, "name": STR, "description": STR, "schema": JSON_SCHEMA,
+              "strict": BOOL}, ["type", "schema"])]}}),
     "store": BOOL,
     "ignore_eos": BOOL,
 }, ["input"])

@@ -34,6 +34,7 @@ from .errors import ApiError, bad_request
 from .pipeline import Delta, Finish, Usage
 from .serving import Frame, StreamWriter
 from .spec import (
+    JSON_SCHEMA_FORMAT_FIELDS,
     MAX_MESSAGES,
     ChatSpec,
     Kind,
@@ -44,6 +45,7 @@ from .spec import (
     expect,
     field_of,
     json_format,
+    no_schema_member,
     positive_int,
     sampling_params,
     thinking_switch,
@@ -80,6 +82,11 @@ def _responses_text(content: Any, where: str) -> str:
     return "".join(texts)
 
 
+# Members of a Responses tool the OpenAPI document types, whatever the tool's type (a JSON Schema
+# is an object or a boolean).
+_TOOL_FIELDS: dict[str, Kind] = {"name": str, "description": str, "parameters": (dict, bool)}
+
+
 def responses_function_tools(tools: Any) -> tuple[list[dict], dict[str, str]]:
     """Responses tools -> chat tools, plus {function name: namespace} for namespaced functions.
     Hosted and custom tools are dropped (nothing here can run them)."""
@@ -101,6 +108,8 @@ def responses_function_tools(tools: Any) -> tuple[list[dict], dict[str, str]]:
     for i, tool in enumerate(tools):
         if not isinstance(tool, dict):
             raise bad_request(f"tools[{i}] must be an object", "tools")
+        # Typed on every tool, dropped ones too: the document types these members for all.
+        check_fields(tool, _TOOL_FIELDS, f"tools[{i}].")
         kind = tool.get("type")
         if kind == "function":
             add(tool, f"tools[{i}]", None)
@@ -274,10 +283,13 @@ def parse_responses(body: Any) -> ChatSpec:
         if kind == "json_schema":
             if fmt.get("schema") is None:
                 raise bad_request("'text.format' of type json_schema needs a 'schema'", "text.format")
+            check_fields(fmt, JSON_SCHEMA_FORMAT_FIELDS, "text.format.")
             spec.response_format = json_format(fmt["schema"], "text.format")
-        elif kind == "json_object":
-            spec.response_format = json_format(None, "text.format")
-        elif kind != "text":
+        elif kind in ("text", "json_object"):
+            no_schema_member(fmt, "schema", "text.format")
+            if kind == "json_object":
+                spec.response_format = json_format(None, "text.format")
+        else:
             raise bad_request("'text.format.type' must be text, json_object or json_schema", "text.format")
     return spec
 

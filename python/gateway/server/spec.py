@@ -174,7 +174,16 @@ def apply_tool_choice(spec: ChatSpec, choice: Any) -> None:
                           "tool_choice")
 
 
+# Fields of an OpenAI-form message other than role/content/tool_calls, as the OpenAPI document
+# types them (null means absent).  `reasoning` and `thinking` are the aliases chat/normalize.py
+# reads for `reasoning_content`.
+MESSAGE_FIELDS: dict[str, Kind] = {"name": str, "tool_call_id": str, "reasoning_content": str, "reasoning": str,
+                                   "thinking": str}
+
+
 def check_messages(messages: Any) -> list[dict]:
+    """The one check of OpenAI-form messages: /v1/chat/completions, /tokenize and /v1/responses
+    (after its items became messages) all call it, so they refuse the same fields."""
     expect(messages, list, "messages")
     if not messages:
         raise bad_request("'messages' must not be empty", "messages")
@@ -196,7 +205,12 @@ def check_messages(messages: Any) -> list[dict]:
                     raise bad_request(f"messages[{i}].content: only text parts are supported", "messages")
         if role == "tool" and not isinstance(m.get("tool_call_id", ""), str):
             raise bad_request(f"messages[{i}].tool_call_id must be a string", "messages")
-        field_of(m, "name", str, param=f"messages[{i}].name")
+        # Checked for every role: the chat encoder reads the reasoning aliases (chat/normalize.py),
+        # and a field the document types must not pass on one role and fail on another.
+        check_fields(m, MESSAGE_FIELDS, f"messages[{i}].")
+        if isinstance(content, list):
+            for j, part in enumerate(content):
+                expect(part.get("text"), str, f"messages[{i}].content[{j}].text")
         calls = m.get("tool_calls")
         if calls is not None:
             expect(calls, list, "messages")
@@ -205,7 +219,13 @@ def check_messages(messages: Any) -> list[dict]:
                 if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
                     raise bad_request(f"messages[{i}].tool_calls entries need function.name", "messages")
                 field_of(call, "id", str, param=f"messages[{i}].tool_calls[{j}].id")
+                if call.get("type") not in (None, "function"):
+                    raise bad_request(f"messages[{i}].tool_calls[{j}].type must be 'function'",
+                                      f"messages[{i}].tool_calls[{j}].type")
                 args = fn.get("arguments", "{}")
+                if args is not None and not isinstance(args, (str, dict)):  # on any role's calls
+                    raise bad_request(f"messages[{i}].tool_calls[{j}].function.arguments must be a JSON string "
+                                      "(or an object)", f"messages[{i}].tool_calls[{j}].function.arguments")
                 if isinstance(args, str):
                     try:
                         json.loads(args or "{}")
@@ -260,6 +280,19 @@ def json_format(schema: Any, param: str) -> dict:
     if not isinstance(schema, (dict, bool)):
         raise bad_request(f"'{param}' schema must be a JSON Schema object", param)
     return {"type": "json_schema", "schema": valid_schema(schema, f"'{param}'", param)}
+
+
+# The members of a json_schema format besides the schema itself (OpenAI's response_format.json_schema
+# and text.format): not acted on, typed all the same.
+JSON_SCHEMA_FORMAT_FIELDS: dict[str, Kind] = {"name": str, "description": str, "strict": bool}
+
+
+def no_schema_member(fmt: Mapping[str, Any], key: str, param: str) -> None:
+    """A format of type text or json_object has no schema member (OpenAI's response_format and
+    text.format, Anthropic's output_config.format): one there would be silently ignored, and the
+    client would believe its reply is constrained.  Null counts as absent, as everywhere."""
+    if fmt.get(key) is not None:
+        raise bad_request(f"'{param}' of type {fmt.get('type')} takes no '{key}': use type json_schema", param)
 
 
 def valid_schema(schema: Any, what: str, param: str) -> Any:
