@@ -97,3 +97,64 @@ def greedy(model, prompt: list[int], n_new: int) -> list[int]:
 def rel_error(got: np.ndarray, want: np.ndarray) -> float:
     """max |got - want| / max |want|."""
     return float(np.abs(got.astype(np.float64) - want).max() / np.abs(want).max())
+
+
+# ---- a deepseek4 GGUF file (llama.cpp's converter) as original-named values --------------------
+
+# GGUF name -> original name, as llama.cpp's DeepSeek-V4 converter renames (the oracle's own copy
+# of the mapping, kept apart from the C table it checks).
+_GGUF_ROOT = {"token_embd.weight": "embed.weight", "output_norm.weight": "norm.weight", "output.weight": "head.weight",
+              "output_hc_fn.weight": "hc_head_fn", "output_hc_base.weight": "hc_head_base",
+              "output_hc_scale.weight": "hc_head_scale"}
+_GGUF_LAYER = {
+    **{f"hc_{p}_{k}.weight": f"hc_{p}_{k}" for p in ("attn", "ffn") for k in ("fn", "base", "scale")},
+    "attn_norm.weight": "attn_norm.weight", "ffn_norm.weight": "ffn_norm.weight",
+    "attn_sinks.weight": "attn.attn_sink", "attn_q_a.weight": "attn.wq_a.weight",
+    "attn_q_a_norm.weight": "attn.q_norm.weight", "attn_q_b.weight": "attn.wq_b.weight",
+    "attn_kv.weight": "attn.wkv.weight", "attn_kv_a_norm.weight": "attn.kv_norm.weight",
+    "attn_output_a.weight": "attn.wo_a.weight", "attn_output_b.weight": "attn.wo_b.weight",
+    **{f"{g}_{k}.weight": f"{o}.{v}" for g, o in (("attn_compressor", "attn.compressor"),
+                                                  ("indexer_compressor", "attn.indexer.compressor"))
+       for k, v in (("ape", "ape"), ("kv", "wkv.weight"), ("gate", "wgate.weight"), ("norm", "norm.weight"))},
+    "indexer.attn_q_b.weight": "attn.indexer.wq_b.weight", "indexer.proj.weight": "attn.indexer.weights_proj.weight",
+    "ffn_gate_inp.weight": "ffn.gate.weight", "exp_probs_b.bias": "ffn.gate.bias",
+    "ffn_gate_tid2eid.weight": "ffn.gate.tid2eid",
+    "ffn_gate_shexp.weight": "ffn.shared_experts.w1.weight", "ffn_down_shexp.weight": "ffn.shared_experts.w2.weight",
+    "ffn_up_shexp.weight": "ffn.shared_experts.w3.weight",
+}
+_GGUF_EXPERTS = {"ffn_gate_exps.weight": "w1", "ffn_down_exps.weight": "w2", "ffn_up_exps.weight": "w3"}
+
+
+def gguf_values(path: str | Path) -> dict[str, np.ndarray]:
+    """Every tensor of a deepseek4 GGUF, dequantised by the gguf package (Q8_0, MXFP4, BF16),
+    under the original names; stacked experts split per expert, tid2eid kept integer."""
+    import gguf
+    from gguf import quants
+
+    out: dict[str, np.ndarray] = {}
+    for t in gguf.GGUFReader(str(path)).tensors:
+        if t.tensor_type in (gguf.GGMLQuantizationType.I32, gguf.GGMLQuantizationType.I64):
+            value = np.asarray(t.data).reshape([int(n) for n in reversed(t.shape)]).copy()
+        else:
+            value = np.asarray(quants.dequantize(t.data, t.tensor_type), dtype=np.float32)
+        if t.name in _GGUF_ROOT:
+            out[_GGUF_ROOT[t.name]] = value
+            continue
+        _, layer, rest = t.name.split(".", 2)
+        if rest in _GGUF_EXPERTS:
+            for e in range(value.shape[0]):
+                out[f"layers.{layer}.ffn.experts.{e}.{_GGUF_EXPERTS[rest]}.weight"] = value[e]
+        else:
+            out[f"layers.{layer}.{_GGUF_LAYER[rest]}"] = value
+    return out
+
+
+def hf_model_from_values(folder: str | Path, values: dict[str, np.ndarray]):
+    """DeepseekV4ForCausalLM (fp32, eager) of the folder's config holding `values`."""
+    dims = writer.dims_from_config(load_config(folder))
+    torch.manual_seed(0)
+    from transformers import DeepseekV4ForCausalLM
+
+    model = DeepseekV4ForCausalLM(writer.hf_config(dims)).float().eval()
+    writer.load_into_hf(model, dims, values)
+    return model

@@ -76,7 +76,7 @@ std::string type_label(const mg_gguf_kv *kv) {
     return std::string("array[") + mg_gguf_vtype_name(kv->elem_type) + "]";
 }
 
-py::dict inspect(const std::string &path, bool arrays) {
+py::dict inspect(const std::string &path, bool arrays, uint64_t small_arrays) {
     mg_error err{};
     mg_gguf *g;
     {
@@ -95,8 +95,10 @@ py::dict inspect(const std::string &path, bool arrays) {
             const mg_gguf_kv *kv = mg_gguf_kv_at(g, i);
             py::object key = text(kv->key, std::strlen(kv->key));
             // Without arrays a model's metadata is a few dozen scalars: the 150k-entry token
-            // lists are left in the file (the config only needs the scalars).
-            if (arrays || kv->type != MG_GGUF_ARRAY) meta[key] = value(kv);
+            // lists are left in the file.  Short numeric arrays (deepseek4's per-layer compress
+            // ratios and clamps) are config, so a caller may keep those up to small_arrays.
+            bool small = kv->type == MG_GGUF_ARRAY && kv->elem_type != MG_GGUF_STRING && kv->count <= small_arrays;
+            if (arrays || kv->type != MG_GGUF_ARRAY || small) meta[key] = value(kv);
             types[key] = type_label(kv);
         }
         for (size_t i = 0; i < mg_gguf_tensor_count(g); i++) {
@@ -130,12 +132,12 @@ py::dict inspect(const std::string &path, bool arrays) {
 }  // namespace
 
 void register_gguf(py::module_ &m) {
-    m.def("gguf_inspect", &inspect, py::arg("path"), py::arg("arrays") = true,
+    m.def("gguf_inspect", &inspect, py::arg("path"), py::arg("arrays") = true, py::arg("small_arrays") = 0,
           "Open a GGUF file with the C reader and return {version, alignment, data_offset, file_size, "
           "metadata: {key: value}, metadata_types: {key: 'u32' | 'array[string]' | ...}, tensors: [{name, "
           "type, type_id, supported, shape (ggml order, ne[0] first), row_bytes, nbytes, offset (in the "
           "data section), file_offset}]}.  With arrays=False, array-valued keys are left out of metadata "
-          "(their metadata_types entry stays).  A file the reader refuses raises ValueError.");
+          "(their metadata_types entry stays), except numeric arrays of at most small_arrays elements.  A file the reader refuses raises ValueError.");
     m.def("gguf_types", [] {
         py::list out;
         for (uint32_t id = 0; id < mg_ggml_type_id_end(); id++) {

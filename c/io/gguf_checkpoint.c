@@ -1,5 +1,6 @@
-/* A GGUF file (or split set) as an mg_checkpoint: every tensor under the Hugging Face name the
- * architecture loaders bind, shapes in [rows, cols] order, and each stacked expert tensor
+/* A GGUF file (or split set) as an mg_checkpoint: every tensor under the name the architecture
+ * loader binds (Hugging Face names for qwen3moe / glm4moe, DeepSeek's release names for
+ * deepseek4), shapes in [rows, cols] order, and each stacked expert tensor
  * (`blk.N.ffn_{gate,up,down}_exps.weight`, docs/reference/gguf.md §4) cut into one tensor per
  * expert whose bytes are that expert's contiguous slice, so the expert store reads one expert
  * by shard descriptor and file offset exactly as it does for safetensors.
@@ -8,7 +9,7 @@
  * nothing binds them, and nothing is silently dropped.  The permutation llama.cpp's converter
  * applies to llama-style q/k rows does not apply here: qwen3moe and glm4moe use the neox
  * (rotate-half) RoPE in both llama.cpp and transformers, so their q/k rows are stored as
- * released. */
+ * released; the deepseek4 converter renames and requantises but reorders no rows either. */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
@@ -23,12 +24,24 @@
 
 #define MAX_SPLIT_PARTS 99999 /* five digits in the part names */
 
-/* The architectures whose tensors this table names (general.architecture). */
-static const char *const supported_archs[] = {"qwen3moe", "glm4moe"};
-#define N_ARCHS (sizeof supported_archs / sizeof *supported_archs)
+typedef struct { const char *gguf, *to; } name_pair;
+
+/* One architecture family's names: GGUF -> the names its loader binds. */
+typedef struct {
+    const char *const *archs; /* general.architecture values it serves */
+    size_t n_archs;
+    const name_pair *globals, *layers, *stacked; /* stacked: .to is the expert projection */
+    size_t n_globals, n_layers, n_stacked;
+    const char *layer_prefix; /* "model.layers." or "layers." */
+    const char *expert_infix; /* <layer_prefix>N.<expert_infix>E.<proj>.weight: one expert */
+} name_table;
+
+/* ---- qwen3moe, glm4moe: Hugging Face names (model.layers.N.*) ---- */
+
+static const char *const hf_archs[] = {"qwen3moe", "glm4moe"};
 
 /* blk.N.<gguf suffix> -> model.layers.N.<hf suffix> */
-static const struct { const char *gguf, *hf; } layer_names[] = {
+static const name_pair hf_layer_names[] = {
     {"attn_norm.weight", "input_layernorm.weight"},
     {"ffn_norm.weight", "post_attention_layernorm.weight"},            /* qwen3moe */
     {"post_attention_norm.weight", "post_attention_layernorm.weight"}, /* glm4moe */
@@ -53,17 +66,86 @@ static const struct { const char *gguf, *hf; } layer_names[] = {
 };
 
 /* blk.N.<stacked> -> model.layers.N.mlp.experts.E.<proj>.weight */
-static const struct { const char *gguf, *proj; } stacked_names[] = {
+static const name_pair hf_stacked_names[] = {
     {"ffn_gate_exps.weight", "gate_proj"},
     {"ffn_up_exps.weight", "up_proj"},
     {"ffn_down_exps.weight", "down_proj"},
 };
 
-static const struct { const char *gguf, *hf; } global_names[] = {
+static const name_pair hf_global_names[] = {
     {"token_embd.weight", "model.embed_tokens.weight"},
     {"output_norm.weight", "model.norm.weight"},
     {"output.weight", "lm_head.weight"},
 };
+
+/* ---- deepseek4: DeepSeek's own release names (layers.N.*), which deepseek_v4.c binds ----
+ * llama.cpp's converter renames without touching the values of BF16/F32 tensors, requantises
+ * what the release stores as FP8 (dequantised with its 128x128 scales) to Q8_0, repacks the FP4
+ * experts into MXFP4 blocks (lossless: the same codes and E8M0 scales, only reordered), stacks
+ * them per layer, and stores the hash-routing tables as I32.  The FP8/FP4 `.scale` siblings are
+ * gone: the block formats carry their own scales. */
+
+static const char *const ds4_archs[] = {"deepseek4"};
+
+static const name_pair ds4_layer_names[] = {
+    {"attn_norm.weight", "attn_norm.weight"},
+    {"ffn_norm.weight", "ffn_norm.weight"},
+    {"hc_attn_fn.weight", "hc_attn_fn"},
+    {"hc_attn_base.weight", "hc_attn_base"},
+    {"hc_attn_scale.weight", "hc_attn_scale"},
+    {"hc_ffn_fn.weight", "hc_ffn_fn"},
+    {"hc_ffn_base.weight", "hc_ffn_base"},
+    {"hc_ffn_scale.weight", "hc_ffn_scale"},
+    {"attn_sinks.weight", "attn.attn_sink"},
+    {"attn_q_a.weight", "attn.wq_a.weight"},
+    {"attn_q_a_norm.weight", "attn.q_norm.weight"},
+    {"attn_q_b.weight", "attn.wq_b.weight"},
+    {"attn_kv.weight", "attn.wkv.weight"},
+    {"attn_kv_a_norm.weight", "attn.kv_norm.weight"},
+    {"attn_output_a.weight", "attn.wo_a.weight"},
+    {"attn_output_b.weight", "attn.wo_b.weight"},
+    {"attn_compressor_ape.weight", "attn.compressor.ape"},
+    {"attn_compressor_kv.weight", "attn.compressor.wkv.weight"},
+    {"attn_compressor_gate.weight", "attn.compressor.wgate.weight"},
+    {"attn_compressor_norm.weight", "attn.compressor.norm.weight"},
+    {"indexer.attn_q_b.weight", "attn.indexer.wq_b.weight"},
+    {"indexer.proj.weight", "attn.indexer.weights_proj.weight"},
+    {"indexer_compressor_ape.weight", "attn.indexer.compressor.ape"},
+    {"indexer_compressor_kv.weight", "attn.indexer.compressor.wkv.weight"},
+    {"indexer_compressor_gate.weight", "attn.indexer.compressor.wgate.weight"},
+    {"indexer_compressor_norm.weight", "attn.indexer.compressor.norm.weight"},
+    {"ffn_gate_inp.weight", "ffn.gate.weight"},
+    {"exp_probs_b.bias", "ffn.gate.bias"},
+    {"ffn_gate_tid2eid.weight", "ffn.gate.tid2eid"},
+    {"ffn_gate_shexp.weight", "ffn.shared_experts.w1.weight"},
+    {"ffn_down_shexp.weight", "ffn.shared_experts.w2.weight"},
+    {"ffn_up_shexp.weight", "ffn.shared_experts.w3.weight"},
+};
+
+/* w1 = gate, w2 = down, w3 = up, as in the release */
+static const name_pair ds4_stacked_names[] = {
+    {"ffn_gate_exps.weight", "w1"},
+    {"ffn_down_exps.weight", "w2"},
+    {"ffn_up_exps.weight", "w3"},
+};
+
+static const name_pair ds4_global_names[] = {
+    {"token_embd.weight", "embed.weight"},
+    {"output_norm.weight", "norm.weight"},
+    {"output.weight", "head.weight"},
+    {"output_hc_fn.weight", "hc_head_fn"},
+    {"output_hc_base.weight", "hc_head_base"},
+    {"output_hc_scale.weight", "hc_head_scale"},
+};
+
+#define N_OF(a) (sizeof a / sizeof *a)
+static const name_table tables[] = {
+    {hf_archs, N_OF(hf_archs), hf_global_names, hf_layer_names, hf_stacked_names, N_OF(hf_global_names),
+     N_OF(hf_layer_names), N_OF(hf_stacked_names), "model.layers.", "mlp.experts."},
+    {ds4_archs, N_OF(ds4_archs), ds4_global_names, ds4_layer_names, ds4_stacked_names, N_OF(ds4_global_names),
+     N_OF(ds4_layer_names), N_OF(ds4_stacked_names), "layers.", "ffn.experts."},
+};
+#define N_TABLES N_OF(tables)
 
 /* "blk.N.rest" -> N and rest; 0 on a match. */
 static int split_layer_name(const char *name, long *layer, const char **rest) {
@@ -79,29 +161,40 @@ static int split_layer_name(const char *name, long *layer, const char **rest) {
     return 0;
 }
 
-int mg_gguf_stored_name(const char *hf, char *out, size_t cap) {
-    for (size_t k = 0; k < sizeof global_names / sizeof *global_names; k++)
-        if (!strcmp(hf, global_names[k].hf)) return snprintf(out, cap, "%s", global_names[k].gguf) < 0 ? -1 : 0;
-    const char *p = "model.layers.";
-    if (strncmp(hf, p, strlen(p))) return -1;
+/* The GGUF name of a bound name in one table; -1 when the table has none. */
+static int stored_name_in(const name_table *tb, const char *to, char *out, size_t cap) {
+    for (size_t k = 0; k < tb->n_globals; k++)
+        if (!strcmp(to, tb->globals[k].to)) return snprintf(out, cap, "%s", tb->globals[k].gguf) < 0 ? -1 : 0;
+    const char *p = tb->layer_prefix;
+    if (strncmp(to, p, strlen(p))) return -1;
     char *end;
-    long layer = strtol(hf + strlen(p), &end, 10);
-    if (end == hf + strlen(p) || *end != '.') return -1;
+    long layer = strtol(to + strlen(p), &end, 10);
+    if (end == to + strlen(p) || *end != '.') return -1;
     const char *rest = end + 1;
     size_t n = 0;
-    for (size_t k = 0; k < sizeof layer_names / sizeof *layer_names && n < cap; k++)
-        if (!strcmp(rest, layer_names[k].hf)) /* post_attention_layernorm has two names */
-            n += (size_t)snprintf(out + n, cap - n, "%sblk.%ld.%s", n ? " or " : "", layer, layer_names[k].gguf);
+    for (size_t k = 0; k < tb->n_layers && n < cap; k++)
+        if (!strcmp(rest, tb->layers[k].to)) /* post_attention_layernorm has two names */
+            n += (size_t)snprintf(out + n, cap - n, "%sblk.%ld.%s", n ? " or " : "", layer, tb->layers[k].gguf);
     if (n) return 0;
+    size_t il = strlen(tb->expert_infix);
+    if (strncmp(rest, tb->expert_infix, il)) return -1;
     long e;
     char proj[16];
     int used = 0;
-    if (sscanf(rest, "mlp.experts.%ld.%15[a-z_].weight%n", &e, proj, &used) == 2 && rest[used] == 0)
-        for (size_t k = 0; k < sizeof stacked_names / sizeof *stacked_names; k++)
-            if (!strcmp(proj, stacked_names[k].proj)) {
-                snprintf(out, cap, "blk.%ld.%s (expert %ld)", layer, stacked_names[k].gguf, e);
+    if (sscanf(rest + il, "%ld.%15[a-z0-9_].weight%n", &e, proj, &used) == 2 && rest[il + (size_t)used] == 0)
+        for (size_t k = 0; k < tb->n_stacked; k++)
+            if (!strcmp(proj, tb->stacked[k].to)) {
+                snprintf(out, cap, "blk.%ld.%s (expert %ld)", layer, tb->stacked[k].gguf, e);
                 return 0;
             }
+    return -1;
+}
+
+/* The tables' bound names do not overlap (model.layers.* and lm_head vs layers.*, embed, head),
+ * so the first table that knows a name gives its GGUF name. */
+int mg_gguf_stored_name(const char *hf, char *out, size_t cap) {
+    for (size_t i = 0; i < N_TABLES; i++)
+        if (!stored_name_in(&tables[i], hf, out, cap)) return 0;
     return -1;
 }
 
@@ -144,7 +237,7 @@ static int add_tensor(mg_checkpoint *ck, int si, const mg_gguf_tensor *g, const 
 }
 
 /* One tensor per expert of a stacked [n_expert, rows, cols] tensor (ggml ne = {cols, rows, E}). */
-static int add_experts(mg_checkpoint *ck, int si, const mg_gguf_tensor *g, long layer,
+static int add_experts(mg_checkpoint *ck, int si, const mg_gguf_tensor *g, const name_table *tb, long layer,
                        const char *proj, mg_error *err) {
     if (g->n_dims != 3)
         return mg_fail(err, "%s: tensor '%s': stacked experts need 3 dims (cols, rows, experts), "
@@ -155,7 +248,7 @@ static int add_experts(mg_checkpoint *ck, int si, const mg_gguf_tensor *g, long 
         if (mg_gguf_tensor_slice(g, e, &off, &nbytes))
             return mg_fail(err, "%s: tensor '%s': cannot slice expert %lld", ck->shards[si].path,
                            g->name, (long long)e);
-        snprintf(name, sizeof name, "model.layers.%ld.mlp.experts.%lld.%s.weight", layer,
+        snprintf(name, sizeof name, "%s%ld.%s%lld.%s.weight", tb->layer_prefix, layer, tb->expert_infix,
                  (long long)e, proj);
         mg_tensor t;
         memset(&t, 0, sizeof t);
@@ -176,31 +269,31 @@ static int add_experts(mg_checkpoint *ck, int si, const mg_gguf_tensor *g, long 
     return 0;
 }
 
-static int add_part_tensors(mg_checkpoint *ck, int si, mg_error *err) {
+static int add_part_tensors(mg_checkpoint *ck, int si, const name_table *tb, mg_error *err) {
     const mg_gguf *g = ck->shards[si].gguf;
     char name[160];
     for (size_t i = 0; i < mg_gguf_tensor_count(g); i++) {
         const mg_gguf_tensor *t = mg_gguf_tensor_at(g, i);
-        const char *hf = NULL;
-        for (size_t k = 0; k < sizeof global_names / sizeof *global_names && !hf; k++)
-            if (!strcmp(t->name, global_names[k].gguf)) hf = global_names[k].hf;
+        const char *to = NULL;
+        for (size_t k = 0; k < tb->n_globals && !to; k++)
+            if (!strcmp(t->name, tb->globals[k].gguf)) to = tb->globals[k].to;
         long layer;
         const char *rest;
-        if (!hf && !split_layer_name(t->name, &layer, &rest)) {
-            for (size_t k = 0; k < sizeof stacked_names / sizeof *stacked_names; k++)
-                if (!strcmp(rest, stacked_names[k].gguf)) {
-                    if (add_experts(ck, si, t, layer, stacked_names[k].proj, err)) return -1;
+        if (!to && !split_layer_name(t->name, &layer, &rest)) {
+            for (size_t k = 0; k < tb->n_stacked; k++)
+                if (!strcmp(rest, tb->stacked[k].gguf)) {
+                    if (add_experts(ck, si, t, tb, layer, tb->stacked[k].to, err)) return -1;
                     rest = NULL;
                     break;
                 }
             if (!rest) continue;
-            for (size_t k = 0; k < sizeof layer_names / sizeof *layer_names && !hf; k++)
-                if (!strcmp(rest, layer_names[k].gguf)) {
-                    snprintf(name, sizeof name, "model.layers.%ld.%s", layer, layer_names[k].hf);
-                    hf = name;
+            for (size_t k = 0; k < tb->n_layers && !to; k++)
+                if (!strcmp(rest, tb->layers[k].gguf)) {
+                    snprintf(name, sizeof name, "%s%ld.%s", tb->layer_prefix, layer, tb->layers[k].to);
+                    to = name;
                 }
         }
-        if (add_tensor(ck, si, t, hf ? hf : t->name, err)) return -1;
+        if (add_tensor(ck, si, t, to ? to : t->name, err)) return -1;
     }
     return 0;
 }
@@ -269,14 +362,15 @@ int mg_gguf_checkpoint_load(mg_checkpoint *ck, mg_error *err) {
     const char *arch = NULL;
     size_t arch_len = 0;
     if (!rc && !(arch = mg_gguf_get_string(first, "general.architecture", &arch_len, err))) rc = -1;
+    const name_table *tb = NULL;
     if (!rc) {
-        int known = 0;
-        for (size_t i = 0; i < N_ARCHS; i++)
-            if (strlen(supported_archs[i]) == arch_len && !memcmp(arch, supported_archs[i], arch_len))
-                known = 1;
-        if (!known)
-            rc = mg_fail(err, "%s: general.architecture '%.*s' is not supported (supported: qwen3moe, glm4moe)",
-                         path, (int)(arch_len > 64 ? 64 : arch_len), arch);
+        for (size_t i = 0; i < N_TABLES && !tb; i++)
+            for (size_t k = 0; k < tables[i].n_archs; k++)
+                if (strlen(tables[i].archs[k]) == arch_len && !memcmp(arch, tables[i].archs[k], arch_len))
+                    tb = &tables[i];
+        if (!tb)
+            rc = mg_fail(err, "%s: general.architecture '%.*s' is not supported (supported: qwen3moe, glm4moe, "
+                         "deepseek4)", path, (int)(arch_len > 64 ? 64 : arch_len), arch);
     }
     mg_gguf_close(first); /* reopened as shard 0 below: one owner per part */
     if (rc) return rc;
@@ -312,6 +406,6 @@ int mg_gguf_checkpoint_load(mg_checkpoint *ck, mg_error *err) {
                            path, (unsigned long long)want, ck->n_shards, (unsigned long long)have);
     }
     for (int i = 0; i < ck->n_shards; i++)
-        if ((rc = add_part_tensors(ck, i, err))) return rc;
+        if ((rc = add_part_tensors(ck, i, tb, err))) return rc;
     return mg_ck_build_index(ck, err);
 }

@@ -1,8 +1,9 @@
-"""Normalised configs from GGUF metadata: llama.cpp's ``qwen3moe`` and ``glm4moe`` files.
+"""Normalised configs from GGUF metadata: llama.cpp's ``qwen3moe``, ``glm4moe`` and ``deepseek4``
+files.
 
 The scalar keys of the first file (docs/reference/gguf.md §4) are translated into the raw
-Hugging Face config.json fields of ``qwen3_moe`` / ``glm4_moe``, which then go through the same
-normalisers as a checkpoint folder.  What the metadata does not say is read off the tensors:
+config.json fields of ``qwen3_moe`` / ``glm4_moe`` / ``deepseek_v4`` (DeepSeek's published form),
+which then go through the same normalisers as a checkpoint folder.  What the metadata does not say is read off the tensors:
 the vocabulary (the token embedding's rows), q/k/v biases and q/k norms (whether layer 0 has
 them), a tied output (no ``output.weight``) and which qwen3moe layers are dense (no router).
 The C side (c/io/gguf_checkpoint.c) reads the same file under the Hugging Face tensor names.
@@ -18,7 +19,11 @@ import numpy as np
 from . import ConfigError, normalise
 
 # general.architecture -> the model_type whose normaliser applies.
-GGUF_ARCHS: dict[str, str] = {"qwen3moe": "qwen3_moe", "glm4moe": "glm4_moe"}
+GGUF_ARCHS: dict[str, str] = {"qwen3moe": "qwen3_moe", "glm4moe": "glm4_moe", "deepseek4": "deepseek_v4"}
+
+# Numeric arrays up to this length are read with the scalars (deepseek4's per-layer compress
+# ratios and SwiGLU clamps); the token lists stay in the file.
+SMALL_ARRAYS = 4096
 
 SPLIT_NAME = re.compile(r"^(?P<prefix>.*)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf$")
 
@@ -53,7 +58,7 @@ def read_gguf(path: Path) -> tuple[dict[str, Any], dict[str, list[int]]]:
     from .. import _core
 
     try:
-        info = _core.gguf_inspect(str(path), arrays=False)
+        info = _core.gguf_inspect(str(path), arrays=False, small_arrays=SMALL_ARRAYS)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
     metadata = info["metadata"]
@@ -72,6 +77,8 @@ def raw_config(metadata: dict[str, Any], tensors: dict[str, list[int]], where: s
     if arch not in GGUF_ARCHS:
         raise ConfigError(f"{where}GGUF architecture {arch!r} is not supported; supported: {', '.join(sorted(GGUF_ARCHS))}")
     model_type = GGUF_ARCHS[arch]
+    if model_type == "deepseek_v4":
+        return _deepseek4_raw(metadata, tensors, where)
 
     def key(name: str, default: Any = None, required: bool = False) -> Any:
         value = metadata.get(f"{arch}.{name}", default)
@@ -138,6 +145,108 @@ def raw_config(metadata: dict[str, Any], tensors: dict[str, list[int]], where: s
             "use_qk_norm": "blk.0.attn_q_norm.weight" in tensors,
             "num_nextn_predict_layers": nextn,
         })
+    return raw
+
+
+def _deepseek4_raw(metadata: dict[str, Any], tensors: dict[str, list[int]], where: str) -> dict[str, Any]:
+    """DeepSeek-V4's published config.json fields from a ``deepseek4`` file.
+
+    The keys llama.cpp's loader reads without a default (src/models/deepseek4.cpp) are required
+    here too.  The generic ones it defaults (src/llama-model.cpp load_hparams), and so do we:
+    rope.freq_base 10000; rope.scaling.type "linear" with factor 1 (no scaling; a real linear
+    factor is refused by the normaliser, V4 uses YaRN); rope.scaling.original_context_length =
+    context_length; yarn_beta_fast 32, yarn_beta_slow 1; attention.head_count_kv = head_count;
+    attention.key_length = embedding_length / head_count; nextn_predict_layers 0; swiglu_clamp_shexp
+    = swiglu_clamp_exp.
+    """
+
+    def key(name: str, default: Any = None, required: bool = False) -> Any:
+        value = metadata.get(f"deepseek4.{name}", default)
+        if value is None and required:
+            raise ConfigError(f"{where}GGUF key deepseek4.{name} is missing")
+        if isinstance(value, float):
+            value = float(str(np.float32(value)))  # the f32 the converter was given, as decimal
+        return value
+
+    def tensor(name: str) -> list[int]:
+        shape = tensors.get(name)
+        if shape is None:
+            raise ConfigError(f"{where}GGUF tensor {name} is missing")
+        return shape
+
+    embd = tensor("token_embd.weight")
+    if len(embd) != 2:
+        raise ConfigError(f"{where}GGUF tensor token_embd.weight is not 2-D")
+    hidden = key("embedding_length", required=True)
+    n_heads = key("attention.head_count", required=True)
+    n_layers = key("block_count", required=True) - (key("nextn_predict_layers", 0) or 0)
+    ratios = key("attention.compress_ratios", required=True)
+    if not isinstance(ratios, list) or len(ratios) < n_layers:
+        raise ConfigError(f"{where}GGUF key deepseek4.attention.compress_ratios needs {n_layers} entries (one per layer)")
+    gating = key("expert_gating_func", required=True)
+    if gating != 4:
+        raise ConfigError(f"{where}deepseek4 with expert_gating_func {GATING.get(gating, gating)!r} is not supported "
+                          "(sqrtsoftplus only)")
+    # One SwiGLU limit for routed and shared experts, as the release has.
+    clamp = key("swiglu_clamp_exp", required=True)
+    clamp_shared = key("swiglu_clamp_shexp", clamp)
+    limits = {float(str(np.float32(v))) for c in (clamp, clamp_shared) for v in (c if isinstance(c, list) else [c])[:n_layers]}
+    if len(limits) != 1:
+        raise ConfigError(f"{where}GGUF keys deepseek4.swiglu_clamp_exp/_shexp: one limit for every layer and both "
+                          f"expert kinds is supported, got {sorted(limits)}")
+    scaling = key("rope.scaling.type", "linear")
+    factor = key("rope.scaling.factor", 0.0) or 1.0
+    if scaling == "yarn":
+        rope_scaling = {
+            "type": "yarn",
+            "factor": factor,
+            "original_max_position_embeddings": key("rope.scaling.original_context_length",
+                                                    key("context_length", required=True)),
+            "beta_fast": key("rope.scaling.yarn_beta_fast", 32.0),
+            "beta_slow": key("rope.scaling.yarn_beta_slow", 1.0),
+        }
+    elif scaling in ("linear", "none") and factor == 1.0:
+        rope_scaling = {"type": "default"}
+    else:
+        raise ConfigError(f"{where}GGUF key deepseek4.rope.scaling.type {scaling!r} (factor {factor}) is not "
+                          "supported: DeepSeek-V4 uses yarn")
+    raw: dict[str, Any] = {
+        "model_type": "deepseek_v4",
+        "vocab_size": embd[1],
+        "hidden_size": hidden,
+        "num_hidden_layers": n_layers,
+        "num_attention_heads": n_heads,
+        "num_key_value_heads": key("attention.head_count_kv", n_heads),
+        "head_dim": key("attention.key_length", hidden // n_heads if isinstance(n_heads, int) and n_heads else None),
+        "qk_rope_head_dim": key("rope.dimension_count", required=True),
+        "q_lora_rank": key("attention.q_lora_rank", required=True),
+        "o_groups": key("attention.output_group_count", required=True),
+        "o_lora_rank": key("attention.output_lora_rank", required=True),
+        "sliding_window": key("attention.sliding_window", required=True),
+        "compress_ratios": list(ratios[:n_layers]),
+        "compress_rope_theta": key("attention.compress_rope_freq_base", required=True),
+        "rope_theta": key("rope.freq_base", 10000.0),
+        "rope_scaling": rope_scaling,
+        "max_position_embeddings": key("context_length", required=True),
+        "index_n_heads": key("attention.indexer.head_count", required=True),
+        "index_head_dim": key("attention.indexer.key_length", required=True),
+        "index_topk": key("attention.indexer.top_k", required=True),
+        "hc_mult": key("hyper_connection.count", required=True),
+        "hc_sinkhorn_iters": key("hyper_connection.sinkhorn_iterations", required=True),
+        "hc_eps": key("hyper_connection.epsilon", required=True),
+        "rms_norm_eps": key("attention.layer_norm_rms_epsilon", required=True),
+        "n_routed_experts": key("expert_count", required=True),
+        "num_experts_per_tok": key("expert_used_count", required=True),
+        "n_shared_experts": key("expert_shared_count", required=True),
+        "moe_intermediate_size": key("expert_feed_forward_length", required=True),
+        "num_hash_layers": key("hash_layer_count", required=True),
+        "scoring_func": "sqrtsoftplus",
+        "norm_topk_prob": bool(key("expert_weights_norm", required=True)),
+        "routed_scaling_factor": key("expert_weights_scale", required=True),
+        "swiglu_limit": limits.pop(),
+        "bos_token_id": metadata.get("tokenizer.ggml.bos_token_id", 0),
+        "eos_token_id": metadata.get("tokenizer.ggml.eos_token_id", 1),
+    }
     return raw
 
 
