@@ -226,10 +226,16 @@ static int bind_tid2eid(state *s, const mg_checkpoint *ck, layer *L, int li, mg_
     char name[96];
     snprintf(name, sizeof name, "layers.%d.ffn.gate.tid2eid", li);
     const mg_tensor *t = mg_checkpoint_find(ck, name);
-    if (!t) return mg_fail(err, "tensor '%s' is missing (hash-routed layer)", name);
+    /* a GGUF file names it blk.N.ffn_gate_tid2eid.weight: the message says so */
+    char stored[128] = "";
+    if (mg_checkpoint_is_gguf(ck) && !mg_gguf_stored_name(name, stored + 8, sizeof stored - 10)) {
+        memcpy(stored, " (GGUF '", 8);
+        strcat(stored, "')");
+    }
+    if (!t) return mg_fail(err, "tensor '%s'%s is missing (hash-routed layer)", name, stored);
     if ((t->dtype != MG_DT_I64 && t->dtype != MG_DT_I32) || t->ndim != 2 || t->shape[0] != s->c.vocab ||
         t->shape[1] != s->c.K)
-        return mg_fail(err, "tensor '%s': expected I64 or I32 [%lld, %lld]", name, (long long)s->c.vocab,
+        return mg_fail(err, "tensor '%s'%s: expected I64 or I32 [%lld, %lld]", name, stored, (long long)s->c.vocab,
                        (long long)s->c.K);
     L->tid2eid = t->data;
     L->tid2eid_i64 = t->dtype == MG_DT_I64;
@@ -237,7 +243,7 @@ static int bind_tid2eid(state *s, const mg_checkpoint *ck, layer *L, int li, mg_
     for (int64_t i = 0; i < s->c.vocab * s->c.K; i++) {
         int64_t e = L->tid2eid_i64 ? ((const int64_t *)t->data)[i] : ((const int32_t *)t->data)[i];
         if (e < 0 || e >= s->c.E)
-            return mg_fail(err, "tensor '%s': entry %lld names expert %lld outside [0, %lld)", name, (long long)i,
+            return mg_fail(err, "tensor '%s'%s: entry %lld names expert %lld outside [0, %lld)", name, stored, (long long)i,
                            (long long)e, (long long)s->c.E);
     }
     return 0;

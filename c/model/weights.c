@@ -269,8 +269,9 @@ float *mg_bind_vector(const mg_checkpoint *ck, const char *name, int64_t n, mg_e
     if (t->ndim != 1 || t->shape[0] != n) {
         char got[160];
         shape_str(got, sizeof got, t);
-        mg_fail(err, "%s: tensor '%s': shape %s, expected [%lld]", shard_of(ck, t), name, got,
-                (long long)n);
+        mg_fail(err, "%s: tensor '%s'%s%s%s: shape %s, expected [%lld]", shard_of(ck, t), name,
+                t->stored_name ? " (GGUF '" : "", t->stored_name ? t->stored_name : "", t->stored_name ? "')" : "",
+                got, (long long)n);
         return NULL;
     }
     return to_f32(ck, t, n, err);
@@ -287,8 +288,9 @@ float *mg_bind_array(const mg_checkpoint *ck, const char *name, int64_t n, mg_er
     if (n < 0 || !esz || t->nbytes / esz != (size_t)n) {
         char got[160];
         shape_str(got, sizeof got, t);
-        mg_fail(err, "%s: tensor '%s': shape %s holds %zu values, expected %lld", shard_of(ck, t),
-                name, got, esz ? t->nbytes / esz : (size_t)0, (long long)n);
+        mg_fail(err, "%s: tensor '%s'%s%s%s: shape %s holds %zu values, expected %lld", shard_of(ck, t), name,
+                t->stored_name ? " (GGUF '" : "", t->stored_name ? t->stored_name : "", t->stored_name ? "')" : "",
+                got, esz ? t->nbytes / esz : (size_t)0, (long long)n);
         return NULL;
     }
     return to_f32(ck, t, n, err);

@@ -1,0 +1,285 @@
+"""llama.cpp's ``deepseek4`` GGUF files: our tiny DeepSeek-V4 checkpoint converted by llama.cpp's
+own converter (conversion/deepseek.py), served by Engine(FILE.gguf).
+
+The converter keeps BF16/F32 tensors as they are, repacks the FP4 experts into MXFP4 (the same
+codes and scales: lossless), requantises the FP8 weights to Q8_0 and stores the hash-routing
+tables as I32.  Two oracles:
+
+* the native FP8/FP4 checkpoint: transformers' DeepseekV4 class holding the GGUF's own weights
+  dequantised by the gguf package (Q8_0 is not the FP8 values, so the folder is no oracle here);
+  max |err| / max |logit| <= 1e-4 over a prefill and greedy steps;
+* a BF16 variant of it (the FP8 weights dequantised to BF16, which holds them exactly; FP4
+  experts kept): the converter changes no value, so Engine(file) must compute what
+  Engine(folder) computes, to float rounding (1e-5).
+
+Errors: a missing deepseek4 key or a tensor of the wrong shape is a ConfigError/EngineError
+naming it; and a budgeted run reading MXFP4 expert slices from the file is bitwise the resident
+run.  Skipped, saying why, where llama.cpp's sources are not in the cache.
+"""
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO_ROOT / "tools"))
+import llamacpp  # noqa: E402
+from tools.ckpt import deepseek_v4 as writer  # noqa: E402
+
+import oracle_dsv4 as oracle  # noqa: E402
+
+TOL = 1e-4
+SAME_TOL = 1e-5
+PROMPT = 29     # crosses the window (8) and closes compressed blocks of both ratios (4, 8)
+STEPS = 6
+
+
+@pytest.fixture(scope="module")
+def src() -> Path:
+    try:
+        return llamacpp.fetch_source(llamacpp.cache_dir(), no_fetch=True)
+    except llamacpp.Unavailable as why:
+        pytest.skip(f"llama.cpp's sources are not in the cache ({why}); fetch them with: "
+                    "python tools/llamacpp_ggufs.py --arch qwen3_moe --out DIR")
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("dsv4-gguf")
+
+
+@pytest.fixture(scope="module")
+def native(root: Path) -> Path:
+    return writer.write_checkpoint("deepseek_v4", "tiny", "native", root / "native", progress=False)
+
+
+@pytest.fixture(scope="module")
+def native_gguf(src: Path, native: Path, root: Path) -> Path:
+    return llamacpp.convert(src, native, "deepseek_v4", "bf16", root / "native.gguf")
+
+
+def bf16_variant(native: Path, out: Path) -> Path:
+    """The checkpoint with every FP8 weight dequantised to BF16 (exact: 4 significant bits
+    times a power of two) and its scale dropped; FP4 experts, BF16 and F32 tensors as they are."""
+    raw = oracle.read_raw(native)
+    entries: dict[str, tuple[str, np.ndarray]] = {}
+    for name, (dtype, bits) in raw.items():
+        stem = name.rsplit(".", 1)[0]
+        if dtype == "F8_E4M3":
+            value = oracle.dequantised({name: raw[name], f"{stem}.scale": raw[f"{stem}.scale"]})[name]
+            as_bf16 = (value.astype(np.float32).view(np.uint32) >> 16).astype(np.uint16)
+            assert np.array_equal((as_bf16.astype(np.uint32) << 16).view(np.float32), value), name
+            entries[name] = ("BF16", as_bf16)
+        elif not (name.endswith(".scale") and raw.get(f"{stem}.weight", ("",))[0] == "F8_E4M3"):
+            entries[name] = (dtype, bits)
+    out.mkdir()
+    header: dict[str, Any] = {}
+    offset = 0
+    for name, (dtype, bits) in entries.items():
+        header[name] = {"dtype": dtype, "shape": list(bits.shape), "data_offsets": [offset, offset + bits.nbytes]}
+        offset += bits.nbytes
+    text = json.dumps(header).encode()
+    text += b" " * (-len(text) % 8)
+    with open(out / "model.safetensors", "wb") as f:
+        f.write(len(text).to_bytes(8, "little") + text)
+        for _, bits in entries.values():
+            f.write(np.ascontiguousarray(bits).tobytes())
+    (out / "model.safetensors.index.json").write_text(json.dumps(
+        {"metadata": {}, "weight_map": {k: "model.safetensors" for k in entries}}))
+    config = json.loads((native / "config.json").read_text())
+    config.pop("quantization_config", None)
+    (out / "config.json").write_text(json.dumps(config, indent=2))
+    for extra in ("generation_config.json", "tokenizer.json", "tokenizer_config.json"):
+        shutil.copyfile(native / extra, out / extra)
+    return out
+
+
+@pytest.fixture(scope="module")
+def bf16(native: Path, root: Path) -> Path:
+    return bf16_variant(native, root / "bf16")
+
+
+@pytest.fixture(scope="module")
+def bf16_gguf(src: Path, bf16: Path, root: Path) -> Path:
+    return llamacpp.convert(src, bf16, "deepseek_v4", "bf16", root / "bf16.gguf")
+
+
+def tokens() -> list[int]:
+    rng = np.random.default_rng(7)
+    return [0] + rng.integers(2, writer.TINY.vocab_size, PROMPT - 1).tolist()
+
+
+def run(engine, prompt: list[int], steps: int) -> tuple[np.ndarray, list[int]]:
+    """Prefill logits then `steps` greedy decode steps: (logits of every position, new ids)."""
+    engine.reset()
+    rows = [engine.eval(prompt)]
+    ids: list[int] = []
+    for _ in range(steps):
+        ids.append(int(np.argmax(rows[-1][-1])))
+        rows.append(engine.eval([ids[-1]]))
+    return np.concatenate(rows), ids
+
+
+# ---- the converter's file -------------------------------------------------------------------
+
+
+def test_file_layout(native_gguf: Path) -> None:
+    """What the converter wrote is what the name table and the config expect."""
+    from gateway import _core
+
+    info = _core.gguf_inspect(str(native_gguf), arrays=False, small_arrays=64)
+    assert info["metadata"]["general.architecture"] == "deepseek4"
+    assert info["metadata"]["deepseek4.attention.compress_ratios"] == [0, 0, 4, 8, 4, 8]
+    types = {t["name"]: t["type"] for t in info["tensors"]}
+    assert types["blk.0.ffn_gate_exps.weight"] == "MXFP4"
+    assert types["blk.0.attn_q_a.weight"] == "Q8_0"
+    assert types["blk.0.ffn_gate_tid2eid.weight"] == "I32"
+    assert "blk.3.ffn_gate_tid2eid.weight" not in types and "blk.3.exp_probs_b.bias" in types
+
+
+def test_config_from_metadata_matches_folder(native_gguf: Path, native: Path) -> None:
+    from gateway.model_config import load_config
+
+    want = load_config(native)
+    got = load_config(native_gguf)
+    want.pop("expert_dtype")  # a label the file does not carry
+    got.pop("expert_dtype")
+    assert got == want
+
+
+def test_native_file_matches_transformers(native_gguf: Path, native: Path) -> None:
+    """FP4 experts lossless, FP8 -> Q8_0: transformers holding the file's dequantised weights."""
+    from gateway.engine import Engine
+
+    model = oracle.hf_model_from_values(native, oracle.gguf_values(native_gguf))
+    engine = Engine(str(native_gguf), threads=2)
+    try:
+        got, ids = run(engine, tokens(), STEPS)
+    finally:
+        engine.close()
+    want = oracle.full_logits(model, tokens() + ids)[: PROMPT + STEPS]
+    err = oracle.rel_error(got, want)
+    assert err <= TOL, f"max|diff|/max|logit| = {err:.3g}"
+
+
+def test_bf16_file_matches_the_folder(bf16_gguf: Path, bf16: Path) -> None:
+    """No value changes on conversion: Engine(file) computes what Engine(folder) computes."""
+    from gateway.engine import Engine
+
+    results = []
+    for path in (bf16, bf16_gguf):
+        engine = Engine(str(path), threads=2)
+        try:
+            results.append(run(engine, tokens(), STEPS))
+        finally:
+            engine.close()
+    (folder, folder_ids), (file, file_ids) = results
+    assert file_ids == folder_ids
+    err = oracle.rel_error(file, folder)
+    assert err <= SAME_TOL, f"max|diff|/max|logit| = {err:.3g}"
+
+
+def test_cached_experts_read_from_disk_are_bitwise_resident(native_gguf: Path) -> None:
+    """A budget that keeps experts in a cache: MXFP4 slices read from the file give the
+    resident run's logits bit for bit."""
+    from gateway.engine import Engine, EngineError
+
+    resident = Engine(str(native_gguf), threads=1)
+    try:
+        want = resident.eval(tokens())
+    finally:
+        resident.close()
+    try:
+        Engine(str(native_gguf), ram_gb=0.001, threads=1)
+    except EngineError as exc:
+        found = re.search(r"minimum is ([0-9.]+) GB", str(exc))
+    else:
+        pytest.fail("a 1 MB budget loaded")
+    assert found, "the too-small error states no minimum"
+    engine = Engine(str(native_gguf), ram_gb=float(found.group(1)), threads=1, expert_history=False,
+                    expert_prefetch=False)
+    try:
+        got = engine.eval(tokens())
+        stats = engine.stats()["experts"]
+        assert stats["slots"] > 0 and stats["misses"] > 0 and stats["bytes_read"] > 0, stats
+        assert np.array_equal(got, want), "cached run differs from the resident one"
+    finally:
+        engine.close()
+
+
+# ---- errors ---------------------------------------------------------------------------------
+
+
+def rewrite(source: Path, out: Path, *, drop_keys: tuple[str, ...] = (),
+            tensors: dict[str, np.ndarray] | None = None) -> Path:
+    """A copy of a GGUF file without some keys and with some tensors replaced (F32 values)."""
+    import gguf
+
+    reader = gguf.GGUFReader(str(source))
+    arch = str(reader.fields["general.architecture"].contents())
+    out_writer = gguf.GGUFWriter(str(out), arch)
+    for key, field in reader.fields.items():
+        if key.startswith("GGUF.") or key == "general.architecture" or key in drop_keys:
+            continue
+        kind = field.types[0]
+        sub = field.types[-1] if kind == gguf.GGUFValueType.ARRAY else None
+        out_writer.add_key_value(key, field.contents(), kind, sub_type=sub)
+    for t in reader.tensors:
+        if tensors and t.name in tensors:
+            out_writer.add_tensor(t.name, tensors[t.name].astype(np.float32))
+            continue
+        shape = [int(n) for n in reversed(t.shape)]
+        data = np.array(t.data)
+        if t.tensor_type in (gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.I32):
+            out_writer.add_tensor(t.name, data.reshape(shape))
+        else:
+            out_writer.add_tensor(t.name, data, raw_dtype=t.tensor_type)
+    out_writer.write_header_to_file()
+    out_writer.write_kv_data_to_file()
+    out_writer.write_tensors_to_file()
+    out_writer.close()
+    return out
+
+
+def test_rewrite_is_faithful(native_gguf: Path, tmp_path: Path) -> None:
+    """The error tests' rewriter itself changes nothing it is not asked to."""
+    from gateway.engine import Engine
+
+    copy = rewrite(native_gguf, tmp_path / "copy.gguf")
+    a, b = Engine(str(native_gguf), threads=2), Engine(str(copy), threads=2)
+    try:
+        assert np.array_equal(a.eval(tokens()[:9]), b.eval(tokens()[:9]))
+    finally:
+        a.close()
+        b.close()
+
+
+@pytest.mark.parametrize("key", ["deepseek4.hyper_connection.count", "deepseek4.attention.compress_ratios",
+                                 "deepseek4.attention.output_group_count", "deepseek4.hash_layer_count"])
+def test_missing_key_is_named(native_gguf: Path, tmp_path: Path, key: str) -> None:
+    from gateway.engine import ConfigError, Engine
+
+    path = rewrite(native_gguf, tmp_path / "nokey.gguf", drop_keys=(key,))
+    with pytest.raises(ConfigError, match=re.escape(key)):
+        Engine(str(path))
+
+
+@pytest.mark.parametrize("name, value, expected", [
+    ("blk.1.attn_sinks.weight", np.zeros(3), r"blk\.1\.attn_sinks\.weight.*expected \[4\]"),
+    ("blk.2.hc_ffn_fn.weight", np.zeros((24, 256)), r"blk\.2\.hc_ffn_fn\.weight.*expected \[24, 512\]"),
+    ("blk.0.ffn_gate_tid2eid.weight", np.zeros((writer.TINY.vocab_size, 3)),
+     r"blk\.0\.ffn_gate_tid2eid\.weight.*expected I64 or I32 \[129280, 4\]"),
+])
+def test_wrong_shape_is_named(native_gguf: Path, tmp_path: Path, name: str, value: np.ndarray, expected: str) -> None:
+    from gateway.engine import Engine, EngineError
+
+    path = rewrite(native_gguf, tmp_path / "shape.gguf", tensors={name: value})
+    with pytest.raises(EngineError, match=expected):
+        Engine(str(path))
