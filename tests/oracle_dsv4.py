@@ -136,7 +136,7 @@ def gguf_values(path: str | Path) -> dict[str, np.ndarray]:
         if t.tensor_type in (gguf.GGMLQuantizationType.I32, gguf.GGMLQuantizationType.I64):
             value = np.asarray(t.data).reshape([int(n) for n in reversed(t.shape)]).copy()
         else:
-            value = np.asarray(quants.dequantize(t.data, t.tensor_type), dtype=np.float32)
+            value = np.array(quants.dequantize(t.data, t.tensor_type), dtype=np.float32)  # writable
         if t.name in _GGUF_ROOT:
             out[_GGUF_ROOT[t.name]] = value
             continue
