@@ -214,6 +214,19 @@ def test_cached_experts_read_from_disk_are_bitwise_resident(native_gguf: Path) -
         engine.close()
 
 
+def test_server_inputs_match_the_folder(native_gguf: Path, native: Path) -> None:
+    """`python -m gateway --model FILE.gguf`: the DSML family and the DeepSeek-V4 tokenizer
+    (`joyai-llm` pre-tokenizer rebuilt from the file) give the folder's ids and end tokens."""
+    from gateway.server.serve import load_tokenizer_and_chat
+
+    file_tok, file_chat, file_eot = load_tokenizer_and_chat(native_gguf)
+    tok, chat, eot = load_tokenizer_and_chat(native)
+    assert file_chat.family.name == chat.family.name == "dsml"
+    assert file_eot == eot
+    text = "Hello world, 12345 héllo\n  code()  <｜User｜>x <｜end▁of▁sentence｜>"
+    assert file_tok.encode(text) == tok.encode(text)
+
+
 # ---- errors ---------------------------------------------------------------------------------
 
 
