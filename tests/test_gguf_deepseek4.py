@@ -154,6 +154,35 @@ def test_config_from_metadata_matches_folder(native_gguf: Path, native: Path) ->
     assert got == want
 
 
+@pytest.mark.parametrize("change, expected", [
+    ({"deepseek4.expert_gating_func": 2}, r"expert_gating_func 'sigmoid'.*sqrtsoftplus only"),
+    ({"deepseek4.swiglu_clamp_shexp": [7.0] * 6}, r"swiglu_clamp_exp/_shexp: one limit"),
+    ({"deepseek4.expert_feed_forward_length": [64, 64, 32, 64, 64, 64]}, r"expert_feed_forward_length: one value"),
+    ({"deepseek4.attention.compress_ratios": [0, 0, 4]}, r"compress_ratios needs 6 entries"),
+    ({"deepseek4.rope.scaling.type": "linear", "deepseek4.rope.scaling.factor": 4.0}, r"rope\.scaling\.type 'linear'"),
+])
+def test_metadata_refused_by_name(native_gguf: Path, change: dict[str, Any], expected: str) -> None:
+    from gateway.model_config import ConfigError
+    from gateway.model_config.gguf import raw_config, read_gguf
+
+    metadata, tensors = read_gguf(native_gguf)
+    with pytest.raises(ConfigError, match=expected):
+        raw_config({**metadata, **change}, tensors)
+
+
+def test_metadata_defaults(native_gguf: Path) -> None:
+    """Keys llama.cpp defaults: no rope scaling (none, factor 1), no shared-expert clamp."""
+    from gateway.model_config import normalise
+    from gateway.model_config.gguf import raw_config, read_gguf
+
+    metadata, tensors = read_gguf(native_gguf)
+    optional = ("rope.scaling.type", "rope.scaling.factor", "rope.scaling.original_context_length",
+                "rope.scaling.yarn_beta_fast", "rope.scaling.yarn_beta_slow", "swiglu_clamp_shexp", "rope.freq_base")
+    trimmed = {k: v for k, v in metadata.items() if k.removeprefix("deepseek4.") not in optional}
+    cfg = normalise(raw_config(trimmed, tensors))
+    assert cfg["yarn_factor"] == 1.0 and cfg["rope_theta"] == 10000.0 and cfg["swiglu_limit"] == 10.0
+
+
 def test_native_file_matches_transformers(native_gguf: Path, native: Path) -> None:
     """FP4 experts lossless, FP8 -> Q8_0: transformers holding the file's dequantised weights."""
     from gateway.engine import Engine

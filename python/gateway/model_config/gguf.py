@@ -114,7 +114,8 @@ def raw_config(metadata: dict[str, Any], tensors: dict[str, list[int]], where: s
         "partial_rotary_factor": rope_dims / head_dim if isinstance(rope_dims, int) and head_dim else 1.0,
         "max_position_embeddings": key("context_length", 4096),
         "tie_word_embeddings": "output.weight" not in tensors,
-        "moe_intermediate_size": key("expert_feed_forward_length", required=True),
+        "moe_intermediate_size": _one_value(key("expert_feed_forward_length", required=True), n_layers,
+                                            f"{where}GGUF key deepseek4.expert_feed_forward_length"),
         "num_experts_per_tok": key("expert_used_count", required=True),
         "attention_bias": "blk.0.attn_q.bias" in tensors,
     }
@@ -146,6 +147,17 @@ def raw_config(metadata: dict[str, Any], tensors: dict[str, list[int]], where: s
             "num_nextn_predict_layers": nextn,
         })
     return raw
+
+
+def _one_value(value: Any, n_layers: int, what: str) -> Any:
+    """A key llama.cpp reads as a scalar or one value per layer (get_key_or_arr): the one value
+    every layer shares; layers of different widths are not supported."""
+    if not isinstance(value, list):
+        return value
+    values = set(value[:n_layers])
+    if len(value) < n_layers or len(values) != 1:
+        raise ConfigError(f"{what}: one value for every layer is supported, got {value}")
+    return values.pop()
 
 
 def _deepseek4_raw(metadata: dict[str, Any], tensors: dict[str, list[int]], where: str) -> dict[str, Any]:
@@ -238,7 +250,8 @@ def _deepseek4_raw(metadata: dict[str, Any], tensors: dict[str, list[int]], wher
         "n_routed_experts": key("expert_count", required=True),
         "num_experts_per_tok": key("expert_used_count", required=True),
         "n_shared_experts": key("expert_shared_count", required=True),
-        "moe_intermediate_size": key("expert_feed_forward_length", required=True),
+        "moe_intermediate_size": _one_value(key("expert_feed_forward_length", required=True), n_layers,
+                                            f"{where}GGUF key deepseek4.expert_feed_forward_length"),
         "num_hash_layers": key("hash_layer_count", required=True),
         "scoring_func": "sqrtsoftplus",
         "norm_topk_prob": bool(key("expert_weights_norm", required=True)),
