@@ -1,5 +1,6 @@
 """Oracle side of the DeepSeek-V4 tests: transformers' DeepseekV4ForCausalLM rebuilt from a
-native checkpoint folder (original names, FP8/FP4 + ue8m0 scales) with the dequantised values.
+native checkpoint folder (original names, FP8/FP4 + ue8m0 scales) with the dequantised values,
+or from a deepseek4 GGUF file's values (`gguf_values`, dequantised by the gguf package).
 
 The folder is decoded here independently of the writer's own dequantiser: FP8 through torch's
 float8_e4m3fn, FP4 through the e2m1 table, scales as 2^(byte - 127).

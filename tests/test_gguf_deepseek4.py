@@ -259,7 +259,7 @@ def test_server_inputs_match_the_folder(native_gguf: Path, native: Path) -> None
 # ---- errors ---------------------------------------------------------------------------------
 
 
-def rewrite(source: Path, out: Path, *, drop_keys: tuple[str, ...] = (),
+def rewrite(source: Path, out: Path, *, drop_keys: tuple[str, ...] = (), drop_tensors: tuple[str, ...] = (),
             tensors: dict[str, np.ndarray] | None = None) -> Path:
     """A copy of a GGUF file without some keys and with some tensors replaced (F32 values).
     The tokenizer keys are left out: the engine reads none, and copying a 129k-token
@@ -276,6 +276,8 @@ def rewrite(source: Path, out: Path, *, drop_keys: tuple[str, ...] = (),
         sub = field.types[-1] if kind == gguf.GGUFValueType.ARRAY else None
         out_writer.add_key_value(key, field.contents(), kind, sub_type=sub)
     for t in reader.tensors:
+        if t.name in drop_tensors:
+            continue
         if tensors and t.name in tensors:
             out_writer.add_tensor(t.name, tensors[t.name].astype(np.float32))
             continue
@@ -318,6 +320,21 @@ def test_missing_key_is_named(plain_gguf: Path, tmp_path: Path, key: str) -> Non
 
     path = rewrite(plain_gguf, tmp_path / "nokey.gguf", drop_keys=(key,))
     with pytest.raises(ConfigError, match=re.escape(key)):
+        Engine(str(path))
+
+
+@pytest.mark.parametrize("dropped, expected", [
+    ("blk.2.attn_compressor_kv.weight", r"'blk\.2\.attn_compressor_kv\.weight' not found in the file"),
+    ("blk.4.indexer.proj.weight", r"'blk\.4\.indexer\.proj\.weight' not found in the file"),
+    ("blk.3.ffn_up_exps.weight", r"'blk\.3\.ffn_up_exps\.weight \(expert 0\)' not found in the file"),
+    ("output_hc_fn.weight", r"'output_hc_fn\.weight' not found in the file"),
+    ("blk.1.ffn_gate_tid2eid.weight", r"GGUF 'blk\.1\.ffn_gate_tid2eid\.weight'.*is missing"),
+])
+def test_missing_tensor_is_named_as_stored(plain_gguf: Path, tmp_path: Path, dropped: str, expected: str) -> None:
+    from gateway.engine import Engine, EngineError
+
+    path = rewrite(plain_gguf, tmp_path / "drop.gguf", drop_tensors=(dropped,))
+    with pytest.raises(EngineError, match=expected):
         Engine(str(path))
 
 
