@@ -8,9 +8,9 @@ import json
 import pytest
 
 from gateway.server.anthropic_protocol import parse_anthropic
+from gateway.server.body import parse_json_body
 from gateway.server.errors import ApiError
 from gateway.server.openai_protocol import parse_openai_chat
-from gateway.server.spec import parse_json_body
 
 TOOL = {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}
 HI = [{"role": "user", "content": "hi"}]

@@ -423,7 +423,7 @@ def test_ten_levels_of_nesting_work_in_replies_and_forced_calls(server):
 
 @pytest.mark.parametrize("levels,why", [
     (40, "nests more than"),  # 80 containers: past the schema bound, inside the body's
-    (300, "nested deeper than 100 levels"),  # the body's own bound (spec.parse_json_body) comes first
+    (300, "nested deeper than 100 levels"),  # the body's own bound (body.parse_json_body) comes first
 ])
 def test_pathological_nesting_is_a_clear_400(qwen_server, levels, why):
     deep = _nested(levels)

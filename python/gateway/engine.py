@@ -199,8 +199,13 @@ class Engine:
         window covering tokens [done, done + window) of this call (tokens before `done` are
         complete, and after the last layer so is the window); a truthy return stops the eval
         with EvalCancelled, keeping the complete windows (its `done`; n_past grew by that many).
-        An exception it raises stops the eval the same way and propagates.  It runs in the
-        calling thread and must not call into this engine."""
+        An exception it raises stops the eval the same way and propagates.  When `progress`
+        has a `poll` attribute, poll(layer, n_layers, done, window) is also called inside a
+        layer (between its dense sub-chunks and groups of routed experts, `layer` being the one
+        in progress), so a cancel takes effect within about a sub-chunk's time rather than a
+        layer's (at full DeepSeek-V4-Flash size a layer of a long window takes a minute); a
+        truthy return cancels the same way.  Both run in the calling thread and must not call
+        into this engine."""
         ids = self._token_list(tokens)
         if not ids:
             return np.zeros((0, self.vocab_size), dtype=np.float32)

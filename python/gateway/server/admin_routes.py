@@ -10,10 +10,11 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from .body import read_json
 from .errors import bad_request
+from .offload import off_loop
 from .openai_protocol import parse_openai_chat
 from .pipeline import prepare_chat
-from .serving import off_loop, read_json
 from .spec import check_token_ids, field_of
 from .state import STATE_KEY, ServerState
 

@@ -7,8 +7,10 @@ import uuid
 from aiohttp import web
 
 from .anthropic_protocol import MessagesStream, message_reply, parse_anthropic
+from .body import read_json
+from .offload import off_loop
 from .pipeline import prepare_chat, start_chat
-from .serving import off_loop, one_after_another, read_json, stream
+from .serving import one_after_another, stream
 from .state import STATE_KEY, ServerState
 
 

@@ -10,7 +10,9 @@ from aiohttp import web
 
 from ..generate import GenerationResult, TextEvent
 from . import constrained
+from .body import read_json
 from .errors import ApiError, bad_request
+from .offload import off_loop
 from .openai_protocol import (
     ChatStream,
     Completions,
@@ -37,7 +39,7 @@ from .pipeline import (
     generation_request,
     start_chat,
 )
-from .serving import choice_sampling, off_loop, one_after_another, read_json, stream
+from .serving import choice_sampling, one_after_another, stream
 from .spec import check_token_ids
 from .state import STATE_KEY, ServerState
 

@@ -11,9 +11,11 @@ import uuid
 
 from aiohttp import web
 
+from .body import read_json
+from .offload import off_loop
 from .pipeline import start_chat
 from .responses_protocol import ResponseEvents, ResponseObject, ResponsesStream, parse_responses, response_reply
-from .serving import off_loop, one_after_another, read_json, stream
+from .serving import one_after_another, stream
 from .state import STATE_KEY
 
 

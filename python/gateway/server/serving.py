@@ -21,24 +21,17 @@ import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import aclosing
 from dataclasses import replace
-from typing import Any, Protocol, TypeVar
+from typing import Protocol, TypeVar
 
 from aiohttp import web
 
 from ..generate import ProgressEvent
 from ..sampling import SamplingParams
 from .errors import ApiError
-from .offload import off_loop
 from .pipeline import Queued
-from .spec import parse_json_body
 from .state import ServerState
 
 log = logging.getLogger("moegate.server")
-
-
-async def read_json(request: web.Request) -> Any:
-    """The request's JSON body (400 when it is not JSON), parsed off the event loop."""
-    return await off_loop(parse_json_body, await request.read())
 
 
 class Comment(str):

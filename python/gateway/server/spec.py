@@ -3,9 +3,8 @@
 Each API's protocol module (openai_protocol, anthropic_protocol, responses_protocol) turns its
 body into a `ChatSpec` in the OpenAI chat form (messages, tools, tool_choice), so everything
 after parsing speaks one dialect.  Every field is type-checked: a bad value is a 400 naming the
-field, never a 500 from deep inside.  The body itself is checked first (`parse_json_body`): valid
-UTF-8 JSON, no NaN/Infinity, nesting at most `MAX_JSON_DEPTH` deep, no lone UTF-16 surrogate in
-any string (the tokenizer and the encoders need real Unicode).  Fields are read through
+field, never a 500 from deep inside (the body itself was checked before: server/body.py).
+Fields are read through
 `field_of` (one value, its type, its default) and `check_fields` (a table of the fields an API
 accepts without using them: type-checked all the same, so a wrong type is never silently taken).
 """
@@ -19,7 +18,7 @@ from typing import Any
 
 from ..sampling import SamplingParams
 from ..schema_check import schema_problem
-from .errors import ApiError, bad_request
+from .errors import bad_request
 
 MAX_MESSAGES = 4096
 MAX_STOP_STRINGS = 16
@@ -29,7 +28,6 @@ MAX_CHOICES = 8
 # Nesting bound of a request body (objects and arrays): real requests (a tool schema 10 levels
 # deep is about 25) stay far below it; a deeper body would only recurse through the encoders and
 # the grammar compiler.
-MAX_JSON_DEPTH = 100
 # Seeds are 64-bit unsigned, as numpy's generators (and vLLM) take them.
 MAX_SEED = 2**64 - 1
 # Anthropic's smallest thinking budget.
@@ -314,52 +312,6 @@ def thinking_switch(body: dict) -> bool | None:
         if value is not None:
             return value
     return None
-
-
-def _no_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not a JSON number")
-
-
-def parse_json_body(raw: bytes) -> Any:
-    """The body as JSON, checked as the module docstring says (a 400 otherwise)."""
-    try:
-        body = json.loads(raw, parse_constant=_no_constant)
-    except RecursionError:
-        raise ApiError(400, f"the request body is nested deeper than {MAX_JSON_DEPTH} levels") from None
-    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError, an integer of over 4300 digits
-        raise ApiError(400, f"the request body is not valid JSON: {exc}") from None
-    check_json_tree(body)
-    return body
-
-
-def check_json_tree(value: Any) -> None:
-    """Nesting depth and lone surrogates, without recursion (the bound is what is checked)."""
-    stack: list[tuple[Any, int]] = [(value, 0)]
-    while stack:
-        node, depth = stack.pop()
-        if isinstance(node, str):
-            _check_unicode(node)
-            continue
-        if isinstance(node, dict):
-            children: Any = node.values()
-            for key in node:
-                _check_unicode(key)
-        elif isinstance(node, list):
-            children = node
-        else:
-            continue
-        if depth >= MAX_JSON_DEPTH:
-            raise ApiError(400, f"the request body is nested deeper than {MAX_JSON_DEPTH} levels")
-        stack.extend((child, depth + 1) for child in children if isinstance(child, (str, dict, list)))
-
-
-def _check_unicode(text: str) -> None:
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        bad = text[exc.start]
-        raise ApiError(400, f"the request body holds a lone UTF-16 surrogate (\\u{ord(bad):04x}) in a string; "
-                            "strings must be valid Unicode") from None
 
 
 def positive_int(body: dict, key: str, param: str | None = None) -> int | None:
