@@ -14,6 +14,7 @@ step below TWIN_TOLERANCE = 1e-4 (measured 1e-7 .. 4e-7); one step reached 2e-3,
 reordering moved a later layer's activation across a rounding boundary of its int8 code."""
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from pathlib import Path
 
@@ -97,3 +98,25 @@ def test_activations_reported_and_default_f32(gguf) -> None:
 def test_bogus_activations_is_a_value_error(gguf) -> None:
     with pytest.raises(ValueError, match="activations must be one of f32, int8"):
         Engine(gguf("q8_0"), activations="bogus")
+
+
+def test_cli_and_startup_summary(gguf) -> None:
+    """`python -m gateway --activations int8` reaches the engine (default f32; other values are
+    refused by the parser), and the startup line that names the kernel table says which."""
+    from gateway.__main__ import build_parser
+    from gateway.server.serve import ServeOptions, build_state, startup_summary
+
+    assert build_parser().parse_args(["--model", "m"]).activations == "f32"
+    assert build_parser().parse_args(["--model", "m", "--activations", "int8"]).activations == "int8"
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["--model", "m", "--activations", "bogus"])
+    assert ServeOptions(model="m").activations == "f32"
+    for activations in ("int8", "f32"):
+        state = build_state(ServeOptions(model=str(gguf("q8_0")), threads=1, ctx=64, prefix_cache_gb=0.0,
+                                         activations=activations))
+        try:
+            summary = startup_summary(state, "http://127.0.0.1:8000")
+            assert state.engine.info["activations"] == activations
+            assert re.search(rf"SIMD +\S+ +activations {activations} ", summary), summary
+        finally:
+            state.engine.close()
