@@ -1,4 +1,5 @@
 /* Threaded linear layers: output rows are split over the pool's shares by estimated cost. */
+#include <pthread.h>
 #include <stdlib.h>
 #include "core/linear.h"
 
@@ -11,17 +12,41 @@ int mg_linear_q8_applies(const mg_compute *c, const mg_matrix *w, int64_t n_tok)
            w->cols % MG_Q8_BLOCK == 0;
 }
 
+/* The scratch of each thread: a pthread key whose destructor frees it when the thread exits (a
+ * pool worker that ran a nested linear call), so nothing outlives its thread. */
+typedef struct {
+    size_t cap;
+    void *buf;
+} q8_scratch;
+
+static pthread_key_t scratch_key;
+static pthread_once_t scratch_once = PTHREAD_ONCE_INIT;
+
+static void scratch_free(void *p) {
+    q8_scratch *s = p;
+    free(s->buf);
+    free(s);
+}
+static void scratch_key_make(void) { (void)pthread_key_create(&scratch_key, scratch_free); }
+
 void *mg_q8_scratch(size_t bytes) {
-    static _Thread_local void *buf;
-    static _Thread_local size_t cap;
-    if (bytes > cap) {
+    pthread_once(&scratch_once, scratch_key_make);
+    q8_scratch *s = pthread_getspecific(scratch_key);
+    if (!s) {
+        if (!(s = calloc(1, sizeof *s))) return NULL;
+        if (pthread_setspecific(scratch_key, s)) {
+            free(s);
+            return NULL;
+        }
+    }
+    if (bytes > s->cap) {
         const size_t want = (bytes + 4095) & ~(size_t)4095;
         void *p = aligned_alloc(64, want);
         if (!p) return NULL;
-        free(buf);
-        buf = p, cap = want;
+        free(s->buf);
+        s->buf = p, s->cap = want;
     }
-    return buf;
+    return s->buf;
 }
 
 void mg_linear_rows(const mg_kernels *k, const mg_matrix *w, const float *x, int64_t x_stride,

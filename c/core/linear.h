@@ -34,8 +34,8 @@ int mg_linear_q8_applies(const mg_compute *c, const mg_matrix *w, int64_t n_tok)
 
 /* The calling thread's scratch for quantised inputs: at least `bytes`, 64-byte aligned, grown
  * on demand and reused by every later call on this thread (a linear call is synchronous, and a
- * nested one runs on a pool thread with its own scratch); NULL when out of memory (the caller
- * then keeps fp32 activations). */
+ * nested one runs on a pool thread with its own scratch), freed when the thread exits; NULL
+ * when out of memory (the caller then keeps fp32 activations). */
 void *mg_q8_scratch(size_t bytes);
 
 /* Rows [r0, r1) of one matrix with the entry the inputs select: k->linear_q8 on xq when xq is

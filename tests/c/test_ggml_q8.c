@@ -12,8 +12,11 @@
  *     sum_c |w_c| |x_c - xq_c| + 1e-5 * mag: the quantisation bound.
  *  4. The dispatch (core/linear.c, model/blocks.c): with act_int8 set, mg_linear_multi and
  *     mg_linear_jobs run the int8 entry for block formats (bit-equal to calling it on the
- *     quantised x) and the fp32 entry for other formats; with it clear, the fp32 entry. */
+ *     quantised x) and the fp32 entry for other formats; with it clear, the fp32 entry.  Also
+ *     from a second thread that then exits (its scratch is freed with it: the sanitizer build
+ *     reports a leak otherwise). */
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -201,6 +204,17 @@ static void case_dispatch(const mg_kernels *k, mg_pool *pool) {
     unmake(&a), unmake(&b);
 }
 
+typedef struct {
+    const mg_kernels *k;
+    mg_pool *pool;
+} thread_arg;
+
+static void *dispatch_thread(void *p) {
+    const thread_arg *a = p;
+    case_dispatch(a->k, a->pool);
+    return NULL;
+}
+
 int main(void) {
     static const char *const names[] = {"scalar", "avx2", "avx512", "avx512bf16", "neon"};
     const mg_kernels *tables[5];
@@ -241,6 +255,12 @@ int main(void) {
     mg_pool *pool = mg_pool_create(2, &err);
     CHECK(pool != NULL, "pool: %s", err.msg);
     for (int k = 0; pool && k < n; k++) case_dispatch(tables[k], pool);
+    if (pool) {
+        thread_arg arg = {tables[n - 1], pool};
+        pthread_t th;
+        CHECK(!pthread_create(&th, NULL, dispatch_thread, &arg), "pthread_create");
+        pthread_join(th, NULL);
+    }
     if (pool) mg_pool_destroy(pool);
     printf("test_ggml_q8: tables");
     for (int k = 0; k < n; k++) printf(" %s", tables[k]->name);
