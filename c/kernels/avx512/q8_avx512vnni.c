@@ -67,18 +67,30 @@ INLINE float row_32(mg_format f, const uint8_t *p, int64_t nb, const int8_t *q, 
     const size_t bytes = f == MG_Q8_0 ? 34 : f == MG_Q5_0 ? 22 : f == MG_MXFP4 ? 17 : 18;
     const int lut = f == MG_Q4_0 || f == MG_IQ4_NL || f == MG_MXFP4;
     const __m512i tbl = lut64(f == MG_Q4_0 ? Q4_0_VALUES : f == MG_IQ4_NL ? MG_IQ4NL_VALUES : MG_MXFP4_VALUES2);
+    const __m512i spread01 = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi32(1), 1);
     __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
     int64_t i = 0;
     for (; i + 2 <= nb; i += 2, p += 2 * bytes, q += 64, dx += 2) {
         __m512i w = join(codes32(f, p), codes32(f, p + bytes));
         if (lut) w = _mm512_shuffle_epi8(tbl, w);
-        const float s0 = f == MG_MXFP4 ? mg_ggml_e8m0_half(p[0]) : f16_at(p);
-        const float s1 = f == MG_MXFP4 ? mg_ggml_e8m0_half(p[bytes]) : f16_at(p + bytes);
+        /* both scales converted by one vcvtph2ps, times dx[0..1] by one vmulps, spread to
+         * [f0 x 8 | f1 x 8] by one vpermps (the same products wd * dx as the scalar twin) */
+        __m128 s2;
+        if (f == MG_MXFP4) {
+            s2 = _mm_setr_ps(mg_ggml_e8m0_half(p[0]), mg_ggml_e8m0_half(p[bytes]), 0.0f, 0.0f);
+        } else {
+            uint16_t h0, h1;
+            memcpy(&h0, p, 2);
+            memcpy(&h1, p + bytes, 2);
+            s2 = _mm_cvtph_ps(_mm_cvtsi32_si128((int)((uint32_t)h0 | (uint32_t)h1 << 16)));
+        }
+        s2 = _mm_mul_ps(s2, _mm_castpd_ps(_mm_load_sd((const double *)dx)));
+        const __m512 fp = _mm512_permutexvar_ps(spread01, _mm512_castps128_ps512(s2));
         const __m512i prod = sdot(w, _mm512_loadu_si512((const void *)q));
         if (i & 2)
-            acc1 = fma_i32(pair(s0 * dx[0], s1 * dx[1]), prod, acc1);
+            acc1 = fma_i32(fp, prod, acc1);
         else
-            acc0 = fma_i32(pair(s0 * dx[0], s1 * dx[1]), prod, acc0);
+            acc0 = fma_i32(fp, prod, acc0);
     }
     if (i < nb) { /* the odd last block: the upper half of the codes is zero */
         __m512i w = _mm512_castsi256_si512(codes32(f, p));
