@@ -4,7 +4,7 @@
  *     sum(q), all-zero blocks give d = 0, a NaN makes the block's scale NaN.
  *  2. Each SIMD table's linear_q8 against the scalar twin on random blocks, odd row counts, rows
  *     not multiples of 256, token counts 1, 2, 3, 5, row ranges inside the matrix, padded y
- *     strides: |y - y_scalar| <= 1e-5 * mag, mag = sum_c |w_c xq_c| (+ 2 |dmin*m| |xq_c| for
+ *     strides, rows wider than 16384 (past a kernel's stack copy of x): |y - y_scalar| <= 1e-5 * mag, mag = sum_c |w_c xq_c| (+ 2 |dmin*m| |xq_c| for
  *     Q4_K / Q5_K, whose mins are a separate sum): both compute the same exact integer sums
  *     and the same float factors, and differ only in the order of the fp32 additions.  Rows
  *     outside the range stay untouched.
@@ -250,6 +250,13 @@ int main(void) {
                     }
                 unmake(&b);
             }
+    }
+    /* rows wider than a kernel's stack copy of x (the VNNI Q4_K loop's permuted x: 16384) */
+    for (int fi = 0; fi < N_FORMATS; fi++) {
+        bmat b;
+        make(&b, FORMATS[fi], 3, 16384 + 256);
+        for (int k = 1; k < n; k++) case_linear(tables[k], &b, 1, 0, 3), case_linear(tables[k], &b, 2, 1, 3);
+        unmake(&b);
     }
     mg_error err = {0};
     mg_pool *pool = mg_pool_create(2, &err);

@@ -119,6 +119,11 @@ INLINE __m256 bytes_times(const uint8_t b[8], float v) {
     return _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)b))), _mm256_set1_ps(v));
 }
 
+/* Lane indices picking factors a (lanes 0-7) and b (lanes 8-15) of an 8-float vector. */
+INLINE __m512i pair_index_n(int a, int b) {
+    return _mm512_inserti64x4(_mm512_set1_epi32(a), _mm256_set1_epi32(b), 1);
+}
+
 /* Lane indices picking factors 2c (lanes 0-7) and 2c + 1 (lanes 8-15) of an 8-float vector. */
 INLINE __m512i pair_index(int c) {
     return _mm512_inserti64x4(_mm512_set1_epi32(2 * c), _mm256_set1_epi32(2 * c + 1), 1);
@@ -156,6 +161,39 @@ INLINE float row_k4(const uint8_t *p, int64_t nb, const int8_t *q, const float *
     const __m256 m = accm;
     return _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1)) -
            (m[0] + m[1] + m[2] + m[3] + m[4] + m[5] + m[6] + m[7]);
+}
+
+/* Q4_K with x pre-permuted (permute_x_k4): one 64-byte load holds chunks c and c + 1, whose low
+ * nibbles are sub-blocks 2c and 2c + 2 and high nibbles 2c + 1 and 2c + 3, against x's groups
+ * in that order: per 128 weights one load, two masks, one shift and two vpdpbusd. */
+static float row_q4_k_xp(const uint8_t *p, int64_t nb, const int8_t *xp, const float *dx, const float *sx) {
+    const __m512i m4 = _mm512_set1_epi8(0x0f);
+    const __m512i pick[4] = {pair_index_n(0, 2), pair_index_n(1, 3), pair_index_n(4, 6), pair_index_n(5, 7)};
+    __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
+    __m256 accm = _mm256_setzero_ps();
+    for (int64_t i = 0; i < nb; i++, p += 144, xp += 256, dx += 8, sx += 8) {
+        uint8_t sc[8], mn[8];
+        k4_scales(p + 4, sc, mn);
+        const __m512 f = _mm512_castps256_ps512(_mm256_mul_ps(bytes_times(sc, f16_at(p)), _mm256_loadu_ps(dx)));
+        accm = _mm256_fmadd_ps(bytes_times(mn, f16_at(p + 2)), _mm256_loadu_ps(sx), accm);
+        for (int c = 0; c < 4; c += 2) {
+            const __m512i v = _mm512_loadu_si512((const void *)(p + 16 + 32 * c));
+            const __m512i lo = _mm512_and_si512(v, m4), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+            acc0 = fma_i32(_mm512_permutexvar_ps(pick[c], f), udot(lo, _mm512_loadu_si512((const void *)(xp + 64 * c))), acc0);
+            acc1 = fma_i32(_mm512_permutexvar_ps(pick[c + 1], f), udot(hi, _mm512_loadu_si512((const void *)(xp + 64 * c + 64))),
+                           acc1);
+        }
+    }
+    const __m256 m = accm;
+    return _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1)) -
+           (m[0] + m[1] + m[2] + m[3] + m[4] + m[5] + m[6] + m[7]);
+}
+
+/* x's 32-column groups of each 256 in the order row_q4_k_xp reads them: 0 2 1 3 4 6 5 7. */
+static void permute_x_k4(const int8_t *q, int64_t cols, int8_t *xp) {
+    static const int order[8] = {0, 2, 1, 3, 4, 6, 5, 7};
+    for (int64_t b = 0; b < cols; b += 256)
+        for (int g = 0; g < 8; g++) memcpy(xp + b + 32 * g, q + b + 32 * order[g], 32);
 }
 
 /* Q6_K: per half h, ql[64h .. 64h + 64) is one zmm whose low nibbles are elements 0..63 of the
@@ -223,6 +261,9 @@ static float row_iq4_xs(const uint8_t *p, int64_t nb, const int8_t *q, const flo
     return _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
 }
 
+/* Widest row whose permuted x fits the stack (wider Q4_K rows take row_k4). */
+enum { XP_MAX = 16384 };
+
 static void linear_q8(const mg_matrix *w, const mg_q8_act *xq, int64_t n_tok, float *y, int64_t y_stride, int64_t r0,
                       int64_t r1) {
     const mg_format f = w->format;
@@ -230,6 +271,16 @@ static void linear_q8(const mg_matrix *w, const mg_q8_act *xq, int64_t n_tok, fl
     mg_format_block(f, &e, &bytes);
     const size_t rb = mg_matrix_row_bytes(w);
     const int64_t groups = w->cols / 32, nb = w->cols / e;
+    if (f == MG_Q4_K && w->cols <= XP_MAX) { /* x permuted once per token, shared by the rows */
+        int8_t xp[XP_MAX] __attribute__((aligned(64)));
+        for (int64_t t = 0; t < n_tok; t++) {
+            permute_x_k4(xq->q + t * xq->cols, w->cols, xp);
+            for (int64_t r = r0; r < r1; r++)
+                y[t * y_stride + r] = row_q4_k_xp((const uint8_t *)w->data + (size_t)r * rb, nb, xp,
+                                                  xq->d + t * groups, xq->s + t * groups);
+        }
+        return;
+    }
     for (int64_t r = r0; r < r1; r++) {
         const uint8_t *p = (const uint8_t *)w->data + (size_t)r * rb;
         for (int64_t t = 0; t < n_tok; t++) {
