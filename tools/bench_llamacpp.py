@@ -323,7 +323,7 @@ def run_llamacpp_benches(opts: argparse.Namespace) -> list[Row]:
     yardstick = bench_models.yardstick_buffer(opts)
     print(f"== decode and prefill vs llama.cpp: {', '.join(names)}, {opts.prompt_tokens}-token context then "
           f"{4 if opts.quick else opts.decode_tokens} decoded tokens; a {opts.prefill_tokens}-token prompt; "
-          f"{opts.repeats} side-by-side repetition(s)")
+          f"{opts.repeats} side-by-side repetition(s); our activations {opts.activations}")
     rows = []
     quants = [q for q in opts.quants.split(",") if q]
     for name in names:

@@ -69,6 +69,8 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
                    "or /tmp/moegate-bench)")
     p.add_argument("--decode-tokens", type=int, default=24, help="timed single-token decode steps per model")
     p.add_argument("--prompt-tokens", type=int, default=64, help="prefill before decoding (also warms the weights)")
+    p.add_argument("--activations", choices=["f32", "int8"], default="f32",
+                   help="our engine's activations of the GGUF block-format linears (Engine(activations=...))")
 
 
 def model_options(opts: argparse.Namespace) -> argparse.Namespace:
@@ -220,7 +222,7 @@ def bench_decode_model(name: str, opts: argparse.Namespace, yardstick: np.ndarra
     path = path or ensure_checkpoint(name, opts)
     table = opts.table or _core.best_kernel_table()
     threads = opts.threads or len(os.sched_getaffinity(0))
-    engine = Engine(path, threads=threads, kernels=table, max_ctx=4096)
+    engine = Engine(path, threads=threads, kernels=table, max_ctx=4096, activations=opts.activations)
     account = weight_account(engine)
     vocab = engine.vocab_size
     rng = np.random.default_rng(0)
@@ -253,7 +255,7 @@ def bench_prefill(path: Path, opts: argparse.Namespace, tokens: int) -> float:
     llama-bench's pp), after an untimed one that maps the weights."""
     table = opts.table or _core.best_kernel_table()
     threads = opts.threads or len(os.sched_getaffinity(0))
-    engine = Engine(path, threads=threads, kernels=table, max_ctx=max(4096, tokens))
+    engine = Engine(path, threads=threads, kernels=table, max_ctx=max(4096, tokens), activations=opts.activations)
     prompt = [int(t) for t in np.random.default_rng(1).integers(0, min(engine.vocab_size, 32000), tokens)]
     engine.eval(prompt, last_only=True)
     engine.truncate(0)

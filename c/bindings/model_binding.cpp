@@ -32,7 +32,8 @@ namespace {
 class Model {
   public:
     Model(const std::string &dir, const std::string &config_json, int n_threads, const std::string &kernels,
-          int64_t max_ctx, double ram_gb, const std::string &kv_dtype, int64_t prefill_window) {
+          int64_t max_ctx, double ram_gb, const std::string &kv_dtype, int64_t prefill_window,
+          const std::string &activations) {
         mg_model_options opt{};
         opt.n_threads = n_threads;
         opt.kernels = kernels.empty() ? nullptr : kernels.c_str();
@@ -40,6 +41,7 @@ class Model {
         opt.ram_gb = ram_gb;
         opt.kv_dtype = kv_dtype.c_str();
         opt.prefill_window = prefill_window;
+        opt.activations = activations.c_str();
         mg_error err{};
         {
             py::gil_scoped_release nogil;
@@ -145,6 +147,7 @@ class Model {
         d["weights"] = weights;
         d["weight_bytes"] = weight_bytes;
         d["simd"] = mg_model_kernels(m_);
+        d["activations"] = mg_model_activations(m_);
         d["threads"] = mg_model_threads(m_);
         d["max_ctx"] = mg_model_max_ctx(m_);
         d["model_bytes"] = mg_model_checkpoint_bytes(m_);
@@ -256,10 +259,10 @@ class Model {
 void register_model(py::module_ &m) {
     py::class_<Model>(m, "Model", "One loaded model with one sequence slot (KV cache).")
         .def(py::init<const std::string &, const std::string &, int, const std::string &, int64_t, double,
-                      const std::string &, int64_t>(),
+                      const std::string &, int64_t, const std::string &>(),
              py::arg("path"), py::arg("config_json"), py::arg("threads") = 0, py::arg("kernels") = "",
              py::arg("max_ctx") = 0, py::arg("ram_gb") = 0.0, py::arg("kv_dtype") = "f32",
-             py::arg("prefill_window") = 0)
+             py::arg("prefill_window") = 0, py::arg("activations") = "f32")
         .def("eval", &Model::eval, py::arg("tokens"), py::arg("last_only") = false,
              "Appends tokens; returns float32 logits [n, vocab] ([1, vocab] with last_only).")
         .def("eval_hooked", &Model::eval_hooked, py::arg("tokens"), py::arg("last_only"), py::arg("progress"),

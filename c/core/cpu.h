@@ -10,6 +10,8 @@ typedef struct mg_cpu_features {
     int avx512;
     /* AVX512_BF16 (vdpbf16ps) on top of avx512: the avx512bf16 table runs */
     int avx512bf16;
+    /* AVX512_VNNI (vpdpbusd) on top of avx512: the avx512 table's int8-activation entries */
+    int avx512vnni;
 } mg_cpu_features;
 
 mg_cpu_features mg_cpu_detect(void);

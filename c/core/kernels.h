@@ -7,6 +7,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include "matrix.h"
+#include "q8_act.h"
 
 /* Y[t, r] = sum_c W[r, c] * X[t, c]  for tokens t in [0, n_tok) and rows r in [r0, r1).
  * X rows are x_stride floats apart, Y rows y_stride floats apart.  n_tok == 1 is decode
@@ -15,12 +16,22 @@
 typedef void (*mg_linear_fn)(const mg_matrix *w, const float *x, int64_t x_stride, int64_t n_tok,
                              float *y, int64_t y_stride, int64_t r0, int64_t r1);
 
+/* The int8-activation twin of mg_linear_fn for the ggml block formats (the opt-in path of
+ * core/q8_act.h): Y[t, r] = sum_c W[r, c] * Xq[t, c] for tokens t in [0, n_tok), rows [r0, r1),
+ * Xq the rows as quantised once by the caller (mg_linear*), dotted in integers per 32 columns
+ * with the float factors (weight scale x activation scale) applied once per 32. */
+typedef void (*mg_linear_q8_fn)(const mg_matrix *w, const mg_q8_act *xq, int64_t n_tok, float *y,
+                                int64_t y_stride, int64_t r0, int64_t r1);
+
 typedef struct mg_kernels {
     const char *name; /* "scalar", "avx2", "avx512", "avx512bf16", "neon" */
     /* The table this one was built from (NULL: scalar, the root).  An entry that declines a
      * case passes it to the same entry of its own table's parent. */
     const struct mg_kernels *parent;
     mg_linear_fn linear[MG_FORMAT_COUNT];
+    /* int8 activations: set for the ggml block formats (MG_Q8_0 ...), NULL for the others,
+     * which keep fp32 activations whatever the compute environment asks (c/core/linear.h). */
+    mg_linear_q8_fn linear_q8[MG_FORMAT_COUNT];
     float (*dot)(const float *a, const float *b, int64_t n);
     void (*axpy)(float *y, float a, const float *x, int64_t n); /* y += a * x */
     void (*scale)(float *y, float a, int64_t n);                /* y *= a */

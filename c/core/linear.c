@@ -1,5 +1,61 @@
 /* Threaded linear layers: output rows are split over the pool's shares by estimated cost. */
+#include <pthread.h>
+#include <stdlib.h>
 #include "core/linear.h"
+
+/* Token counts up to which the int8 path runs (its entries loop over the tokens of each row;
+ * above, prefill's fp32 tiles, which decode each weight row once for many tokens, stay). */
+enum { Q8_MAX_TOK = 1 };
+
+int mg_linear_q8_applies(const mg_compute *c, const mg_matrix *w, int64_t n_tok) {
+    return c->act_int8 && c->k->linear_q8[w->format] && n_tok >= 1 && n_tok <= Q8_MAX_TOK &&
+           w->cols % MG_Q8_BLOCK == 0;
+}
+
+/* The scratch of each thread: a pthread key whose destructor frees it when the thread exits (a
+ * pool worker that ran a nested linear call), so nothing outlives its thread. */
+typedef struct {
+    size_t cap;
+    void *buf;
+} q8_scratch;
+
+static pthread_key_t scratch_key;
+static pthread_once_t scratch_once = PTHREAD_ONCE_INIT;
+
+static void scratch_free(void *p) {
+    q8_scratch *s = p;
+    free(s->buf);
+    free(s);
+}
+static void scratch_key_make(void) { (void)pthread_key_create(&scratch_key, scratch_free); }
+
+void *mg_q8_scratch(size_t bytes) {
+    pthread_once(&scratch_once, scratch_key_make);
+    q8_scratch *s = pthread_getspecific(scratch_key);
+    if (!s) {
+        if (!(s = calloc(1, sizeof *s))) return NULL;
+        if (pthread_setspecific(scratch_key, s)) {
+            free(s);
+            return NULL;
+        }
+    }
+    if (bytes > s->cap) {
+        const size_t want = (bytes + 4095) & ~(size_t)4095;
+        void *p = aligned_alloc(64, want);
+        if (!p) return NULL;
+        free(s->buf);
+        s->buf = p, s->cap = want;
+    }
+    return s->buf;
+}
+
+void mg_linear_rows(const mg_kernels *k, const mg_matrix *w, const float *x, int64_t x_stride,
+                    const mg_q8_act *xq, int64_t n_tok, float *y, int64_t y_stride, int64_t r0, int64_t r1) {
+    if (xq)
+        k->linear_q8[w->format](w, xq, n_tok, y, y_stride, r0, r1);
+    else
+        k->linear[w->format](w, x, x_stride, n_tok, y, y_stride, r0, r1);
+}
 
 void mg_traffic_add(const mg_compute *c, uint64_t bytes) {
     if (!c->traffic) return;
@@ -47,6 +103,7 @@ typedef struct {
     int n;
     const mg_matrix *const *ws;
     const float *x;
+    const mg_q8_act *xq; /* x quantised (int8 activations), NULL: fp32 */
     int64_t n_tok;
     float *const *ys;
     int64_t cost[MULTI_MAX];
@@ -56,7 +113,8 @@ typedef struct {
 static void linear_rows(void *ctx, int i, int64_t r0, int64_t r1) {
     const linear_job *job = ctx;
     const mg_matrix *w = job->ws[i];
-    job->k->linear[w->format](w, job->x, w->cols, job->n_tok, job->ys[i], w->rows, r0, r1);
+    mg_linear_rows(job->k, w, job->x, w->cols, job->xq && job->k->linear_q8[w->format] ? job->xq : NULL, job->n_tok,
+                   job->ys[i], w->rows, r0, r1);
 }
 
 /* Each share takes an equal part of the summed cost of all matrices, so that q, k and v (or
@@ -69,12 +127,24 @@ static void linear_task(void *ctx, int share, int n_shares) {
 void mg_linear_multi(const mg_compute *c, int n, const mg_matrix *const *ws, const float *x,
                      int64_t n_tok, float *const *ys) {
     for (int b = 0; b < n; b += MULTI_MAX) { /* more than MULTI_MAX matrices: several dispatches */
-        linear_job job = {c->k, n - b < MULTI_MAX ? n - b : MULTI_MAX, ws + b, x, n_tok, ys + b, {0}, 0};
+        linear_job job = {c->k, n - b < MULTI_MAX ? n - b : MULTI_MAX, ws + b, x, NULL, n_tok, ys + b, {0}, 0};
         for (int i = 0; i < job.n; i++) {
             job.cost[i] = mg_linear_row_cost(ws[b + i], n_tok);
             job.total += ws[b + i]->rows * job.cost[i];
         }
         if (job.total <= 0) continue;
+        /* int8 activations: x quantised once, here, before the rows are split over the pool
+         * (all matrices of the call read the same x, so one quantisation serves them all). */
+        mg_q8_act xq;
+        int q8 = 0;
+        for (int i = 0; i < job.n; i++) q8 |= mg_linear_q8_applies(c, ws[b + i], n_tok);
+        if (q8) {
+            void *mem = mg_q8_scratch(mg_q8_act_bytes(n_tok, ws[b]->cols));
+            if (mem) {
+                mg_q8_quantize(x, ws[b]->cols, n_tok, ws[b]->cols, mem, &xq);
+                job.xq = &xq;
+            }
+        }
         if (c->traffic) {
             uint64_t bytes = 0;
             for (int i = 0; i < job.n; i++) bytes += mg_matrix_bytes(ws[b + i]);

@@ -19,10 +19,29 @@ typedef struct mg_compute {
     mg_pool *pool;
     const mg_kernels *k;
     mg_traffic *traffic; /* NULL: not counted */
+    /* Opt-in int8 activations (core/q8_act.h): 0 keeps fp32 activations everywhere (logits
+     * equal transformers' on dequantised weights); 1 quantises each input row once per call and
+     * runs k->linear_q8 for the matrices that have an entry there (the ggml block formats). */
+    int act_int8;
 } mg_compute;
 
 /* Adds one dispatch that reads `bytes` of weights (no-op when c->traffic is NULL). */
 void mg_traffic_add(const mg_compute *c, uint64_t bytes);
+
+/* Whether a call with n_tok tokens runs w through k->linear_q8 (act_int8 set, an entry for w's
+ * format, and n_tok within the int8 path's range: see linear.c). */
+int mg_linear_q8_applies(const mg_compute *c, const mg_matrix *w, int64_t n_tok);
+
+/* The calling thread's scratch for quantised inputs: at least `bytes`, 64-byte aligned, grown
+ * on demand and reused by every later call on this thread (a linear call is synchronous, and a
+ * nested one runs on a pool thread with its own scratch), freed when the thread exits; NULL
+ * when out of memory (the caller then keeps fp32 activations). */
+void *mg_q8_scratch(size_t bytes);
+
+/* Rows [r0, r1) of one matrix with the entry the inputs select: k->linear_q8 on xq when xq is
+ * not NULL, else k->linear on x.  The one place that chooses between the two. */
+void mg_linear_rows(const mg_kernels *k, const mg_matrix *w, const float *x, int64_t x_stride,
+                    const mg_q8_act *xq, int64_t n_tok, float *y, int64_t y_stride, int64_t r0, int64_t r1);
 
 /* x: [n_tok, w->cols] contiguous; y: [n_tok, w->rows] contiguous. */
 void mg_linear(const mg_compute *c, const mg_matrix *w, const float *x, int64_t n_tok, float *y);

@@ -14,7 +14,10 @@
  * An overriding entry that takes only some of its cases (the AVX-512 decode loops take whole
  * cache lines of certain scale kinds; avx512bf16 takes fp4 whose x splits into bf16 parts)
  * hands the others to the same entry of its table's parent (mg_kernels.parent), so a case
- * always runs the most specialised code that accepts it.  Include only from c/kernels. */
+ * always runs the most specialised code that accepts it.  The int8-activation entries
+ * (linear_q8) inherit the same way; one exception to "a table's entries depend only on the
+ * build": the avx512 table takes the VNNI ones only on a CPU with AVX512_VNNI (table_avx512.c).
+ * Include only from c/kernels. */
 #ifndef MG_KERNELS_TABLES_H
 #define MG_KERNELS_TABLES_H
 

@@ -365,6 +365,7 @@ typedef struct {
     int n;
     const mg_linear_job *jobs;
     int64_t total_cost;
+    const mg_q8_act *const *xq; /* per job: its x quantised (int8 activations), NULL: fp32 */
 } jobs_ctx;
 
 /* Cost of one output row (core/linear.h's estimate: bytes streamed + multiply-adds), so that
@@ -394,16 +395,54 @@ static void jobs_task(void *ctx, int worker, int n_workers) {
             int64_t r0 = row_at(j, base, c0);
             int64_t r1 = worker == n_workers - 1 ? j->w->rows : row_at(j, base, c1);
             if (r0 < r1)
-                jc->k->linear[j->w->format](j->w, j->x, j->x_stride, j->n_tok, j->y, j->y_stride, r0, r1);
+                mg_linear_rows(jc->k, j->w, j->x, j->x_stride, jc->xq ? jc->xq[i] : NULL, j->n_tok, j->y, j->y_stride,
+                               r0, r1);
         }
         base += cost;
     }
 }
 
+/* Same input: jobs a and b read the same x rows (e.g. an expert's gate and up). */
+static int same_input(const mg_linear_job *a, const mg_linear_job *b) {
+    return a->x == b->x && a->x_stride == b->x_stride && a->n_tok == b->n_tok && a->w->cols == b->w->cols;
+}
+
+/* int8 activations: every distinct input of the jobs that take the int8 path quantised once,
+ * before the rows are split over the pool, into the calling thread's scratch (core/linear.h);
+ * NULL when no job takes it (or out of memory: then all stay fp32). */
+static const mg_q8_act *const *quantize_inputs(const mg_compute *c, int n_jobs, const mg_linear_job *jobs) {
+    size_t bytes = 0;
+    int any = 0;
+    for (int i = 0; i < n_jobs; i++) {
+        if (!mg_linear_q8_applies(c, jobs[i].w, jobs[i].n_tok)) continue;
+        any = 1;
+        bytes += (mg_q8_act_bytes(jobs[i].n_tok, jobs[i].w->cols) + 63) & ~(size_t)63;
+    }
+    if (!any) return NULL;
+    const size_t head = ((size_t)n_jobs * (sizeof(mg_q8_act *) + sizeof(mg_q8_act)) + 63) & ~(size_t)63;
+    char *mem = mg_q8_scratch(head + bytes);
+    if (!mem) return NULL;
+    const mg_q8_act **xq = (const mg_q8_act **)mem;
+    mg_q8_act *acts = (mg_q8_act *)(mem + (size_t)n_jobs * sizeof(mg_q8_act *));
+    char *data = mem + head;
+    for (int i = 0; i < n_jobs; i++) {
+        xq[i] = NULL;
+        if (!mg_linear_q8_applies(c, jobs[i].w, jobs[i].n_tok)) continue;
+        for (int j = 0; j < i && !xq[i]; j++)
+            if (xq[j] && same_input(&jobs[i], &jobs[j])) xq[i] = xq[j];
+        if (xq[i]) continue;
+        mg_q8_quantize(jobs[i].x, jobs[i].x_stride, jobs[i].n_tok, jobs[i].w->cols, data, &acts[i]);
+        xq[i] = &acts[i];
+        data += (mg_q8_act_bytes(jobs[i].n_tok, jobs[i].w->cols) + 63) & ~(size_t)63;
+    }
+    return xq;
+}
+
 void mg_linear_jobs(const mg_compute *c, int n_jobs, const mg_linear_job *jobs) {
-    jobs_ctx jc = {c->k, n_jobs, jobs, 0};
+    jobs_ctx jc = {c->k, n_jobs, jobs, 0, NULL};
     for (int i = 0; i < n_jobs; i++) jc.total_cost += jobs[i].w->rows * row_cost(&jobs[i]);
     if (jc.total_cost == 0) return;
+    jc.xq = quantize_inputs(c, n_jobs, jobs);
     if (c->traffic) {
         uint64_t bytes = 0;
         for (int i = 0; i < n_jobs; i++) bytes += jobs[i].n_tok > 0 ? mg_matrix_bytes(jobs[i].w) : 0;

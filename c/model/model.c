@@ -121,6 +121,14 @@ mg_model *mg_model_open(const char *dir, const char *config_json, const mg_model
                 opt->kernels);
         goto fail;
     }
+    int act_int8 = 0;
+    if (opt->activations && opt->activations[0] && strcmp(opt->activations, "f32")) {
+        if (strcmp(opt->activations, "int8")) {
+            mg_fail(err, "activations '%s' is unknown (use f32 or int8)", opt->activations);
+            goto fail;
+        }
+        act_int8 = 1;
+    }
     int64_t max_ctx = opt->max_ctx;
     if (max_ctx <= 0) {
         int64_t model_limit = 0;
@@ -136,6 +144,7 @@ mg_model *mg_model_open(const char *dir, const char *config_json, const mg_model
     if (!(m->pool = mg_pool_create(opt->n_threads, err))) goto fail;
     m->compute.pool = m->pool;
     m->compute.k = k;
+    m->compute.act_int8 = act_int8;
     mg_arch_env env = {m->ck, m->config, &m->compute, max_ctx, opt->ram_gb, (int)kv_type, opt->prefill_window};
     if (!(m->state = m->arch->load(&env, err))) goto fail;
     m->arch->info(m->state, &m->info);
@@ -186,6 +195,7 @@ int64_t mg_model_max_ctx(const mg_model *m) { return m->max_ctx; }
 const char *mg_model_arch(const mg_model *m) { return m->arch->name; }
 const char *mg_model_kernels(const mg_model *m) { return m->compute.k->name; }
 int mg_model_threads(const mg_model *m) { return mg_pool_threads(m->pool); }
+const char *mg_model_activations(const mg_model *m) { return m->compute.act_int8 ? "int8" : "f32"; }
 const char *mg_model_kv_dtype(const mg_model *m) { return mg_kv_type_name((mg_kv_type)m->info.kv_type); }
 uint64_t mg_model_kv_bytes_per_token(const mg_model *m) { return m->info.kv_bytes_per_token; }
 

@@ -16,6 +16,9 @@ typedef struct mg_model_options {
     const char *kv_dtype;   /* KV cache storage: NULL / "" / "f32", or "bf16" (half the bytes) */
     int64_t prefill_window; /* tokens a prefill evaluates layer by layer at once; <= 0: sized
                                from the budget (a fixed default without one) */
+    const char *activations; /* NULL / "" / "f32": fp32 activations (the default: logits equal
+                                transformers' on dequantised weights); "int8": the ggml block
+                                formats' decode with int8 activations (core/q8_act.h) */
 } mg_model_options;
 
 /* dir: checkpoint folder; config_json: the normalised config (gateway/model_config.py),
@@ -61,6 +64,7 @@ const char *mg_model_arch(const mg_model *m);
 const char *mg_model_kernels(const mg_model *m);
 int mg_model_threads(const mg_model *m);
 const char *mg_model_kv_dtype(const mg_model *m);        /* "f32" or "bf16" */
+const char *mg_model_activations(const mg_model *m);     /* "f32" or "int8" */
 uint64_t mg_model_kv_bytes_per_token(const mg_model *m); /* KV state bytes per position */
 
 /* Keeps the first n tokens: evaluating after this gives the same logits as a fresh run. */

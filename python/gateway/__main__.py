@@ -23,6 +23,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ctx", type=int, default=None, help="context length of the slot, in tokens")
     p.add_argument("--kv-dtype", choices=["bf16", "f32"], default="bf16",
                    help="KV cache storage (default bf16: half the bytes per token of f32; --ram counts it at --ctx)")
+    p.add_argument("--activations", choices=["f32", "int8"], default="f32",
+                   help="activations of the GGUF block-format linears: f32 (default, exact) or int8 "
+                        "(each input row quantised once per linear, integer dot products: faster decode, "
+                        "llama.cpp-like rounding)")
     p.add_argument("--prefix-cache", type=float, default=None, metavar="GB",
                    help="RAM for snapshots of conversations the slot leaves, so switching back costs no "
                         "prefill (default: a tenth of --ram up to 2 GB, taken out of --ram; 1 GB without "
@@ -66,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         serve(ServeOptions(
             model=args.model, ram_gb=args.ram, read_ahead=args.read_ahead, threads=args.threads, host=args.host, port=args.port,
-            ctx=args.ctx, kv_dtype=args.kv_dtype, api_key=args.api_key, model_id=args.model_id, max_queue=args.max_queue,
+            ctx=args.ctx, kv_dtype=args.kv_dtype, activations=args.activations, api_key=args.api_key, model_id=args.model_id, max_queue=args.max_queue,
             default_max_tokens=args.max_tokens,
             cors=tuple(o.strip() for o in args.cors.split(",") if o.strip()),
             reasoning_mirror=args.reasoning_field == "both", kernels=args.kernels,

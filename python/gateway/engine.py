@@ -42,6 +42,10 @@ EXPERT_HISTORY_NAME = ".moegate-expert-usage"
 # How the KV state stores its rows: "f32" (exact, what the oracle tests compare) or "bf16"
 # (round-to-nearest-even, read back into fp32 for the dot products: half the bytes per token).
 KV_DTYPES = ("f32", "bf16")
+# Activations of the GGUF block-format linears: f32 (exact; logits equal transformers' on the
+# dequantised weights) or int8 (each input row quantised once per call to blocks of 32, integer
+# dot products: faster decode, ~1e-2 relative error per product, as llama.cpp's).
+ACTIVATIONS = ("f32", "int8")
 
 
 def default_expert_history(model_dir: Path) -> Path:
@@ -79,6 +83,7 @@ class Engine:
         expert_prefetch: bool = True,
         kv_dtype: str = "f32",
         prefill_window: int | None = None,
+        activations: str = "f32",
     ) -> None:
         """ram_gb: budget for the whole process (experts are then cached and read from disk).
         routing_trace: record every expert fetch to this file (tools/routing_trace.py reads it).
@@ -95,7 +100,11 @@ class Engine:
         is what one position costs; a ram_gb budget counts max_ctx of it).
         prefill_window: tokens a prefill evaluates layer by layer at once (each routed expert is
         fetched once per layer per window; rounded up to the architecture's chunk); None: sized
-        from ram_gb (a fixed default without it).  info["prefill_window"] is the one in use."""
+        from ram_gb (a fixed default without it).  info["prefill_window"] is the one in use.
+        activations: "f32" (default: exact) or "int8": the GGUF block-format weights' decode
+        quantises each input row to int8 once per linear and dots in integers (faster; logits
+        differ from f32's by the activation rounding).  Other weight formats keep f32.
+        info["activations"] is the one in use."""
         from . import _core  # imported here so config errors surface even without a built core
 
         self.path = Path(path).expanduser()
@@ -113,6 +122,8 @@ class Engine:
         if prefill_window is not None and (isinstance(prefill_window, bool) or not isinstance(prefill_window, int)
                                            or prefill_window < 1):
             raise ValueError(f"prefill_window must be a positive integer, got {prefill_window!r}")
+        if activations not in ACTIVATIONS:
+            raise ValueError(f"activations must be one of {', '.join(ACTIVATIONS)}, got {activations!r}")
         if kv_dtype not in KV_DTYPES:
             raise ValueError(f"kv_dtype must be one of {', '.join(KV_DTYPES)}, got {kv_dtype!r}")
         # ConfigError is a ValueError: unknown model_type / bad fields fail before C is called.
@@ -128,6 +139,7 @@ class Engine:
                 ram_gb=float(ram_gb or 0.0),
                 kv_dtype=kv_dtype,
                 prefill_window=prefill_window or 0,
+                activations=activations,
             )
         except RuntimeError as exc:
             raise EngineError(str(exc)) from None

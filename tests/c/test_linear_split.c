@@ -97,7 +97,7 @@ static void test_multi_equals_single(void) {
     CHECK(pool != NULL, "pool: %s", err.msg);
     if (!pool) return;
     mg_traffic traffic = {0, 0};
-    mg_compute c = {pool, mg_kernels_best(), &traffic};
+    mg_compute c = {pool, mg_kernels_best(), &traffic, 0};
     const int64_t cols = 96, r1 = 70, r2 = 33;
     float *w1 = malloc(sizeof(float) * r1 * cols);
     uint16_t *w2 = malloc(sizeof(uint16_t) * r2 * cols);

@@ -130,7 +130,7 @@ static void test_window_equals_per_group(const mg_kernels *k, mg_pool *pool) {
     route(ids, w, &seed);
     float *out_w = calloc(T * D, sizeof(float)), *sh_w = calloc(T * D, sizeof(float));
     float *out_g = calloc(T * D, sizeof(float)), *sh_g = calloc(T * D, sizeof(float));
-    mg_compute c = {pool, k, NULL};
+    mg_compute c = {pool, k, NULL, 0};
     mg_buffers buf = {0};
     mg_moe_args a = {store, 0, E, K, x, T, D, GROUP, ids, w, 0.0f, out_w, &shared, sh_w, NULL, NULL};
     CHECK(mg_moe_experts(&c, &a, &buf, 0, &err) == 0, "%s: window: %s", k->name, err.msg);

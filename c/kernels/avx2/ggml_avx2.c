@@ -392,4 +392,158 @@ void mg_avx2_ggml_dequant_block(mg_format f, const uint8_t *p, float *out) {
     default: break;
     }
 }
+/* ---- int8 activations (core/q8_act.h; arithmetic and scalar twin: kernels/scalar/q8_scalar.c)
+ * Each group of 32 columns: the weight codes as 32 int8 (the same registers the fp32 decode
+ * builds) dotted with the 32 int8 codes of x by vpmaddubsw (u8 x s8 -> pairs of i16) and
+ * vpmaddwd (-> 8 i32), exact: pairs stay below 2 * 128 * 127 < 2^15.  Signed weight codes use
+ * the sign trick |w| * sign(x, w) (x is never -128); Q4_K / Q5_K codes are unsigned already;
+ * Q6_K's two per-16 integer scales ride vpmaddwd in place of the ones.  The group's i32 lanes
+ * are converted once and multiplied by wd * dx (8 lanes of partial sums per accumulator). */
+
+INLINE __m256i ones16(void) { return _mm256_set1_epi16(1); }
+/* sum of u[l] * x[l] (u unsigned, <= 255 pairs per i16 safe for x in [-127, 127]) as 8 i32 */
+INLINE __m256i udot32(__m256i u, __m256i x) { return _mm256_madd_epi16(_mm256_maddubs_epi16(u, x), ones16()); }
+/* sum of w[l] * x[l], both signed */
+INLINE __m256i sdot32(__m256i w, __m256i x) {
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w)), ones16());
+}
+INLINE __m256i xq32(const int8_t *q) { return _mm256_loadu_si256((const __m256i *)q); }
+
+/* Blocks of 32 with one scale (Q8_0, Q4_0, Q5_0, IQ4_NL, MXFP4): CODES(p) and SCALE(p). */
+#define ROW_Q8_32(NAME, BYTES, SCALE, CODES)                                                           \
+    static float NAME(const uint8_t *p, int64_t nb, const int8_t *q, const float *dx, const float *sx) { \
+        (void)sx;                                                                                      \
+        __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();                                \
+        int64_t i = 0;                                                                                 \
+        for (; i + 2 <= nb; i += 2, p += 2 * (BYTES), q += 64, dx += 2) {                             \
+            const uint8_t *p1 = p + (BYTES);                                                           \
+            acc0 = _mm256_fmadd_ps(_mm256_set1_ps(SCALE(p) * dx[0]), _mm256_cvtepi32_ps(sdot32(CODES(p), xq32(q))), acc0); \
+            acc1 = _mm256_fmadd_ps(_mm256_set1_ps(SCALE(p1) * dx[1]), _mm256_cvtepi32_ps(sdot32(CODES(p1), xq32(q + 32))), acc1); \
+        }                                                                                              \
+        if (i < nb)                                                                                    \
+            acc0 = _mm256_fmadd_ps(_mm256_set1_ps(SCALE(p) * dx[0]), _mm256_cvtepi32_ps(sdot32(CODES(p), xq32(q))), acc0); \
+        return hsum8(_mm256_add_ps(acc0, acc1));                                                       \
+    }
+ROW_Q8_32(q8row_q8_0, 34, SCALE_F16, CODES_Q8_0)
+ROW_Q8_32(q8row_q4_0, 18, SCALE_F16, CODES_Q4_0)
+ROW_Q8_32(q8row_q5_0, 22, SCALE_F16, CODES_Q5_0)
+ROW_Q8_32(q8row_iq4_nl, 18, SCALE_F16, CODES_IQ4_NL)
+ROW_Q8_32(q8row_mxfp4, 17, SCALE_E8M0, CODES_MXFP4)
+
+/* Q4_K / Q5_K (q5): unsigned codes; y = sum (d*sc_j*dx_j) * isum_j - sum (dmin*m_j) * sx_j. */
+INLINE float q8row_k4(const uint8_t *p, int64_t nb, const int8_t *q, const float *dx, const float *sx, int q5) {
+    const size_t bytes = q5 ? 176 : 144;
+    const __m256i m4 = _mm256_set1_epi8(0x0f);
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps(), accm = _mm256_setzero_ps();
+    for (int64_t i = 0; i < nb; i++, p += bytes, q += 256, dx += 8, sx += 8) {
+        uint8_t sc[8], mn[8];
+        float f[8] __attribute__((aligned(32)));
+        k4_scales(p + 4, sc, mn);
+        _mm256_store_ps(f, _mm256_mul_ps(bytes_times(sc, f16_at(p)), _mm256_loadu_ps(dx)));
+        accm = _mm256_fmadd_ps(bytes_times(mn, f16_at(p + 2)), _mm256_loadu_ps(sx), accm);
+        const uint8_t *qs = p + (q5 ? 48 : 16);
+        const __m256i qh = q5 ? loadu256(p + 16) : _mm256_setzero_si256();
+        for (int c = 0; c < 4; c++) {
+            const __m256i v = loadu256(qs + 32 * c);
+            __m256i lo = _mm256_and_si256(v, m4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+            if (q5) {
+                lo = _mm256_or_si256(lo, q5_k_high(qh, 2 * c));
+                hi = _mm256_or_si256(hi, q5_k_high(qh, 2 * c + 1));
+            }
+            acc0 = _mm256_fmadd_ps(_mm256_broadcast_ss(f + 2 * c), _mm256_cvtepi32_ps(udot32(lo, xq32(q + 64 * c))), acc0);
+            acc1 = _mm256_fmadd_ps(_mm256_broadcast_ss(f + 2 * c + 1), _mm256_cvtepi32_ps(udot32(hi, xq32(q + 64 * c + 32))),
+                                   acc1);
+        }
+    }
+    return hsum8(_mm256_sub_ps(_mm256_add_ps(acc0, acc1), accm));
+}
+static float q8row_q4_k(const uint8_t *p, int64_t nb, const int8_t *q, const float *dx, const float *sx) {
+    return q8row_k4(p, nb, q, dx, sx, 0);
+}
+static float q8row_q5_k(const uint8_t *p, int64_t nb, const int8_t *q, const float *dx, const float *sx) {
+    return q8row_k4(p, nb, q, dx, sx, 1);
+}
+
+/* Q6_K: codes q - 32 signed; group g of half h has the int8 scales 8h + 2g (its first 16
+ * elements, the low 128-bit lane of the i16 pairs) and 8h + 2g + 1 (the high lane), which
+ * vpmaddwd applies in place of the ones: isum = sa * sum_a + sb * sum_b, as the scalar twin. */
+static float q8row_q6_k(const uint8_t *p, int64_t nb, const int8_t *q, const float *dx, const float *sx) {
+    (void)sx;
+    static const int8_t pick[4][32] = {
+        {0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3},
+        {4, 5, 4, 5, 4, 5, 4, 5, 4, 5, 4, 5, 4, 5, 4, 5, 6, 7, 6, 7, 6, 7, 6, 7, 6, 7, 6, 7, 6, 7, 6, 7},
+        {8, 9, 8, 9, 8, 9, 8, 9, 8, 9, 8, 9, 8, 9, 8, 9, 10, 11, 10, 11, 10, 11, 10, 11, 10, 11, 10, 11, 10, 11, 10, 11},
+        {12, 13, 12, 13, 12, 13, 12, 13, 12, 13, 12, 13, 12, 13, 12, 13, 14, 15, 14, 15, 14, 15, 14, 15, 14, 15, 14, 15, 14,
+         15, 14, 15}};
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    for (int64_t i = 0; i < nb; i++, p += 210, q += 256, dx += 8) {
+        float f[8] __attribute__((aligned(32)));
+        _mm256_store_ps(f, _mm256_mul_ps(_mm256_set1_ps(f16_at(p + 208)), _mm256_loadu_ps(dx)));
+        for (int h = 0; h < 2; h++) {
+            __m256i w[4];
+            q6_k_half(p, h, w);
+            const __m256i s16 = _mm256_broadcastsi128_si256(_mm_cvtepi8_epi16(_mm_loadl_epi64((const __m128i *)(p + 192 + 8 * h))));
+            for (int g = 0; g < 4; g++) {
+                const __m256i x = xq32(q + 128 * h + 32 * g);
+                const __m256i sc = _mm256_shuffle_epi8(s16, _mm256_loadu_si256((const __m256i *)pick[g]));
+                const __m256i prod = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(w[g], w[g]), _mm256_sign_epi8(x, w[g])), sc);
+                if (g & 1)
+                    acc1 = _mm256_fmadd_ps(_mm256_broadcast_ss(f + 4 * h + g), _mm256_cvtepi32_ps(prod), acc1);
+                else
+                    acc0 = _mm256_fmadd_ps(_mm256_broadcast_ss(f + 4 * h + g), _mm256_cvtepi32_ps(prod), acc0);
+            }
+        }
+    }
+    return hsum8(_mm256_add_ps(acc0, acc1));
+}
+
+/* IQ4_XS: 8 groups of 32 with scales d * (s - 32). */
+static float q8row_iq4_xs(const uint8_t *p, int64_t nb, const int8_t *q, const float *dx, const float *sx) {
+    (void)sx;
+    const __m256i lut = lut16(MG_IQ4NL_VALUES);
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    for (int64_t i = 0; i < nb; i++, p += 136, q += 256, dx += 8) {
+        float f[8] __attribute__((aligned(32)));
+        _mm256_store_ps(f, _mm256_mul_ps(iq4_xs_scales(p, f16_at(p)), _mm256_loadu_ps(dx)));
+        for (int j = 0; j < 8; j += 2) {
+            acc0 = _mm256_fmadd_ps(_mm256_broadcast_ss(f + j),
+                                   _mm256_cvtepi32_ps(sdot32(_mm256_shuffle_epi8(lut, nibbles16(p + 8 + 16 * j)), xq32(q + 32 * j))), acc0);
+            acc1 = _mm256_fmadd_ps(_mm256_broadcast_ss(f + j + 1),
+                                   _mm256_cvtepi32_ps(sdot32(_mm256_shuffle_epi8(lut, nibbles16(p + 24 + 16 * j)), xq32(q + 32 * j + 32))),
+                                   acc1);
+        }
+    }
+    return hsum8(_mm256_add_ps(acc0, acc1));
+}
+
+typedef float q8row_fn(const uint8_t *p, int64_t nb, const int8_t *q, const float *dx, const float *sx);
+
+static q8row_fn *q8row_of(mg_format f) {
+    switch (f) {
+    case MG_Q8_0: return q8row_q8_0;
+    case MG_Q4_0: return q8row_q4_0;
+    case MG_Q5_0: return q8row_q5_0;
+    case MG_Q4_K: return q8row_q4_k;
+    case MG_Q5_K: return q8row_q5_k;
+    case MG_Q6_K: return q8row_q6_k;
+    case MG_MXFP4: return q8row_mxfp4;
+    case MG_IQ4_NL: return q8row_iq4_nl;
+    case MG_IQ4_XS: return q8row_iq4_xs;
+    default: return NULL;
+    }
+}
+
+void mg_avx2_linear_q8(const mg_matrix *w, const mg_q8_act *xq, int64_t n_tok, float *y, int64_t y_stride, int64_t r0,
+                       int64_t r1) {
+    int64_t e, bytes;
+    mg_format_block(w->format, &e, &bytes);
+    q8row_fn *dot = q8row_of(w->format);
+    const size_t rb = mg_matrix_row_bytes(w);
+    const int64_t groups = w->cols / 32;
+    for (int64_t r = r0; r < r1; r++) {
+        const uint8_t *p = (const uint8_t *)w->data + (size_t)r * rb;
+        for (int64_t t = 0; t < n_tok; t++)
+            y[t * y_stride + r] = dot(p, w->cols / e, xq->q + t * xq->cols, xq->d + t * groups, xq->s + t * groups);
+    }
+}
 #endif

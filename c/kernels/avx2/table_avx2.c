@@ -34,7 +34,7 @@ LINEAR_FN(linear_ggml, mg_avx2_decode_ggml, mg_avx2_prefill_ggml) /* ggml_avx2.c
 
 int mg_kernels_override_avx2(mg_kernels *k) {
     MG_LINEAR_SET(k, linear);
-    for (int f = MG_Q8_0; f < MG_FORMAT_COUNT; f++) k->linear[f] = linear_ggml;
+    for (int f = MG_Q8_0; f < MG_FORMAT_COUNT; f++) k->linear[f] = linear_ggml, k->linear_q8[f] = mg_avx2_linear_q8;
     MG_VECTOR_OPS_SET(k, mg_avx2);
     return 1;
 }

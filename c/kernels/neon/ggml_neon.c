@@ -290,4 +290,134 @@ void mg_neon_ggml_dequant_block(mg_format f, const uint8_t *p, float *out) {
     default: break;
     }
 }
+/* ---- int8 activations (core/q8_act.h; arithmetic and scalar twin: kernels/scalar/q8_scalar.c)
+ * The same int8 code registers as the fp32 decode above, dotted with x's int8 codes in integers:
+ * sdot (vdotq_s32: 16 products into 4 i32 lanes) where the compiler targets the dot-product
+ * extension (__ARM_FEATURE_DOTPROD, e.g. -march=armv8.2-a+dotprod), else widening multiplies
+ * (vmull_s8, products < 2^15) added pairwise into the i32 lanes (vpadalq_s16): the same exact
+ * sums either way.  NEON's dot is signed x signed, so no sign trick: K-quant codes (0..31) are
+ * non-negative int8 already.  Each 32-column group's 4 lanes are converted and multiplied by
+ * wd * dx once; Q6_K's per-16 integer scales multiply its two halves' lanes first (exact). */
+
+ALWAYS_INLINE int32x4_t sdot16(int32x4_t acc, int8x16_t a, int8x16_t b) {
+#if defined(__ARM_FEATURE_DOTPROD)
+    return vdotq_s32(acc, a, b);
+#else
+    return vpadalq_s16(vpadalq_s16(acc, vmull_s8(vget_low_s8(a), vget_low_s8(b))), vmull_high_s8(a, b));
+#endif
+}
+ALWAYS_INLINE int32x4_t sdot32(codes32 c, const int8_t *q) {
+    return sdot16(sdot16(vdupq_n_s32(0), c.v[0], vld1q_s8(q)), c.v[1], vld1q_s8(q + 16));
+}
+
+ALWAYS_INLINE float q8_row(mg_format f, const uint8_t *p, int64_t nb, const int8_t *q, const float *dx, const float *sx) {
+    float32x4_t acc0 = vdupq_n_f32(0.0f), acc1 = acc0, accm = acc0;
+    switch (f) {
+#define CASE32(FMT, BYTES, SCALE, CODES)                                                    \
+    case FMT:                                                                               \
+        for (int64_t i = 0; i < nb; i++, p += (BYTES), q += 32, dx++) {                     \
+            const float32x4_t s = vcvtq_f32_s32(sdot32(CODES, q));                          \
+            if (i & 1)                                                                      \
+                acc1 = vfmaq_n_f32(acc1, s, (SCALE) * dx[0]);                               \
+            else                                                                            \
+                acc0 = vfmaq_n_f32(acc0, s, (SCALE) * dx[0]);                               \
+        }                                                                                   \
+        break;
+        CASE32(MG_Q8_0, 34, f16_at(p), codes_q8_0(p))
+        CASE32(MG_Q4_0, 18, f16_at(p), nib_lut(p + 2, Q4_0_VALUES))
+        CASE32(MG_Q5_0, 22, f16_at(p), codes_q5_0(p))
+        CASE32(MG_IQ4_NL, 18, f16_at(p), nib_lut(p + 2, MG_IQ4NL_VALUES))
+        CASE32(MG_MXFP4, 17, mg_ggml_e8m0_half(p[0]), nib_lut(p + 1, MG_MXFP4_VALUES2))
+#undef CASE32
+    case MG_Q4_K:
+    case MG_Q5_K: {
+        const int q5 = f == MG_Q5_K;
+        for (int64_t i = 0; i < nb; i++, p += q5 ? 176 : 144, q += 256, dx += 8, sx += 8) {
+            float ds[8], dm[8];
+            k4_scales(p + 4, f16_at(p), f16_at(p + 2), ds, dm);
+            accm = vfmaq_f32(accm, vld1q_f32(dm), vld1q_f32(sx));
+            accm = vfmaq_f32(accm, vld1q_f32(dm + 4), vld1q_f32(sx + 4));
+            const uint8_t *qs = p + (q5 ? 48 : 16), *qh = q5 ? p + 16 : NULL;
+            for (int j = 0; j < 8; j += 2) {
+                acc0 = vfmaq_n_f32(acc0, vcvtq_f32_s32(sdot32(codes_k4(qs, qh, j), q + 32 * j)), ds[j] * dx[j]);
+                acc1 = vfmaq_n_f32(acc1, vcvtq_f32_s32(sdot32(codes_k4(qs, qh, j + 1), q + 32 * j + 32)),
+                                   ds[j + 1] * dx[j + 1]);
+            }
+        }
+        break;
+    }
+    case MG_Q6_K:
+        for (int64_t i = 0; i < nb; i++, p += 210, q += 256, dx += 8) {
+            const float d = f16_at(p + 208);
+            const int8_t *sc = (const int8_t *)(p + 192);
+            for (int h = 0; h < 2; h++)
+                for (int g = 0; g < 4; g++) {
+                    const codes32 c = codes_q6_k(p, h, g);
+                    const int8_t *qg = q + 128 * h + 32 * g;
+                    const int s = 8 * h + 2 * g;
+                    const int32x4_t a = sdot16(vdupq_n_s32(0), c.v[0], vld1q_s8(qg));
+                    const int32x4_t b = sdot16(vdupq_n_s32(0), c.v[1], vld1q_s8(qg + 16));
+                    const int32x4_t sum = vmlaq_n_s32(vmulq_n_s32(a, sc[s]), b, sc[s + 1]);
+                    if (g & 1)
+                        acc1 = vfmaq_n_f32(acc1, vcvtq_f32_s32(sum), d * dx[4 * h + g]);
+                    else
+                        acc0 = vfmaq_n_f32(acc0, vcvtq_f32_s32(sum), d * dx[4 * h + g]);
+                }
+        }
+        break;
+    case MG_IQ4_XS:
+        for (int64_t i = 0; i < nb; i++, p += 136, q += 256, dx += 8) {
+            float dl[8];
+            iq4_xs_scales(p, f16_at(p), dl);
+            for (int j = 0; j < 8; j += 2) {
+                acc0 = vfmaq_n_f32(acc0, vcvtq_f32_s32(sdot32(nib_lut(p + 8 + 16 * j, MG_IQ4NL_VALUES), q + 32 * j)),
+                                   dl[j] * dx[j]);
+                acc1 = vfmaq_n_f32(acc1, vcvtq_f32_s32(sdot32(nib_lut(p + 24 + 16 * j, MG_IQ4NL_VALUES), q + 32 * j + 32)),
+                                   dl[j + 1] * dx[j + 1]);
+            }
+        }
+        break;
+    default: break;
+    }
+    return vaddvq_f32(vsubq_f32(vaddq_f32(acc0, acc1), accm));
+}
+
+#define Q8_ROW_FOR(NAME, FMT)                                                                                 \
+    static float NAME(const uint8_t *p, int64_t nb, const int8_t *q, const float *dx, const float *sx) {     \
+        return q8_row(FMT, p, nb, q, dx, sx);                                                                 \
+    }
+Q8_ROW_FOR(q8_row_q8_0, MG_Q8_0)
+Q8_ROW_FOR(q8_row_q4_0, MG_Q4_0)
+Q8_ROW_FOR(q8_row_q5_0, MG_Q5_0)
+Q8_ROW_FOR(q8_row_q4_k, MG_Q4_K)
+Q8_ROW_FOR(q8_row_q5_k, MG_Q5_K)
+Q8_ROW_FOR(q8_row_q6_k, MG_Q6_K)
+Q8_ROW_FOR(q8_row_mxfp4, MG_MXFP4)
+Q8_ROW_FOR(q8_row_iq4_nl, MG_IQ4_NL)
+Q8_ROW_FOR(q8_row_iq4_xs, MG_IQ4_XS)
+
+void mg_neon_linear_q8(const mg_matrix *w, const mg_q8_act *xq, int64_t n_tok, float *y, int64_t y_stride, int64_t r0,
+                       int64_t r1) {
+    float (*row)(const uint8_t *, int64_t, const int8_t *, const float *, const float *);
+    switch (w->format) {
+    case MG_Q8_0: row = q8_row_q8_0; break;
+    case MG_Q4_0: row = q8_row_q4_0; break;
+    case MG_Q5_0: row = q8_row_q5_0; break;
+    case MG_Q4_K: row = q8_row_q4_k; break;
+    case MG_Q5_K: row = q8_row_q5_k; break;
+    case MG_Q6_K: row = q8_row_q6_k; break;
+    case MG_MXFP4: row = q8_row_mxfp4; break;
+    case MG_IQ4_NL: row = q8_row_iq4_nl; break;
+    default: row = q8_row_iq4_xs; break;
+    }
+    int64_t e, bytes;
+    mg_format_block(w->format, &e, &bytes);
+    const size_t rb = mg_matrix_row_bytes(w);
+    const int64_t groups = w->cols / 32;
+    for (int64_t r = r0; r < r1; r++) {
+        const uint8_t *p = (const uint8_t *)w->data + (size_t)r * rb;
+        for (int64_t t = 0; t < n_tok; t++)
+            y[t * y_stride + r] = row(p, w->cols / e, xq->q + t * xq->cols, xq->d + t * groups, xq->s + t * groups);
+    }
+}
 #endif

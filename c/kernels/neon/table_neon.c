@@ -8,7 +8,8 @@
 
 int mg_kernels_override_neon(mg_kernels *k) {
     MG_LINEAR_SET(k, mg_neon_linear);
-    for (int f = MG_Q8_0; f < MG_FORMAT_COUNT; f++) k->linear[f] = mg_neon_linear_ggml; /* ggml_neon.c */
+    for (int f = MG_Q8_0; f < MG_FORMAT_COUNT; f++) /* ggml_neon.c */
+        k->linear[f] = mg_neon_linear_ggml, k->linear_q8[f] = mg_neon_linear_q8;
     MG_VECTOR_OPS_SET(k, mg_neon);
     return 1;
 }

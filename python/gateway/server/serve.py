@@ -42,6 +42,7 @@ class ServeOptions:
     port: int = 8000
     ctx: int | None = None
     kv_dtype: str = "bf16"  # the server's default; Engine's own default stays f32 (the oracle tests)
+    activations: str = "f32"  # "int8": the block formats' int8-activation decode (Engine(activations=...))
     api_key: str | None = None
     model_id: str | None = None
     max_queue: int = 16
@@ -93,7 +94,7 @@ def build_state(opts: ServeOptions, *, demo: bool = False) -> ServerState:
         engine_ram = opts.ram_gb - snapshots_gb
     try:
         engine = Engine(str(path), ram_gb=engine_ram, threads=opts.threads, max_ctx=opts.ctx, kernels=opts.kernels,
-                        kv_dtype=opts.kv_dtype, expert_prefetch=opts.read_ahead)
+                        kv_dtype=opts.kv_dtype, expert_prefetch=opts.read_ahead, activations=opts.activations)
     except EngineError as exc:
         if opts.ram_gb is not None and snapshots_gb > 0 and "too small" in str(exc):
             raise EngineError(f"{exc} (of --ram {opts.ram_gb:g} GB, {snapshots_gb:g} GB went to the prefix "
@@ -260,7 +261,7 @@ def startup_summary(state: ServerState, url: str) -> str:
         f"  weights    {formats}",
         *([f"  file       {_gguf_summary(state.model_path)}"] if is_gguf(state.model_path) else []),
         f"  memory     {_memory_summary(state)}",
-        f"  SIMD       {info.get('simd')}   threads {info.get('threads')}",
+        f"  SIMD       {info.get('simd')}   activations {info.get('activations', 'f32')}   threads {info.get('threads')}",
         f"  context    {state.max_ctx} tokens   chat format {state.chat.format}",
         f"  KV cache   {_kv_summary(info, state.max_ctx)}",
         f"  snapshots  {_snapshot_summary(state)}",

@@ -1,0 +1,276 @@
+/* The int8-activation path (core/q8_act.h, the linear_q8 entries) of every table this build has
+ * and this CPU runs:
+ *  1. The quantiser: codes in [-127, 127], |x - d * q| <= d / 2 (rounding to nearest), s = d *
+ *     sum(q), all-zero blocks give d = 0, a NaN makes the block's scale NaN.
+ *  2. Each SIMD table's linear_q8 against the scalar twin on random blocks, odd row counts, rows
+ *     not multiples of 256, token counts 1, 2, 3, 5, row ranges inside the matrix, padded y
+ *     strides, rows wider than 16384 (past a kernel's stack copy of x): |y - y_scalar| <= 1e-5 * mag, mag = sum_c |w_c xq_c| (+ 2 |dmin*m| |xq_c| for
+ *     Q4_K / Q5_K, whose mins are a separate sum): both compute the same exact integer sums
+ *     and the same float factors, and differ only in the order of the fp32 additions.  Rows
+ *     outside the range stay untouched.
+ *  3. Against the fp32 path (the linear entry on the unquantised x): |y_q8 - y_f32| <=
+ *     sum_c |w_c| |x_c - xq_c| + 1e-5 * mag: the quantisation bound.
+ *  4. The dispatch (core/linear.c, model/blocks.c): with act_int8 set, mg_linear_multi and
+ *     mg_linear_jobs run the int8 entry for block formats (bit-equal to calling it on the
+ *     quantised x) and the fp32 entry for other formats; with it clear, the fp32 entry.  Also
+ *     from a second thread that then exits (its scratch is freed with it: the sanitizer build
+ *     reports a leak otherwise). */
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "core/cpu.h"
+#include "core/ggml_blocks.h"
+#include "core/kernels.h"
+#include "core/linear.h"
+#include "core/matrix.h"
+#include "core/q8_act.h"
+#include "model/blocks.h"
+#include "check.h"
+
+static uint64_t g_rng = 0x2545F4914F6CDD1Dull;
+static uint64_t rnd(void) {
+    g_rng ^= g_rng << 13;
+    g_rng ^= g_rng >> 7;
+    g_rng ^= g_rng << 17;
+    return g_rng;
+}
+static float rnd_sym(void) { return (float)((rnd() >> 40) * (1.0 / 8388608.0)) - 1.0f; }
+
+/* Random finite f16 scales (2^-24 .. 2^4, denormals included), random code bytes, and MXFP4
+ * scales including the denormal bytes 0 and 1. */
+static void random_blocks(mg_format f, uint8_t *data, int64_t rows, int64_t cols) {
+    int64_t e, b;
+    mg_format_block(f, &e, &b);
+    const int64_t nb = rows * cols / e;
+    const int off0 = f == MG_Q6_K ? 208 : f == MG_MXFP4 ? -1 : 0, off1 = f == MG_Q4_K || f == MG_Q5_K ? 2 : -1;
+    for (int64_t i = 0; i < nb * b; i++) data[i] = (uint8_t)(rnd() >> 24);
+    for (int64_t k = 0; k < nb; k++) {
+        uint8_t *p = data + k * b;
+        const int offs[2] = {off0, off1};
+        for (int j = 0; j < 2; j++)
+            if (offs[j] >= 0) {
+                const uint16_t h = (uint16_t)((rnd() & 0x8000u) | (uint16_t)((rnd() % 20) << 10) | (rnd() & 0x3ffu));
+                memcpy(p + offs[j], &h, 2);
+            }
+        if (f == MG_MXFP4) p[0] = k % 7 == 3 ? (uint8_t)(k & 1) : (uint8_t)(110 + rnd() % 30);
+    }
+}
+
+static const mg_format FORMATS[] = {MG_Q8_0, MG_Q4_0, MG_Q5_0, MG_Q4_K, MG_Q5_K, MG_Q6_K, MG_MXFP4, MG_IQ4_NL, MG_IQ4_XS};
+enum { N_FORMATS = sizeof FORMATS / sizeof *FORMATS };
+
+typedef struct {
+    mg_matrix m;
+    uint8_t *data;
+    float *dense; /* [rows, cols] dequantised */
+    float *mins;  /* [rows, cols] |dmin * m| of the column's sub-block (Q4_K / Q5_K), else 0 */
+} bmat;
+
+static void make(bmat *b, mg_format f, int64_t rows, int64_t cols) {
+    memset(&b->m, 0, sizeof b->m);
+    b->m.format = f, b->m.rows = rows, b->m.cols = cols, b->m.scale_kind = MG_SCALE_NONE;
+    const size_t rb = mg_matrix_row_bytes(&b->m);
+    b->data = malloc((size_t)rows * rb);
+    random_blocks(f, b->data, rows, cols);
+    b->m.data = b->data;
+    b->dense = malloc((size_t)(rows * cols) * sizeof(float));
+    b->mins = calloc((size_t)(rows * cols), sizeof(float));
+    for (int64_t r = 0; r < rows; r++) {
+        mg_matrix_row_f32(&b->m, r, b->dense + r * cols);
+        if (f != MG_Q4_K && f != MG_Q5_K) continue;
+        for (int64_t c = 0; c < cols; c++) {
+            const uint8_t *blk = b->data + (size_t)r * rb + (size_t)(c / 256) * (f == MG_Q4_K ? 144 : 176);
+            uint8_t sc, m;
+            mg_ggml_k4_scale_min(blk + 4, (int)(c % 256 / 32), &sc, &m);
+            b->mins[r * cols + c] = fabsf(mg_ggml_f16_at(blk + 2) * (float)m);
+        }
+    }
+}
+
+static void unmake(bmat *b) { free(b->data), free(b->dense), free(b->mins); }
+
+#define SENTINEL 1234.5f
+
+/* 1. The quantiser. */
+static void case_quantize(void) {
+    enum { N = 32 * 7 };
+    float x[N];
+    for (int i = 0; i < N; i++) x[i] = rnd_sym() * (i < 64 ? 1e-3f : i < 128 ? 30.0f : 1.0f);
+    for (int i = 160; i < 192; i++) x[i] = 0.0f;             /* an all-zero block */
+    x[200] = 0.5f * 127.0f / 127.0f, x[201] = -x[200];         /* exact codes */
+    int8_t q[N];
+    float d[N / 32], s[N / 32];
+    mg_q8_quantize_row(x, N, q, d, s);
+    int bad = 0;
+    for (int g = 0; g < N / 32; g++) {
+        int sum = 0;
+        for (int i = 32 * g; i < 32 * g + 32; i++) {
+            bad += q[i] < -127 || fabsf(x[i] - d[g] * (float)q[i]) > 0.5f * d[g] * (1.0f + 1e-5f);
+            sum += q[i];
+        }
+        bad += s[g] != d[g] * (float)sum;
+    }
+    CHECK(!bad, "quantiser: %d codes / sums off", bad);
+    CHECK(d[5] == 0.0f && q[170] == 0 && s[5] == 0.0f, "quantiser: all-zero block gives d %g", (double)d[5]);
+    x[7] = NAN;
+    mg_q8_quantize_row(x, N, q, d, s);
+    CHECK(isnan(d[0]) && !isnan(d[1]), "quantiser: a NaN makes (only) its block's scale NaN");
+}
+
+/* 2 and 3: one table's linear_q8 on n_tok tokens, rows [r0, r1). */
+static void case_linear(const mg_kernels *k, const bmat *b, int64_t n_tok, int64_t r0, int64_t r1) {
+    const int64_t rows = b->m.rows, cols = b->m.cols, ys = rows + 5;
+    float *x = malloc((size_t)(n_tok * cols) * sizeof(float));
+    float *y = malloc((size_t)(n_tok * ys) * sizeof(float)), *y_ref = malloc((size_t)(n_tok * ys) * sizeof(float));
+    float *y_f32 = malloc((size_t)(n_tok * ys) * sizeof(float));
+    for (int64_t i = 0; i < n_tok * cols; i++) x[i] = rnd_sym() * (i % 97 == 5 ? 20.0f : 1.0f); /* some outliers */
+    void *mem = aligned_alloc(64, (mg_q8_act_bytes(n_tok, cols) + 63) & ~(size_t)63);
+    mg_q8_act xq;
+    mg_q8_quantize(x, cols, n_tok, cols, mem, &xq);
+    for (int64_t i = 0; i < n_tok * ys; i++) y[i] = y_ref[i] = SENTINEL;
+    k->linear_q8[b->m.format](&b->m, &xq, n_tok, y, ys, r0, r1);
+    mg_kernels_scalar()->linear_q8[b->m.format](&b->m, &xq, n_tok, y_ref, ys, r0, r1);
+    mg_kernels_scalar()->linear[b->m.format](&b->m, x, cols, n_tok, y_f32, ys, r0, r1);
+    int bad = 0, bad_f32 = 0, untouched = 1;
+    double worst = 0, worst_f32 = 0;
+    for (int64_t t = 0; t < n_tok; t++)
+        for (int64_t r = 0; r < ys; r++) {
+            const float got = y[t * ys + r];
+            if (r < r0 || r >= r1) {
+                untouched &= got == SENTINEL;
+                continue;
+            }
+            double mag = 0, qerr = 0;
+            for (int64_t c = 0; c < cols; c++) {
+                const double xh = (double)xq.d[t * cols / 32 + c / 32] * (double)xq.q[t * cols + c];
+                mag += (fabs((double)b->dense[r * cols + c]) + 2.0 * b->mins[r * cols + c]) * fabs(xh);
+                qerr += fabs((double)b->dense[r * cols + c]) * fabs((double)x[t * cols + c] - xh);
+            }
+            const double err = fabs((double)got - (double)y_ref[t * ys + r]);
+            if (!(err <= 1e-5 * mag + 1e-30)) bad++, worst = fmax(worst, err / (mag + 1e-30));
+            const double err32 = fabs((double)got - (double)y_f32[t * ys + r]);
+            if (!(err32 <= qerr + 1e-5 * mag + 1e-30)) bad_f32++, worst_f32 = fmax(worst_f32, err32 / (qerr + 1e-30));
+        }
+    CHECK(!bad && !bad_f32 && untouched,
+          "%s %s %ldx%ld n_tok=%ld rows [%ld, %ld): %d off the scalar twin (worst err/mag %.3g), %d off fp32 beyond "
+          "the quantisation bound (worst err/bound %.3g), untouched %d",
+          k->name, mg_format_name(b->m.format), (long)rows, (long)cols, (long)n_tok, (long)r0, (long)r1, bad, worst,
+          bad_f32, worst_f32, untouched);
+    free(mem), free(x), free(y), free(y_ref), free(y_f32);
+}
+
+/* 4. The dispatch through the pool. */
+static void case_dispatch(const mg_kernels *k, mg_pool *pool) {
+    bmat a, b;
+    make(&a, MG_Q4_K, 45, 512);
+    make(&b, MG_Q8_0, 29, 512);
+    mg_matrix f = {0};
+    float *fw = malloc(23 * 512 * sizeof(float));
+    for (int i = 0; i < 23 * 512; i++) fw[i] = rnd_sym();
+    f.format = MG_F32, f.rows = 23, f.cols = 512, f.data = fw, f.scale_kind = MG_SCALE_NONE;
+    float x[512], x2[512];
+    for (int i = 0; i < 512; i++) x[i] = rnd_sym(), x2[i] = rnd_sym();
+    void *mem = aligned_alloc(64, mg_q8_act_bytes(1, 512) + 64);
+    mg_q8_act xq;
+    mg_q8_quantize(x, 512, 1, 512, mem, &xq);
+    float want_a[45], want_b[29], want_f[23], ya[45], yb[29], yf[23];
+    k->linear_q8[MG_Q4_K](&a.m, &xq, 1, want_a, 45, 0, 45);
+    k->linear_q8[MG_Q8_0](&b.m, &xq, 1, want_b, 29, 0, 29);
+    k->linear[MG_F32](&f, x, 512, 1, want_f, 23, 0, 23);
+    mg_compute c = {pool, k, NULL, 1};
+    const mg_matrix *ws[3] = {&a.m, &f, &b.m};
+    float *ys[3] = {ya, yf, yb};
+    mg_linear_multi(&c, 3, ws, x, 1, ys);
+    CHECK(!memcmp(ya, want_a, sizeof ya) && !memcmp(yb, want_b, sizeof yb) && !memcmp(yf, want_f, sizeof yf),
+          "%s: mg_linear_multi with int8 activations differs from the entries", k->name);
+    /* jobs with two different inputs (x for a, x2 for b; the same x for a twice) */
+    float want_b2[29], ya2[45];
+    mg_q8_quantize(x2, 512, 1, 512, mem, &xq);
+    k->linear_q8[MG_Q8_0](&b.m, &xq, 1, want_b2, 29, 0, 29);
+    const mg_linear_job jobs[4] = {{&a.m, x, 512, ya, 45, 1}, {&b.m, x2, 512, yb, 29, 1}, {&f, x, 512, yf, 23, 1},
+                                   {&a.m, x, 512, ya2, 45, 1}};
+    mg_linear_jobs(&c, 4, jobs);
+    CHECK(!memcmp(ya, want_a, sizeof ya) && !memcmp(ya2, want_a, sizeof ya) && !memcmp(yb, want_b2, sizeof yb) &&
+              !memcmp(yf, want_f, sizeof yf),
+          "%s: mg_linear_jobs with int8 activations differs from the entries", k->name);
+    /* flag clear: the fp32 entries, bit for bit */
+    c.act_int8 = 0;
+    k->linear[MG_Q4_K](&a.m, x, 512, 1, want_a, 45, 0, 45);
+    mg_linear_multi(&c, 3, ws, x, 1, ys);
+    CHECK(!memcmp(ya, want_a, sizeof ya), "%s: act_int8 = 0 does not run the fp32 entry", k->name);
+    free(mem), free(fw);
+    unmake(&a), unmake(&b);
+}
+
+typedef struct {
+    const mg_kernels *k;
+    mg_pool *pool;
+} thread_arg;
+
+static void *dispatch_thread(void *p) {
+    const thread_arg *a = p;
+    case_dispatch(a->k, a->pool);
+    return NULL;
+}
+
+int main(void) {
+    static const char *const names[] = {"scalar", "avx2", "avx512", "avx512bf16", "neon"};
+    const mg_kernels *tables[5];
+    int n = 0;
+    for (int i = 0; i < 5; i++) {
+        const mg_kernels *k = mg_kernels_named(names[i]);
+        if (k) tables[n++] = k;
+    }
+    case_quantize();
+    for (int k = 0; k < n; k++) {
+        for (int f = 0; f < MG_FORMAT_COUNT; f++)
+            CHECK(!tables[k]->linear_q8[f] == !mg_format_is_ggml_block((mg_format)f), "%s: linear_q8[%s] %s",
+                  tables[k]->name, mg_format_name((mg_format)f), tables[k]->linear_q8[f] ? "set" : "missing");
+    }
+    static const int64_t toks[] = {1, 2, 3, 5};
+    static const int64_t rows_list[] = {1, 3, 17, 37};
+    static const int64_t blocks32[] = {1, 3, 13, 44, 131};
+    static const int64_t blocks256[] = {1, 3, 5, 17};
+    for (int fi = 0; fi < N_FORMATS; fi++) {
+        const mg_format f = FORMATS[fi];
+        int64_t e, bytes;
+        mg_format_block(f, &e, &bytes);
+        const int64_t *bl = e == 32 ? blocks32 : blocks256;
+        const int nbl = e == 32 ? 5 : 4;
+        for (int bi = 0; bi < nbl; bi++)
+            for (int ri = 0; ri < 4; ri++) {
+                bmat b;
+                make(&b, f, rows_list[ri], bl[bi] * e);
+                for (int k = 0; k < n; k++) /* k = 0: the scalar twin against fp32 (case 3) */
+                    for (int ti = 0; ti < 4; ti++) {
+                        case_linear(tables[k], &b, toks[ti], 0, b.m.rows);
+                        if (b.m.rows >= 3) case_linear(tables[k], &b, toks[ti], 1, b.m.rows - 1);
+                    }
+                unmake(&b);
+            }
+    }
+    /* rows wider than a kernel's stack copy of x (the VNNI Q4_K loop's permuted x: 16384) */
+    for (int fi = 0; fi < N_FORMATS; fi++) {
+        bmat b;
+        make(&b, FORMATS[fi], 3, 16384 + 256);
+        for (int k = 1; k < n; k++) case_linear(tables[k], &b, 1, 0, 3), case_linear(tables[k], &b, 2, 1, 3);
+        unmake(&b);
+    }
+    mg_error err = {0};
+    mg_pool *pool = mg_pool_create(2, &err);
+    CHECK(pool != NULL, "pool: %s", err.msg);
+    for (int k = 0; pool && k < n; k++) case_dispatch(tables[k], pool);
+    if (pool) {
+        thread_arg arg = {tables[n - 1], pool};
+        pthread_t th;
+        CHECK(!pthread_create(&th, NULL, dispatch_thread, &arg), "pthread_create");
+        pthread_join(th, NULL);
+    }
+    if (pool) mg_pool_destroy(pool);
+    printf("test_ggml_q8: tables");
+    for (int k = 0; k < n; k++) printf(" %s", tables[k]->name);
+    printf("; %d passed, %d failed\n", g_pass, g_fail);
+    return g_fail ? 1 : 0;
+}

@@ -1,0 +1,122 @@
+"""Engine(gguf, activations="int8"): the GGUF block formats' decode with int8 activations
+(core/q8_act.h, docs/KERNELS.md) against the default fp32 path on the same file.
+
+Tiny qwen3_moe models (hidden 256) from tools/ckpt/gguf_file.py, as a Q8_0 file and as a
+Q4_K_M-like mix of every block format the kernels take; tokens decoded one at a time (the int8
+path is decode's); per step, max |int8 - f32| / max |f32| of the logits.  Measured on these
+seeds (avx512 table): per-step errors 0.016-0.028 (Q8_0 file, median 0.022) and 0.009-0.020
+(mixed, median 0.015), except a step whose top-2 expert choice flips (a router near a tie: a
+property of MoE, not of the kernels), which gave 0.51.  So the test bounds the MEDIAN step by
+MEDIAN_TOLERANCE = 0.06 (about 3x the measured medians) and allows at most MAX_FLIPS steps
+above it; a wrong kernel (a swapped sub-block scale, a lost min) gives O(1) on every step.
+The best table and the scalar twin, both int8, differ only in fp32 summation order: median
+step below TWIN_TOLERANCE = 1e-4 (measured 1e-7 .. 4e-7); one step reached 2e-3, where that
+reordering moved a later layer's activation across a rounding boundary of its int8 code."""
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+from tools.ckpt.gguf_file import write_gguf
+
+from gateway.engine import Engine
+
+MEDIAN_TOLERANCE = 0.06
+MAX_FLIPS = 2
+TWIN_TOLERANCE = 1e-4
+N_STEPS = 12
+
+WIDE = {"hidden_size": 256, "intermediate_size": 256, "moe_intermediate_size": 256, "num_experts": 6,
+        "num_experts_per_tok": 2, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "head_dim": 64}
+MIXED = {
+    "blk.*.ffn_gate_exps.weight": "Q4_K", "blk.*.ffn_up_exps.weight": "Q5_K",
+    "blk.*.ffn_down_exps.weight": "Q6_K",
+    "blk.*.attn_q.weight": "Q8_0", "blk.*.attn_k.weight": "Q4_0", "blk.*.attn_v.weight": "MXFP4",
+    "blk.*.attn_output.weight": "IQ4_XS", "token_embd.weight": "Q8_0", "output.weight": "IQ4_NL",
+}
+CASES = {"q8_0": {"default": "Q8_0"}, "mixed": {"types": MIXED, "default": "Q5_0"}}
+
+
+@pytest.fixture(scope="module")
+def gguf(build_checkpoint: Callable[..., Path], tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
+    built: dict[str, Path] = {}
+
+    def make(case: str) -> Path:
+        if case not in built:
+            ckpt = build_checkpoint("qwen3_moe", "f32", WIDE)
+            folder = tmp_path_factory.mktemp(f"q8-{case}")
+            built[case] = write_gguf(ckpt, folder / "model.gguf", **CASES[case])
+        return built[case]
+
+    return make
+
+
+def decode_logits(path: Path, tokens: list[int], **kwargs) -> np.ndarray:
+    """Logits of each token fed one at a time (decode steps), [len(tokens), vocab]."""
+    engine = Engine(path, max_ctx=64, **kwargs)
+    try:
+        return np.stack([np.asarray(engine.eval([t], last_only=True))[-1] for t in tokens])
+    finally:
+        engine.close()
+
+
+def step_errors(actual: np.ndarray, expected: np.ndarray) -> np.ndarray:
+    """max |actual - expected| / max |expected| of each step (row)."""
+    return np.max(np.abs(actual - expected), axis=1) / np.max(np.abs(expected), axis=1)
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_int8_activations_close_to_f32(case: str, gguf) -> None:
+    path = gguf(case)
+    vocab = Engine(path, max_ctx=8).vocab_size
+    tokens = [int(t) for t in np.random.default_rng(7).integers(0, vocab, N_STEPS)]
+    f32 = decode_logits(path, tokens)
+    int8 = decode_logits(path, tokens, activations="int8")
+    errs = step_errors(int8, f32)
+    median = float(np.median(errs))
+    assert 0 < median < MEDIAN_TOLERANCE, f"{case}: int8 vs f32, median step error {median:.3g} ({errs})"
+    assert int(np.sum(errs >= MEDIAN_TOLERANCE)) <= MAX_FLIPS, f"{case}: int8 vs f32 step errors {errs}"
+    twin = decode_logits(path, tokens, activations="int8", kernels="scalar")
+    twin_errs = step_errors(int8, twin)
+    assert float(np.median(twin_errs)) < TWIN_TOLERANCE and float(np.max(twin_errs)) < MEDIAN_TOLERANCE, twin_errs
+
+
+def test_activations_reported_and_default_f32(gguf) -> None:
+    path = gguf("q8_0")
+    engine = Engine(path, max_ctx=8)
+    assert engine.info["activations"] == "f32"
+    engine.close()
+    engine = Engine(path, max_ctx=8, activations="int8")
+    assert engine.info["activations"] == "int8"
+    engine.close()
+
+
+def test_bogus_activations_is_a_value_error(gguf) -> None:
+    with pytest.raises(ValueError, match="activations must be one of f32, int8"):
+        Engine(gguf("q8_0"), activations="bogus")
+
+
+def test_cli_and_startup_summary(gguf) -> None:
+    """`python -m gateway --activations int8` reaches the engine (default f32; other values are
+    refused by the parser), and the startup line that names the kernel table says which."""
+    from gateway.__main__ import build_parser
+    from gateway.server.serve import ServeOptions, build_state, startup_summary
+
+    assert build_parser().parse_args(["--model", "m"]).activations == "f32"
+    assert build_parser().parse_args(["--model", "m", "--activations", "int8"]).activations == "int8"
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["--model", "m", "--activations", "bogus"])
+    assert ServeOptions(model="m").activations == "f32"
+    for activations in ("int8", "f32"):
+        state = build_state(ServeOptions(model=str(gguf("q8_0")), threads=1, ctx=64, prefix_cache_gb=0.0,
+                                         activations=activations))
+        try:
+            summary = startup_summary(state, "http://127.0.0.1:8000")
+            assert state.engine.info["activations"] == activations
+            assert re.search(rf"SIMD +\S+ +activations {activations} ", summary), summary
+        finally:
+            state.engine.close()
