@@ -52,6 +52,21 @@ static inline void mg_ggml_k4_scale_min(const uint8_t *s, int j, uint8_t *sc, ui
     }
 }
 
+/* All 8 sub-block scales and mins of a Q4_K / Q5_K block at once (as mg_ggml_k4_scale_min for
+ * j = 0..7), for the SIMD kernels: 32-bit shifts move bits across bytes, and the masks keep only
+ * each byte's own. */
+static inline void mg_ggml_k4_scales_mins(const uint8_t *s, uint8_t sc[8], uint8_t mn[8]) {
+    uint32_t a, b, c;
+    memcpy(&a, s, 4);
+    memcpy(&b, s + 4, 4);
+    memcpy(&c, s + 8, 4);
+    const uint32_t sc_lo = a & 0x3f3f3f3fu, mn_lo = b & 0x3f3f3f3fu;
+    const uint32_t sc_hi = (c & 0x0f0f0f0fu) | ((a >> 2) & 0x30303030u);
+    const uint32_t mn_hi = ((c >> 4) & 0x0f0f0f0fu) | ((b >> 2) & 0x30303030u);
+    memcpy(sc, &sc_lo, 4), memcpy(sc + 4, &sc_hi, 4);
+    memcpy(mn, &mn_lo, 4), memcpy(mn + 4, &mn_hi, 4);
+}
+
 /* Q8_0 (34 bytes): f16 d, int8 q[32]; d * q. */
 static inline void mg_ggml_block_q8_0(const uint8_t *b, float *out) {
     const float d = mg_ggml_f16_at(b);

@@ -70,19 +70,6 @@ INLINE float row_dot_32(mg_format f, const uint8_t *p, int64_t nb, const float *
     return _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
 }
 
-/* Q4_K / Q5_K sub-block scales and mins for all 8 sub-blocks, as bytes (see ggml_avx2.c). */
-INLINE void k4_scales(const uint8_t *s, uint8_t sc[8], uint8_t mn[8]) {
-    uint32_t a, b, c;
-    memcpy(&a, s, 4);
-    memcpy(&b, s + 4, 4);
-    memcpy(&c, s + 8, 4);
-    const uint32_t sc_lo = a & 0x3f3f3f3fu, mn_lo = b & 0x3f3f3f3fu;
-    const uint32_t sc_hi = (c & 0x0f0f0f0fu) | ((a >> 2) & 0x30303030u);
-    const uint32_t mn_hi = ((c >> 4) & 0x0f0f0f0fu) | ((b >> 2) & 0x30303030u);
-    memcpy(sc, &sc_lo, 4), memcpy(sc + 4, &sc_hi, 4);
-    memcpy(mn, &mn_lo, 4), memcpy(mn + 4, &mn_hi, 4);
-}
-
 INLINE __m256 bytes_times(const uint8_t b[8], float v) {
     return _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)b))),
                          _mm256_set1_ps(v));
@@ -98,7 +85,7 @@ INLINE float row_dot_k4(const uint8_t *p, int64_t nb, const float *x, const floa
     for (int64_t i = 0; i < nb; i++, p += bytes, x += 256, xs += 8) {
         uint8_t sc[8], mn[8];
         float ds[8] __attribute__((aligned(32)));
-        k4_scales(p + 4, sc, mn);
+        mg_ggml_k4_scales_mins(p + 4, sc, mn);
         _mm256_store_ps(ds, bytes_times(sc, f16_at(p)));
         accm = _mm256_fmadd_ps(bytes_times(mn, f16_at(p + 2)), _mm256_loadu_ps(xs), accm);
         const uint8_t *qs = p + (q5 ? 48 : 16), *qh = p + 16;
