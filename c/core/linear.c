@@ -1,5 +1,4 @@
 /* Threaded linear layers: output rows are split over the pool's shares by estimated cost. */
-#include <pthread.h>
 #include <stdlib.h>
 #include "core/linear.h"
 
@@ -12,42 +11,7 @@ int mg_linear_q8_applies(const mg_compute *c, const mg_matrix *w, int64_t n_tok)
            w->cols % MG_Q8_BLOCK == 0;
 }
 
-/* The scratch of each thread: a pthread key whose destructor frees it when the thread exits (a
- * pool worker that ran a nested linear call), so nothing outlives its thread. */
-typedef struct {
-    size_t cap;
-    void *buf;
-} q8_scratch;
-
-static pthread_key_t scratch_key;
-static pthread_once_t scratch_once = PTHREAD_ONCE_INIT;
-
-static void scratch_free(void *p) {
-    q8_scratch *s = p;
-    free(s->buf);
-    free(s);
-}
-static void scratch_key_make(void) { (void)pthread_key_create(&scratch_key, scratch_free); }
-
-void *mg_q8_scratch(size_t bytes) {
-    pthread_once(&scratch_once, scratch_key_make);
-    q8_scratch *s = pthread_getspecific(scratch_key);
-    if (!s) {
-        if (!(s = calloc(1, sizeof *s))) return NULL;
-        if (pthread_setspecific(scratch_key, s)) {
-            free(s);
-            return NULL;
-        }
-    }
-    if (bytes > s->cap) {
-        const size_t want = (bytes + 4095) & ~(size_t)4095;
-        void *p = aligned_alloc(64, want);
-        if (!p) return NULL;
-        free(s->buf);
-        s->buf = p, s->cap = want;
-    }
-    return s->buf;
-}
+void *mg_q8_buffer(size_t bytes) { return aligned_alloc(64, ((bytes ? bytes : 1) + 63) & ~(size_t)63); }
 
 void mg_linear_rows(const mg_kernels *k, const mg_matrix *w, const float *x, int64_t x_stride,
                     const mg_q8_act *xq, int64_t n_tok, float *y, int64_t y_stride, int64_t r0, int64_t r1) {
@@ -136,14 +100,12 @@ void mg_linear_multi(const mg_compute *c, int n, const mg_matrix *const *ws, con
         /* int8 activations: x quantised once, here, before the rows are split over the pool
          * (all matrices of the call read the same x, so one quantisation serves them all). */
         mg_q8_act xq;
+        void *mem = NULL;
         int q8 = 0;
         for (int i = 0; i < job.n; i++) q8 |= mg_linear_q8_applies(c, ws[b + i], n_tok);
-        if (q8) {
-            void *mem = mg_q8_scratch(mg_q8_act_bytes(n_tok, ws[b]->cols));
-            if (mem) {
-                mg_q8_quantize(x, ws[b]->cols, n_tok, ws[b]->cols, mem, &xq);
-                job.xq = &xq;
-            }
+        if (q8 && (mem = mg_q8_buffer(mg_q8_act_bytes(n_tok, ws[b]->cols)))) {
+            mg_q8_quantize(x, ws[b]->cols, n_tok, ws[b]->cols, mem, &xq);
+            job.xq = &xq;
         }
         if (c->traffic) {
             uint64_t bytes = 0;
@@ -151,6 +113,7 @@ void mg_linear_multi(const mg_compute *c, int n, const mg_matrix *const *ws, con
             mg_traffic_add(c, bytes);
         }
         mg_pool_run(c->pool, linear_task, &job);
+        free(mem);
     }
 }
 

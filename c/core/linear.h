@@ -32,11 +32,11 @@ void mg_traffic_add(const mg_compute *c, uint64_t bytes);
  * format, and n_tok within the int8 path's range: see linear.c). */
 int mg_linear_q8_applies(const mg_compute *c, const mg_matrix *w, int64_t n_tok);
 
-/* The calling thread's scratch for quantised inputs: at least `bytes`, 64-byte aligned, grown
- * on demand and reused by every later call on this thread (a linear call is synchronous, and a
- * nested one runs on a pool thread with its own scratch), freed when the thread exits; NULL
- * when out of memory (the caller then keeps fp32 activations). */
-void *mg_q8_scratch(size_t bytes);
+/* A buffer for the quantised inputs of one call (at least `bytes`, 64-byte aligned; free() it
+ * after the call's dispatch), NULL when out of memory: the caller then keeps fp32 activations.
+ * Owned by the call, not cached per thread: a decode step's few KB of activations cost one
+ * malloc per linear call, nothing next to the weights it streams, and no state outlives it. */
+void *mg_q8_buffer(size_t bytes);
 
 /* Rows [r0, r1) of one matrix with the entry the inputs select: k->linear_q8 on xq when xq is
  * not NULL, else k->linear on x.  The one place that chooses between the two. */

@@ -408,8 +408,8 @@ static int same_input(const mg_linear_job *a, const mg_linear_job *b) {
 }
 
 /* int8 activations: every distinct input of the jobs that take the int8 path quantised once,
- * before the rows are split over the pool, into the calling thread's scratch (core/linear.h);
- * NULL when no job takes it (or out of memory: then all stay fp32). */
+ * before the rows are split over the pool, into one buffer (mg_q8_buffer) that the caller frees
+ * after the dispatch; NULL when no job takes it (or out of memory: then all stay fp32). */
 static const mg_q8_act *const *quantize_inputs(const mg_compute *c, int n_jobs, const mg_linear_job *jobs) {
     size_t bytes = 0;
     int any = 0;
@@ -420,7 +420,7 @@ static const mg_q8_act *const *quantize_inputs(const mg_compute *c, int n_jobs, 
     }
     if (!any) return NULL;
     const size_t head = ((size_t)n_jobs * (sizeof(mg_q8_act *) + sizeof(mg_q8_act)) + 63) & ~(size_t)63;
-    char *mem = mg_q8_scratch(head + bytes);
+    char *mem = mg_q8_buffer(head + bytes);
     if (!mem) return NULL;
     const mg_q8_act **xq = (const mg_q8_act **)mem;
     mg_q8_act *acts = (mg_q8_act *)(mem + (size_t)n_jobs * sizeof(mg_q8_act *));
@@ -449,6 +449,7 @@ void mg_linear_jobs(const mg_compute *c, int n_jobs, const mg_linear_job *jobs) 
         mg_traffic_add(c, bytes);
     }
     mg_pool_run(c->pool, jobs_task, &jc);
+    free((void *)jc.xq);  /* quantize_inputs' one buffer: the pointer table at its start */
 }
 
 /* ---- 8. Dense SwiGLU MLP ----------------------------------------------------------------- */

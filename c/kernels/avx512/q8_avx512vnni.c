@@ -84,7 +84,7 @@ INLINE float row_32(mg_format f, const uint8_t *p, int64_t nb, const int8_t *q, 
             memcpy(&h1, p + bytes, 2);
             s2 = _mm_cvtph_ps(_mm_cvtsi32_si128((int)((uint32_t)h0 | (uint32_t)h1 << 16)));
         }
-        s2 = _mm_mul_ps(s2, _mm_castpd_ps(_mm_load_sd((const double *)dx)));
+        s2 = _mm_mul_ps(s2, _mm_castsi128_ps(_mm_loadl_epi64((const __m128i *)dx))); /* dx[0..1]: 4-byte aligned */
         const __m512 fp = _mm512_permutexvar_ps(spread01, _mm512_castps128_ps512(s2));
         const __m512i prod = sdot(w, _mm512_loadu_si512((const void *)q));
         if (i & 2)
