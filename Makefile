@@ -135,7 +135,7 @@ sanitize:
 	rm -f python/gateway/.core-built
 	MOEGATE_SANITIZE=1 $(PYTHON) setup.py -q build_ext --inplace --force --build-temp build/san-ext
 	ASAN_OPTIONS=detect_leaks=0 LD_PRELOAD="$$($(CC) -print-file-name=libasan.so) $$($(CC) -print-file-name=libubsan.so)" \
-		$(PYTHON) -m pytest -q -p no:cacheprovider tests -m "not rss" -k "(engine or kernel or loader or oracle or prefix_snapshot or window_rows or gguf) and not budget"
+		$(PYTHON) -m pytest -q -p no:cacheprovider tests -m "not rss" -k "(engine or kernel or ggml or loader or oracle or prefix_snapshot or window_rows or gguf) and not budget"
 	rm -f python/gateway/.core-built
 	$(PYTHON) setup.py -q build_ext --inplace --force
 
