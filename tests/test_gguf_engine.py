@@ -144,7 +144,7 @@ def test_cached_experts_read_from_disk_are_bitwise_resident(gguf_file) -> None:
 
     from gateway.engine import Engine, EngineError
 
-    for case in ("qwen3_moe-mixed", "qwen3_moe-split"):
+    for case in ("qwen3_moe-mixed", "qwen3_moe-split", "glm4_moe-mixed"):
         _, path = gguf_file(case)
         resident = Engine(str(path), threads=1)
         tokens = tokens_for(resident.vocab_size)
