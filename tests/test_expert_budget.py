@@ -18,7 +18,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import re
 import shutil
 import struct
 import subprocess
@@ -31,6 +30,7 @@ import numpy as np
 import pytest
 from tools.ckpt import write_checkpoint
 
+from engine_budget import stated_minimum_gb  # noqa: E402
 from gateway.engine import Engine, EngineError  # noqa: E402  (conftest puts python/ on sys.path)
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -104,21 +104,6 @@ def read_header(shard: Path) -> tuple[int, dict[str, Any]]:
 
 
 # ---- budgets --------------------------------------------------------------------------------
-
-
-def stated_minimum_gb(ckpt: Path) -> float:
-    """The minimum budget the too-small error names (rounded up to 0.01 GB by the engine)."""
-    # A plain try, not pytest.raises: the kept ExceptionInfo would hold this frame's callers
-    # (and the engines they return) alive until a garbage collection.
-    try:
-        Engine(str(ckpt), ram_gb=0.001)
-    except EngineError as exc:
-        message = str(exc)
-    else:
-        pytest.fail("a 1 MB budget loaded")
-    found = re.search(r"minimum is ([0-9.]+) GB", message)
-    assert found, f"too-small budget error does not state the minimum: {message}"
-    return float(found.group(1))
 
 
 def open_with_slots(ckpt: Path, want: int, **options: Any) -> Engine:
