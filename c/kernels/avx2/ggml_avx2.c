@@ -58,6 +58,19 @@ INLINE __m256i q5_k_high(__m256i qh, int j) {
     return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(qh, bit), bit), _mm256_set1_epi8(0x10));
 }
 
+/* The 64 unsigned codes of chunk c (sub-blocks 2c and 2c + 1) of a Q4_K / Q5_K block, as bytes
+ * in element order: low nibbles of qs[32 c ..] (lo) and high nibbles (hi), with Q5_K's fifth
+ * bits from qh (32 bytes at p + 16) when q5. */
+INLINE void k4_codes(const uint8_t *qs, __m256i qh, int c, int q5, __m256i *lo, __m256i *hi) {
+    const __m256i m4 = _mm256_set1_epi8(0x0f), v = loadu256(qs + 32 * c);
+    *lo = _mm256_and_si256(v, m4);
+    *hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+    if (q5) {
+        *lo = _mm256_or_si256(*lo, q5_k_high(qh, 2 * c));
+        *hi = _mm256_or_si256(*hi, q5_k_high(qh, 2 * c + 1));
+    }
+}
+
 /* The 8 signed int8 codes of lane group k (0..3) of q as fp32. */
 INLINE __m256 codes8(__m256i q, int k) {
     const __m128i h = k < 2 ? _mm256_castsi256_si128(q) : _mm256_extracti128_si256(q, 1);
@@ -322,7 +335,6 @@ INLINE void emit32_min(__m256i q, __m256 ds, __m256 dm, float *out) {
 }
 
 void mg_avx2_ggml_dequant_block(mg_format f, const uint8_t *p, float *out) {
-    const __m256i m4 = _mm256_set1_epi8(0x0f);
     switch (f) {
     case MG_Q8_0: emit32(CODES_Q8_0(p), _mm256_set1_ps(f16_at(p)), out); break;
     case MG_Q4_0: emit32(CODES_Q4_0(p), _mm256_set1_ps(f16_at(p)), out); break;
@@ -340,12 +352,8 @@ void mg_avx2_ggml_dequant_block(mg_format f, const uint8_t *p, float *out) {
         const uint8_t *qs = p + (q5 ? 48 : 16);
         const __m256i qh = q5 ? loadu256(p + 16) : _mm256_setzero_si256();
         for (int c = 0; c < 4; c++) {
-            const __m256i v = loadu256(qs + 32 * c);
-            __m256i lo = _mm256_and_si256(v, m4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
-            if (q5) {
-                lo = _mm256_or_si256(lo, q5_k_high(qh, 2 * c));
-                hi = _mm256_or_si256(hi, q5_k_high(qh, 2 * c + 1));
-            }
+            __m256i lo, hi;
+            k4_codes(qs, qh, c, q5, &lo, &hi);
             emit32_min(lo, _mm256_set1_ps(ds[2 * c]), _mm256_set1_ps(dm[2 * c]), out + 64 * c);
             emit32_min(hi, _mm256_set1_ps(ds[2 * c + 1]), _mm256_set1_ps(dm[2 * c + 1]), out + 64 * c + 32);
         }
@@ -419,7 +427,6 @@ ROW_Q8_32(q8row_mxfp4, 17, SCALE_E8M0, CODES_MXFP4)
 /* Q4_K / Q5_K (q5): unsigned codes; y = sum (d*sc_j*dx_j) * isum_j - sum (dmin*m_j) * sx_j. */
 INLINE float q8row_k4(const uint8_t *p, int64_t nb, const int8_t *q, const float *dx, const float *sx, int q5) {
     const size_t bytes = q5 ? 176 : 144;
-    const __m256i m4 = _mm256_set1_epi8(0x0f);
     __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps(), accm = _mm256_setzero_ps();
     for (int64_t i = 0; i < nb; i++, p += bytes, q += 256, dx += 8, sx += 8) {
         uint8_t sc[8], mn[8];
@@ -430,12 +437,8 @@ INLINE float q8row_k4(const uint8_t *p, int64_t nb, const int8_t *q, const float
         const uint8_t *qs = p + (q5 ? 48 : 16);
         const __m256i qh = q5 ? loadu256(p + 16) : _mm256_setzero_si256();
         for (int c = 0; c < 4; c++) {
-            const __m256i v = loadu256(qs + 32 * c);
-            __m256i lo = _mm256_and_si256(v, m4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
-            if (q5) {
-                lo = _mm256_or_si256(lo, q5_k_high(qh, 2 * c));
-                hi = _mm256_or_si256(hi, q5_k_high(qh, 2 * c + 1));
-            }
+            __m256i lo, hi;
+            k4_codes(qs, qh, c, q5, &lo, &hi);
             acc0 = _mm256_fmadd_ps(_mm256_broadcast_ss(f + 2 * c), _mm256_cvtepi32_ps(udot32(lo, xq32(q + 64 * c))), acc0);
             acc1 = _mm256_fmadd_ps(_mm256_broadcast_ss(f + 2 * c + 1), _mm256_cvtepi32_ps(udot32(hi, xq32(q + 64 * c + 32))),
                                    acc1);
