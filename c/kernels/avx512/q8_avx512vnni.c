@@ -227,10 +227,12 @@ INLINE void rows_q6_k(const int R, const uint8_t *p, size_t rb, int64_t nb, cons
                 const __m512i lo0 = _mm512_and_si512(ql, m4), lo1 = _mm512_and_si512(_mm512_srli_epi16(ql, 4), m4);
                 const __m512i u0 = _mm512_ternarylogic_epi32(lo0, _mm512_sllv_epi16(qh, cnt0), m30, 0xf8);
                 const __m512i u1 = _mm512_ternarylogic_epi32(lo1, _mm512_srlv_epi16(qh, cnt1), m30, 0xf8);
+                /* x: the caller's codes (64-byte aligned by q8_act.h's contract; loadu costs
+                 * nothing extra when they are) */
                 const __m512i p0 = _mm512_dpbusd_epi32(_mm512_load_si512((const void *)(off + 32 * h)), u0,
-                                                       _mm512_load_si512((const void *)(xq + 128 * h)));
+                                                       _mm512_loadu_si512((const void *)(xq + 128 * h)));
                 const __m512i p1 = _mm512_dpbusd_epi32(_mm512_load_si512((const void *)(off + 32 * h + 16)), u1,
-                                                       _mm512_load_si512((const void *)(xq + 128 * h + 64)));
+                                                       _mm512_loadu_si512((const void *)(xq + 128 * h + 64)));
                 acc[r] = fma_i32(_mm512_permutexvar_ps(pick[2 * h], f), p0, acc[r]);
                 acc[r] = fma_i32(_mm512_permutexvar_ps(pick[2 * h + 1], f), p1, acc[r]);
             }
