@@ -247,10 +247,10 @@ INLINE void rows_q6_k(const int R, const uint8_t *p, size_t rb, int64_t nb, cons
 
 /* ---- blocks of 32 with one scale (Q8_0, Q4_0, Q5_0, IQ4_NL, MXFP4) ------------------------
  * Signed codes w go into vpdpbusd's unsigned operand as w + 128 (w ^ 0x80 for Q8_0; the +128
- * folded into the value tables, once per call, and Q5_0's offset for the others), and x's part 128 * sum x is
- * taken off by starting each sum at -128 * (sum of the 4 codes of x), prepared once per token:
- * one xor (or nothing) instead of the sign trick's three operations per 64 weights.  Exact:
- * (w + 128) x - 128 x = w x, |lane| < 2^17. */
+ * folded into the value tables, once per call, and into Q5_0's offset for the others), and x's
+ * part 128 * sum x is taken off by starting each sum at -128 * (sum of the 4 codes of x),
+ * prepared once per token: one xor (or nothing) instead of the sign trick's three operations
+ * per 64 weights.  Exact: (w + 128) x - 128 x = w x, |lane| < 2^17. */
 
 /* The 32 codes + 128 of one block, in element order (table formats: the nibble indices, looked
  * up by the caller). */
