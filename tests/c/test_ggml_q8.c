@@ -251,11 +251,12 @@ int main(void) {
                 unmake(&b);
             }
     }
-    /* rows wider than a kernel's stack copy of x (the VNNI Q4_K loop's permuted x: 16384) */
+    /* rows wider than a kernel's stack copy of x (the VNNI loops prepare x in passes of 8192
+     * columns), in a group of four rows and one left over */
     for (int fi = 0; fi < N_FORMATS; fi++) {
         bmat b;
-        make(&b, FORMATS[fi], 3, 16384 + 256);
-        for (int k = 1; k < n; k++) case_linear(tables[k], &b, 1, 0, 3), case_linear(tables[k], &b, 2, 1, 3);
+        make(&b, FORMATS[fi], 5, 16384 + 256);
+        for (int k = 1; k < n; k++) case_linear(tables[k], &b, 1, 0, 5), case_linear(tables[k], &b, 2, 1, 5);
         unmake(&b);
     }
     mg_error err = {0};

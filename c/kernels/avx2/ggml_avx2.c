@@ -92,16 +92,22 @@ INLINE __m256 bytes_times(const uint8_t b[8], float v) {
                          _mm256_set1_ps(v));
 }
 
-/* Q6_K: the 4 groups of 32 codes (minus 32) of half h of the block. */
-INLINE void q6_k_half(const uint8_t *b, int h, __m256i q[4]) {
-    const __m256i m4 = _mm256_set1_epi8(0x0f), m3 = _mm256_set1_epi8(0x03), k32 = _mm256_set1_epi8(32);
+/* Q6_K: the 4 groups of 32 unsigned codes (0..63) of half h of the block. */
+INLINE void q6_k_half_u(const uint8_t *b, int h, __m256i q[4]) {
+    const __m256i m4 = _mm256_set1_epi8(0x0f), m3 = _mm256_set1_epi8(0x03);
     const __m256i A = loadu256(b + 64 * h), B = loadu256(b + 64 * h + 32), H = loadu256(b + 128 + 32 * h);
     const __m256i lo[4] = {_mm256_and_si256(A, m4), _mm256_and_si256(B, m4), _mm256_and_si256(_mm256_srli_epi16(A, 4), m4),
                            _mm256_and_si256(_mm256_srli_epi16(B, 4), m4)};
     for (int g = 0; g < 4; g++) {
         const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(H, 2 * g), m3);
-        q[g] = _mm256_sub_epi8(_mm256_or_si256(lo[g], _mm256_slli_epi16(hi, 4)), k32);
+        q[g] = _mm256_or_si256(lo[g], _mm256_slli_epi16(hi, 4));
     }
+}
+
+/* Q6_K: the 4 groups of 32 codes (minus 32) of half h of the block. */
+INLINE void q6_k_half(const uint8_t *b, int h, __m256i q[4]) {
+    q6_k_half_u(b, h, q);
+    for (int g = 0; g < 4; g++) q[g] = _mm256_sub_epi8(q[g], _mm256_set1_epi8(32));
 }
 
 /* IQ4_XS: the 8 sub-block scales d * (s - 32). */
@@ -453,11 +459,13 @@ static float q8row_q5_k(const uint8_t *p, int64_t nb, const int8_t *q, const flo
     return q8row_k4(p, nb, q, dx, sx, 1);
 }
 
-/* Q6_K: codes q - 32 signed; group g of half h has the int8 scales 8h + 2g (its first 16
+/* Q6_K: the unsigned codes u (0..63) against x by vpmaddubsw (i16 pair sums), plus off = -32 *
+ * (x_2m + x_2m+1), prepared once per token (q6_offsets), which makes the pairs sum (u - 32) x
+ * exactly (|pair| <= 2 * 63 * 127 + 32 * 254 < 2^15) without the sign trick's two vpsignb and the
+ * subtraction per 32 codes; group g of half h has the int8 scales 8h + 2g (its first 16
  * elements, the low 128-bit lane of the i16 pairs) and 8h + 2g + 1 (the high lane), which
  * vpmaddwd applies in place of the ones: isum = sa * sum_a + sb * sum_b, as the scalar twin. */
-static float q8row_q6_k(const uint8_t *p, int64_t nb, const int8_t *q, const float *dx, const float *sx) {
-    (void)sx;
+static float q8row_q6_k(const uint8_t *p, int64_t nb, const int8_t *q, const float *dx, const int16_t *off) {
     static const int8_t pick[4][32] = {
         {0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3},
         {4, 5, 4, 5, 4, 5, 4, 5, 4, 5, 4, 5, 4, 5, 4, 5, 6, 7, 6, 7, 6, 7, 6, 7, 6, 7, 6, 7, 6, 7, 6, 7},
@@ -465,17 +473,18 @@ static float q8row_q6_k(const uint8_t *p, int64_t nb, const int8_t *q, const flo
         {12, 13, 12, 13, 12, 13, 12, 13, 12, 13, 12, 13, 12, 13, 12, 13, 14, 15, 14, 15, 14, 15, 14, 15, 14, 15, 14, 15, 14,
          15, 14, 15}};
     __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
-    for (int64_t i = 0; i < nb; i++, p += 210, q += 256, dx += 8) {
+    for (int64_t i = 0; i < nb; i++, p += 210, q += 256, off += 128, dx += 8) {
         float f[8] __attribute__((aligned(32)));
         _mm256_store_ps(f, _mm256_mul_ps(_mm256_set1_ps(f16_at(p + 208)), _mm256_loadu_ps(dx)));
         for (int h = 0; h < 2; h++) {
-            __m256i w[4];
-            q6_k_half(p, h, w);
+            __m256i u[4];
+            q6_k_half_u(p, h, u);
             const __m256i s16 = _mm256_broadcastsi128_si256(_mm_cvtepi8_epi16(_mm_loadl_epi64((const __m128i *)(p + 192 + 8 * h))));
             for (int g = 0; g < 4; g++) {
-                const __m256i x = xq32(q + 128 * h + 32 * g);
+                const __m256i pairs = _mm256_add_epi16(_mm256_maddubs_epi16(u[g], xq32(q + 128 * h + 32 * g)),
+                                                       _mm256_load_si256((const __m256i *)(off + 64 * h + 16 * g)));
                 const __m256i sc = _mm256_shuffle_epi8(s16, _mm256_loadu_si256((const __m256i *)pick[g]));
-                const __m256i prod = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(w[g], w[g]), _mm256_sign_epi8(x, w[g])), sc);
+                const __m256i prod = _mm256_madd_epi16(pairs, sc);
                 if (g & 1)
                     acc1 = _mm256_fmadd_ps(_mm256_broadcast_ss(f + 4 * h + g), _mm256_cvtepi32_ps(prod), acc1);
                 else
@@ -484,6 +493,35 @@ static float q8row_q6_k(const uint8_t *p, int64_t nb, const int8_t *q, const flo
         }
     }
     return hsum8(_mm256_add_ps(acc0, acc1));
+}
+
+/* Columns per pass of the Q6_K offsets (a stack array; wider rows add the passes' sums). */
+enum { Q6_PASS = 8192 };
+
+/* off[m] = -32 * (q[2m] + q[2m + 1]) for cols codes (a multiple of 32). */
+static void q6_offsets(const int8_t *q, int64_t cols, int16_t *off) {
+    for (int64_t c = 0; c < cols; c += 32) {
+        const __m256i pairs = _mm256_maddubs_epi16(_mm256_set1_epi8(32), xq32(q + c)); /* 32 (x0 + x1) */
+        _mm256_store_si256((__m256i *)(off + c / 2), _mm256_sub_epi16(_mm256_setzero_si256(), pairs));
+    }
+}
+
+static void linear_q8_q6_k(const mg_matrix *w, const mg_q8_act *xq, int64_t n_tok, float *y, int64_t y_stride, int64_t r0,
+                           int64_t r1) {
+    const size_t rb = mg_matrix_row_bytes(w);
+    const int64_t groups = w->cols / 32;
+    int16_t off[Q6_PASS / 2] __attribute__((aligned(32)));
+    for (int64_t t = 0; t < n_tok; t++)
+        for (int64_t c0 = 0; c0 < w->cols; c0 += Q6_PASS) {
+            const int64_t kc = w->cols - c0 < Q6_PASS ? w->cols - c0 : Q6_PASS;
+            const int8_t *q = xq->q + t * xq->cols + c0;
+            q6_offsets(q, kc, off);
+            for (int64_t r = r0; r < r1; r++) {
+                const float v = q8row_q6_k((const uint8_t *)w->data + (size_t)r * rb + (size_t)(c0 / 256 * 210), kc / 256, q,
+                                           xq->d + t * groups + c0 / 32, off);
+                y[t * y_stride + r] = c0 == 0 ? v : y[t * y_stride + r] + v;
+            }
+        }
 }
 
 /* IQ4_XS: 8 groups of 32 with scales d * (s - 32). */
@@ -514,7 +552,6 @@ static q8row_fn *q8row_of(mg_format f) {
     case MG_Q5_0: return q8row_q5_0;
     case MG_Q4_K: return q8row_q4_k;
     case MG_Q5_K: return q8row_q5_k;
-    case MG_Q6_K: return q8row_q6_k;
     case MG_MXFP4: return q8row_mxfp4;
     case MG_IQ4_NL: return q8row_iq4_nl;
     case MG_IQ4_XS: return q8row_iq4_xs;
@@ -524,6 +561,10 @@ static q8row_fn *q8row_of(mg_format f) {
 
 void mg_avx2_linear_q8(const mg_matrix *w, const mg_q8_act *xq, int64_t n_tok, float *y, int64_t y_stride, int64_t r0,
                        int64_t r1) {
+    if (w->format == MG_Q6_K) {
+        linear_q8_q6_k(w, xq, n_tok, y, y_stride, r0, r1);
+        return;
+    }
     int64_t e, bytes;
     mg_format_block(w->format, &e, &bytes);
     q8row_fn *dot = q8row_of(w->format);

@@ -4,9 +4,12 @@
  * AVX2 needs vpmaddubsw + vpmaddwd on 32: a zmm covers two 32-column groups, lanes 0-7 the first
  * and 8-15 the second, so the per-group factor wd * dx is a vector [f0 x 8 | f1 x 8].
  *  - unsigned weight codes (Q4_K, Q5_K: 0..31; Q6_K: 0..63 before its -32) go straight into the
- *    unsigned operand; Q6_K's offset is subtracted as vpdpbusd(32, x), the same exact integer;
- *  - signed codes (Q8_0, Q4_0, Q5_0, IQ4_NL, MXFP4, IQ4_XS) take |w| and x negated where w < 0
+ *    unsigned operand; Q6_K's offset enters as the sum's start value -32 * (sum of 4 x codes);
+ *  - signed codes of the 32-element formats (Q8_0, Q4_0, Q5_0, IQ4_NL, MXFP4) as w + 128, the
+ *    sum started at -128 * (sum of 4 x codes); IQ4_XS takes |w| and x negated where w < 0
  *    (AVX-512 has no vpsignb: vpabsb, vpmovb2m and a masked subtract).
+ * Those start values and everything else about x that every row needs are prepared once per
+ * token (prep_*), and rows go four per pass (rows_*), see below.
  * The sums stay exact (|4 products| < 2^16 per step, |isum| < 2^24), so the results differ from
  * the scalar twin's only in the order of the fp32 additions.  Selected at run time: the avx512
  * table takes these entries on a CPU with AVX512_VNNI (table_avx512.c), else keeps avx2's. */
@@ -23,8 +26,6 @@ INLINE float f16_at(const uint8_t *p) {
     memcpy(&h, p, 2);
     return _cvtsh_ss(h);
 }
-
-static const int8_t Q4_0_VALUES[16] = {-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7};
 
 /* [a x 8 | b x 8]: the factors of two 32-column groups. */
 INLINE __m512 pair(float a, float b) { return _mm512_insertf32x8(_mm512_set1_ps(a), _mm256_set1_ps(b), 1); }
@@ -45,183 +46,297 @@ INLINE __m256i nib32(const uint8_t *p) {
                             _mm256_set1_epi8(0x0f));
 }
 INLINE __m512i join(__m256i a, __m256i b) { return _mm512_inserti64x4(_mm512_castsi256_si512(a), b, 1); }
+static const int8_t Q4_0_VALUES[16] = {-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7};
 INLINE __m512i lut64(const int8_t *v) { return _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)v)); }
 
-/* The 32 signed codes of one block of a 32-element format, in element order. */
-INLINE __m256i codes32(mg_format f, const uint8_t *p) {
-    switch (f) {
-    case MG_Q8_0: return _mm256_loadu_si256((const __m256i *)(p + 2));
-    case MG_Q5_0: {
-        uint32_t qh;
-        memcpy(&qh, p + 2, 4);
-        const __m256i hi = _mm256_and_si256(_mm256_movm_epi8(qh), _mm256_set1_epi8(0x10));
-        return _mm256_sub_epi8(_mm256_or_si256(nib32(p + 6), hi), _mm256_set1_epi8(16));
-    }
-    case MG_MXFP4: return nib32(p + 1);  /* indices: looked up by the caller */
-    default: return nib32(p + 2);        /* Q4_0, IQ4_NL: indices */
-    }
-}
-
-/* Blocks of 32 with one scale, two blocks per zmm. */
-INLINE float row_32(mg_format f, const uint8_t *p, int64_t nb, const int8_t *q, const float *dx) {
-    const size_t bytes = f == MG_Q8_0 ? 34 : f == MG_Q5_0 ? 22 : f == MG_MXFP4 ? 17 : 18;
-    const int lut = f == MG_Q4_0 || f == MG_IQ4_NL || f == MG_MXFP4;
-    const __m512i tbl = lut64(f == MG_Q4_0 ? Q4_0_VALUES : f == MG_IQ4_NL ? MG_IQ4NL_VALUES : MG_MXFP4_VALUES2);
-    const __m512i spread01 = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi32(1), 1);
-    __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
-    int64_t i = 0;
-    for (; i + 2 <= nb; i += 2, p += 2 * bytes, q += 64, dx += 2) {
-        __m512i w = join(codes32(f, p), codes32(f, p + bytes));
-        if (lut) w = _mm512_shuffle_epi8(tbl, w);
-        /* both scales converted by one vcvtph2ps, times dx[0..1] by one vmulps, spread to
-         * [f0 x 8 | f1 x 8] by one vpermps (the same products wd * dx as the scalar twin) */
-        __m128 s2;
-        if (f == MG_MXFP4) {
-            s2 = _mm_setr_ps(mg_ggml_e8m0_half(p[0]), mg_ggml_e8m0_half(p[bytes]), 0.0f, 0.0f);
-        } else {
-            uint16_t h0, h1;
-            memcpy(&h0, p, 2);
-            memcpy(&h1, p + bytes, 2);
-            s2 = _mm_cvtph_ps(_mm_cvtsi32_si128((int)((uint32_t)h0 | (uint32_t)h1 << 16)));
-        }
-        s2 = _mm_mul_ps(s2, _mm_castsi128_ps(_mm_loadl_epi64((const __m128i *)dx))); /* dx[0..1]: 4-byte aligned */
-        const __m512 fp = _mm512_permutexvar_ps(spread01, _mm512_castps128_ps512(s2));
-        const __m512i prod = sdot(w, _mm512_loadu_si512((const void *)q));
-        if (i & 2)
-            acc1 = fma_i32(fp, prod, acc1);
-        else
-            acc0 = fma_i32(fp, prod, acc0);
-    }
-    if (i < nb) { /* the odd last block: the upper half of the codes is zero */
-        __m512i w = _mm512_castsi256_si512(codes32(f, p));
-        w = _mm512_inserti64x4(w, _mm256_setzero_si256(), 1);
-        if (lut) w = _mm512_maskz_shuffle_epi8(0xffffffffull, tbl, w);
-        const float s0 = f == MG_MXFP4 ? mg_ggml_e8m0_half(p[0]) : f16_at(p);
-        const __m512i x = _mm512_maskz_loadu_epi8(0xffffffffull, q);
-        acc0 = fma_i32(pair(s0 * dx[0], 0.0f), sdot(w, x), acc0);
-    }
-    return _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
-}
-
-INLINE __m256 bytes_times(const uint8_t b[8], float v) {
-    return _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)b))), _mm256_set1_ps(v));
-}
-
-/* Lane indices picking factors a (lanes 0-7) and b (lanes 8-15) of an 8-float vector. */
+/* Lane indices picking factors a (lanes 0-7) and b (lanes 8-15) of a factor vector. */
 INLINE __m512i pair_index_n(int a, int b) {
     return _mm512_inserti64x4(_mm512_set1_epi32(a), _mm256_set1_epi32(b), 1);
 }
 
-/* Lane indices picking factors 2c (lanes 0-7) and 2c + 1 (lanes 8-15) of an 8-float vector. */
-INLINE __m512i pair_index(int c) {
-    return _mm512_inserti64x4(_mm512_set1_epi32(2 * c), _mm256_set1_epi32(2 * c + 1), 1);
+/* ---- K-quants: x prepared once per token and column pass, rows in groups of four ---------
+ * Every row of a call reads the same x, so whatever about x a block needs (its codes in the
+ * order the weight bytes come, its scales laid out as the factor vectors want them, Q6_K's
+ * offset sums) is prepared once per token (prep_k4, prep_q6) and then read by every row; and
+ * rows go four per pass, so that one load of x serves four weight streams and the end-of-row
+ * reductions of four rows share their shuffles (reduce4). */
+
+/* Widest column pass: the prepared x lives on the stack (wider rows add the passes' sums). */
+enum { XP_MAX = 8192 };
+
+typedef struct {
+    const int8_t *codes;                                 /* q (Q4_K / Q5_K) or x's own codes */
+    const float *dx;                                     /* blocks of 32: x's own scales */
+    int8_t q[XP_MAX] __attribute__((aligned(64)));      /* Q4_K / Q5_K: the codes permuted */
+    float ds[XP_MAX / 16] __attribute__((aligned(64))); /* per block: 16 floats (below) */
+    int32_t off[XP_MAX / 4] __attribute__((aligned(64))); /* Q6_K: -32 * (sum of 4 codes) */
+} prep_x;
+
+/* Prefetch of the R-row loops: the rows of a group are contiguous, and so is the group ahead
+ * (rows_ahead: at least 8 KiB on); each step of R blocks prefetches the next R * block bytes of
+ * it in order, so that the group ahead is in L2 when its turn comes.  Hardware prefetch alone
+ * follows R interleaved streams badly: four rows without it streamed ~11 GB/s instead of ~27.
+ * Into L1 (T0): measured a little faster here than T1 (docs/KERNELS.md, int8 section). */
+INLINE void prefetch_step(const uint8_t *pf, size_t n) {
+    for (size_t l = 0; l < n; l += 64) _mm_prefetch((const char *)pf + l, _MM_HINT_T0);
 }
 
-/* Q4_K / Q5_K (q5): chunk c's 32 bytes hold sub-block 2c (low nibbles) and 2c + 1 (high): one
- * zmm of unsigned codes in element order against x's 64 bytes of the chunk. */
-INLINE float row_k4(const uint8_t *p, int64_t nb, const int8_t *q, const float *dx, const float *sx, int q5) {
-    const size_t bytes = q5 ? 176 : 144;
-    const __m512i m4 = _mm512_set1_epi8(0x0f), k16 = _mm512_set1_epi8(0x10);
-    __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
-    __m256 accm = _mm256_setzero_ps();
-    for (int64_t i = 0; i < nb; i++, p += bytes, q += 256, dx += 8, sx += 8) {
-        uint8_t sc[8], mn[8];
-        mg_ggml_k4_scales_mins(p + 4, sc, mn);
-        const __m512 f = _mm512_castps256_ps512(_mm256_mul_ps(bytes_times(sc, f16_at(p)), _mm256_loadu_ps(dx)));
-        accm = _mm256_fmadd_ps(bytes_times(mn, f16_at(p + 2)), _mm256_loadu_ps(sx), accm);
-        const uint8_t *qs = p + (q5 ? 48 : 16);
-        const __m512i qh = q5 ? _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(p + 16))) : _mm512_setzero_si512();
-        for (int c = 0; c < 4; c++) {
-            const __m256i v = _mm256_loadu_si256((const __m256i *)(qs + 32 * c));
-            __m512i u = _mm512_and_si512(join(v, _mm256_srli_epi16(v, 4)), m4);
-            if (q5) { /* bit 2c of qh[l]: element l of the low half; bit 2c + 1: of the high half */
-                const __m512i bit = join(_mm256_set1_epi8((char)(1 << (2 * c))), _mm256_set1_epi8((char)(2 << (2 * c))));
-                u = _mm512_mask_add_epi8(u, _mm512_test_epi8_mask(qh, bit), u, k16); /* u < 16: add is or */
-            }
-            const __m512i prod = udot(u, _mm512_loadu_si512((const void *)(q + 64 * c)));
-            const __m512 fc = _mm512_permutexvar_ps(pair_index(c), f);
-            if (c & 1)
-                acc1 = fma_i32(fc, prod, acc1);
-            else
-                acc0 = fma_i32(fc, prod, acc0);
-        }
-    }
-    const __m256 m = accm;
-    return _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1)) -
-           (m[0] + m[1] + m[2] + m[3] + m[4] + m[5] + m[6] + m[7]);
+/* Horizontal sums of four accumulators: {sum a, sum b, sum c, sum d}. */
+INLINE __m128 reduce4(__m512 a, __m512 b, __m512 c, __m512 d) {
+    const __m256 a8 = _mm256_add_ps(_mm512_castps512_ps256(a), _mm512_extractf32x8_ps(a, 1));
+    const __m256 b8 = _mm256_add_ps(_mm512_castps512_ps256(b), _mm512_extractf32x8_ps(b, 1));
+    const __m256 c8 = _mm256_add_ps(_mm512_castps512_ps256(c), _mm512_extractf32x8_ps(c, 1));
+    const __m256 d8 = _mm256_add_ps(_mm512_castps512_ps256(d), _mm512_extractf32x8_ps(d, 1));
+    const __m256 ab = _mm256_hadd_ps(a8, b8), cd = _mm256_hadd_ps(c8, d8); /* a01 a23 b01 b23 | a45 a67 b45 b67 */
+    const __m256 abcd = _mm256_hadd_ps(ab, cd);                           /* a b c d (lanes 0-3) | (4-7) */
+    return _mm_add_ps(_mm256_castps256_ps128(abcd), _mm256_extractf128_ps(abcd, 1));
 }
 
-/* Q4_K with x pre-permuted (permute_x_k4): one 64-byte load holds chunks c and c + 1, whose low
- * nibbles are sub-blocks 2c and 2c + 2 and high nibbles 2c + 1 and 2c + 3, against x's groups
- * in that order: per 128 weights one load, two masks, one shift and two vpdpbusd. */
-static float row_q4_k_xp(const uint8_t *p, int64_t nb, const int8_t *xp, const float *dx, const float *sx) {
-    const __m512i m4 = _mm512_set1_epi8(0x0f);
-    const __m512i pick[4] = {pair_index_n(0, 2), pair_index_n(1, 3), pair_index_n(4, 6), pair_index_n(5, 7)};
-    __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
-    __m256 accm = _mm256_setzero_ps();
-    for (int64_t i = 0; i < nb; i++, p += 144, xp += 256, dx += 8, sx += 8) {
-        uint8_t sc[8], mn[8];
-        mg_ggml_k4_scales_mins(p + 4, sc, mn);
-        const __m512 f = _mm512_castps256_ps512(_mm256_mul_ps(bytes_times(sc, f16_at(p)), _mm256_loadu_ps(dx)));
-        accm = _mm256_fmadd_ps(bytes_times(mn, f16_at(p + 2)), _mm256_loadu_ps(sx), accm);
-        for (int c = 0; c < 4; c += 2) {
-            const __m512i v = _mm512_loadu_si512((const void *)(p + 16 + 32 * c));
-            const __m512i lo = _mm512_and_si512(v, m4), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
-            acc0 = fma_i32(_mm512_permutexvar_ps(pick[c], f), udot(lo, _mm512_loadu_si512((const void *)(xp + 64 * c))), acc0);
-            acc1 = fma_i32(_mm512_permutexvar_ps(pick[c + 1], f), udot(hi, _mm512_loadu_si512((const void *)(xp + 64 * c + 64))),
-                           acc1);
-        }
-    }
-    const __m256 m = accm;
-    return _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1)) -
-           (m[0] + m[1] + m[2] + m[3] + m[4] + m[5] + m[6] + m[7]);
-}
-
-/* x's 32-column groups of each 256 in the order row_q4_k_xp reads them: 0 2 1 3 4 6 5 7. */
-static void permute_x_k4(const int8_t *q, int64_t cols, int8_t *xp) {
+/* Q4_K / Q5_K.  x's 32-column groups of each 256 in the order 0 2 1 3 4 6 5 7: one 64-byte load
+ * of codes holds chunks c and c + 1, whose low nibbles are sub-blocks 2c and 2c + 2 and high
+ * nibbles 2c + 1 and 2c + 3, against x in that order.  ds per block: dx of its 8 groups, then
+ * their sums sx, so that the 8 factors d*sc*dx and the 8 min terms dmin*m*sx come from one
+ * 16-lane multiply. */
+static void prep_k4(const int8_t *q, const float *dx, const float *sx, int64_t cols, prep_x *p) {
     static const int order[8] = {0, 2, 1, 3, 4, 6, 5, 7};
-    for (int64_t b = 0; b < cols; b += 256)
-        for (int g = 0; g < 8; g++) memcpy(xp + b + 32 * g, q + b + 32 * order[g], 32);
+    for (int64_t b = 0; b < cols; b += 256) {
+        for (int g = 0; g < 8; g++) memcpy(p->q + b + 32 * g, q + b + 32 * order[g], 32);
+        memcpy(p->ds + b / 16, dx + b / 32, 32);
+        memcpy(p->ds + b / 16 + 8, sx + b / 32, 32);
+    }
+    p->codes = p->q;
 }
 
-/* Q6_K: per half h, ql[64h .. 64h + 64) is one zmm whose low nibbles are elements 0..63 of the
- * half and high nibbles 64..127; qh[32h .. 32h + 32) gives the top 2 bits, element e's at shift
- * 2 * (e / 32).  Codes u = lo | hi << 4 (0..63); the value u - 32 is applied as
- * udot(u, x) - udot(32, x).  Scales per 16 elements = per 4 lanes: the factor vector of chunk
- * k (elements 64k .. 64k + 64 of the block) is d * dx[g] * sc[j] spread by one vpermps. */
-static float row_q6_k(const uint8_t *p, int64_t nb, const int8_t *q, const float *dx) {
-    const __m512i m4 = _mm512_set1_epi8(0x0f), m3 = _mm512_set1_epi8(0x03), k32 = _mm512_set1_epi8(32);
-    /* 16-bit shift counts of chunk c' in a half: elements 0..31 take 4c', 32..63 take 4c' + 2 */
-    const __m512i cnt0 = join(_mm256_set1_epi16(0), _mm256_set1_epi16(2));
-    const __m512i cnt1 = join(_mm256_set1_epi16(4), _mm256_set1_epi16(6));
-    /* factor lanes: chunk k's lane l covers elements 64k + 4l .. + 4: scale 4k + l / 4 */
-    const __m512i spread = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
-    __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
-    for (int64_t i = 0; i < nb; i++, p += 210, q += 256, dx += 8) {
-        /* the 16 factors d * sc[j] * dx[j / 2] */
-        const __m512 sc = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(p + 192))));
-        const __m512 dx16 = _mm512_permutexvar_ps(_mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7),
-                                                  _mm512_castps256_ps512(_mm256_loadu_ps(dx)));
-        const __m512 f = _mm512_mul_ps(_mm512_mul_ps(sc, _mm512_set1_ps(f16_at(p + 208))), dx16);
-        for (int h = 0; h < 2; h++) {
-            const __m512i ql = _mm512_loadu_si512((const void *)(p + 64 * h));
-            const __m512i qh = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(p + 128 + 32 * h)));
-            for (int c = 0; c < 2; c++) {
-                const __m512i lo = c ? _mm512_and_si512(_mm512_srli_epi16(ql, 4), m4) : _mm512_and_si512(ql, m4);
-                const __m512i hi = _mm512_and_si512(_mm512_srlv_epi16(qh, c ? cnt1 : cnt0), m3);
-                const __m512i u = _mm512_or_si512(lo, _mm512_slli_epi16(hi, 4));
-                const __m512i x = _mm512_loadu_si512((const void *)(q + 128 * h + 64 * c));
-                const __m512i prod = _mm512_sub_epi32(udot(u, x), udot(k32, x));
-                const int k = 2 * h + c;
-                const __m512 fk = _mm512_permutexvar_ps(_mm512_add_epi32(spread, _mm512_set1_epi32(4 * k)), f);
-                if (c)
-                    acc1 = fma_i32(fk, prod, acc1);
-                else
-                    acc0 = fma_i32(fk, prod, acc0);
+/* The 8 scales and 8 mins of a Q4_K / Q5_K block (12 bytes at s) as 16 bytes sc0..7 m0..7: the
+ * 32-bit words a, b, c give sc0-3 = a & 63, sc4-7 = (c & 15) | (a >> 6) << 4, m0-3 = b & 63,
+ * m4-7 = (c >> 4) | (b >> 6) << 4 (ggml_blocks.h), one dword lane each. */
+INLINE __m128i k4_scales_mins(const uint8_t *s) {
+    const __m128i v = _mm_loadu_si128((const __m128i *)s);  /* a b c + 4 bytes of the block */
+    const __m128i t = _mm_shuffle_epi32(v, _MM_SHUFFLE(2, 1, 2, 0)); /* a c b c */
+    const __m128i u = _mm_shuffle_epi32(v, _MM_SHUFFLE(1, 1, 0, 0)); /* a a b b */
+    const __m128i lo = _mm_and_si128(_mm_srlv_epi32(t, _mm_setr_epi32(0, 0, 0, 4)),
+                                     _mm_setr_epi32(0x3f3f3f3f, 0x0f0f0f0f, 0x3f3f3f3f, 0x0f0f0f0f));
+    /* lo | ((u >> 2) & 0x30 in lanes 1 and 3) */
+    return _mm_ternarylogic_epi32(lo, _mm_srli_epi32(u, 2), _mm_setr_epi32(0, 0x30303030, 0, 0x30303030), 0xf8);
+}
+
+/* One block's 16 factors [d*sc_j*dx_j (j < 8) | dmin*m_j*sx_j]: the same products as the twin's
+ * wd * dx and wm * sx (d*sc and dmin*m are exact). */
+INLINE __m512 k4_factors(const uint8_t *p, const float *ds) {
+    uint32_t dd;
+    memcpy(&dd, p, 4);
+    const __m512 d2 = _mm512_castps128_ps512(_mm_cvtph_ps(_mm_cvtsi32_si128((int)dd)));
+    const __m512 dm = _mm512_permutexvar_ps(_mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1), d2);
+    const __m512 sm = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(k4_scales_mins(p + 4)));
+    return _mm512_mul_ps(_mm512_mul_ps(sm, dm), _mm512_load_ps(ds));
+}
+
+/* R rows (1 or 4) of Q4_K (q5 = 0) or Q5_K, nb blocks each, from row p[0] on, rb bytes apart:
+ * out[r] += the row's dot product with the prepared x. */
+INLINE void rows_k4(const int R, const uint8_t *p, size_t rb, int64_t nb, const prep_x *x, int q5, float *out) {
+    const size_t ahead = rows_ahead(R * rb);
+    const __m512i m4 = _mm512_set1_epi8(0x0f), k16 = _mm512_set1_epi8(0x10);
+    const __m512i pick[4] = {pair_index_n(0, 2), pair_index_n(1, 3), pair_index_n(4, 6), pair_index_n(5, 7)};
+    const size_t bytes = q5 ? 176 : 144, qs = q5 ? 48 : 16;
+    __m512 acc[4];
+    for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_ps();
+    const uint8_t *pf = p + ahead;
+    for (int64_t i = 0; i < nb; i++, p += bytes, pf += R * bytes) {
+        prefetch_step(pf, R * bytes);
+        const int8_t *xq = x->codes + 256 * i;
+        const float *ds = x->ds + 16 * i;
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++) {
+            const uint8_t *b = p + r * rb;
+            const __m512 f = k4_factors(b, ds);
+            acc[r] = _mm512_mask_sub_ps(acc[r], 0xff00, acc[r], f); /* lanes 8-15: minus the min terms */
+            const __m512i qh =
+                q5 ? _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(b + 16))) : _mm512_setzero_si512();
+#pragma GCC unroll 2
+            for (int c = 0; c < 4; c += 2) {
+                const __m512i v = _mm512_loadu_si512((const void *)(b + qs + 32 * c));
+                __m512i lo = _mm512_and_si512(v, m4), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+                if (q5) { /* fifth bits: bit j of qh[l] for sub-block j, element l */
+                    const __m512i blo = join(_mm256_set1_epi8((char)(1 << (2 * c))), _mm256_set1_epi8((char)(4 << (2 * c))));
+                    const __m512i bhi = join(_mm256_set1_epi8((char)(2 << (2 * c))), _mm256_set1_epi8((char)(8 << (2 * c))));
+                    lo = _mm512_mask_add_epi8(lo, _mm512_test_epi8_mask(qh, blo), lo, k16);
+                    hi = _mm512_mask_add_epi8(hi, _mm512_test_epi8_mask(qh, bhi), hi, k16);
+                }
+                const __m512i x0 = _mm512_load_si512((const void *)(xq + 64 * c));
+                const __m512i x1 = _mm512_load_si512((const void *)(xq + 64 * c + 64));
+                acc[r] = fma_i32(_mm512_permutexvar_ps(pick[c], f), udot(lo, x0), acc[r]);
+                acc[r] = fma_i32(_mm512_permutexvar_ps(pick[c + 1], f), udot(hi, x1), acc[r]);
             }
         }
     }
-    return _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
+    if (R == 4) {
+        _mm_storeu_ps(out, _mm_add_ps(_mm_loadu_ps(out), reduce4(acc[0], acc[1], acc[2], acc[3])));
+    } else {
+        for (int r = 0; r < R; r++) out[r] += _mm512_reduce_add_ps(acc[r]);
+    }
+}
+
+/* Q6_K.  ds per block: dx per 16 columns (each group's scale twice); off per 64 columns: -32 *
+ * the sum of each 4 codes, the start of vpdpbusd's sum, so the unsigned codes u (0..63) give
+ * sum (u - 32) x without a second dot product. */
+static void prep_q6(const int8_t *q, const float *dx, int64_t cols, prep_x *p) {
+    const __m512i k32 = _mm512_set1_epi8(32);
+    const __m512i twice = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
+    for (int64_t b = 0; b < cols; b += 256)
+        _mm512_store_ps(p->ds + b / 16,
+                        _mm512_permutexvar_ps(twice, _mm512_castps256_ps512(_mm256_loadu_ps(dx + b / 32))));
+    for (int64_t c = 0; c < cols; c += 64)
+        _mm512_store_si512((void *)(p->off + c / 4),
+                           _mm512_sub_epi32(_mm512_setzero_si512(), udot(k32, _mm512_loadu_si512((const void *)(q + c)))));
+    p->codes = q;
+}
+
+/* R rows (1 or 4) of Q6_K.  Per half h of a block, ql[64h ..) is one zmm whose low nibbles are
+ * the half's elements 0..63 and high nibbles 64..127; qh[32h ..) (broadcast to both 256-bit
+ * halves) holds element e's top 2 bits at shift 2 * (e / 32): moved to bits 4-5 by one 16-bit
+ * shift per chunk (left 4 and 2, right 0 and 2: the bits a 16-bit shift carries in from the
+ * neighbouring byte are masked off) and merged by one ternary-logic op.  The factor of chunk k
+ * (64 elements), lane l (elements 4l .. 4l + 3): d * sc[4k + l / 4] * dx, one vpermps of the
+ * block's 16 factors. */
+INLINE void rows_q6_k(const int R, const uint8_t *p, size_t rb, int64_t nb, const prep_x *x, float *out) {
+    const size_t ahead = rows_ahead(R * rb);
+    const __m512i m4 = _mm512_set1_epi8(0x0f), m30 = _mm512_set1_epi8(0x30);
+    const __m512i cnt0 = join(_mm256_set1_epi16(4), _mm256_set1_epi16(2)); /* left: shifts 0 and 2 */
+    const __m512i cnt1 = join(_mm256_set1_epi16(0), _mm256_set1_epi16(2)); /* right: shifts 4 and 6 */
+    const __m512i spread = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+    const __m512i pick[4] = {spread, _mm512_add_epi32(spread, _mm512_set1_epi32(4)),
+                             _mm512_add_epi32(spread, _mm512_set1_epi32(8)), _mm512_add_epi32(spread, _mm512_set1_epi32(12))};
+    __m512 acc[4];
+    for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_ps();
+    const uint8_t *pf = p + ahead;
+    for (int64_t i = 0; i < nb; i++, p += 210, pf += R * 210) {
+        prefetch_step(pf, R * 210);
+        const int8_t *xq = x->codes + 256 * i;
+        const int32_t *off = x->off + 64 * i;
+        const __m512 dx = _mm512_load_ps(x->ds + 16 * i);
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++) {
+            const uint8_t *b = p + r * rb;
+            const __m512 sc = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(b + 192))));
+            const __m512 f = _mm512_mul_ps(_mm512_mul_ps(sc, _mm512_set1_ps(f16_at(b + 208))), dx);
+#pragma GCC unroll 2
+            for (int h = 0; h < 2; h++) {
+                const __m512i ql = _mm512_loadu_si512((const void *)(b + 64 * h));
+                const __m512i qh = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(b + 128 + 32 * h)));
+                /* u = lo | (shifted qh & 0x30): ternary logic 0xf8 is a | (b & c) */
+                const __m512i lo0 = _mm512_and_si512(ql, m4), lo1 = _mm512_and_si512(_mm512_srli_epi16(ql, 4), m4);
+                const __m512i u0 = _mm512_ternarylogic_epi32(lo0, _mm512_sllv_epi16(qh, cnt0), m30, 0xf8);
+                const __m512i u1 = _mm512_ternarylogic_epi32(lo1, _mm512_srlv_epi16(qh, cnt1), m30, 0xf8);
+                /* x: the caller's codes (64-byte aligned by q8_act.h's contract; loadu costs
+                 * nothing extra when they are) */
+                const __m512i p0 = _mm512_dpbusd_epi32(_mm512_load_si512((const void *)(off + 32 * h)), u0,
+                                                       _mm512_loadu_si512((const void *)(xq + 128 * h)));
+                const __m512i p1 = _mm512_dpbusd_epi32(_mm512_load_si512((const void *)(off + 32 * h + 16)), u1,
+                                                       _mm512_loadu_si512((const void *)(xq + 128 * h + 64)));
+                acc[r] = fma_i32(_mm512_permutexvar_ps(pick[2 * h], f), p0, acc[r]);
+                acc[r] = fma_i32(_mm512_permutexvar_ps(pick[2 * h + 1], f), p1, acc[r]);
+            }
+        }
+    }
+    if (R == 4) {
+        _mm_storeu_ps(out, _mm_add_ps(_mm_loadu_ps(out), reduce4(acc[0], acc[1], acc[2], acc[3])));
+    } else {
+        for (int r = 0; r < R; r++) out[r] += _mm512_reduce_add_ps(acc[r]);
+    }
+}
+
+/* ---- blocks of 32 with one scale (Q8_0, Q4_0, Q5_0, IQ4_NL, MXFP4) ------------------------
+ * Signed codes w go into vpdpbusd's unsigned operand as w + 128 (w ^ 0x80 for Q8_0; the +128
+ * folded into the value tables, once per call, and into Q5_0's offset for the others), and x's
+ * part 128 * sum x is taken off by starting each sum at -128 * (sum of the 4 codes of x),
+ * prepared once per token: one xor (or nothing) instead of the sign trick's three operations
+ * per 64 weights.  Exact: (w + 128) x - 128 x = w x, |lane| < 2^17. */
+
+/* The 32 codes + 128 of one block, in element order (table formats: the nibble indices, looked
+ * up by the caller). */
+INLINE __m256i ucodes32(mg_format f, const uint8_t *p) {
+    switch (f) {
+    case MG_Q8_0: return _mm256_loadu_si256((const __m256i *)(p + 2)); /* xor 0x80 by the caller */
+    case MG_Q5_0: {
+        uint32_t qh;
+        memcpy(&qh, p + 2, 4);
+        const __m256i hi = _mm256_and_si256(_mm256_movm_epi8(qh), _mm256_set1_epi8(0x10));
+        return _mm256_add_epi8(_mm256_or_si256(nib32(p + 6), hi), _mm256_set1_epi8(128 - 16));
+    }
+    case MG_MXFP4: return nib32(p + 1);
+    default: return nib32(p + 2); /* Q4_0, IQ4_NL */
+    }
+}
+
+/* off per 64 columns: -128 * (sum of each 4 codes); a last half chunk reads only its 32. */
+static void prep_32(const int8_t *q, const float *dx, int64_t cols, prep_x *p) {
+    const __m512i k128 = _mm512_set1_epi8((char)0x80);
+    for (int64_t c = 0; c < cols; c += 64) {
+        const __m512i x = _mm512_maskz_loadu_epi8(cols - c >= 64 ? ~0ull : 0xffffffffull, q + c);
+        _mm512_store_si512((void *)(p->off + c / 4), _mm512_sub_epi32(_mm512_setzero_si512(), udot(k128, x)));
+    }
+    p->codes = q, p->dx = dx;
+}
+
+/* Both scales of blocks p and p + bytes times dx[0..1], spread to [f0 x 8 | f1 x 8]: one
+ * vcvtph2ps, one vmulps and one vpermps (the same products wd * dx as the scalar twin). */
+INLINE __m512 scales2(mg_format f, const uint8_t *p, size_t bytes, const float *dx) {
+    const __m512i spread01 = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi32(1), 1);
+    __m128 s2;
+    if (f == MG_MXFP4) {
+        s2 = _mm_setr_ps(mg_ggml_e8m0_half(p[0]), mg_ggml_e8m0_half(p[bytes]), 0.0f, 0.0f);
+    } else {
+        uint16_t h0, h1;
+        memcpy(&h0, p, 2);
+        memcpy(&h1, p + bytes, 2);
+        s2 = _mm_cvtph_ps(_mm_cvtsi32_si128((int)((uint32_t)h0 | (uint32_t)h1 << 16)));
+    }
+    s2 = _mm_mul_ps(s2, _mm_castsi128_ps(_mm_loadl_epi64((const __m128i *)dx))); /* dx[0..1]: 4-byte aligned */
+    return _mm512_permutexvar_ps(spread01, _mm512_castps128_ps512(s2));
+}
+
+/* R rows (1 or 4) of a 32-element format, nb blocks each, two blocks per zmm. */
+INLINE void rows_32(const int R, mg_format f, const uint8_t *p, size_t rb, int64_t nb, const prep_x *x, float *out) {
+    const size_t bytes = f == MG_Q8_0 ? 34 : f == MG_Q5_0 ? 22 : f == MG_MXFP4 ? 17 : 18;
+    const size_t ahead = rows_ahead(R * rb);
+    const int lut = f == MG_Q4_0 || f == MG_IQ4_NL || f == MG_MXFP4;
+    const __m512i k80 = _mm512_set1_epi8((char)0x80); /* value + 128 = value ^ 0x80 */
+    const int8_t *values = f == MG_Q4_0 ? Q4_0_VALUES : f == MG_IQ4_NL ? MG_IQ4NL_VALUES : MG_MXFP4_VALUES2;
+    const __m512i tbl = _mm512_xor_si512(lut64(values), k80);
+    __m512 acc[4];
+    for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_ps();
+    const int8_t *q = x->codes;
+    const int32_t *off = x->off;
+    const float *dx = x->dx;
+    int64_t i = 0;
+    const uint8_t *pf = p + ahead;
+    for (; i + 2 <= nb; i += 2, p += 2 * bytes, pf += R * 2 * bytes, q += 64, off += 16, dx += 2) {
+        prefetch_step(pf, R * 2 * bytes);
+        const __m512i xv = _mm512_loadu_si512((const void *)q), o = _mm512_load_si512((const void *)off);
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++) {
+            const uint8_t *b = p + r * rb;
+            __m512i u = join(ucodes32(f, b), ucodes32(f, b + bytes));
+            u = lut ? _mm512_shuffle_epi8(tbl, u) : f == MG_Q8_0 ? _mm512_xor_si512(u, k80) : u;
+            acc[r] = fma_i32(scales2(f, b, bytes, dx), _mm512_dpbusd_epi32(o, u, xv), acc[r]);
+        }
+    }
+    if (i < nb) { /* the odd last block: codes (and so products) of the upper half zero */
+        const __m512i xv = _mm512_maskz_loadu_epi8(0xffffffffull, q), o = _mm512_load_si512((const void *)off);
+        for (int r = 0; r < R; r++) {
+            const uint8_t *b = p + r * rb;
+            __m512i u = _mm512_castsi256_si512(ucodes32(f, b));
+            u = lut ? _mm512_shuffle_epi8(tbl, u) : f == MG_Q8_0 ? _mm512_xor_si512(u, k80) : u;
+            u = _mm512_maskz_mov_epi8(0xffffffffull, u);
+            const float s0 = f == MG_MXFP4 ? mg_ggml_e8m0_half(b[0]) : f16_at(b);
+            acc[r] = fma_i32(pair(s0 * dx[0], 0.0f), _mm512_dpbusd_epi32(o, u, xv), acc[r]);
+        }
+    }
+    if (R == 4) {
+        _mm_storeu_ps(out, _mm_add_ps(_mm_loadu_ps(out), reduce4(acc[0], acc[1], acc[2], acc[3])));
+    } else {
+        for (int r = 0; r < R; r++) out[r] += _mm512_reduce_add_ps(acc[r]);
+    }
 }
 
 /* IQ4_XS: sub-blocks j, j + 1 (16 nibble bytes each) per zmm through the value table. */
@@ -249,46 +364,71 @@ static float row_iq4_xs(const uint8_t *p, int64_t nb, const int8_t *q, const flo
     return _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
 }
 
-/* Widest row whose permuted x fits the stack (wider Q4_K rows take row_k4). */
-enum { XP_MAX = 16384 };
+#define ROWS_FNS(NAME, CALL4, CALL1)                                                                     \
+    static void rows4_##NAME(const uint8_t *p, size_t rb, int64_t nb, const prep_x *x, float *o) { CALL4; } \
+    static void rows1_##NAME(const uint8_t *p, size_t rb, int64_t nb, const prep_x *x, float *o) { CALL1; }
+ROWS_FNS(q4_k, rows_k4(4, p, rb, nb, x, 0, o), rows_k4(1, p, rb, nb, x, 0, o))
+ROWS_FNS(q5_k, rows_k4(4, p, rb, nb, x, 1, o), rows_k4(1, p, rb, nb, x, 1, o))
+ROWS_FNS(q6_k, rows_q6_k(4, p, rb, nb, x, o), rows_q6_k(1, p, rb, nb, x, o))
+ROWS_FNS(q8_0, rows_32(4, MG_Q8_0, p, rb, nb, x, o), rows_32(1, MG_Q8_0, p, rb, nb, x, o))
+ROWS_FNS(q4_0, rows_32(4, MG_Q4_0, p, rb, nb, x, o), rows_32(1, MG_Q4_0, p, rb, nb, x, o))
+ROWS_FNS(q5_0, rows_32(4, MG_Q5_0, p, rb, nb, x, o), rows_32(1, MG_Q5_0, p, rb, nb, x, o))
+ROWS_FNS(iq4_nl, rows_32(4, MG_IQ4_NL, p, rb, nb, x, o), rows_32(1, MG_IQ4_NL, p, rb, nb, x, o))
+ROWS_FNS(mxfp4, rows_32(4, MG_MXFP4, p, rb, nb, x, o), rows_32(1, MG_MXFP4, p, rb, nb, x, o))
 
-static void linear_q8(const mg_matrix *w, const mg_q8_act *xq, int64_t n_tok, float *y, int64_t y_stride, int64_t r0,
-                      int64_t r1) {
+typedef void rows_fn(const uint8_t *p, size_t rb, int64_t nb, const prep_x *x, float *out);
+
+/* Per token and column pass, x prepared once; then the rows four at a time (the last 0-3 one
+ * by one). */
+static void linear_rows(const mg_matrix *w, const mg_q8_act *xq, int64_t n_tok, float *y, int64_t y_stride, int64_t r0,
+                        int64_t r1, rows_fn *four, rows_fn *one) {
     const mg_format f = w->format;
     int64_t e, bytes;
     mg_format_block(f, &e, &bytes);
     const size_t rb = mg_matrix_row_bytes(w);
-    const int64_t groups = w->cols / 32, nb = w->cols / e;
-    if (f == MG_Q4_K && w->cols <= XP_MAX) { /* x permuted once per token, shared by the rows */
-        int8_t xp[XP_MAX] __attribute__((aligned(64)));
-        for (int64_t t = 0; t < n_tok; t++) {
-            permute_x_k4(xq->q + t * xq->cols, w->cols, xp);
-            for (int64_t r = r0; r < r1; r++)
-                y[t * y_stride + r] = row_q4_k_xp((const uint8_t *)w->data + (size_t)r * rb, nb, xp,
-                                                  xq->d + t * groups, xq->s + t * groups);
-        }
-        return;
-    }
-    for (int64_t r = r0; r < r1; r++) {
-        const uint8_t *p = (const uint8_t *)w->data + (size_t)r * rb;
-        for (int64_t t = 0; t < n_tok; t++) {
-            const int8_t *q = xq->q + t * xq->cols;
-            const float *dx = xq->d + t * groups, *sx = xq->s + t * groups;
-            float v;
-            switch (f) {
-            case MG_Q4_K: v = row_k4(p, nb, q, dx, sx, 0); break;
-            case MG_Q5_K: v = row_k4(p, nb, q, dx, sx, 1); break;
-            case MG_Q6_K: v = row_q6_k(p, nb, q, dx); break;
-            case MG_IQ4_XS: v = row_iq4_xs(p, nb, q, dx); break;
-            case MG_Q8_0: v = row_32(MG_Q8_0, p, nb, q, dx); break;
-            case MG_Q4_0: v = row_32(MG_Q4_0, p, nb, q, dx); break;
-            case MG_Q5_0: v = row_32(MG_Q5_0, p, nb, q, dx); break;
-            case MG_IQ4_NL: v = row_32(MG_IQ4_NL, p, nb, q, dx); break;
-            default: v = row_32(MG_MXFP4, p, nb, q, dx); break;
-            }
-            y[t * y_stride + r] = v;
+    const int64_t groups = w->cols / 32;
+    prep_x x;
+    for (int64_t t = 0; t < n_tok; t++) {
+        float *yt = y + t * y_stride;
+        for (int64_t r = r0; r < r1; r++) yt[r] = 0.0f;
+        for (int64_t c0 = 0; c0 < w->cols; c0 += XP_MAX) {
+            const int64_t kc = w->cols - c0 < XP_MAX ? w->cols - c0 : XP_MAX;
+            const int8_t *q = xq->q + t * xq->cols + c0;
+            const float *dx = xq->d + t * groups + c0 / 32, *sx = xq->s + t * groups + c0 / 32;
+            if (f == MG_Q6_K)
+                prep_q6(q, dx, kc, &x);
+            else if (f == MG_Q4_K || f == MG_Q5_K)
+                prep_k4(q, dx, sx, kc, &x);
+            else
+                prep_32(q, dx, kc, &x);
+            const uint8_t *base = (const uint8_t *)w->data + (size_t)(c0 / e * bytes);
+            int64_t r = r0;
+            for (; r + 4 <= r1; r += 4) four(base + (size_t)r * rb, rb, kc / e, &x, yt + r);
+            for (; r < r1; r++) one(base + (size_t)r * rb, rb, kc / e, &x, yt + r);
         }
     }
+}
+
+static void linear_q8(const mg_matrix *w, const mg_q8_act *xq, int64_t n_tok, float *y, int64_t y_stride, int64_t r0,
+                      int64_t r1) {
+    switch (w->format) {
+    case MG_Q4_K: linear_rows(w, xq, n_tok, y, y_stride, r0, r1, rows4_q4_k, rows1_q4_k); return;
+    case MG_Q5_K: linear_rows(w, xq, n_tok, y, y_stride, r0, r1, rows4_q5_k, rows1_q5_k); return;
+    case MG_Q6_K: linear_rows(w, xq, n_tok, y, y_stride, r0, r1, rows4_q6_k, rows1_q6_k); return;
+    case MG_Q8_0: linear_rows(w, xq, n_tok, y, y_stride, r0, r1, rows4_q8_0, rows1_q8_0); return;
+    case MG_Q4_0: linear_rows(w, xq, n_tok, y, y_stride, r0, r1, rows4_q4_0, rows1_q4_0); return;
+    case MG_Q5_0: linear_rows(w, xq, n_tok, y, y_stride, r0, r1, rows4_q5_0, rows1_q5_0); return;
+    case MG_IQ4_NL: linear_rows(w, xq, n_tok, y, y_stride, r0, r1, rows4_iq4_nl, rows1_iq4_nl); return;
+    case MG_MXFP4: linear_rows(w, xq, n_tok, y, y_stride, r0, r1, rows4_mxfp4, rows1_mxfp4); return;
+    default: break;
+    }
+    /* IQ4_XS: one row at a time */
+    const size_t rb = mg_matrix_row_bytes(w);
+    const int64_t groups = w->cols / 32;
+    for (int64_t r = r0; r < r1; r++)
+        for (int64_t t = 0; t < n_tok; t++)
+            y[t * y_stride + r] = row_iq4_xs((const uint8_t *)w->data + (size_t)r * rb, w->cols / 256, xq->q + t * xq->cols,
+                                             xq->d + t * groups);
 }
 
 mg_linear_q8_fn mg_avx512vnni_linear_q8(void) { return linear_q8; }
