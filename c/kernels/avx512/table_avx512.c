@@ -1,6 +1,6 @@
 /* The avx512 table (parent: avx2, see c/kernels/tables.h): the linear entries' decode and
- * read_sum are overridden; prefill and the other vector ops stay the parent's (the vector ops are
- * not bandwidth bound at these sizes).  A new op family is a <family>_avx512.c file whose entry
+ * prefill and read_sum are overridden; the other vector ops stay the parent's (they are not
+ * bandwidth bound at these sizes).  A new op family is a <family>_avx512.c file whose entry
  * points avx512.h declares and whose entries are set here. */
 #include "kernels/tables.h"
 
