@@ -2,7 +2,7 @@
  * every SIMD table this build has and this CPU runs, against the scalar table (whose decoder,
  * core/ggml_blocks.h, tests/test_ggml_dequant.py checks bit for bit against gguf-py):
  *  1. y = W x on random blocks, odd row counts, 32-element rows that are not multiples of 256,
- *     token counts 1, 2, 3, 5, 17, row ranges [r0, r1) inside the matrix, padded x / y strides:
+ *     token counts 1, 2, 3, 5, 13, 17, 26, row ranges [r0, r1) inside the matrix, padded x / y strides:
  *     |y - y_ref| <= 1e-5 * sum_c |w x| (fp32 reordering only), and rows outside the range
  *     untouched.
  *  2. Exactness of the dequantisation: with x one-hot (x = e_c), decode and prefill both give
@@ -172,7 +172,8 @@ int main(void) {
         const mg_kernels *k = mg_kernels_named(names[i]);
         if (k) tables[n++] = k;
     }
-    static const int64_t toks[] = {1, 2, 3, 5, 17};
+    /* 13 and 26: two and three token blocks of the avx512 prefill micro-kernel (<= 12 tokens each) */
+    static const int64_t toks[] = {1, 2, 3, 5, 13, 17, 26};
     static const int64_t rows_list[] = {1, 3, 17, 37};
     static const int64_t blocks32[] = {1, 3, 13, 44, 131}; /* 32 x: 44 = GLM-Air's 1408; 131: > 4096 */
     static const int64_t blocks256[] = {1, 3, 5, 17};      /* 17 x 256 = 4352 > 4096 */
@@ -188,7 +189,7 @@ int main(void) {
                 make(&b, f, rows_list[ri], bl[bi] * e);
                 for (int k = 0; k < n; k++) {
                     if (k == 0) continue; /* the scalar table is the reference itself */
-                    for (int ti = 0; ti < 5; ti++) {
+                    for (int ti = 0; ti < (int)(sizeof toks / sizeof *toks); ti++) {
                         case_linear(tables[k], &b, toks[ti], 0, b.m.rows);
                         if (b.m.rows >= 3) case_linear(tables[k], &b, toks[ti], 1, b.m.rows - 1);
                     }

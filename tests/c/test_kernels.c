@@ -349,7 +349,7 @@ static void test_linear(tally *t, const mg_kernels *const *tables, int n_tables,
      * rows: groups of 1, 2, 3 and 4 rows). */
     static const int64_t cols_list[] = {32, 96, 128, 160, 4128, 4160, 1, 7, 33, 129, 300};
     static const int64_t toks_main[] = {1, 5};
-    static const int64_t toks_all[] = {1, 2, 3, 5, 8, 17};
+    static const int64_t toks_all[] = {1, 2, 3, 5, 8, 13, 17, 26}; /* 13, 26: several avx512 prefill blocks */
     static const int64_t shapes_all[][2] = {{17, 300}, {130, 160}, {3, 4128}, {257, 33}, {3, 8352}, {5, 8320}, {6, 4096}};
     /* the ggml block formats (MG_Q8_0 on) have their own cases: test_ggml_blocks.c */
     for (int f = 0; f < MG_Q8_0; f++) {
@@ -365,7 +365,7 @@ static void test_linear(tally *t, const mg_kernels *const *tables, int n_tables,
                 int64_t cols = shapes_all[si][1];
                 if ((f == MG_FP4_E2M1 || sk == MG_SCALE_E8M0_G32) && cols % 32) continue;
                 test_linear_case(t, tables, n_tables, (mg_format)f, (mg_scale_kind)sk, shapes_all[si][0], cols,
-                                 toks_all, 6, g);
+                                 toks_all, (int)(sizeof toks_all / sizeof *toks_all), g);
             }
         }
     }

@@ -19,6 +19,7 @@
 #include <math.h>
 #include <string.h>
 #include "kernels/tables.h"
+#include "kernels/avx2/prefill_tile.h"
 
 #define INLINE static inline __attribute__((always_inline))
 
@@ -193,6 +194,7 @@ typedef void mg_avx2_prefill_fn(const mg_matrix *w, const float *x, int64_t x_st
                                 int64_t y_stride, int64_t r0, int64_t r1);
 mg_avx2_prefill_fn mg_avx2_prefill_f32, mg_avx2_prefill_bf16, mg_avx2_prefill_f16, mg_avx2_prefill_fp8,
     mg_avx2_prefill_fp4;
+/* Its tiles (mg_avx2_prefill_tile): kernels/avx2/prefill_tile.h. */
 
 /* ggml_avx2.c: the ggml block formats (MG_Q8_0 ... MG_IQ4_XS, scale kind none).  decode_ggml: n_tok
  * == 1, rows [r0, r1); ggml_dequant_block: the exact values of one block of format f at p into out

@@ -17,7 +17,7 @@
  * micro-kernel multiplies them by one broadcast x value per token.  Each (row, token) is then a
  * plain sequential sum over the columns of a chunk (no horizontal sums), its lanes already in
  * output order (y rows are contiguous), and it does not depend on the other tokens. */
-enum { TILE_ROWS = 16, TILE_COLS = 512, MICRO_TOK = 6 };
+enum { TILE_ROWS = MG_PREFILL_TILE_ROWS, TILE_COLS = MG_PREFILL_TILE_COLS, MICRO_TOK = 6 };
 /* Formats whose tiles prefetch the next chunk of their rows: a chunk of an fp8 or fp4 row is only
  * two to four cache lines, too short a stream for the hardware prefetcher, and with few tokens per
  * tile (MoE experts) the multiply-adds do not hide the misses.  Wider rows did worse with it. */
@@ -360,6 +360,20 @@ INLINE void linear_prefill(const mg_matrix *w, mg_format f, const float *x, int6
             tile_tokens(tile, x + c0, x_stride, n_tok, kc, y + r, y_stride, nr, c0 == 0,
                         last && w->scale_kind == MG_SCALE_F32_ROW ? rsv : NULL);
         }
+    }
+}
+
+/* The tile of rows [r, r + nr) (nr <= 16) x columns [c0, c0 + kc) (kc <= 512, c0 a multiple of 512),
+ * for prefill_avx512.c, which runs its own micro-kernel over the same tiles (row scales left out,
+ * as here).  One switch per tile, so that each format's dequantiser keeps its constant format. */
+void mg_avx2_prefill_tile(const mg_matrix *w, int64_t r, int64_t nr, int64_t c0, int64_t kc, float *tile) {
+    switch (w->format) {
+    case MG_F32: dequant_tile(w, MG_F32, r, nr, c0, kc, tile); break;
+    case MG_BF16: dequant_tile(w, MG_BF16, r, nr, c0, kc, tile); break;
+    case MG_F16: dequant_tile(w, MG_F16, r, nr, c0, kc, tile); break;
+    case MG_FP8_E4M3: dequant_tile(w, MG_FP8_E4M3, r, nr, c0, kc, tile); break;
+    case MG_FP4_E2M1: dequant_tile(w, MG_FP4_E2M1, r, nr, c0, kc, tile); break;
+    default: dequant_tile_ggml(w, r, nr, c0, kc, tile); break;
     }
 }
 

@@ -170,6 +170,10 @@ void mg_avx512_permute_x_fp8_folded(const float *x, int64_t kc, float *xo);
 int mg_avx512_fold_block_scales(const mg_matrix *w, int64_t r, int64_t c0, int64_t kc, const float *xo, float xmax,
                                 float xmin, float *xq);
 
+/* prefill_avx512.c: n_tok > 1 tokens, every format: prefill_avx2.c's tiles under 512-bit FMAs. */
+void mg_avx512_prefill(const mg_matrix *w, const float *x, int64_t x_stride, int64_t n_tok, float *y, int64_t y_stride,
+                       int64_t r0, int64_t r1);
+
 /* q8_avx512vnni.c (compiled with AVX512_VNNI): the int8-activation entry of every ggml block
  * format, NULL when the compiler could not build it; the CPU check is the table's. */
 mg_linear_q8_fn mg_avx512vnni_linear_q8(void);

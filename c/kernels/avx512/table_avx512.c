@@ -1,6 +1,6 @@
 /* The avx512 table (parent: avx2, see c/kernels/tables.h): the linear entries' decode and
- * read_sum are overridden; prefill and the other vector ops stay the parent's (the vector ops are
- * not bandwidth bound at these sizes).  A new op family is a <family>_avx512.c file whose entry
+ * prefill and read_sum are overridden; the other vector ops stay the parent's (they are not
+ * bandwidth bound at these sizes).  A new op family is a <family>_avx512.c file whose entry
  * points avx512.h declares and whose entries are set here. */
 #include "kernels/tables.h"
 
@@ -9,12 +9,16 @@
 #include "kernels/avx512/avx512.h"
 #include "core/cpu.h"
 
-/* Decode where decode_avx512.c takes the matrix and x; every other case (prefill, other shapes,
- * scale kinds and x) is the parent table's entry. */
+/* Decode where decode_avx512.c takes the matrix and x, prefill through prefill_avx512.c's
+ * tiles; every other case (other shapes, scale kinds and x) is the parent table's entry. */
 #define LINEAR_FN(NAME, FMT, DECODE)                                                                \
     static void NAME(const mg_matrix *w, const float *x, int64_t x_stride, int64_t n_tok, float *y, \
                      int64_t y_stride, int64_t r0, int64_t r1) {                                   \
         if (n_tok == 1 && DECODE(w, x, y, r0, r1)) return;                                          \
+        if (n_tok > 1) {                                                                            \
+            mg_avx512_prefill(w, x, x_stride, n_tok, y, y_stride, r0, r1);                          \
+            return;                                                                                 \
+        }                                                                                           \
         mg_kernels_avx512()->parent->linear[FMT](w, x, x_stride, n_tok, y, y_stride, r0, r1);       \
     }
 LINEAR_FN(linear_f32, MG_F32, mg_avx512_decode_f32)

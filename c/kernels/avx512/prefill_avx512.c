@@ -1,0 +1,236 @@
+/* AVX-512 prefill (n_tok > 1): prefill_avx2.c's exact fp32 tiles (16 rows x 512 columns,
+ * column-major, built by mg_avx2_prefill_tile) under a micro-kernel of 512-bit FMAs.  A tile column
+ * is one zmm of 16 row values; two tiles side by side (32 rows) times up to MICRO_TOK broadcast x
+ * values: 2 x MICRO_TOK accumulators, 2 column loads and MICRO_TOK broadcasts per 2 x MICRO_TOK
+ * FMAs.  Why: on a core with full-width 512-bit FMA units (Zen 5, Xeon) a zmm FMA does twice the
+ * work of the avx2 tile's ymm FMA in the same issue slot, and the avx2 kernel already ran at the
+ * ymm peak (docs/KERNELS.md, "Prefill").
+ *
+ * Each (row, token) is the same sequential fp32 sum over the columns of each 512-column chunk as
+ * in the avx2 tile (chunks added to y in column order, F32_ROW row scales applied to the whole sum
+ * last): the two tables give the same bits, and outputs do not depend on how tokens are batched.
+ * Scalar twin: the scalar table's prefill (kernels/scalar/linear_scalar.c); tests/c/test_kernels.c
+ * and tests/c/test_ggml_blocks.c compare them on odd shapes and token counts. */
+#include <string.h>
+#include "kernels/tables.h"
+
+#if defined(__x86_64__) && defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && \
+    defined(__AVX512DQ__) && defined(__FMA__) && defined(__F16C__)
+#include "kernels/avx512/avx512.h"
+#include "kernels/avx2/prefill_tile.h"
+#include "core/ggml_blocks.h"
+
+enum { TR = MG_PREFILL_TILE_ROWS, TC = MG_PREFILL_TILE_COLS, MICRO_TOK = 12 };
+
+/* y[t][r + 16h + i] (+)= sum over c < kc of tile_h[c][i] * x[t][c] for T tokens and H (1, 2)
+ * tiles: stored by the first column chunk, added by the next ones; the last one multiplies the
+ * F32_ROW row scales (rs, NULL otherwise) into the whole sum. */
+INLINE void micro(const int H, const int T, const float *t0, const float *t1, const float *x, int64_t xs, int64_t kc,
+                  float *y, int64_t ys, int64_t nr, int first, const __m512 *rs) {
+    /* All loops over h and t unroll (H and T are constants here) so the sums stay in registers. */
+    __m512 a[2][MICRO_TOK];
+#pragma GCC unroll 12
+    for (int t = 0; t < T; t++) a[0][t] = a[1][t] = _mm512_setzero_ps();
+    for (int64_t c = 0; c < kc; c++) {
+        const __m512 w0 = _mm512_load_ps(t0 + c * TR);
+        const __m512 w1 = H == 2 ? _mm512_load_ps(t1 + c * TR) : w0;
+#pragma GCC unroll 12
+        for (int t = 0; t < T; t++) {
+            const __m512 xb = _mm512_set1_ps(x[t * xs + c]);
+            a[0][t] = _mm512_fmadd_ps(w0, xb, a[0][t]);
+            if (H == 2) a[1][t] = _mm512_fmadd_ps(w1, xb, a[1][t]);
+        }
+    }
+#pragma GCC unroll 2
+    for (int h = 0; h < H; h++) {
+        const int64_t n = nr - 16 * h;
+        const __mmask16 m = n >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << n) - 1);
+#pragma GCC unroll 12
+        for (int t = 0; t < T; t++) {
+            float *p = y + t * ys + 16 * h;
+            __m512 v = a[h][t];
+            if (!first) v = _mm512_add_ps(_mm512_maskz_loadu_ps(m, p), v);
+            if (rs) v = _mm512_mul_ps(v, rs[h]);
+            _mm512_mask_storeu_ps(p, m, v);
+        }
+    }
+}
+
+/* ---- tiles of Q4_K, Q6_K and Q8_0 (the Q4_K_M and Q8_0 files' formats) -------------------------
+ * The avx2 tile decodes 8 values per operation into a row-major buffer and transposes it 8 x 8
+ * (about a third of prefill's kernel time for MoE experts of ~32 tokens, where it is paid once per
+ * 32 tokens).  Here each row's block is decoded 16 values per operation and 16 rows are transposed
+ * 16 x 16 in registers: half the operations per weight.  The values are the scalar decoder's
+ * (core/ggml_blocks.h) bit for bit, as the avx2 ones: d * sub-scale is exact, so each value is one
+ * rounding (one FMA for Q4_K's ds * q - dm, where ds * q is exact). */
+
+INLINE float f16_at(const uint8_t *p) {
+    uint16_t h;
+    memcpy(&h, p, 2);
+    return _cvtsh_ss(h);
+}
+INLINE __m512 u8x16_ps(const uint8_t *p) { return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)p))); }
+
+/* One block's 256 (Q8_0: 32) values at p into out. */
+INLINE void block_q4_k(const uint8_t *p, float *out) {
+    uint8_t sc[8], mn[8];
+    mg_ggml_k4_scales_mins(p + 4, sc, mn);
+    const float d = f16_at(p), dmin = f16_at(p + 2);
+    const uint8_t *qs = p + 16;
+    const __m512i m4 = _mm512_set1_epi32(15);
+    for (int c = 0; c < 4; c++) {
+        const __m512 ds0 = _mm512_set1_ps(d * (float)sc[2 * c]), dm0 = _mm512_set1_ps(dmin * (float)mn[2 * c]);
+        const __m512 ds1 = _mm512_set1_ps(d * (float)sc[2 * c + 1]), dm1 = _mm512_set1_ps(dmin * (float)mn[2 * c + 1]);
+        for (int k = 0; k < 2; k++) {
+            const __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(qs + 32 * c + 16 * k)));
+            _mm512_store_ps(out + 64 * c + 16 * k, _mm512_fmsub_ps(_mm512_cvtepi32_ps(_mm512_and_si512(v, m4)), ds0, dm0));
+            _mm512_store_ps(out + 64 * c + 32 + 16 * k, _mm512_fmsub_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(v, 4)), ds1, dm1));
+        }
+    }
+}
+INLINE void block_q6_k(const uint8_t *p, float *out) {
+    const __m512i m4 = _mm512_set1_epi32(15), m30 = _mm512_set1_epi32(0x30), k32 = _mm512_set1_epi32(32);
+    const float d = f16_at(p + 208);
+    const int8_t *sc = (const int8_t *)(p + 192);
+    for (int h = 0; h < 2; h++)
+        for (int k = 0; k < 2; k++) {
+            const __m512i qa = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(p + 64 * h + 16 * k)));
+            const __m512i qb = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(p + 64 * h + 32 + 16 * k)));
+            const __m512i qh = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(p + 128 + 32 * h + 16 * k)));
+            const __m512i v[4] = {
+                _mm512_or_si512(_mm512_and_si512(qa, m4), _mm512_and_si512(_mm512_slli_epi32(qh, 4), m30)),
+                _mm512_or_si512(_mm512_and_si512(qb, m4), _mm512_and_si512(_mm512_slli_epi32(qh, 2), m30)),
+                _mm512_or_si512(_mm512_srli_epi32(qa, 4), _mm512_and_si512(qh, m30)),
+                _mm512_or_si512(_mm512_srli_epi32(qb, 4), _mm512_and_si512(_mm512_srli_epi32(qh, 2), m30))};
+            for (int g = 0; g < 4; g++) /* elements 128h + 32g + 16k .. + 16: scale 8h + 2g + k */
+                _mm512_store_ps(out + 128 * h + 32 * g + 16 * k,
+                                _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(v[g], k32)),
+                                              _mm512_set1_ps(d * (float)sc[8 * h + 2 * g + k])));
+        }
+}
+INLINE void block_q8_0(const uint8_t *p, float *out) {
+    const __m512 d = _mm512_set1_ps(f16_at(p));
+    _mm512_store_ps(out, _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(p + 2)))), d));
+    _mm512_store_ps(out + 16, _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(p + 18)))), d));
+}
+
+/* r[0..15] (16 rows x 16 columns) to columns: r[j] becomes column j (lane i = row i). */
+INLINE void transpose16(__m512 r[16]) {
+    __m512 t[16];
+    for (int i = 0; i < 8; i++) { /* per 128-bit lane: rows 2i, 2i+1 interleaved, columns 0-1 | 2-3 */
+        t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+        t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+    }
+    for (int i = 0; i < 4; i++) { /* r[4i + k], 128-bit lane L: column 4L + k of rows 4i .. 4i + 3 */
+        r[4 * i + 0] = _mm512_shuffle_ps(t[4 * i], t[4 * i + 2], 0x44);
+        r[4 * i + 1] = _mm512_shuffle_ps(t[4 * i], t[4 * i + 2], 0xEE);
+        r[4 * i + 2] = _mm512_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0x44);
+        r[4 * i + 3] = _mm512_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0xEE);
+    }
+    __m512 o[16];
+    for (int k = 0; k < 4; k++) { /* column 4L + k: lane L of r[k], r[4 + k], r[8 + k], r[12 + k] */
+        const __m512 ab_lo = _mm512_shuffle_f32x4(r[k], r[4 + k], 0x44), ab_hi = _mm512_shuffle_f32x4(r[k], r[4 + k], 0xEE);
+        const __m512 cd_lo = _mm512_shuffle_f32x4(r[8 + k], r[12 + k], 0x44);
+        const __m512 cd_hi = _mm512_shuffle_f32x4(r[8 + k], r[12 + k], 0xEE);
+        o[k] = _mm512_shuffle_f32x4(ab_lo, cd_lo, 0x88);
+        o[4 + k] = _mm512_shuffle_f32x4(ab_lo, cd_lo, 0xDD);
+        o[8 + k] = _mm512_shuffle_f32x4(ab_hi, cd_hi, 0x88);
+        o[12 + k] = _mm512_shuffle_f32x4(ab_hi, cd_hi, 0xDD);
+    }
+    for (int j = 0; j < 16; j++) r[j] = o[j];
+}
+
+/* The tile of rows [r, r + nr) x columns [c0, c0 + kc) for Q4_K, Q6_K and Q8_0 (returns 0 for the
+ * other formats: mg_avx2_prefill_tile's then).  256 columns of the 16 rows at a time: each row's
+ * values into a row-major buffer, then 16 x 16 transposes; lanes past nr repeat the last row. */
+static int tile_ggml(const mg_matrix *w, int64_t r, int64_t nr, int64_t c0, int64_t kc, float *tile) {
+    const mg_format f = w->format;
+    if (f != MG_Q4_K && f != MG_Q6_K && f != MG_Q8_0) return 0;
+    int64_t e, bytes;
+    mg_format_block(f, &e, &bytes);
+    const size_t rb = mg_matrix_row_bytes(w);
+    float buf[TR][256] __attribute__((aligned(64)));
+    const uint8_t *rows[TR];
+    for (int i = 0; i < TR; i++)
+        rows[i] = (const uint8_t *)w->data + (size_t)(r + (i < nr ? i : nr - 1)) * rb + (size_t)(c0 / e * bytes);
+    for (int64_t b = 0; b < kc; b += 256) {
+        const int64_t n = kc - b < 256 ? kc - b : 256; /* Q8_0 rows: a multiple of 32 */
+        for (int i = 0; i < TR; i++) {
+            const uint8_t *p = rows[i] + (size_t)(b / e * bytes);
+            if (f == MG_Q4_K) block_q4_k(p, buf[i]);
+            else if (f == MG_Q6_K) block_q6_k(p, buf[i]);
+            else
+                for (int64_t j = 0; j < n; j += 32) block_q8_0(p + (size_t)(j / 32 * 34), buf[i] + j);
+        }
+        for (int64_t k = 0; k < n; k += 16) {
+            __m512 v[16];
+            for (int i = 0; i < 16; i++) v[i] = _mm512_load_ps(buf[i] + k);
+            transpose16(v);
+            for (int j = 0; j < 16; j++) _mm512_store_ps(tile + (b + k + j) * TR, v[j]);
+        }
+    }
+    return 1;
+}
+
+INLINE void build_tile(const mg_matrix *w, int64_t r, int64_t nr, int64_t c0, int64_t kc, float *tile) {
+    if (!tile_ggml(w, r, nr, c0, kc, tile)) mg_avx2_prefill_tile(w, r, nr, c0, kc, tile);
+}
+
+typedef void micro_fn(const float *t0, const float *t1, const float *x, int64_t xs, int64_t kc, float *y, int64_t ys,
+                      int64_t nr, int first, const __m512 *rs);
+
+/* One out-of-line function per (tiles, tokens), as in prefill_avx2.c: inlined into the tile
+ * loop, the compiler keeps the caller's invariants in registers and spills accumulators. */
+#define MICRO_FN(H, T)                                                                                         \
+    static __attribute__((noinline)) void micro_##H##_##T(const float *t0, const float *t1, const float *x,    \
+                                                          int64_t xs, int64_t kc, float *y, int64_t ys,       \
+                                                          int64_t nr, int first, const __m512 *rs) {           \
+        micro(H, T, t0, t1, x, xs, kc, y, ys, nr, first, rs);                                                  \
+    }
+#define MICRO_FNS(H)                                                                                             \
+    MICRO_FN(H, 1) MICRO_FN(H, 2) MICRO_FN(H, 3) MICRO_FN(H, 4) MICRO_FN(H, 5) MICRO_FN(H, 6) MICRO_FN(H, 7)    \
+        MICRO_FN(H, 8) MICRO_FN(H, 9) MICRO_FN(H, 10) MICRO_FN(H, 11) MICRO_FN(H, 12)
+MICRO_FNS(1)
+MICRO_FNS(2)
+#define MICRO_TABLE(H)                                                                                           \
+    {NULL, micro_##H##_1, micro_##H##_2, micro_##H##_3, micro_##H##_4, micro_##H##_5, micro_##H##_6,           \
+     micro_##H##_7, micro_##H##_8, micro_##H##_9, micro_##H##_10, micro_##H##_11, micro_##H##_12}
+static micro_fn *const MICRO[2][MICRO_TOK + 1] = {MICRO_TABLE(1), MICRO_TABLE(2)};
+
+/* All tokens over one pair of tiles, in blocks of at most MICRO_TOK spread evenly (a remainder
+ * never leaves a block of one or two tokens, too few chains to hide the FMA latency). */
+INLINE void tile_tokens(int H, const float *t0, const float *t1, const float *x, int64_t xs, int64_t n_tok,
+                        int64_t kc, float *y, int64_t ys, int64_t nr, int first, const __m512 *rs) {
+    const int64_t nb = (n_tok + MICRO_TOK - 1) / MICRO_TOK, base = n_tok / nb, extra = n_tok % nb;
+    int64_t t = 0;
+    for (int64_t b = 0; b < nb; b++) {
+        const int T = (int)(base + (b < extra));
+        MICRO[H - 1][T](t0, t1, x + t * xs, xs, kc, y + t * ys, ys, nr, first, rs);
+        t += T;
+    }
+}
+
+void mg_avx512_prefill(const mg_matrix *w, const float *x, int64_t x_stride, int64_t n_tok, float *y, int64_t y_stride,
+                       int64_t r0, int64_t r1) {
+    float tile[2][TR * TC] __attribute__((aligned(64)));
+    const int64_t cols = w->cols;
+    for (int64_t r = r0; r < r1; r += 2 * TR) {
+        const int64_t nr = r1 - r < 2 * TR ? r1 - r : 2 * TR;
+        const int H = nr > TR ? 2 : 1;
+        __m512 rsv[2];
+        if (w->scale_kind == MG_SCALE_F32_ROW) {
+            float rs[2 * TR] = {0};
+            for (int64_t i = 0; i < nr; i++) rs[i] = row_scale(w, r + i);
+            rsv[0] = _mm512_loadu_ps(rs);
+            rsv[1] = _mm512_loadu_ps(rs + TR);
+        }
+        for (int64_t c0 = 0; c0 < cols; c0 += TC) {
+            const int64_t kc = cols - c0 < TC ? cols - c0 : TC;
+            build_tile(w, r, H == 2 ? TR : nr, c0, kc, tile[0]);
+            if (H == 2) build_tile(w, r + TR, nr - TR, c0, kc, tile[1]);
+            tile_tokens(H, tile[0], tile[1], x + c0, x_stride, n_tok, kc, y + r, y_stride, nr, c0 == 0,
+                        c0 + kc == cols && w->scale_kind == MG_SCALE_F32_ROW ? rsv : NULL);
+        }
+    }
+}
+#endif
