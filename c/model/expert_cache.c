@@ -793,6 +793,7 @@ void mg_expert_cache_stats(const mg_expert_cache *c, mg_expert_stats *st) {
     st->auto_prefetches = c->auto_prefetches;
     st->prefetch_hits = c->prefetch_hits;
     st->prefetches_withdrawn = c->prefetches_withdrawn;
+    st->emulated_disk_bps = mg_io_pool_emulated_disk(c->io);
 }
 
 /* ---- the store's own prefetch and the history's preload ------------------------------------ */
@@ -862,6 +863,10 @@ void mg_expert_cache_hint(mg_expert_cache *c, int layer, int n, const int *ids) 
 
 int mg_expert_cache_prefetching(const mg_expert_cache *c) {
     return c && c->prefetch_depth > 0;
+}
+
+void mg_expert_cache_emulate_disk(mg_expert_cache *c, double bytes_per_second) {
+    if (c) mg_io_pool_emulate_disk(c->io, bytes_per_second);
 }
 
 void mg_expert_cache_set_prefetch(mg_expert_cache *c, int depth) {

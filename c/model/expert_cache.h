@@ -41,6 +41,8 @@ void mg_expert_cache_set_prefetch(mg_expert_cache *c, int depth);
 /* ids of `layer` predicted for its next fetch: prefetched first, and valued by the policy. */
 void mg_expert_cache_hint(mg_expert_cache *c, int layer, int n, const int *ids);
 int mg_expert_cache_prefetching(const mg_expert_cache *c);
+/* The I/O pool's disk model (expert_io.h mg_io_pool_emulate_disk); 0: off. */
+void mg_expert_cache_emulate_disk(mg_expert_cache *c, double bytes_per_second);
 
 void mg_expert_cache_stats(const mg_expert_cache *c, mg_expert_stats *st);
 int mg_expert_cache_save_usage(mg_expert_cache *c, mg_error *err);

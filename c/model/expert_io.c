@@ -8,6 +8,7 @@
 #include "core/clock.h"
 
 #include <errno.h>
+#include <math.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -32,6 +33,9 @@ struct mg_io_pool {
     int outstanding, running;
     double busy_since;
     mg_io_stats st;
+    /* The disk model (mg_io_pool_emulate_disk): one queue served at disk_bps in the order the
+     * threads take reads; disk_free_at is when it has served every read handed out so far. */
+    double disk_bps, disk_free_at;
 };
 
 
@@ -72,6 +76,15 @@ static int64_t do_read(const mg_io_job *j, int *direct_used, char *msg, size_t c
     return (int64_t)got;
 }
 
+/* Sleeps until the monotonic clock (mg_wall_seconds) reads `until`. */
+static void sleep_until(double until) {
+    struct timespec ts;
+    ts.tv_sec = (time_t)floor(until);
+    ts.tv_nsec = (long)((until - floor(until)) * 1e9);
+    if (ts.tv_nsec >= 1000000000L) ts.tv_nsec = 999999999L;
+    while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL) == EINTR) {}
+}
+
 static void *worker(void *arg) {
     mg_io_pool *p = arg;
     char msg[768];
@@ -83,11 +96,22 @@ static void *worker(void *arg) {
         p->qhead = (p->qhead + 1) % p->qcap;
         p->qcount--;
         if (p->running++ == 0) p->busy_since = mg_wall_seconds();
+        /* With the disk model on, the read is handed to the modelled disk now: it starts when
+         * the disk has served the reads taken before it and lasts len / rate; the bytes come
+         * back from the file as usual and are held until then (the same order as a real
+         * single-queue disk, whatever the threads' interleaving). */
+        double due = 0.0;
+        if (p->disk_bps > 0) {
+            const double now = mg_wall_seconds();
+            due = (p->disk_free_at > now ? p->disk_free_at : now) + (double)j.len / p->disk_bps;
+            p->disk_free_at = due;
+        }
         pthread_mutex_unlock(&p->mu);
 
         int direct = 0;
         msg[0] = 0;
         int64_t got = do_read(&j, &direct, msg, sizeof msg);
+        if (due > 0) sleep_until(due);
 
         pthread_mutex_lock(&p->mu);
         if (--p->running == 0) p->st.busy_seconds += mg_wall_seconds() - p->busy_since;
@@ -252,6 +276,20 @@ int mg_io_pool_outstanding(mg_io_pool *p) {
     int n = p->outstanding;
     pthread_mutex_unlock(&p->mu);
     return n;
+}
+
+void mg_io_pool_emulate_disk(mg_io_pool *p, double bytes_per_second) {
+    pthread_mutex_lock(&p->mu);
+    p->disk_bps = bytes_per_second > 0 && isfinite(bytes_per_second) ? bytes_per_second : 0.0;
+    p->disk_free_at = 0.0;
+    pthread_mutex_unlock(&p->mu);
+}
+
+double mg_io_pool_emulated_disk(mg_io_pool *p) {
+    pthread_mutex_lock(&p->mu);
+    double bps = p->disk_bps;
+    pthread_mutex_unlock(&p->mu);
+    return bps;
 }
 
 mg_io_stats mg_io_pool_stats(mg_io_pool *p) {

@@ -55,4 +55,13 @@ int mg_io_pool_outstanding(mg_io_pool *p);
 
 mg_io_stats mg_io_pool_stats(mg_io_pool *p);
 
+/* The disk model, for rehearsals on files whose bytes come back faster than a real disk's
+ * (sparse holes, the page cache): a single queue that serves reads in the order the threads
+ * take them, at bytes_per_second; a read of len bytes completes no earlier than len / rate
+ * after the modelled disk has finished the reads taken before it (its bytes are read as
+ * usual, then held).  A read that is slower than that is not sped up.  busy_seconds then
+ * counts the modelled time.  0 (the default): off.  Never changes a byte that is read. */
+void mg_io_pool_emulate_disk(mg_io_pool *p, double bytes_per_second);
+double mg_io_pool_emulated_disk(mg_io_pool *p); /* 0: off */
+
 #endif

@@ -288,6 +288,10 @@ void mg_expert_store_set_prefetch(mg_expert_store *s, int depth) {
     if (s && s->cache) mg_expert_cache_set_prefetch(s->cache, depth);
 }
 
+void mg_expert_store_emulate_disk(mg_expert_store *s, double bytes_per_second) {
+    if (s && s->cache) mg_expert_cache_emulate_disk(s->cache, bytes_per_second);
+}
+
 int mg_expert_store_wants_hints(const mg_expert_store *s) {
     return s && (s->trace || (s->cache && mg_expert_cache_prefetching(s->cache)));
 }

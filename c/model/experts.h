@@ -92,6 +92,7 @@ typedef struct mg_expert_stats {
                                       before any of their reads started (no bytes read) */
     double compute_seconds;   /* wall time the MoE computed routed experts (and the shared one) */
     double wait_seconds;      /* wall time it waited for the store: issuing reads, then each miss */
+    double emulated_disk_bps; /* the disk model's rate (mg_expert_store_emulate_disk); 0: off */
 } mg_expert_stats;
 
 mg_expert_stats mg_expert_store_stats(const mg_expert_store *s);
@@ -162,6 +163,13 @@ void mg_expert_store_set_prefetch(mg_expert_store *s, int depth);
  * enough (expert_cache.c), and its policy values hinted experts by that accuracy
  * (expert_policy.h).  Never changes what is computed. */
 int mg_expert_store_wants_hints(const mg_expert_store *s);
+
+/* Cache mode, rehearsals only: reads behave as from a disk of bytes_per_second with one queue
+ * (expert_io.h mg_io_pool_emulate_disk): on sparse files, whose holes come back at memory
+ * speed, wall time then shows how much of a real disk's read time the engine hides behind
+ * compute.  Bytes read are unchanged.  0: off (the default; a server never sets it).
+ * Resident mode: no effect. */
+void mg_expert_store_emulate_disk(mg_expert_store *s, double bytes_per_second);
 void mg_expert_store_hint(mg_expert_store *s, int layer, int n, const int *ids);
 
 #endif
