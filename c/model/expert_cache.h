@@ -34,6 +34,7 @@ void mg_expert_cache_free(mg_expert_cache *c);
 int mg_expert_cache_begin(mg_expert_cache *c, int layer, int n, const int *ids, const mg_expert **out,
                           mg_error *err);
 int mg_expert_cache_next(mg_expert_cache *c, mg_error *err);
+int mg_expert_cache_poll(mg_expert_cache *c, mg_error *err); /* never blocks: MG_FETCH_PENDING */
 int mg_expert_cache_prefetch(mg_expert_cache *c, int layer, int n, const int *ids);
 
 int mg_expert_cache_use_history(mg_expert_cache *c, const char *path, double pin_fraction, mg_error *err);

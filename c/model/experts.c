@@ -146,6 +146,12 @@ int mg_expert_store_fetch_next(mg_expert_store *s, mg_error *err) {
     return s->open_next < s->open_n ? s->open_next++ : -1;
 }
 
+int mg_expert_store_fetch_poll(mg_expert_store *s, mg_error *err) {
+    if (!s) return -1;
+    if (s->cache) return mg_expert_cache_poll(s->cache, err);
+    return s->open_next < s->open_n ? s->open_next++ : -1;
+}
+
 int mg_expert_store_fetch(mg_expert_store *s, int layer, int n, const int *ids,
                           const mg_expert **out, mg_error *err) {
     if (mg_expert_store_fetch_begin(s, layer, n, ids, out, err)) return -1;

@@ -122,6 +122,28 @@ int main(void) {
     st = mg_io_pool_stats(p);
     CHECK(st.bytes_read == (uint64_t)CHUNK * N_CHUNKS, "paced bytes %llu", (unsigned long long)st.bytes_read);
     CHECK(st.busy_seconds >= N_CHUNKS * (double)CHUNK / DISK_BPS, "busy %.4f s", st.busy_seconds);
+    /* Background reads (read-ahead) start only while no demand read is queued or running:
+     * submitted together, group 0 (background, first in the call) completes after the demand
+     * groups 1-3 whatever the threads do, and it can still be withdrawn while they run. */
+    {
+        mg_io_job mixed[4];
+        for (int c = 0; c < 4; c++) mixed[c] = job(c, fd, c, dst + (size_t)c * CHUNK);
+        mixed[0].background = 1;
+        CHECK(mg_io_pool_submit(p, mixed, 4, &err) == 0, "%s", err.msg);
+        int order[4];
+        for (int k = 0; k < 4; k++) {
+            order[k] = mg_io_pool_wait_any(p, &failed, NULL, 0);
+            CHECK(order[k] >= 0 && !failed, "mixed read %d", k);
+        }
+        CHECK(order[3] == 0, "the background read completed before a demand read (order %d %d %d %d)", order[0],
+              order[1], order[2], order[3]);
+        for (int c = 0; c < 4; c++) CHECK(holds_chunk(dst + (size_t)c * CHUNK, c), "mixed chunk %d", c);
+        CHECK(mg_io_pool_submit(p, mixed, 4, &err) == 0, "%s", err.msg);
+        CHECK(mg_io_pool_cancel(p, 0) == 1, "a background read queued behind demand reads was not withdrawn");
+        int n_done = 0;
+        while (mg_io_pool_wait_any(p, &failed, NULL, 0) >= 0) n_done++;
+        CHECK(n_done == 3 && mg_io_pool_idle(p), "%d groups after the withdrawal", n_done);
+    }
     /* off again: nothing is held (the reads only take the file's time) */
     mg_io_pool_emulate_disk(p, 0.0);
     CHECK(mg_io_pool_emulated_disk(p) == 0.0, "the disk model is off");
