@@ -491,10 +491,11 @@ class Result:
 
 def rehearse(release: Release, written: Written, *, prompts: Sequence[int], decode: int, ram_gb: float,
              kv_dtype: str, disk_bps: float, seed: int = 0, log: Callable[[str], None] = print,
-             emulate_disk: bool = False) -> Result:
+             emulate_disk: bool = False, read_ahead: bool = True) -> Result:
     """Loads the checkpoint under the budget and measures each prompt + `decode` tokens.
     emulate_disk: the store's reads go through the disk model at disk_bps (Engine's
-    emulate_disk_gbps), so wall times are those of that disk."""
+    emulate_disk_gbps), so wall times are those of that disk.  read_ahead: the store's
+    read-ahead from next-layer hints (Engine's expert_prefetch, on in the server)."""
     from gateway.engine import Engine, EngineError
 
     config = json.loads((written.path / "config.json").read_text())
@@ -507,7 +508,7 @@ def rehearse(release: Release, written: Written, *, prompts: Sequence[int], deco
     # (.moegate-expert-usage), so every rehearsal starts cold and runs compare.
     try:
         engine = Engine(written.path, ram_gb=ram_gb, max_ctx=ctx, kv_dtype=kv_dtype, expert_history=False,
-                        emulate_disk_gbps=disk_bps / GB if emulate_disk else None)
+                        emulate_disk_gbps=disk_bps / GB if emulate_disk else None, expert_prefetch=read_ahead)
     except EngineError as exc:  # a finding, not a crash: e.g. GLM-4.6 FP8 does not fit 20 GB
         result.error = str(exc)
         log(f"  not loaded: {exc}")
@@ -695,6 +696,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--emulate-disk", action=argparse.BooleanOptionalAction, default=True,
                    help="read experts through a model of that disk (one queue at --disk-gbps; reads that come "
                         "back faster are held), so wall time is that disk's (default: on)")
+    p.add_argument("--read-ahead", action=argparse.BooleanOptionalAction, default=True,
+                   help="the store's read-ahead from next-layer hints, as the server runs (default: on)")
     p.add_argument("--keep", type=Path, default=None, metavar="DIR",
                    help="write the checkpoints into DIR/<family> and keep them (default: a temp dir, deleted)")
     p.add_argument("--reuse", action="store_true", help="with --keep: use a checkpoint already in DIR/<family>")
@@ -753,7 +756,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 return serve_and_probe(written.path, args.ram, args.max_tokens, args.timeout)
             results.append(rehearse(release, written, prompts=args.prompt, decode=args.decode, ram_gb=args.ram,
                                     kv_dtype=args.kv_dtype, disk_bps=args.disk_gbps * GB, seed=args.seed, log=log,
-                                    emulate_disk=args.emulate_disk))
+                                    emulate_disk=args.emulate_disk, read_ahead=args.read_ahead))
             if not args.keep:  # one full-size folder at a time in the temp dir
                 shutil.rmtree(written.path, ignore_errors=True)
     finally:

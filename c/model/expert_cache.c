@@ -853,6 +853,10 @@ static void auto_prefetch(mg_expert_cache *c, int layer) {
     c->auto_prefetches += (uint64_t)started;
 }
 
+void mg_expert_cache_read_ahead(mg_expert_cache *c, int layer) {
+    if (c && c->prefetch_depth > 0) auto_prefetch(c, layer);
+}
+
 void mg_expert_cache_hint(mg_expert_cache *c, int layer, int n, const int *ids) {
     if (!c || layer < 0 || layer >= c->n_layers) return;
     const int base = layer * c->n_experts;

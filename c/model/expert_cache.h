@@ -42,6 +42,8 @@ void mg_expert_cache_set_prefetch(mg_expert_cache *c, int depth);
 /* ids of `layer` predicted for its next fetch: prefetched first, and valued by the policy. */
 void mg_expert_cache_hint(mg_expert_cache *c, int layer, int n, const int *ids);
 int mg_expert_cache_prefetching(const mg_expert_cache *c);
+/* The read-ahead a fetch of layer - 1 starts (auto_prefetch), now. */
+void mg_expert_cache_read_ahead(mg_expert_cache *c, int layer);
 /* The I/O pool's disk model (expert_io.h mg_io_pool_emulate_disk); 0: off. */
 void mg_expert_cache_emulate_disk(mg_expert_cache *c, double bytes_per_second);
 

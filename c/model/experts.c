@@ -294,6 +294,10 @@ void mg_expert_store_set_prefetch(mg_expert_store *s, int depth) {
     if (s && s->cache) mg_expert_cache_set_prefetch(s->cache, depth);
 }
 
+void mg_expert_store_read_ahead(mg_expert_store *s, int layer) {
+    if (s && s->cache && layer >= 0 && layer < s->n_layers) mg_expert_cache_read_ahead(s->cache, layer);
+}
+
 void mg_expert_store_emulate_disk(mg_expert_store *s, double bytes_per_second) {
     if (s && s->cache) mg_expert_cache_emulate_disk(s->cache, bytes_per_second);
 }

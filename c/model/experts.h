@@ -180,5 +180,9 @@ int mg_expert_store_wants_hints(const mg_expert_store *s);
  * Resident mode: no effect. */
 void mg_expert_store_emulate_disk(mg_expert_store *s, double bytes_per_second);
 void mg_expert_store_hint(mg_expert_store *s, int layer, int n, const int *ids);
+/* Reads ahead the hinted experts of `layer` now, as the fetch of layer - 1 would: for a hint
+ * known before any fetch precedes the layer (a decode step's first layer, when its routing
+ * depends on the token alone).  No effect without read-ahead (set_prefetch) or a hint. */
+void mg_expert_store_read_ahead(mg_expert_store *s, int layer);
 
 #endif
