@@ -23,6 +23,7 @@ import struct
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 from typing import Any
 
@@ -539,6 +540,37 @@ def test_idle_disk_read_ahead_keeps_logits_bitwise_deepseek_v4(ckpt_root: Path) 
     check_read_ahead_keeps_logits(ckpt, "deepseek_v4")
 
 
+def test_emulated_disk_paces_reads_and_keeps_logits_bitwise(ckpt_root: Path) -> None:
+    """Rehearsals' disk model (Engine(emulate_disk_gbps=)): every expert read goes through one
+    queue at the stated rate, so the reads of a run take at least bytes / rate of its wall time
+    (the tiny checkpoint's bytes come from the page cache far faster), read-ahead included; the
+    bytes themselves, and so the logits, are those of the resident run."""
+    ckpt = fresh_copy(small_checkpoint(ckpt_root, "qwen3_moe", "bf16"), ckpt_root / "emulated-disk")
+    resident = Engine(str(ckpt))
+    want = run_sequence(resident)
+    slots = int(resident.info["n_experts"]) + 4
+    assert resident.stats()["experts"]["emulated_disk_bps"] == 0.0
+    del resident
+    gbps = 0.1  # ~200 KB experts: 2 ms each, some tenths of a second for the run
+    engine = open_with_slots(ckpt, slots, expert_prefetch=True, emulate_disk_gbps=gbps)
+    before = engine.stats()["experts"]
+    started = time.perf_counter()
+    got = run_sequence(engine)
+    wall = time.perf_counter() - started
+    st = engine.stats()["experts"]
+    engine.close()
+    assert_bitwise_equal(got, want, "emulated disk")
+    assert st["emulated_disk_bps"] == pytest.approx(gbps * 1e9)
+    disk_s = (st["bytes_read"] - before["bytes_read"]) / (gbps * 1e9)
+    assert disk_s > 0.05, st  # enough bytes for the pacing to show
+    assert st["read_seconds"] - before["read_seconds"] >= disk_s * (1 - 1e-9), st
+    assert wall >= disk_s, (wall, disk_s)
+    with pytest.raises(ValueError, match="ram_gb"):
+        Engine(str(ckpt), emulate_disk_gbps=gbps)
+    with pytest.raises(ValueError, match="positive"):
+        Engine(str(ckpt), ram_gb=1.0, emulate_disk_gbps=0)
+
+
 def test_close_releases_the_model_now(ckpt_root: Path) -> None:
     """close() (or leaving a with-block) writes a budgeted run's history at once, not whenever
     the garbage collector gets to the engine; later calls fail with a clear error."""
@@ -574,6 +606,7 @@ def test_server_read_ahead_flag(ckpt_root: Path) -> None:
                                          read_ahead=flag))
         summary = startup_summary(state, "http://127.0.0.1:8000")
         assert state.engine.read_ahead is flag
+        assert state.engine.stats()["experts"]["emulated_disk_bps"] == 0.0  # never in the server
         assert ("predicted experts read ahead" in summary) is flag, summary
         assert ("no read-ahead" in summary) is not flag, summary
         state.engine.close()

@@ -82,6 +82,10 @@ def check_result(result: rehearse.Result, prompt: int, decode: int) -> None:
         assert phase["expert_s"] + phase["wait_s"] <= phase["wall_s"]
         assert math.isclose(phase["dense_s"] + phase["expert_s"] + phase["wait_s"], phase["wall_s"], rel_tol=1e-9)
         assert phase["overlapped_s"] == max(phase["compute_s"], phase["disk_floor_s"]) <= phase["projected_s"]
+        assert math.isclose(phase["measured_ratio"], phase["wall_s"] / phase["overlapped_s"])
+        if phase["emulated"]:  # the disk model: reads went through one queue at DISK_BPS
+            assert phase["wall_s"] >= phase["disk_floor_s"] and phase["read_s"] >= phase["disk_floor_s"] * (1 - 1e-9)
+        assert phase["slot_bytes"] > 0 and phase["reads_per_lookup"] >= 0.0
         assert phase["direct_reads"] + phase["buffered_reads"] >= (1 if phase["bytes_read"] else 0)
     table = rehearse.table([result], DISK_BPS / 1e9)
     assert table.count(result.family) == 2
@@ -104,8 +108,11 @@ def test_deepseek_v4_two_layers_full_width(tmp_path):
     assert max(ids) < config["vocab_size"]  # the real V4 tokenizer: every id has an embedding row
 
     result = rehearse.rehearse(rehearse.RELEASES["deepseek_v4"], written, prompts=[64], decode=2, ram_gb=RAM_GB,
-                               kv_dtype="bf16", disk_bps=DISK_BPS, log=lambda _: None)
+                               kv_dtype="bf16", disk_bps=DISK_BPS, log=lambda _: None, emulate_disk=True)
     check_result(result, 64, 2)
+    assert result.runs[0]["decode"]["emulated"]
+    # A cold prefill reads each expert it asks for once: bytes read = lookups x one expert's.
+    assert math.isclose(result.runs[0]["prefill"]["reads_per_lookup"], 1.0, rel_tol=1e-3)
     # Hash-routed layers 0-1 pick 6 of 256 experts per token from real random tables: a
     # 64-token prompt asks for well over a hundred distinct experts per layer.
     assert result.runs[0]["prefill"]["misses"] > 200
@@ -145,6 +152,10 @@ def test_arguments():
     args = rehearse.parse_args(["qwen3_moe", "--prompt", "256,512"])
     assert not args.serve and args.families == ["qwen3_moe"] and args.prompt == [256, 512]
     assert rehearse.parse_args([]).families == list(rehearse.RELEASES)
+    defaults = rehearse.parse_args([])
+    assert defaults.emulate_disk and defaults.read_ahead  # rehearsals read through the disk model
+    off = rehearse.parse_args(["--no-emulate-disk", "--no-read-ahead"])
+    assert not off.emulate_disk and not off.read_ahead
     with pytest.raises(SystemExit):
         rehearse.parse_args(["llama"])
     with pytest.raises(SystemExit):

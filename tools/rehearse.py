@@ -19,6 +19,10 @@ a table reports what a real disk would have to deliver:
 * projected seconds on a disk of --disk-gbps = compute + bytes read / disk speed.  The model
   assumes reads do not overlap compute (demand misses block their layer; read-ahead, which
   could hide some, is counted as if it did not), so it is an upper bound at that disk speed;
+* with --emulate-disk (the default) the store's reads go through a model of that disk: one
+  queue at --disk-gbps, each read held until the disk would have delivered it (holes come back
+  at memory speed).  The wall time then is what that disk would give, and the time split
+  reports the measured ratio = wall / max(compute, bytes / disk) beside the projection;
 * peak RSS (VmHWM, reset after writing so only the engine counts) against the budget.
 
 `serve` writes the DeepSeek-V4 rehearsal, starts `python -m gateway --model DIR --ram GB` on a
@@ -382,6 +386,8 @@ class Phase:
     buffered_reads: int = 0
     expert_s: float = 0.0  # the MoE computing routed and shared experts (the store's compute_seconds)
     wait_s: float = 0.0  # the MoE waiting for the store: issuing reads, then each miss
+    slot_bytes: int = 0  # one expert's read (the cache's slot): for reads per lookup
+    emulated: bool = False  # the reads went through the disk model at the stated speed
 
     @property
     def compute_s(self) -> float:
@@ -408,8 +414,24 @@ class Phase:
         fetch can hide them)."""
         return self.compute_s + self.bytes_read / disk_bps
 
+    def measured_ratio(self, disk_bps: float) -> float:
+        """wall / max(compute, bytes / disk): how far the run is from full overlap.  Only a
+        disk time when the reads went through the disk model (else the reads ran at the
+        machine's speed, and this is not what that disk would give)."""
+        floor = self.overlapped_s(disk_bps)
+        return self.wall_s / floor if floor else 0.0
+
+    @property
+    def reads_per_lookup(self) -> float:
+        """bytes read / ((hits + misses) x one expert's bytes): 1.0 when every expert asked
+        for was read exactly once (a prefill window covering the prompt: once per layer), below
+        with hits, above when read-ahead read more than was asked for."""
+        lookups = (self.hits + self.misses) * self.slot_bytes
+        return self.bytes_read / lookups if lookups else 0.0
+
     def summary(self, disk_bps: float) -> dict[str, float]:
         return {**asdict(self), "compute_s": self.compute_s, "hit_rate": self.hit_rate,
+                "measured_ratio": self.measured_ratio(disk_bps), "reads_per_lookup": self.reads_per_lookup,
                 "bytes_per_token": self.bytes_read / self.tokens, "wall_tok_s": self.tokens / self.wall_s,
                 "dense_s": self.dense_s, "overlapped_s": self.overlapped_s(disk_bps),
                 "disk_floor_s": self.bytes_read / disk_bps, "projected_s": self.projected_s(disk_bps),
@@ -422,6 +444,7 @@ def _expert_counters(engine: Any) -> dict[str, float]:
 
 
 def measured(engine: Any, kind: str, tokens: int, run: Callable[[], np.ndarray]) -> tuple[Phase, np.ndarray]:
+    experts = engine.stats()["experts"]
     before = _expert_counters(engine)
     started = time.perf_counter()
     logits = run()
@@ -430,7 +453,8 @@ def measured(engine: Any, kind: str, tokens: int, run: Callable[[], np.ndarray])
     delta = {k: after[k] - before[k] for k in EXPERT_COUNTERS}
     counts = {k: int(v) for k, v in delta.items() if k not in ("bytes_read", *SECONDS)}
     phase = Phase(kind, tokens, wall, int(delta["bytes_read"]), float(delta["read_seconds"]), **counts,
-                  expert_s=float(delta["compute_seconds"]), wait_s=float(delta["wait_seconds"]))
+                  expert_s=float(delta["compute_seconds"]), wait_s=float(delta["wait_seconds"]),
+                  slot_bytes=int(experts.get("slot_bytes", 0)), emulated=bool(experts.get("emulated_disk_bps", 0)))
     return phase, logits
 
 
@@ -466,8 +490,12 @@ class Result:
 
 
 def rehearse(release: Release, written: Written, *, prompts: Sequence[int], decode: int, ram_gb: float,
-             kv_dtype: str, disk_bps: float, seed: int = 0, log: Callable[[str], None] = print) -> Result:
-    """Loads the checkpoint under the budget and measures each prompt + `decode` tokens."""
+             kv_dtype: str, disk_bps: float, seed: int = 0, log: Callable[[str], None] = print,
+             emulate_disk: bool = False, read_ahead: bool = True) -> Result:
+    """Loads the checkpoint under the budget and measures each prompt + `decode` tokens.
+    emulate_disk: the store's reads go through the disk model at disk_bps (Engine's
+    emulate_disk_gbps), so wall times are those of that disk.  read_ahead: the store's
+    read-ahead from next-layer hints (Engine's expert_prefetch, on in the server)."""
     from gateway.engine import Engine, EngineError
 
     config = json.loads((written.path / "config.json").read_text())
@@ -479,7 +507,8 @@ def rehearse(release: Release, written: Written, *, prompts: Sequence[int], deco
     # of GLM-4.6 alone would exceed 20 GB); bf16 KV as the server's default; no routing history
     # (.moegate-expert-usage), so every rehearsal starts cold and runs compare.
     try:
-        engine = Engine(written.path, ram_gb=ram_gb, max_ctx=ctx, kv_dtype=kv_dtype, expert_history=False)
+        engine = Engine(written.path, ram_gb=ram_gb, max_ctx=ctx, kv_dtype=kv_dtype, expert_history=False,
+                        emulate_disk_gbps=disk_bps / GB if emulate_disk else None, expert_prefetch=read_ahead)
     except EngineError as exc:  # a finding, not a crash: e.g. GLM-4.6 FP8 does not fit 20 GB
         result.error = str(exc)
         log(f"  not loaded: {exc}")
@@ -559,9 +588,12 @@ def table(results: Sequence[Result], disk_gbps: float) -> str:
 
 def time_split(results: Sequence[Result], disk_gbps: float) -> str:
     """Where one token's time goes, per phase: dense compute, expert compute, waiting for the
-    store, the store's read time, and the two projections on a disk of disk_gbps."""
+    store, the store's read time; the no-overlap projection and the full-overlap floor on a disk
+    of disk_gbps, their ratio (projected), and wall / floor (measured: a disk time only when the
+    reads went through the disk model, else "-"); for prefill, bytes read per expert looked up."""
     head = ("family", "phase", "tokens", "dense s/tok", "expert s/tok", "wait s/tok", "read s/tok",
-            f"no overlap s/tok @{disk_gbps:g}", "full overlap s/tok", "ratio")
+            f"no overlap s/tok @{disk_gbps:g}", "full overlap s/tok", "projected ratio", "wall s/tok",
+            "measured ratio", "read / lookup")
     rows = [head]
     for r in results:
         for run in r.runs:
@@ -572,7 +604,10 @@ def time_split(results: Sequence[Result], disk_gbps: float) -> str:
                 n = p["tokens"]
                 rows.append((r.family, kind, str(n), *(f"{p[k] / n:.3f}" for k in ("dense_s", "expert_s", "wait_s",
                              "read_s", "projected_s", "overlapped_s")),
-                             f"{p['projected_s'] / p['overlapped_s']:.2f}" if p["overlapped_s"] else "-"))
+                             f"{p['projected_s'] / p['overlapped_s']:.2f}" if p["overlapped_s"] else "-",
+                             f"{p['wall_s'] / n:.3f}",
+                             f"{p['measured_ratio']:.2f}" if p["emulated"] and p["overlapped_s"] else "-",
+                             f"{p['reads_per_lookup']:.3f}" if kind == "prefill" else "-"))
     return _aligned(rows)
 
 
@@ -658,6 +693,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--ram", type=float, default=20.0, metavar="GB", help="the engine's budget (ram_gb)")
     p.add_argument("--kv-dtype", choices=["bf16", "f32"], default="bf16", help="KV storage (server default bf16)")
     p.add_argument("--disk-gbps", type=float, default=3.5, help="disk speed for the projection, GB/s")
+    p.add_argument("--emulate-disk", action=argparse.BooleanOptionalAction, default=True,
+                   help="read experts through a model of that disk (one queue at --disk-gbps; reads that come "
+                        "back faster are held), so wall time is that disk's (default: on)")
+    p.add_argument("--read-ahead", action=argparse.BooleanOptionalAction, default=True,
+                   help="the store's read-ahead from next-layer hints, as the server runs (default: on)")
     p.add_argument("--keep", type=Path, default=None, metavar="DIR",
                    help="write the checkpoints into DIR/<family> and keep them (default: a temp dir, deleted)")
     p.add_argument("--reuse", action="store_true", help="with --keep: use a checkpoint already in DIR/<family>")
@@ -715,7 +755,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             if args.serve:
                 return serve_and_probe(written.path, args.ram, args.max_tokens, args.timeout)
             results.append(rehearse(release, written, prompts=args.prompt, decode=args.decode, ram_gb=args.ram,
-                                    kv_dtype=args.kv_dtype, disk_bps=args.disk_gbps * GB, seed=args.seed, log=log))
+                                    kv_dtype=args.kv_dtype, disk_bps=args.disk_gbps * GB, seed=args.seed, log=log,
+                                    emulate_disk=args.emulate_disk, read_ahead=args.read_ahead))
             if not args.keep:  # one full-size folder at a time in the temp dir
                 shutil.rmtree(written.path, ignore_errors=True)
     finally:
@@ -734,11 +775,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"\nprojected = compute + bytes read / {args.disk_gbps:g} GB/s (compute = wall - the time the MoE "
           "waited for the store; reads assumed not to overlap compute)\n", file=report)
     print(time_split(results, args.disk_gbps), file=report)
-    print("\nratio = no overlap / full overlap (max(compute, bytes / disk)): how much overlapping reads with "
-          "compute could still gain", file=report)
+    emulated = f"reads went through a {args.disk_gbps:g} GB/s disk model" if args.emulate_disk else \
+        "no disk model (--no-emulate-disk): reads ran at this machine's speed"
+    print("\nprojected ratio = no overlap / full overlap (max(compute, bytes / disk)); measured ratio = wall / "
+          f"full overlap ({emulated}); read / lookup = bytes read / ((hits + misses) x one expert's bytes)",
+          file=report)
     if args.json:
-        print(json.dumps({"disk_gbps": args.disk_gbps, "argv": sys.argv[1:], "results": [asdict(r) for r in results]},
-                         indent=2))
+        print(json.dumps({"disk_gbps": args.disk_gbps, "emulate_disk": args.emulate_disk, "argv": sys.argv[1:],
+                          "results": [asdict(r) for r in results]}, indent=2))
     return 0 if all(r.finite and not r.error for r in results) else 1
 
 

@@ -5,6 +5,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <cmath>
 #include <cstring>
 #include <exception>
 #include <mutex>
@@ -183,6 +184,7 @@ class Model {
         d["auto_prefetches"] = s.auto_prefetches;
         d["prefetch_hits"] = s.prefetch_hits;
         d["prefetches_withdrawn"] = s.prefetches_withdrawn;
+        d["emulated_disk_bps"] = s.emulated_disk_bps;
         return d;
     }
 
@@ -201,6 +203,14 @@ class Model {
     void set_expert_prefetch(int depth) {
         std::lock_guard<std::mutex> lock(mu_);
         mg_model_expert_prefetch(m_, depth);
+    }
+
+    // Rehearsals: the expert store's reads behave as from a disk of this speed (0: off).
+    void emulate_disk(double bytes_per_second) {
+        if (!(bytes_per_second >= 0.0) || !std::isfinite(bytes_per_second))
+            throw std::invalid_argument("emulated disk speed must be a finite number >= 0");
+        std::lock_guard<std::mutex> lock(mu_);
+        mg_model_expert_emulate_disk(m_, bytes_per_second);
     }
 
   private:
@@ -280,7 +290,9 @@ void register_model(py::module_ &m) {
         .def("expert_stats", &Model::expert_stats)
         .def("trace_routing", &Model::trace_routing, py::arg("path"))
         .def("use_expert_history", &Model::use_expert_history, py::arg("path"), py::arg("pin_fraction") = 0.0)
-        .def("set_expert_prefetch", &Model::set_expert_prefetch, py::arg("depth"));
+        .def("set_expert_prefetch", &Model::set_expert_prefetch, py::arg("depth"))
+        .def("emulate_disk", &Model::emulate_disk, py::arg("bytes_per_second"),
+             "Rehearsals: expert reads complete no sooner than on a single-queue disk of this speed (0: off).");
 }
 
 }  // namespace moegate

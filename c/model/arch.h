@@ -104,9 +104,10 @@ uint64_t mg_model_checkpoint_bytes(const mg_model *m); /* bytes of all mapped sh
 
 /* Settings of the model's expert store (experts.h), applied after open by the binding: the
  * arch state owns the store; these are the changes it accepts while loaded.  A model without
- * a store: trace and history fail with an error, prefetch does nothing. */
+ * a store: trace and history fail with an error, prefetch and the disk model do nothing. */
 int mg_model_trace_routing(mg_model *m, const char *path, mg_error *err); /* NULL: stop, flush */
 int mg_model_expert_history(mg_model *m, const char *path, double pin_fraction, mg_error *err);
 void mg_model_expert_prefetch(mg_model *m, int depth);
+void mg_model_expert_emulate_disk(mg_model *m, double bytes_per_second); /* rehearsals; 0: off */
 
 #endif

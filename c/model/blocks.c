@@ -703,25 +703,38 @@ static int64_t moe_check_shapes(const mg_moe_args *a, const moe_plan *p, const m
     return fmax;
 }
 
-/* One fetch of members [i0, i1): the cached ones are computed while the missing ones are read
- * (fetch_begin / fetch_next, experts.h), then each missing one as its read lands.  How many
- * are cached is this batch's miss count (the store's statistics); the resident store never
- * misses.  The shared expert joins the first dispatch of the first fetch.  The store is told
- * the time spent computing and the time spent waiting for reads (its compute_seconds and
- * wait_seconds: the split of a decoded token's time, with the dense work the rest). */
+/* Computes members sel[0..n) in groups of about one sub-chunk's assignments, the window's hook
+ * polled between groups (and before the first when poll_first); the shared expert rides in
+ * the first group (with_shared), which runs even when n is 0.  Returns 1 when cancelled. */
+static int moe_compute_groups(const moe_wave_ctx *w, const int *sel, int n, int with_shared, int poll_first) {
+    const mg_moe_args *a = w->a;
+    int j0 = 0;
+    do {
+        const int j1 = moe_group_end(w, sel, j0, n);
+        if ((j0 > 0 || poll_first) && mg_window_poll(a->poll, a->layer)) return 1;
+        moe_wave(w, sel + j0, j1 - j0, with_shared && j0 == 0);
+        j0 = j1;
+    } while (j0 < n);
+    return 0;
+}
+
+/* One fetch of members [i0, i1) (fetch_begin / fetch_poll / fetch_next, experts.h).  First
+ * whatever is in memory when the reads are issued: the cached members, read-aheads that have
+ * landed, and the shared expert (the first fetch's), all computed while the other reads run;
+ * then each remaining member as it lands (the window's hook polled before each).  A member
+ * whose read-ahead is still in flight counts as a hit in the store's statistics but is waited
+ * for like a miss, never before the work that is ready.  The resident store has everything in
+ * memory.  Every expert writes only its own rows, so the grouping changes no bit of the
+ * result.  The store is told the time spent computing and the time spent waiting for reads
+ * (its compute_seconds and wait_seconds: the split of a decoded token's time, with the dense
+ * work the rest). */
 static int moe_fetch_wave(moe_wave_ctx *w, mg_buffers *buf, int slot, const mg_expert **ex, int *sel, int i0,
                           int i1, int with_shared, mg_error *err) {
     const mg_moe_args *a = w->a;
     const int n = i1 - i0;
-    mg_expert_stats before = mg_expert_store_stats(a->store);
     double t = mg_wall_seconds(), waited = 0.0, computed = 0.0;
     if (mg_expert_store_fetch_begin_scored(a->store, a->layer, n, w->p->uid + i0, a->scores, ex + i0, err) != 0)
         return -1;
-    int n_now = n;
-    if (before.slots) {
-        uint64_t missed = mg_expert_store_stats(a->store).misses - before.misses;
-        n_now = missed < (uint64_t)n ? n - (int)missed : 0;
-    }
     const int64_t fmax = moe_check_shapes(a, w->p, ex, i0, i1, err);
     const int64_t A = a->n_tok * a->k;
     float *gu = fmax < 0 ? NULL : mg_buf(buf, slot, (size_t)(2 * A * fmax), err);
@@ -732,36 +745,21 @@ static int moe_fetch_wave(moe_wave_ctx *w, mg_buffers *buf, int slot, const mg_e
     w->g = gu;
     w->u = gu + A * fmax;
     w->fmax = fmax;
-    int got = 0, r = 0;
-    while (got < n_now && (r = mg_expert_store_fetch_next(a->store, err)) >= 0) sel[got++] = i0 + r;
+    int got = 0, r;
+    while ((r = mg_expert_store_fetch_poll(a->store, err)) >= 0) sel[got++] = i0 + r;
     if (r == -2) return -1;
     double now = mg_wall_seconds();
     waited += now - t; /* issuing the reads, and any eviction that had to wait */
-    /* The cached members in groups of about one sub-chunk's assignments, the window's hook
-     * polled between groups (a resident layer is one fetch of every expert: without the groups
-     * a cancel would wait for all of it).  Each expert writes only its own rows, so the
-     * grouping changes no bit; the shared expert rides in the first group. */
-    int cancelled = 0, j0 = 0;
-    do {
-        const int j1 = moe_group_end(w, sel, j0, got);
-        if (j0 > 0 && mg_window_poll(a->poll, a->layer)) {
-            cancelled = 1;
-            break;
-        }
-        moe_wave(w, sel + j0, j1 - j0, with_shared && j0 == 0);
-        j0 = j1;
-    } while (j0 < got);
+    /* A resident layer is one fetch of every expert: without the groups a cancel would wait
+     * for all of it. */
+    int cancelled = moe_compute_groups(w, sel, got, with_shared, 0);
     t = mg_wall_seconds();
     computed += t - now;
-    while (!cancelled && (r = mg_expert_store_fetch_next(a->store, err)) >= 0) {
+    while (!cancelled && r != -1 && (r = mg_expert_store_fetch_next(a->store, err)) >= 0) {
         int i = i0 + r;
         now = mg_wall_seconds();
         waited += now - t;
-        if (mg_window_poll(a->poll, a->layer)) {
-            cancelled = 1;
-            break;
-        }
-        moe_wave(w, &i, 1, 0);
+        cancelled = moe_compute_groups(w, &i, 1, 0, 1);
         t = mg_wall_seconds();
         computed += t - now;
     }

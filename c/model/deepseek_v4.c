@@ -697,6 +697,21 @@ static void hint_next_layer(state *s, int li, const float *h, int32_t token, flo
     mg_expert_store_hint(s->experts, li + 1, (int)K, ids);
 }
 
+/* Decode: the hash-routed layers' experts are known from the token alone (the first
+ * n_hash layers), so the store reads the ones it lacks from the start of the step, while the
+ * embedding and the first attention run, in layer order (every later layer's are hinted by
+ * the layer before it: hint_next_layer).  Only the cache changes. */
+static void hint_hash_layers(state *s, int32_t token) {
+    if (!mg_expert_store_wants_hints(s->experts)) return;
+    mg_error ignored;
+    int *ids = (int *)mg_buf(&s->buf, B_RIDS, (size_t)s->c.K, &ignored); /* moe_layer's ids, later */
+    for (int li = 0; ids && li < s->c.n_layers && s->layers[li].tid2eid; li++) {
+        hash_route(&s->layers[li], token, s->c.K, ids);
+        mg_expert_store_hint(s->experts, li, (int)s->c.K, ids);
+        mg_expert_store_read_ahead(s->experts, li);
+    }
+}
+
 /* Routes the m tokens of a sub-chunk from their MoE input h: ids/rw [m, K]; the router's
  * product runs per sub-chunk as a pass per chunk ran it.  Returns the last token's ranked
  * values (sc + bias: E floats; NULL on hash layers, which rank nothing), or NULL + err. */
@@ -890,6 +905,7 @@ static int eval_window(void *p, const mg_window *win, mg_error *err) {
         for (int64_t t = 0; t < m; t++)
             for (int64_t j = 0; j < n; j++) memcpy(w.X + ((t0 + t) * n + j) * d, e + t * d, sizeof(float) * (size_t)d);
     }
+    if (M == 1) hint_hash_layers(s, win->tokens[0]);
     for (int li = 0; li < c->n_layers; li++) {
         int rc = attn_layer(s, li, win, &w, err);
         if (!rc) rc = moe_layer(s, li, win, &w, err);

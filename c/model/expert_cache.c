@@ -89,7 +89,6 @@ struct mg_expert_cache {
      * time since the previous one give the idle seconds per fetch (moving average); idle
      * seconds x the pool's read rate / slot bytes accrue as credit, one expert per read-ahead */
     double ra_wall, ra_busy, ra_idle, ra_credit;
-    int read_ahead_done; /* the open batch has started its read-ahead (batch_complete) */
 
     uint64_t fetches, hits, misses, evictions, prefetches, preloaded, auto_prefetches, prefetch_hits;
     uint64_t prefetches_withdrawn;
@@ -480,6 +479,16 @@ static int reap(mg_expert_cache *c, int *failed, char *msg, size_t cap) {
     return slot;
 }
 
+/* reap without blocking: -2 when reads are in flight but none has finished. */
+static int reap_now(mg_expert_cache *c, int *failed, char *msg, size_t cap) {
+    int slot = mg_io_pool_try_any(c->io, failed, msg, cap);
+    if (slot < 0) return slot;
+    c->loading[slot] = 0;
+    c->n_loading--;
+    if (*failed) slot_unmap(c, slot);
+    return slot;
+}
+
 /* Files a finished slot into the open batch: its members become ready. */
 static void batch_arrived(mg_expert_cache *c, int slot) {
     if (!c->batch_open) return;
@@ -525,17 +534,8 @@ static void batch_abort(mg_expert_cache *c, int failed_slot) {
 
 static void auto_prefetch(mg_expert_cache *c, int layer);
 
-/* The open batch has all its bytes: from now until the next fetch the disk would sit idle, so
- * the next layer's hinted experts are read ahead now, once per batch, while this layer
- * computes (never competing with the batch's own reads). */
-static void batch_complete(mg_expert_cache *c) {
-    if (c->prefetch_depth > 0 && c->batch_open && c->batch_waiting == 0 && !c->read_ahead_done) {
-        c->read_ahead_done = 1;
-        auto_prefetch(c, (c->batch_layer + 1) % c->n_layers);
-    }
-}
-
-int mg_expert_cache_next(mg_expert_cache *c, mg_error *err) {
+/* mg_expert_cache_next / _poll: block says whether to wait for a read. */
+static int cache_next(mg_expert_cache *c, int block, mg_error *err) {
     if (!c->batch_open) return -1;
     while (c->ready_len == 0) {
         if (c->batch_waiting == 0) {
@@ -544,7 +544,8 @@ int mg_expert_cache_next(mg_expert_cache *c, mg_error *err) {
         }
         int failed = 0;
         char msg[768];
-        int slot = reap(c, &failed, msg, sizeof msg);
+        int slot = block ? reap(c, &failed, msg, sizeof msg) : reap_now(c, &failed, msg, sizeof msg);
+        if (slot == -2) return MG_FETCH_PENDING; /* (only without blocking) */
         if (slot < 0) { /* cannot happen while members wait; stay safe */
             c->batch_open = 0;
             return mg_fail(err, "expert cache: internal: batch waits on no read"), -2;
@@ -554,16 +555,17 @@ int mg_expert_cache_next(mg_expert_cache *c, mg_error *err) {
             batch_abort(c, slot);
             return -2;
         }
-        if (!failed) {
-            batch_arrived(c, slot);
-            batch_complete(c);
-        }
+        if (!failed) batch_arrived(c, slot);
     }
     int i = c->ready[c->ready_head];
     c->ready_head = (c->ready_head + 1) % c->n_slots;
     c->ready_len--;
     return i;
 }
+
+int mg_expert_cache_next(mg_expert_cache *c, mg_error *err) { return cache_next(c, 1, err); }
+
+int mg_expert_cache_poll(mg_expert_cache *c, mg_error *err) { return cache_next(c, 0, err); }
 
 /* Fills a slot's descriptor and queues its reads into jobs[]; returns the job count. */
 static int prepare_slot(mg_expert_cache *c, int slot, int key, mg_io_job *jobs) {
@@ -695,7 +697,6 @@ int mg_expert_cache_begin(mg_expert_cache *c, int layer, int n, const int *ids, 
         }
     }
     c->batch_open = 1;
-    c->read_ahead_done = 0;
     if (mg_io_pool_submit(c->io, c->jobs, n_jobs, err)) {
         /* nothing was queued: undo the new slots so they are not waited for */
         for (int i = 0; i < n; i++) {
@@ -709,13 +710,18 @@ int mg_expert_cache_begin(mg_expert_cache *c, int layer, int n, const int *ids, 
         c->batch_open = 0;
         return -1;
     }
-    batch_complete(c); /* all hits */
+    /* The next layer's hinted experts are queued now, behind this batch's reads: the I/O pool
+     * starts them as soon as the disk has served the batch (never sharing it with the batch's
+     * reads), so they are read while this layer computes and the next one's attention runs,
+     * not only once this thread has come back to collect the last miss. */
+    if (c->prefetch_depth > 0) auto_prefetch(c, (layer + 1) % c->n_layers);
     return 0;
 }
 
 /* Starts reads of up to max_started of ids[0..n) of `layer` (see mg_expert_store_prefetch):
- * only while the disk is idle, or for the read-ahead, once the open batch has its bytes
- * (earlier read-aheads may still be running; the read-ahead paces itself). */
+ * only while the disk is idle, or for the read-ahead at any time (the read-ahead paces
+ * itself).  Either way they are background reads (expert_io.h): the pool starts them only
+ * while no demand read is queued or running. */
 static int prefetch_ids(mg_expert_cache *c, int layer, int n, const int *ids, int max_started, int read_ahead) {
     if (!read_ahead && (!mg_io_pool_idle(c->io) || (c->batch_open && c->batch_waiting))) return 0;
     int started = 0;
@@ -755,6 +761,7 @@ static int prefetch_ids(mg_expert_cache *c, int layer, int n, const int *ids, in
         }
         int nj = prepare_slot(c, victim, key, c->jobs);
         if (nj == 0) continue; /* nothing to read: it is in place already */
+        for (int k = 0; k < nj; k++) c->jobs[k].background = 1;
         if (mg_io_pool_submit(c->io, c->jobs, nj, NULL)) {
             slot_unmap(c, victim);
             break;
@@ -793,6 +800,7 @@ void mg_expert_cache_stats(const mg_expert_cache *c, mg_expert_stats *st) {
     st->auto_prefetches = c->auto_prefetches;
     st->prefetch_hits = c->prefetch_hits;
     st->prefetches_withdrawn = c->prefetches_withdrawn;
+    st->emulated_disk_bps = mg_io_pool_emulated_disk(c->io);
 }
 
 /* ---- the store's own prefetch and the history's preload ------------------------------------ */
@@ -821,13 +829,13 @@ static int read_ahead_allowance(mg_expert_cache *c, int cap) {
     return (int)c->ra_credit;
 }
 
-/* Read-ahead, when a fetch of layer - 1 has its bytes (batch_complete): the hinted experts of
- * `layer` that are not cached and whose rank of hint has come true at least
+/* Read-ahead, when a fetch of layer - 1 has issued its reads (mg_expert_cache_begin): the
+ * hinted experts of `layer` that are not cached and whose rank of hint has come true at least
  * MG_HINT_MIN_ACCURACY of the time, best rank first, up to the prefetch depth and as many as
  * the disk's idle time pays for (read_ahead_allowance: a disk busy with misses all the time
- * reads nothing ahead, where extra bytes would only slow it down).  They are read while the
- * fetched experts are computed.  When hints come true they are the next fetch's own reads,
- * started early. */
+ * reads nothing ahead, where extra bytes would only slow it down).  Background reads: they
+ * start once the fetch's own reads are served, and are read while the fetched experts are
+ * computed.  When hints come true they are the next fetch's own reads, started early. */
 static void auto_prefetch(mg_expert_cache *c, int layer) {
     const int n_hint = c->hint_layer == layer ? c->hint_n : 0;
     c->hint_n = 0;
@@ -843,6 +851,10 @@ static void auto_prefetch(mg_expert_cache *c, int layer) {
     int started = prefetch_ids(c, layer, n, c->cand, n, 1);
     c->ra_credit -= started;
     c->auto_prefetches += (uint64_t)started;
+}
+
+void mg_expert_cache_read_ahead(mg_expert_cache *c, int layer) {
+    if (c && c->prefetch_depth > 0) auto_prefetch(c, layer);
 }
 
 void mg_expert_cache_hint(mg_expert_cache *c, int layer, int n, const int *ids) {
@@ -862,6 +874,10 @@ void mg_expert_cache_hint(mg_expert_cache *c, int layer, int n, const int *ids) 
 
 int mg_expert_cache_prefetching(const mg_expert_cache *c) {
     return c && c->prefetch_depth > 0;
+}
+
+void mg_expert_cache_emulate_disk(mg_expert_cache *c, double bytes_per_second) {
+    if (c) mg_io_pool_emulate_disk(c->io, bytes_per_second);
 }
 
 void mg_expert_cache_set_prefetch(mg_expert_cache *c, int depth) {

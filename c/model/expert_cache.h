@@ -34,6 +34,7 @@ void mg_expert_cache_free(mg_expert_cache *c);
 int mg_expert_cache_begin(mg_expert_cache *c, int layer, int n, const int *ids, const mg_expert **out,
                           mg_error *err);
 int mg_expert_cache_next(mg_expert_cache *c, mg_error *err);
+int mg_expert_cache_poll(mg_expert_cache *c, mg_error *err); /* never blocks: MG_FETCH_PENDING */
 int mg_expert_cache_prefetch(mg_expert_cache *c, int layer, int n, const int *ids);
 
 int mg_expert_cache_use_history(mg_expert_cache *c, const char *path, double pin_fraction, mg_error *err);
@@ -41,6 +42,10 @@ void mg_expert_cache_set_prefetch(mg_expert_cache *c, int depth);
 /* ids of `layer` predicted for its next fetch: prefetched first, and valued by the policy. */
 void mg_expert_cache_hint(mg_expert_cache *c, int layer, int n, const int *ids);
 int mg_expert_cache_prefetching(const mg_expert_cache *c);
+/* The read-ahead a fetch of layer - 1 starts (auto_prefetch), now. */
+void mg_expert_cache_read_ahead(mg_expert_cache *c, int layer);
+/* The I/O pool's disk model (expert_io.h mg_io_pool_emulate_disk); 0: off. */
+void mg_expert_cache_emulate_disk(mg_expert_cache *c, double bytes_per_second);
 
 void mg_expert_cache_stats(const mg_expert_cache *c, mg_expert_stats *st);
 int mg_expert_cache_save_usage(mg_expert_cache *c, mg_error *err);

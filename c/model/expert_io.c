@@ -1,4 +1,4 @@
-/* I/O thread pool: one mutex guards the job queue, per-group counters and statistics; the
+/* I/O thread pool: one mutex guards the job queues, per-group counters and statistics; the
  * reads themselves run unlocked.  The lookup path of the cache never takes this lock. */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
@@ -8,6 +8,7 @@
 #include "core/clock.h"
 
 #include <errno.h>
+#include <math.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -21,8 +22,9 @@ struct mg_io_pool {
     pthread_cond_t work_cv, done_cv;
     pthread_t *threads;
     int n_threads, started, stop;
-    mg_io_job *queue; /* ring */
-    int qcap, qhead, qcount;
+    mg_io_job *queue[2]; /* rings: [0] demand reads, [1] background (mg_io_job.background) */
+    int qcap, qhead[2], qcount[2];
+    int running_demand;  /* demand reads taken by a thread and not finished */
     int n_groups;
     int *pending;           /* [n_groups] reads not finished */
     unsigned char *state;   /* [n_groups] GROUP_* */
@@ -32,6 +34,9 @@ struct mg_io_pool {
     int outstanding, running;
     double busy_since;
     mg_io_stats st;
+    /* The disk model (mg_io_pool_emulate_disk): one queue served at disk_bps in the order the
+     * threads take reads; disk_free_at is when it has served every read handed out so far. */
+    double disk_bps, disk_free_at;
 };
 
 
@@ -72,25 +77,53 @@ static int64_t do_read(const mg_io_job *j, int *direct_used, char *msg, size_t c
     return (int64_t)got;
 }
 
+/* Sleeps until the monotonic clock (mg_wall_seconds) reads `until`. */
+static void sleep_until(double until) {
+    struct timespec ts;
+    ts.tv_sec = (time_t)floor(until);
+    ts.tv_nsec = (long)((until - floor(until)) * 1e9);
+    if (ts.tv_nsec >= 1000000000L) ts.tv_nsec = 999999999L;
+    while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL) == EINTR) {}
+}
+
 static void *worker(void *arg) {
     mg_io_pool *p = arg;
     char msg[768];
     pthread_mutex_lock(&p->mu);
     for (;;) {
-        while (!p->stop && p->qcount == 0) pthread_cond_wait(&p->work_cv, &p->mu);
-        if (p->qcount == 0) break; /* stopping and drained */
-        mg_io_job j = p->queue[p->qhead];
-        p->qhead = (p->qhead + 1) % p->qcap;
-        p->qcount--;
+        /* a background read starts only when no demand read is queued or running: it never
+         * shares the disk with the reads a fetch is waiting for (at most the reads already
+         * started hold a demand read back) */
+        int q;
+        while ((q = p->qcount[0] ? 0 : p->qcount[1] && !p->running_demand ? 1 : -1) < 0 &&
+               !(p->stop && !p->qcount[1]))
+            pthread_cond_wait(&p->work_cv, &p->mu);
+        if (q < 0) break; /* stopping and drained (a queued demand read is always taken first) */
+        mg_io_job j = p->queue[q][p->qhead[q]];
+        p->qhead[q] = (p->qhead[q] + 1) % p->qcap;
+        p->qcount[q]--;
+        p->running_demand += q == 0;
         if (p->running++ == 0) p->busy_since = mg_wall_seconds();
+        /* With the disk model on, the read is handed to the modelled disk now: it starts when
+         * the disk has served the reads taken before it and lasts len / rate; the bytes come
+         * back from the file as usual and are held until then (the same order as a real
+         * single-queue disk, whatever the threads' interleaving). */
+        double due = 0.0;
+        if (p->disk_bps > 0) {
+            const double now = mg_wall_seconds();
+            due = (p->disk_free_at > now ? p->disk_free_at : now) + (double)j.len / p->disk_bps;
+            p->disk_free_at = due;
+        }
         pthread_mutex_unlock(&p->mu);
 
         int direct = 0;
         msg[0] = 0;
         int64_t got = do_read(&j, &direct, msg, sizeof msg);
+        if (due > 0) sleep_until(due);
 
         pthread_mutex_lock(&p->mu);
         if (--p->running == 0) p->st.busy_seconds += mg_wall_seconds() - p->busy_since;
+        if (q == 0 && --p->running_demand == 0 && p->qcount[1]) pthread_cond_broadcast(&p->work_cv);
         if (got >= 0) {
             p->st.bytes_read += (uint64_t)got;
             if (direct) p->st.direct_reads++;
@@ -126,13 +159,14 @@ mg_io_pool *mg_io_pool_create(int n_threads, int n_groups, int max_jobs, mg_erro
     pthread_cond_init(&p->done_cv, NULL);
     p->n_groups = n_groups;
     p->qcap = max_jobs;
-    p->queue = calloc((size_t)max_jobs, sizeof *p->queue);
+    p->queue[0] = calloc((size_t)max_jobs, sizeof *p->queue[0]);
+    p->queue[1] = calloc((size_t)max_jobs, sizeof *p->queue[1]);
     p->pending = calloc((size_t)n_groups, sizeof *p->pending);
     p->state = calloc((size_t)n_groups, 1);
     p->msg = calloc((size_t)n_groups, sizeof *p->msg);
     p->done = calloc((size_t)n_groups, sizeof *p->done);
     p->threads = calloc((size_t)n_threads, sizeof *p->threads);
-    if (!p->queue || !p->pending || !p->state || !p->msg || !p->done || !p->threads) {
+    if (!p->queue[0] || !p->queue[1] || !p->pending || !p->state || !p->msg || !p->done || !p->threads) {
         mg_io_pool_free(p);
         mg_fail(err, "expert I/O: out of memory");
         return NULL;
@@ -160,7 +194,8 @@ void mg_io_pool_free(mg_io_pool *p) {
         for (int g = 0; g < p->n_groups; g++)
             if (p->msg[g] && p->msg[g][0]) free(p->msg[g]);
     free(p->msg);
-    free(p->queue);
+    free(p->queue[0]);
+    free(p->queue[1]);
     free(p->pending);
     free(p->state);
     free(p->done);
@@ -174,9 +209,11 @@ void mg_io_pool_free(mg_io_pool *p) {
 int mg_io_pool_submit(mg_io_pool *p, const mg_io_job *jobs, int n, mg_error *err) {
     if (n <= 0) return 0;
     pthread_mutex_lock(&p->mu);
-    int rc = 0;
-    if (n > p->qcap - p->qcount)
-        rc = mg_fail(err, "expert I/O: %d reads do not fit the queue (%d free)", n, p->qcap - p->qcount);
+    int rc = 0, want[2] = {0, 0};
+    for (int i = 0; i < n; i++) want[jobs[i].background != 0]++;
+    for (int q = 0; q < 2 && !rc; q++)
+        if (want[q] > p->qcap - p->qcount[q])
+            rc = mg_fail(err, "expert I/O: %d reads do not fit the queue (%d free)", want[q], p->qcap - p->qcount[q]);
     /* validate everything before changing anything: every group must be idle */
     for (int i = 0; i < n && !rc; i++) {
         int g = jobs[i].group;
@@ -185,25 +222,19 @@ int mg_io_pool_submit(mg_io_pool *p, const mg_io_job *jobs, int n, mg_error *err
     }
     if (!rc) {
         for (int i = 0; i < n; i++) {
-            int g = jobs[i].group;
+            int g = jobs[i].group, q = jobs[i].background != 0;
             if (p->pending[g]++ == 0) p->outstanding++;
-            p->queue[(p->qhead + p->qcount + i) % p->qcap] = jobs[i];
+            p->queue[q][(p->qhead[q] + p->qcount[q]++) % p->qcap] = jobs[i];
         }
         for (int i = 0; i < n; i++) p->state[jobs[i].group] = GROUP_RUNNING;
-        p->qcount += n;
         pthread_cond_broadcast(&p->work_cv);
     }
     pthread_mutex_unlock(&p->mu);
     return rc;
 }
 
-int mg_io_pool_wait_any(mg_io_pool *p, int *failed, char *msg, size_t msg_cap) {
-    pthread_mutex_lock(&p->mu);
-    if (p->outstanding == 0) {
-        pthread_mutex_unlock(&p->mu);
-        return -1;
-    }
-    while (p->dcount == 0) pthread_cond_wait(&p->done_cv, &p->mu);
+/* Hands out the oldest completed group (mu held, dcount > 0). */
+static int take_done(mg_io_pool *p, int *failed, char *msg, size_t msg_cap) {
     int g = p->done[p->dhead];
     p->dhead = (p->dhead + 1) % p->n_groups;
     p->dcount--;
@@ -215,6 +246,24 @@ int mg_io_pool_wait_any(mg_io_pool *p, int *failed, char *msg, size_t msg_cap) {
     }
     if (p->msg[g] && p->msg[g][0]) free(p->msg[g]);
     p->msg[g] = NULL;
+    return g;
+}
+
+int mg_io_pool_wait_any(mg_io_pool *p, int *failed, char *msg, size_t msg_cap) {
+    pthread_mutex_lock(&p->mu);
+    if (p->outstanding == 0) {
+        pthread_mutex_unlock(&p->mu);
+        return -1;
+    }
+    while (p->dcount == 0) pthread_cond_wait(&p->done_cv, &p->mu);
+    int g = take_done(p, failed, msg, msg_cap);
+    pthread_mutex_unlock(&p->mu);
+    return g;
+}
+
+int mg_io_pool_try_any(mg_io_pool *p, int *failed, char *msg, size_t msg_cap) {
+    pthread_mutex_lock(&p->mu);
+    int g = p->dcount ? take_done(p, failed, msg, msg_cap) : p->outstanding ? -2 : -1;
     pthread_mutex_unlock(&p->mu);
     return g;
 }
@@ -223,15 +272,18 @@ int mg_io_pool_cancel(mg_io_pool *p, int group) {
     if (group < 0 || group >= p->n_groups) return 0;
     pthread_mutex_lock(&p->mu);
     int queued = 0;
-    for (int i = 0; i < p->qcount; i++) queued += p->queue[(p->qhead + i) % p->qcap].group == group;
+    for (int q = 0; q < 2; q++)
+        for (int i = 0; i < p->qcount[q]; i++) queued += p->queue[q][(p->qhead[q] + i) % p->qcap].group == group;
     int cancel = p->state[group] == GROUP_RUNNING && queued > 0 && queued == p->pending[group];
-    if (cancel) { /* close the ring over its reads, keeping the others' order */
-        int kept = 0;
-        for (int i = 0; i < p->qcount; i++) {
-            mg_io_job j = p->queue[(p->qhead + i) % p->qcap];
-            if (j.group != group) p->queue[(p->qhead + kept++) % p->qcap] = j;
+    if (cancel) { /* close the rings over its reads, keeping the others' order */
+        for (int q = 0; q < 2; q++) {
+            int kept = 0;
+            for (int i = 0; i < p->qcount[q]; i++) {
+                mg_io_job j = p->queue[q][(p->qhead[q] + i) % p->qcap];
+                if (j.group != group) p->queue[q][(p->qhead[q] + kept++) % p->qcap] = j;
+            }
+            p->qcount[q] = kept;
         }
-        p->qcount = kept;
         p->pending[group] = 0;
         p->state[group] = GROUP_IDLE;
         p->outstanding--;
@@ -242,7 +294,7 @@ int mg_io_pool_cancel(mg_io_pool *p, int group) {
 
 int mg_io_pool_idle(mg_io_pool *p) {
     pthread_mutex_lock(&p->mu);
-    int idle = p->qcount == 0 && p->running == 0;
+    int idle = p->qcount[0] == 0 && p->qcount[1] == 0 && p->running == 0;
     pthread_mutex_unlock(&p->mu);
     return idle;
 }
@@ -252,6 +304,20 @@ int mg_io_pool_outstanding(mg_io_pool *p) {
     int n = p->outstanding;
     pthread_mutex_unlock(&p->mu);
     return n;
+}
+
+void mg_io_pool_emulate_disk(mg_io_pool *p, double bytes_per_second) {
+    pthread_mutex_lock(&p->mu);
+    p->disk_bps = bytes_per_second > 0 && isfinite(bytes_per_second) ? bytes_per_second : 0.0;
+    p->disk_free_at = 0.0;
+    pthread_mutex_unlock(&p->mu);
+}
+
+double mg_io_pool_emulated_disk(mg_io_pool *p) {
+    pthread_mutex_lock(&p->mu);
+    double bps = p->disk_bps;
+    pthread_mutex_unlock(&p->mu);
+    return bps;
 }
 
 mg_io_stats mg_io_pool_stats(mg_io_pool *p) {

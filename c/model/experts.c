@@ -146,6 +146,12 @@ int mg_expert_store_fetch_next(mg_expert_store *s, mg_error *err) {
     return s->open_next < s->open_n ? s->open_next++ : -1;
 }
 
+int mg_expert_store_fetch_poll(mg_expert_store *s, mg_error *err) {
+    if (!s) return -1;
+    if (s->cache) return mg_expert_cache_poll(s->cache, err);
+    return s->open_next < s->open_n ? s->open_next++ : -1;
+}
+
 int mg_expert_store_fetch(mg_expert_store *s, int layer, int n, const int *ids,
                           const mg_expert **out, mg_error *err) {
     if (mg_expert_store_fetch_begin(s, layer, n, ids, out, err)) return -1;
@@ -286,6 +292,14 @@ int mg_expert_store_use_history(mg_expert_store *s, const char *path, double pin
 
 void mg_expert_store_set_prefetch(mg_expert_store *s, int depth) {
     if (s && s->cache) mg_expert_cache_set_prefetch(s->cache, depth);
+}
+
+void mg_expert_store_read_ahead(mg_expert_store *s, int layer) {
+    if (s && s->cache && layer >= 0 && layer < s->n_layers) mg_expert_cache_read_ahead(s->cache, layer);
+}
+
+void mg_expert_store_emulate_disk(mg_expert_store *s, double bytes_per_second) {
+    if (s && s->cache) mg_expert_cache_emulate_disk(s->cache, bytes_per_second);
 }
 
 int mg_expert_store_wants_hints(const mg_expert_store *s) {

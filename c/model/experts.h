@@ -61,6 +61,13 @@ int mg_expert_store_fetch_begin(mg_expert_store *s, int layer, int n, const int 
                                 const mg_expert **out, mg_error *err);
 int mg_expert_store_fetch_next(mg_expert_store *s, mg_error *err);
 
+/* fetch_next without waiting for a read: MG_FETCH_PENDING when members remain but none of
+ * them has its bytes in memory yet (a read of this batch, or a read-ahead it asked for, is
+ * still running).  The MoE computes what is in memory first (cached experts, read-aheads that
+ * landed, the shared expert), then each remaining member as it lands. */
+#define MG_FETCH_PENDING (-3)
+int mg_expert_store_fetch_poll(mg_expert_store *s, mg_error *err);
+
 /* fetch_begin with the router's scores of the batch's last token: scores[n_experts], the
  * values its top-k ranked (NULL: none, as fetch_begin).  Recorded in the routing trace. */
 int mg_expert_store_fetch_begin_scored(mg_expert_store *s, int layer, int n, const int *ids,
@@ -71,7 +78,8 @@ int mg_expert_store_wants_scores(const mg_expert_store *s);
 
 /* Reads these experts of `layer` into the cache only if the disk would otherwise sit idle
  * (no read queued or running) and only into slots the policy would evict anyway (never
- * pinned ones, never the open batch).  A hint: no error, returns how many reads it started. */
+ * pinned ones, never the open batch), as background reads (a later fetch's reads go first).
+ * A hint: no error, returns how many reads it started. */
 int mg_expert_store_prefetch(mg_expert_store *s, int layer, int n, const int *ids);
 
 typedef struct mg_expert_stats {
@@ -92,6 +100,7 @@ typedef struct mg_expert_stats {
                                       before any of their reads started (no bytes read) */
     double compute_seconds;   /* wall time the MoE computed routed experts (and the shared one) */
     double wait_seconds;      /* wall time it waited for the store: issuing reads, then each miss */
+    double emulated_disk_bps; /* the disk model's rate (mg_expert_store_emulate_disk); 0: off */
 } mg_expert_stats;
 
 mg_expert_stats mg_expert_store_stats(const mg_expert_store *s);
@@ -145,11 +154,12 @@ int mg_expert_store_trace(mg_expert_store *s, const char *path, mg_error *err);
  * into the cache now (not pinned: the policy may evict them later), and it is rewritten at free. */
 int mg_expert_store_use_history(mg_expert_store *s, const char *path, double pin_fraction, mg_error *err);
 
-/* Cache mode: when a fetch of layer l has all its bytes, the store itself reads ahead up to
- * `depth` experts of layer l + 1 from the look-ahead hint (mg_expert_store_hint; none without
- * one), as many as the disk's idle time pays for, under the rules of mg_expert_store_prefetch
- * except the cap on reads at once: reads overlap the computation on the fetched experts and
- * never evict an expert the policy values more.  The next fetch withdraws those it does not
+/* Cache mode: when a fetch of layer l has issued its reads, the store itself reads ahead up
+ * to `depth` experts of layer l + 1 from the look-ahead hint (mg_expert_store_hint; none
+ * without one), as many as the disk's idle time pays for, under the rules of
+ * mg_expert_store_prefetch except the cap on reads at once: background reads, which start
+ * once the fetch's own reads are served, overlap the computation on the fetched experts and
+ * the next layer's attention, and never evict an expert the policy values more.  The next fetch withdraws those it does not
  * ask for whose reads have not started.  0 (the default): off.  Resident mode: no
  * effect. */
 void mg_expert_store_set_prefetch(mg_expert_store *s, int depth);
@@ -162,6 +172,17 @@ void mg_expert_store_set_prefetch(mg_expert_store *s, int depth);
  * enough (expert_cache.c), and its policy values hinted experts by that accuracy
  * (expert_policy.h).  Never changes what is computed. */
 int mg_expert_store_wants_hints(const mg_expert_store *s);
+
+/* Cache mode, rehearsals only: reads behave as from a disk of bytes_per_second with one queue
+ * (expert_io.h mg_io_pool_emulate_disk): on sparse files, whose holes come back at memory
+ * speed, wall time then shows how much of a real disk's read time the engine hides behind
+ * compute.  Bytes read are unchanged.  0: off (the default; a server never sets it).
+ * Resident mode: no effect. */
+void mg_expert_store_emulate_disk(mg_expert_store *s, double bytes_per_second);
 void mg_expert_store_hint(mg_expert_store *s, int layer, int n, const int *ids);
+/* Reads ahead the hinted experts of `layer` now, as the fetch of layer - 1 would: for a hint
+ * known before any fetch precedes the layer (a decode step's first layer, when its routing
+ * depends on the token alone).  No effect without read-ahead (set_prefetch) or a hint. */
+void mg_expert_store_read_ahead(mg_expert_store *s, int layer);
 
 #endif

@@ -235,6 +235,11 @@ void mg_model_expert_prefetch(mg_model *m, int depth) {
     if (s) mg_expert_store_set_prefetch(s, depth);
 }
 
+void mg_model_expert_emulate_disk(mg_model *m, double bytes_per_second) {
+    mg_expert_store *s = expert_store(m);
+    if (s) mg_expert_store_emulate_disk(s, bytes_per_second);
+}
+
 /* ---- prefix snapshots ------------------------------------------------------------------------
  * A snapshot is a header plus the arch's prefix regions for positions [0, n), in walk order.
  * The fingerprint keeps a snapshot from being restored into a different model or KV type. */

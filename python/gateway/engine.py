@@ -84,6 +84,7 @@ class Engine:
         kv_dtype: str = "f32",
         prefill_window: int | None = None,
         activations: str = "f32",
+        emulate_disk_gbps: float | None = None,
     ) -> None:
         """ram_gb: budget for the whole process (experts are then cached and read from disk).
         routing_trace: record every expert fetch to this file (tools/routing_trace.py reads it).
@@ -104,7 +105,12 @@ class Engine:
         activations: "f32" (default: exact) or "int8": the GGUF block-format weights' decode
         quantises each input row to int8 once per linear and dots in integers (faster; logits
         differ from f32's by the activation rounding).  Other weight formats keep f32.
-        info["activations"] is the one in use."""
+        info["activations"] is the one in use.
+        emulate_disk_gbps: rehearsals only (tools/rehearse.py), with ram_gb: the expert store's
+        reads complete no sooner than on a single-queue disk of this many GB/s (the bytes still
+        come from the files; reads that come back faster, as a sparse file's holes do, are held).
+        Wall time then shows how much of that disk's read time decode hides behind compute.
+        None (the default, and always in the server): reads run at the machine's speed."""
         from . import _core  # imported here so config errors surface even without a built core
 
         self.path = Path(path).expanduser()
@@ -126,6 +132,12 @@ class Engine:
             raise ValueError(f"activations must be one of {', '.join(ACTIVATIONS)}, got {activations!r}")
         if kv_dtype not in KV_DTYPES:
             raise ValueError(f"kv_dtype must be one of {', '.join(KV_DTYPES)}, got {kv_dtype!r}")
+        if emulate_disk_gbps is not None and (isinstance(emulate_disk_gbps, bool)
+                                              or not isinstance(emulate_disk_gbps, (int, float))
+                                              or not 0 < emulate_disk_gbps < float("inf")):
+            raise ValueError(f"emulate_disk_gbps must be a positive number of GB/s, got {emulate_disk_gbps!r}")
+        if emulate_disk_gbps is not None and ram_gb is None:
+            raise ValueError("emulate_disk_gbps needs ram_gb: without a budget no expert is read from disk")
         # ConfigError is a ValueError: unknown model_type / bad fields fail before C is called.
         self.config: dict[str, Any] = load_config(self.path)
         started = time.perf_counter()
@@ -146,6 +158,9 @@ class Engine:
         history: Path | None = None
         self.read_ahead = False  # expert_prefetch took effect (a budget with a cache)
         try:
+            # the disk model first, so that the history's hot set read at start is paced too
+            if emulate_disk_gbps is not None and self._has_cache():
+                self._model.emulate_disk(float(emulate_disk_gbps) * 1e9)
             if ram_gb is not None and expert_history is not False and self._has_cache():
                 history = default_expert_history(self.path) if expert_history in (None, True) else Path(expert_history)
                 self._model.use_expert_history(str(history))

@@ -1,6 +1,7 @@
 /* Tests for the expert store's I/O pool (c/model/expert_io.h): reads land in their groups with
- * the file's bytes, and a group whose reads have not started can be withdrawn (the store's
- * wrong read-aheads), leaving the pool as if it had never been submitted. */
+ * the file's bytes, a group whose reads have not started can be withdrawn (the store's
+ * wrong read-aheads), leaving the pool as if it had never been submitted, and the disk model
+ * of rehearsals paces reads as one queue at its rate without changing their bytes. */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
@@ -11,6 +12,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "core/clock.h"
 #include "model/expert_io.h"
 #include "check.h"
 
@@ -93,6 +95,60 @@ int main(void) {
     CHECK(st.bytes_read % CHUNK == 0 && st.buffered_reads == st.bytes_read / CHUNK, "%llu bytes in %llu reads",
           (unsigned long long)st.bytes_read, (unsigned long long)st.buffered_reads);
 
+    mg_io_pool_free(p);
+
+    /* The disk model: N_CHUNKS reads of CHUNK bytes in their own groups, on 3 threads, at
+     * DISK_BPS.  One queue: the k-th group to complete does so no sooner than k chunks'
+     * time after the submit (whatever the threads' interleaving), the bytes are the file's,
+     * and the pool's busy time counts the modelled time. */
+    const double DISK_BPS = 128e6; /* 4 MB chunks: 31 ms each, 0.25 s in all */
+    p = mg_io_pool_create(3, N_CHUNKS, N_CHUNKS, &err);
+    CHECK(p != NULL, "%s", err.msg);
+    if (!p) return 1;
+    mg_io_pool_emulate_disk(p, DISK_BPS);
+    CHECK(mg_io_pool_emulated_disk(p) == DISK_BPS, "the disk model's rate");
+    memset(dst, 0, (size_t)CHUNK * N_CHUNKS);
+    mg_io_job paced[N_CHUNKS];
+    for (int c = 0; c < N_CHUNKS; c++) paced[c] = job(c, fd, c, dst + (size_t)c * CHUNK);
+    const double t0 = mg_wall_seconds();
+    CHECK(mg_io_pool_submit(p, paced, N_CHUNKS, &err) == 0, "%s", err.msg);
+    for (int k = 1; k <= N_CHUNKS; k++) {
+        int g = mg_io_pool_wait_any(p, &failed, NULL, 0);
+        const double at = mg_wall_seconds() - t0, floor_s = k * (double)CHUNK / DISK_BPS;
+        CHECK(g >= 0 && !failed, "paced read %d", k);
+        CHECK(at >= floor_s, "the %d-th paced read completed after %.4f s, before the disk's %.4f s", k, at, floor_s);
+    }
+    for (int c = 0; c < N_CHUNKS; c++) CHECK(holds_chunk(dst + (size_t)c * CHUNK, c), "paced chunk %d", c);
+    st = mg_io_pool_stats(p);
+    CHECK(st.bytes_read == (uint64_t)CHUNK * N_CHUNKS, "paced bytes %llu", (unsigned long long)st.bytes_read);
+    CHECK(st.busy_seconds >= N_CHUNKS * (double)CHUNK / DISK_BPS, "busy %.4f s", st.busy_seconds);
+    /* Background reads (read-ahead) start only while no demand read is queued or running:
+     * submitted together, group 0 (background, first in the call) completes after the demand
+     * groups 1-3 whatever the threads do, and it can still be withdrawn while they run. */
+    {
+        mg_io_job mixed[4];
+        for (int c = 0; c < 4; c++) mixed[c] = job(c, fd, c, dst + (size_t)c * CHUNK);
+        mixed[0].background = 1;
+        CHECK(mg_io_pool_submit(p, mixed, 4, &err) == 0, "%s", err.msg);
+        int order[4];
+        for (int k = 0; k < 4; k++) {
+            order[k] = mg_io_pool_wait_any(p, &failed, NULL, 0);
+            CHECK(order[k] >= 0 && !failed, "mixed read %d", k);
+        }
+        CHECK(order[3] == 0, "the background read completed before a demand read (order %d %d %d %d)", order[0],
+              order[1], order[2], order[3]);
+        for (int c = 0; c < 4; c++) CHECK(holds_chunk(dst + (size_t)c * CHUNK, c), "mixed chunk %d", c);
+        CHECK(mg_io_pool_submit(p, mixed, 4, &err) == 0, "%s", err.msg);
+        CHECK(mg_io_pool_cancel(p, 0) == 1, "a background read queued behind demand reads was not withdrawn");
+        int n_done = 0;
+        while (mg_io_pool_wait_any(p, &failed, NULL, 0) >= 0) n_done++;
+        CHECK(n_done == 3 && mg_io_pool_idle(p), "%d groups after the withdrawal", n_done);
+    }
+    /* off again: nothing is held (the reads only take the file's time) */
+    mg_io_pool_emulate_disk(p, 0.0);
+    CHECK(mg_io_pool_emulated_disk(p) == 0.0, "the disk model is off");
+    CHECK(mg_io_pool_submit(p, paced, 1, &err) == 0, "%s", err.msg);
+    CHECK(mg_io_pool_wait_any(p, &failed, NULL, 0) == 0 && !failed, "an unpaced read");
     mg_io_pool_free(p);
     close(fd);
     unlink(path);
