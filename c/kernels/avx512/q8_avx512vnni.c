@@ -77,7 +77,7 @@ INLINE float row_32(mg_format f, const uint8_t *p, int64_t nb, const int8_t *q, 
          * [f0 x 8 | f1 x 8] by one vpermps (the same products wd * dx as the scalar twin) */
         __m128 s2;
         if (f == MG_MXFP4) {
-            s2 = _mm_setr_ps(mg_ggml_e8m0_half(p[0]), mg_ggml_e8m0_half(p[bytes]), 0.0f, 0.0f);
+            s2 = _mm_setr_ps(MG_E8M0_HALF[p[0]], MG_E8M0_HALF[p[bytes]], 0.0f, 0.0f);
         } else {
             uint16_t h0, h1;
             memcpy(&h0, p, 2);
@@ -96,7 +96,7 @@ INLINE float row_32(mg_format f, const uint8_t *p, int64_t nb, const int8_t *q, 
         __m512i w = _mm512_castsi256_si512(codes32(f, p));
         w = _mm512_inserti64x4(w, _mm256_setzero_si256(), 1);
         if (lut) w = _mm512_maskz_shuffle_epi8(0xffffffffull, tbl, w);
-        const float s0 = f == MG_MXFP4 ? mg_ggml_e8m0_half(p[0]) : f16_at(p);
+        const float s0 = f == MG_MXFP4 ? MG_E8M0_HALF[p[0]] : f16_at(p);
         const __m512i x = _mm512_maskz_loadu_epi8(0xffffffffull, q);
         acc0 = fma_i32(pair(s0 * dx[0], 0.0f), sdot(w, x), acc0);
     }
