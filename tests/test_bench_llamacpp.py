@@ -97,3 +97,50 @@ def test_missing_cmake_is_a_clear_unavailable(no_llama: Path) -> None:
     with pytest.raises(bench_llamacpp.Unavailable, match="cmake not found"):
         bench_llamacpp.find_llama_bench(opts)
     assert not (no_llama / "download").exists() and not (no_llama / "build").exists()
+
+
+def test_rows_of_each_model() -> None:
+    # deepseek_v4's file users run is the converter's own (Q8_0 + MXFP4): its same-file row needs
+    # no llama-quantize; --quick (tiny checkpoints, no quantising) and --no-converted leave it out.
+    variants = bench_llamacpp.row_variants
+    opts = bench_llamacpp.parse_args([])
+    assert variants("deepseek_v4", opts) == ["", "Q8_0+MXFP4"]
+    assert variants("qwen3_moe", opts) == ["", "Q8_0", "Q4_K_M"]
+    only = bench_llamacpp.parse_args(["--same-file-only"])
+    assert variants("deepseek_v4", only) == ["Q8_0+MXFP4"] and variants("glm4_moe", only) == ["Q8_0", "Q4_K_M"]
+    assert variants("deepseek_v4", bench_llamacpp.parse_args(["--quick"])) == [""]
+    assert variants("deepseek_v4", bench_llamacpp.parse_args(["--no-converted"])) == [""]
+
+
+def test_converted_row_reads_one_file_in_both_engines(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The Q8_0+MXFP4 row: our engine is given the very .gguf llama-bench reads, made by the
+    # converter (ensure_gguf), never by llama-quantize.
+    ckpt = tmp_path / "deepseek_v4-bench-native"
+    ckpt.mkdir()
+    gguf = tmp_path / "deepseek_v4-bench-native.gguf"
+    gguf.write_bytes(b"GGUF")
+    bm = bench_llamacpp.bench_models
+    seen: dict[str, list] = {"ours": [], "llama": []}
+    monkeypatch.setattr(bm, "ensure_checkpoint", lambda name, opts: ckpt)
+    monkeypatch.setattr(bench_llamacpp, "find_llama_bench", lambda opts: Path("/bin/true"))
+    monkeypatch.setattr(bench_llamacpp, "ensure_gguf", lambda arch, c, fmt, opts: gguf)
+
+    def no_quantize(*args, **kwargs):
+        raise AssertionError("the converted row must not call llama-quantize")
+
+    def ours(name, opts, yardstick, path=None):
+        seen["ours"].append(path)
+        return bm.DecodeResult(name, 1, [0.5, 0.5], [1e10, 1e10], 1e9, 6.0)
+
+    def theirs(binary, model, threads, **kw):
+        seen["llama"].append(model)
+        return bench_llamacpp.LlamaRun(1.0, "fake")
+
+    monkeypatch.setattr(bench_llamacpp, "ensure_quantized", no_quantize)
+    monkeypatch.setattr(bm, "bench_decode_model", ours)
+    monkeypatch.setattr(bench_llamacpp, "llama_bench", theirs)
+    opts = bm.model_options(bench_llamacpp.parse_args(["--models", "deepseek_v4", "--repeats", "2",
+                                                       "--prefill-tokens", "0", "--threads", "1"]))
+    row = bench_llamacpp.bench_model("deepseek_v4", opts, None, "Q8_0+MXFP4")
+    assert seen["ours"] == [gguf, gguf] and seen["llama"] == [gguf, gguf]
+    assert row.fmt == "Q8_0+MXFP4" and row.note == "" and row.cells()[5] == "2.00"

@@ -3,6 +3,7 @@
     python tools/bench_llamacpp.py                       # qwen3_moe, glm4_moe, deepseek_v4 bench checkpoints
     python tools/bench_llamacpp.py --models qwen3_moe    # one of them
     python tools/bench_llamacpp.py --quick               # tiny checkpoints, never downloads or builds
+    python tools/bench_llamacpp.py --models deepseek_v4 --threads 1 --activations int8
 
 Each model's bench checkpoint (tools/bench_models.py writes and caches it) is converted once to
 GGUF by llama.cpp's own convert_hf_to_gguf.py at the same precision (bf16 stays bf16; DeepSeek-V4's
@@ -12,6 +13,13 @@ after a short prompt, each paired with a memory-read-bandwidth reading) and llam
 (`llama-bench -p 0 -n N -d PROMPT`: N generated tokens after a PROMPT-token context) run back to
 back with the same threads; both rates are tokens over the summed time of the decode steps, and
 the table shows medians over the repetitions.
+
+Which files: for qwen3_moe and glm4_moe, one row per --quants type (Q8_0, Q4_K_M) where both
+engines read the one file llama-quantize made.  For deepseek_v4 the file users run is the
+converter's own (FP8 -> Q8_0, FP4 experts -> MXFP4, BF16 kept: no llama-quantize step), so its
+"Q8_0+MXFP4" row has both engines read that file (CONVERTED; --no-converted leaves it out).  The
+row named by the checkpoint's format (bf16, native) reads our checkpoint in our engine and its
+conversion in llama.cpp.
 
 llama-bench is looked up in $MOEGATE_LLAMA_BENCH, then on PATH, then in the cache folder
 ($MOEGATE_LLAMA_DIR or ~/.cache/moegate/llama.cpp).  Missing, it is built there (CPU only, no
@@ -49,6 +57,10 @@ OUTTYPE = {"bf16": "bf16", "native": "bf16"}
 # Q8_0, prefill >= 1.0x).
 QUANT_MODELS = ("qwen3_moe", "glm4_moe")
 DEFAULT_QUANTS = "Q8_0,Q4_K_M"
+# Models whose GGUF users run is the converter's output itself, and the row name of that file:
+# DeepSeek-V4's FP8 weights become Q8_0 and its FP4 experts MXFP4 (llama-quantize would only
+# lose precision), so both engines read the converted file (issue 17's V4 target: >= 1.2x).
+CONVERTED = {"deepseek_v4": "Q8_0+MXFP4"}
 
 
 # ---- options --------------------------------------------------------------------------------
@@ -69,10 +81,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--quants", default=DEFAULT_QUANTS,
                    help=f"GGUF types made by llama-quantize and served by both engines from the same file, for "
                         f"{', '.join(QUANT_MODELS)} (comma-separated; empty: none)")
+    p.add_argument("--converted", action=argparse.BooleanOptionalAction, default=True,
+                   help=f"the rows where both engines read the converter's own GGUF "
+                        f"({', '.join(f'{m}: {t}' for m, t in CONVERTED.items())})")
+    p.add_argument("--same-file-only", action="store_true",
+                   help="only the rows where both engines read one GGUF file (not our checkpoint against its conversion)")
     p.add_argument("--prefill-tokens", type=int, default=256, help="prompt of the prefill comparison (0: skip it)")
     opts = p.parse_args(argv)
     if opts.quick:
-        opts.repeats, opts.no_fetch, opts.quants, opts.prefill_tokens = 1, True, "", 0
+        opts.repeats, opts.no_fetch, opts.quants, opts.converted, opts.prefill_tokens = 1, True, "", False, 0
     return opts
 
 
@@ -238,10 +255,18 @@ def warm_page_cache(files: list[Path]) -> None:
     print(f"  page cache: read {total / 1e9:.1f} GB of weights in {time.perf_counter() - t0:.1f} s", flush=True)
 
 
+def row_variants(name: str, opts: argparse.Namespace) -> list[str]:
+    """The rows of one model: "" (our checkpoint against its conversion, unless --same-file-only),
+    then the same-file ones."""
+    quants = [q for q in opts.quants.split(",") if q] if name in QUANT_MODELS else []
+    converted = [CONVERTED[name]] if opts.converted and name in CONVERTED else []
+    return ([] if opts.same_file_only else [""]) + quants + converted
+
+
 def bench_model(name: str, opts: argparse.Namespace, yardstick, quant: str = "") -> Row:
     """One row: our engine and llama-bench side by side.  Without `quant`, ours reads the bench
     checkpoint and llama.cpp its conversion at the same precision; with it, both read the one
-    GGUF file llama-quantize made."""
+    GGUF file: the one llama-quantize made, or (quant == CONVERTED[name]) the conversion itself."""
     arch, fmt, _ = bench_models.MODELS[name]
     threads = opts.threads or all_threads()
     row = Row(name, quant or fmt, threads)
@@ -249,7 +274,10 @@ def bench_model(name: str, opts: argparse.Namespace, yardstick, quant: str = "")
     binary = model = None
     try:
         binary = find_llama_bench(opts)
-        model = ensure_quantized(arch, ckpt, fmt, quant, opts) if quant else ensure_gguf(arch, ckpt, fmt, opts)
+        if quant and quant != CONVERTED.get(name):
+            model = ensure_quantized(arch, ckpt, fmt, quant, opts)
+        else:
+            model = ensure_gguf(arch, ckpt, fmt, opts)
         print(f"  {name}: llama-bench {binary}, GGUF {model}", flush=True)
     except Unavailable as why:
         row.note = str(why)
@@ -301,7 +329,8 @@ def print_table(rows: list[Row]) -> None:
     commits = sorted({r.commit for r in rows if r.commit})
     print(f"\nratio = our decode tok/s / llama.cpp's on the same checkpoint, same threads, medians over the "
           f"repetitions{'; llama.cpp build ' + ', '.join(commits) if commits else ''}.  Rows named by a GGUF type "
-          "(Q8_0, Q4_K_M ...) read one file made by llama-quantize in both engines; the others read our checkpoint "
+          "(Q8_0, Q4_K_M ...) read one file made by llama-quantize in both engines, Q8_0+MXFP4 the converter's "
+          "own deepseek4 file in both; the others read our checkpoint "
           "and its conversion by llama.cpp's converter at the same precision.  pp = prompt tok/s of a "
           "--prefill-tokens prompt (pp ratio: ours / llama.cpp).  read GB/s = memory read bandwidth measured "
           "between our steps; of bw = the weight bytes our decode streams per second / that bandwidth.")
@@ -310,7 +339,8 @@ def print_table(rows: list[Row]) -> None:
     if any(busy > 0 for r in rows for busy in r.busy):
         print("WARNING: the machine was busy during this run; rerun when it is idle for a meaningful ratio.")
     if any(r.name == "deepseek_v4" for r in rows):
-        print("deepseek_v4 native in GGUF: BF16 kept, FP4 experts as MXFP4 (same bytes), FP8 as Q8_0 (~6 % more).")
+        print("deepseek_v4 in GGUF (llama.cpp's side of the native row, both sides of Q8_0+MXFP4): BF16 kept, "
+              "FP4 experts as MXFP4 (same bytes), FP8 as Q8_0 (~6 % more).")
     print()
 
 
@@ -325,9 +355,8 @@ def run_llamacpp_benches(opts: argparse.Namespace) -> list[Row]:
           f"{4 if opts.quick else opts.decode_tokens} decoded tokens; a {opts.prefill_tokens}-token prompt; "
           f"{opts.repeats} side-by-side repetition(s); our activations {opts.activations}")
     rows = []
-    quants = [q for q in opts.quants.split(",") if q]
     for name in names:
-        for quant in ["", *(quants if name in QUANT_MODELS else [])]:
+        for quant in row_variants(name, opts):
             try:
                 rows.append(bench_model(name, opts, yardstick, quant))
             except Exception as error:  # one model failing (disk space, a load error) keeps the others

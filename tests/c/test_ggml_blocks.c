@@ -8,7 +8,8 @@
  *  2. Exactness of the dequantisation: with x one-hot (x = e_c), decode and prefill both give
  *     W[r, c] itself, equal to the scalar value.
  *  3. Prefill batching: 19 tokens in one call equal the same tokens in calls of 2, 3, 5, 9.
- * Plus rows wider than one 65536-column decode pass. */
+ * Plus rows wider than one 65536-column decode pass, and the SIMD loops' MXFP4 scale table
+ * (MG_E8M0_HALF) equal to mg_ggml_e8m0_half bit for bit for all 256 bytes. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -164,7 +165,17 @@ static void case_batching(const mg_kernels *k, const bmat *b) {
     free(x), free(y_all), free(y_part);
 }
 
+/* The table the SIMD MXFP4 loops read in place of mg_ggml_e8m0_half (its denormals included). */
+static void case_e8m0_table(void) {
+    for (int e = 0; e < 256; e++) {
+        const float want = mg_ggml_e8m0_half((uint8_t)e);
+        CHECK(!memcmp(&MG_E8M0_HALF[e], &want, 4), "MG_E8M0_HALF[%d] = %a, mg_ggml_e8m0_half gives %a", e,
+              (double)MG_E8M0_HALF[e], (double)want);
+    }
+}
+
 int main(void) {
+    case_e8m0_table();
     static const char *const names[] = {"scalar", "avx2", "avx512", "avx512bf16", "neon"};
     const mg_kernels *tables[5];
     int n = 0;

@@ -186,7 +186,7 @@ INLINE __m256 dot_q4_0(const uint8_t *p, const float *x) {
 #define CODES_Q5_0(p) _mm256_sub_epi8(_mm256_or_si256(nibbles16((p) + 6), q5_0_high((p) + 2)), _mm256_set1_epi8(16))
 
 #define SCALE_F16(p) f16_at(p)
-#define SCALE_E8M0(p) mg_ggml_e8m0_half((p)[0])
+#define SCALE_E8M0(p) MG_E8M0_HALF[(p)[0]]
 #define DOT_IQ4_NL(p, x) dot32(CODES_IQ4_NL(p), x)
 #define DOT_MXFP4(p, x) dot32(CODES_MXFP4(p), x)
 #define DOT_Q5_0(p, x) dot32(CODES_Q5_0(p), x)

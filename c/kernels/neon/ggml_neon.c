@@ -142,7 +142,7 @@ ALWAYS_INLINE float row_dot(mg_format f, const uint8_t *p, int64_t nb, const flo
         CASE32(MG_Q4_0, 18, f16_at(p), nib_lut(p + 2, Q4_0_VALUES))
         CASE32(MG_Q5_0, 22, f16_at(p), codes_q5_0(p))
         CASE32(MG_IQ4_NL, 18, f16_at(p), nib_lut(p + 2, MG_IQ4NL_VALUES))
-        CASE32(MG_MXFP4, 17, mg_ggml_e8m0_half(p[0]), nib_lut(p + 1, MG_MXFP4_VALUES2))
+        CASE32(MG_MXFP4, 17, MG_E8M0_HALF[p[0]], nib_lut(p + 1, MG_MXFP4_VALUES2))
 #undef CASE32
     case MG_Q4_K:
     case MG_Q5_K: {
@@ -256,7 +256,7 @@ void mg_neon_ggml_dequant_block(mg_format f, const uint8_t *p, float *out) {
     case MG_Q4_0: emit32(nib_lut(p + 2, Q4_0_VALUES), f16_at(p), NULL, out); break;
     case MG_Q5_0: emit32(codes_q5_0(p), f16_at(p), NULL, out); break;
     case MG_IQ4_NL: emit32(nib_lut(p + 2, MG_IQ4NL_VALUES), f16_at(p), NULL, out); break;
-    case MG_MXFP4: emit32(nib_lut(p + 1, MG_MXFP4_VALUES2), mg_ggml_e8m0_half(p[0]), NULL, out); break;
+    case MG_MXFP4: emit32(nib_lut(p + 1, MG_MXFP4_VALUES2), MG_E8M0_HALF[p[0]], NULL, out); break;
     case MG_Q4_K:
     case MG_Q5_K: {
         const int q5 = f == MG_Q5_K;
@@ -327,7 +327,7 @@ ALWAYS_INLINE float q8_row(mg_format f, const uint8_t *p, int64_t nb, const int8
         CASE32(MG_Q4_0, 18, f16_at(p), nib_lut(p + 2, Q4_0_VALUES))
         CASE32(MG_Q5_0, 22, f16_at(p), codes_q5_0(p))
         CASE32(MG_IQ4_NL, 18, f16_at(p), nib_lut(p + 2, MG_IQ4NL_VALUES))
-        CASE32(MG_MXFP4, 17, mg_ggml_e8m0_half(p[0]), nib_lut(p + 1, MG_MXFP4_VALUES2))
+        CASE32(MG_MXFP4, 17, MG_E8M0_HALF[p[0]], nib_lut(p + 1, MG_MXFP4_VALUES2))
 #undef CASE32
     case MG_Q4_K:
     case MG_Q5_K: {
