@@ -86,18 +86,22 @@ static void sleep_until(double until) {
     while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL) == EINTR) {}
 }
 
+/* The queue the next read comes from (mu held): demand reads first; a background read starts
+ * only when no demand read is queued or running, so it never shares the disk with the reads a
+ * fetch is waiting for (at most the reads already started hold a demand read back).  -1: none
+ * may start now. */
+static int next_queue(const mg_io_pool *p) {
+    if (p->qcount[0]) return 0;
+    return p->qcount[1] && !p->running_demand ? 1 : -1;
+}
+
 static void *worker(void *arg) {
     mg_io_pool *p = arg;
     char msg[768];
     pthread_mutex_lock(&p->mu);
     for (;;) {
-        /* a background read starts only when no demand read is queued or running: it never
-         * shares the disk with the reads a fetch is waiting for (at most the reads already
-         * started hold a demand read back) */
         int q;
-        while ((q = p->qcount[0] ? 0 : p->qcount[1] && !p->running_demand ? 1 : -1) < 0 &&
-               !(p->stop && !p->qcount[1]))
-            pthread_cond_wait(&p->work_cv, &p->mu);
+        while ((q = next_queue(p)) < 0 && !(p->stop && !p->qcount[1])) pthread_cond_wait(&p->work_cv, &p->mu);
         if (q < 0) break; /* stopping and drained (a queued demand read is always taken first) */
         mg_io_job j = p->queue[q][p->qhead[q]];
         p->qhead[q] = (p->qhead[q] + 1) % p->qcap;
