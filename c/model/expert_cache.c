@@ -85,9 +85,11 @@ struct mg_expert_cache {
     int *cand;          /* [n_experts] prefetch candidates */
     int *hint;          /* [n_experts] keys predicted for hint_layer's next visit (mg_expert_cache_hint) */
     int hint_n, hint_layer;
-    /* read-ahead uses only the disk's idle time: at each fetch, wall time and the I/O pool's busy
-     * time since the previous one give the idle seconds per fetch (moving average); idle
-     * seconds x the pool's read rate / slot bytes accrue as credit, one expert per read-ahead */
+    /* read-ahead uses only the time the disk is not serving demand reads: at each fetch, wall
+     * time and the I/O pool's demand-busy time since the previous one give those seconds per
+     * fetch (moving average; read-aheads themselves do not count as busy, or the time they fill
+     * would no longer pay for them and they would stop every other fetch); seconds x the pool's
+     * read rate / slot bytes accrue as credit, one expert per read-ahead */
     double ra_wall, ra_busy, ra_idle, ra_credit;
 
     uint64_t fetches, hits, misses, evictions, prefetches, preloaded, auto_prefetches, prefetch_hits;
@@ -817,11 +819,11 @@ static int read_ahead_allowance(mg_expert_cache *c, int cap) {
     const double now = mg_wall_seconds();
     const mg_io_stats io = mg_io_pool_stats(c->io);
     if (c->ra_wall > 0) {
-        double idle = (now - c->ra_wall) - (io.busy_seconds - c->ra_busy);
+        double idle = (now - c->ra_wall) - (io.demand_busy_seconds - c->ra_busy);
         c->ra_idle = c->ra_idle * RA_IDLE_KEEP + (1.0 - RA_IDLE_KEEP) * (idle > 0 ? idle : 0.0);
     }
     c->ra_wall = now;
-    c->ra_busy = io.busy_seconds;
+    c->ra_busy = io.demand_busy_seconds;
     if (!(io.busy_seconds > 0) || !c->slot_bytes) return 0; /* no read rate measured yet */
     const double rate = (double)io.bytes_read / io.busy_seconds;
     c->ra_credit += c->ra_idle * rate / (double)c->slot_bytes;

@@ -32,7 +32,7 @@ struct mg_io_pool {
     int *done;              /* ring of completed groups, capacity n_groups */
     int dhead, dcount;
     int outstanding, running;
-    double busy_since;
+    double busy_since, demand_since; /* when running, running_demand last became non-zero */
     mg_io_stats st;
     /* The disk model (mg_io_pool_emulate_disk): one queue served at disk_bps in the order the
      * threads take reads; disk_free_at is when it has served every read handed out so far. */
@@ -106,7 +106,7 @@ static void *worker(void *arg) {
         mg_io_job j = p->queue[q][p->qhead[q]];
         p->qhead[q] = (p->qhead[q] + 1) % p->qcap;
         p->qcount[q]--;
-        p->running_demand += q == 0;
+        if (q == 0 && p->running_demand++ == 0) p->demand_since = mg_wall_seconds();
         if (p->running++ == 0) p->busy_since = mg_wall_seconds();
         /* With the disk model on, the read is handed to the modelled disk now: it starts when
          * the disk has served the reads taken before it and lasts len / rate; the bytes come
@@ -127,7 +127,10 @@ static void *worker(void *arg) {
 
         pthread_mutex_lock(&p->mu);
         if (--p->running == 0) p->st.busy_seconds += mg_wall_seconds() - p->busy_since;
-        if (q == 0 && --p->running_demand == 0 && p->qcount[1]) pthread_cond_broadcast(&p->work_cv);
+        if (q == 0 && --p->running_demand == 0) {
+            p->st.demand_busy_seconds += mg_wall_seconds() - p->demand_since;
+            if (p->qcount[1]) pthread_cond_broadcast(&p->work_cv);
+        }
         if (got >= 0) {
             p->st.bytes_read += (uint64_t)got;
             if (direct) p->st.direct_reads++;
@@ -327,7 +330,9 @@ double mg_io_pool_emulated_disk(mg_io_pool *p) {
 mg_io_stats mg_io_pool_stats(mg_io_pool *p) {
     pthread_mutex_lock(&p->mu);
     mg_io_stats s = p->st;
-    if (p->running) s.busy_seconds += mg_wall_seconds() - p->busy_since;
+    const double now = mg_wall_seconds();
+    if (p->running) s.busy_seconds += now - p->busy_since;
+    if (p->running_demand) s.demand_busy_seconds += now - p->demand_since;
     pthread_mutex_unlock(&p->mu);
     return s;
 }

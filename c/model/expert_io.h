@@ -33,7 +33,8 @@ typedef struct mg_io_job {
 
 typedef struct mg_io_stats {
     uint64_t bytes_read, direct_reads, buffered_reads;
-    double busy_seconds; /* wall time with at least one read running */
+    double busy_seconds;        /* wall time with at least one read running */
+    double demand_busy_seconds; /* ... with at least one demand (not background) read running */
 } mg_io_stats;
 
 typedef struct mg_io_pool mg_io_pool;
