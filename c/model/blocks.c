@@ -593,16 +593,19 @@ static int moe_plan_build(const mg_moe_args *a, int *ib, moe_plan *p, mg_error *
 
 /* What one wave of expert computation needs: the routed experts are computed in waves (the
  * cached ones, then each missing one as its read lands), every expert writing only its own
- * rows of g/u/y, so how they are grouped into dispatches never changes a bit of the result. */
+ * rows of y, so how they are grouped into dispatches never changes a bit of the result.  A
+ * group's gathered inputs and gate/up rows live only while it is computed: xl, g and u hold
+ * rows_cap rows (moe_rows_cap), so a window's scratch grows by the outputs y alone, k rows of
+ * d per token, not by k rows of d + 2 f more. */
 typedef struct moe_wave_ctx {
     const mg_compute *c;
     const mg_moe_args *a;
     const moe_plan *p;
     const mg_expert *const *ex; /* member index (into p->uid) -> descriptor */
-    const float *xg;            /* row r's input at xg + r * xg_stride */
-    int64_t xg_stride;
-    float *g, *u, *y;
-    int64_t fmax;
+    int gather;                 /* 1: rows gathered into xl; 0: every row reads a->x (one token) */
+    float *xl;                  /* [rows_cap, d] the group's gathered inputs */
+    float *g, *u, *y;           /* g, u: [rows_cap, fmax] the group's; y: [A, d] every row's */
+    int64_t fmax, rows_cap;
     float *sg, *su;             /* shared expert gate/up rows (NULL: none) */
     mg_linear_job *jobs;        /* room for moe_job_room() */
 } moe_wave_ctx;
@@ -617,12 +620,12 @@ static int64_t moe_job_room(const mg_moe_args *a) {
 }
 
 /* Appends W's products for expert e's rows: the batched part as one job, each lone row as its
- * own.  Row r reads x + r * xs and writes y + r * ys. */
+ * own.  Its i-th row reads x + i * xs and writes y + i * ys. */
 static int add_expert_jobs(mg_linear_job *jobs, int nj, const moe_plan *p, int e, const mg_matrix *w,
                            const float *x, int64_t xs, int64_t x_stride, float *y, int64_t ys, int64_t y_stride) {
-    const int64_t s = p->start[e], m = p->multi[e];
-    if (m) jobs[nj++] = (mg_linear_job){w, x + s * xs, x_stride, y + s * ys, y_stride, m};
-    for (int64_t r = s + m; r < s + p->count[e]; r++) jobs[nj++] = (mg_linear_job){w, x + r * xs, x_stride, y + r * ys, y_stride, 1};
+    const int64_t m = p->multi[e];
+    if (m) jobs[nj++] = (mg_linear_job){w, x, x_stride, y, y_stride, m};
+    for (int64_t i = m; i < p->count[e]; i++) jobs[nj++] = (mg_linear_job){w, x + i * xs, x_stride, y + i * ys, y_stride, 1};
     return nj;
 }
 
@@ -638,7 +641,8 @@ static int add_shared_jobs(mg_linear_job *jobs, int nj, const mg_moe_args *a, co
 }
 
 /* gate/up of the members sel[0..n) (and of the shared expert when with_shared) in one
- * dispatch, then swiglu, then their down projections in a second. */
+ * dispatch, then swiglu, then their down projections in a second.  Their rows (at most
+ * rows_cap) are gathered into xl and g/u in member order. */
 static void moe_wave(const moe_wave_ctx *w, const int *sel, int n, int with_shared) {
     const mg_moe_args *a = w->a;
     const moe_plan *p = w->p;
@@ -647,10 +651,18 @@ static void moe_wave(const moe_wave_ctx *w, const int *sel, int n, int with_shar
     const int64_t fs = sh ? sh->gate.rows : 0;
     mg_linear_job *jobs = w->jobs;
     int nj = 0;
+    int64_t l = 0; /* the member's first row in xl and g/u */
     for (int j = 0; j < n; j++) {
         const int i = sel[j], e = p->uid[i];
-        nj = add_expert_jobs(jobs, nj, p, e, &w->ex[i]->gate, w->xg, w->xg_stride, d, w->g, fmax, fmax);
-        nj = add_expert_jobs(jobs, nj, p, e, &w->ex[i]->up, w->xg, w->xg_stride, d, w->u, fmax, fmax);
+        const float *x = a->x;
+        if (w->gather) {
+            for (int64_t r = 0; r < p->count[e]; r++)
+                memcpy(w->xl + (l + r) * d, a->x + (p->order[p->start[e] + r] / a->k) * d, sizeof(float) * (size_t)d);
+            x = w->xl + l * d;
+        }
+        nj = add_expert_jobs(jobs, nj, p, e, &w->ex[i]->gate, x, w->gather ? d : 0, d, w->g + l * fmax, fmax, fmax);
+        nj = add_expert_jobs(jobs, nj, p, e, &w->ex[i]->up, x, w->gather ? d : 0, d, w->u + l * fmax, fmax, fmax);
+        l += p->count[e];
     }
     if (sh) {
         nj = add_shared_jobs(jobs, nj, a, &sh->gate, a->x, d, w->sg, fs);
@@ -659,12 +671,14 @@ static void moe_wave(const moe_wave_ctx *w, const int *sel, int n, int with_shar
     if (!nj) return;
     mg_linear_jobs(w->c, nj, jobs);
     nj = 0;
+    l = 0;
     for (int j = 0; j < n; j++) {
         const int i = sel[j], e = p->uid[i];
         const int64_t f = w->ex[i]->gate.rows;
-        for (int64_t r = p->start[e]; r < p->start[e] + p->count[e]; r++)
+        for (int64_t r = l; r < l + p->count[e]; r++)
             w->c->k->swiglu(w->g + r * fmax, w->g + r * fmax, w->u + r * fmax, f, a->limit);
-        nj = add_expert_jobs(jobs, nj, p, e, &w->ex[i]->down, w->g, fmax, fmax, w->y, d, d);
+        nj = add_expert_jobs(jobs, nj, p, e, &w->ex[i]->down, w->g + l * fmax, fmax, fmax, w->y + p->start[e] * d, d, d);
+        l += p->count[e];
     }
     if (sh) {
         w->c->k->swiglu(w->sg, w->sg, w->su, T * fs, a->limit);
@@ -673,14 +687,11 @@ static void moe_wave(const moe_wave_ctx *w, const int *sel, int n, int with_shar
     mg_linear_jobs(w->c, nj, jobs);
 }
 
-/* The end of the group of members sel[j0..) computed between two polls: about one sub-chunk's
- * assignments (group * k rows; at least one member), or all of them when nothing is polled
- * (an eval without a hook keeps the widest dispatches). */
+/* The end of the group of members sel[j0..) computed at once (and between two polls): at most
+ * rows_cap rows (about one sub-chunk's assignments; at least one member). */
 static int moe_group_end(const moe_wave_ctx *w, const int *sel, int j0, int n) {
-    const mg_moe_args *a = w->a;
-    const mg_window *win = a->poll;
-    if (!win || !win->hook || !win->hook->fn || a->group <= 0 || j0 >= n) return n; /* nothing polls: one dispatch */
-    const int64_t budget = a->group * a->k;
+    if (j0 >= n) return n;
+    const int64_t budget = w->rows_cap;
     int64_t rows = w->p->count[w->p->uid[sel[j0]]];
     int j1 = j0 + 1;
     while (j1 < n && rows + w->p->count[w->p->uid[sel[j1]]] <= budget) rows += w->p->count[w->p->uid[sel[j1++]]];
@@ -736,14 +747,13 @@ static int moe_fetch_wave(moe_wave_ctx *w, mg_buffers *buf, int slot, const mg_e
     if (mg_expert_store_fetch_begin_scored(a->store, a->layer, n, w->p->uid + i0, a->scores, ex + i0, err) != 0)
         return -1;
     const int64_t fmax = moe_check_shapes(a, w->p, ex, i0, i1, err);
-    const int64_t A = a->n_tok * a->k;
-    float *gu = fmax < 0 ? NULL : mg_buf(buf, slot, (size_t)(2 * A * fmax), err);
+    float *gu = fmax < 0 ? NULL : mg_buf(buf, slot, (size_t)(2 * w->rows_cap * fmax), err);
     if (!gu) {
         while (mg_expert_store_fetch_next(a->store, err) >= 0) {} /* close the batch */
         return -1;
     }
     w->g = gu;
-    w->u = gu + A * fmax;
+    w->u = gu + w->rows_cap * fmax;
     w->fmax = fmax;
     int got = 0, r;
     while ((r = mg_expert_store_fetch_poll(a->store, err)) >= 0) sel[got++] = i0 + r;
@@ -783,6 +793,16 @@ static int moe_fetch_cap(const mg_expert_store *s, int nu) {
     return slots && slots < (uint64_t)nu ? (int)slots : nu;
 }
 
+/* Rows a group of members holds at once (moe_group_end): one sub-chunk's assignments
+ * (group * k; all of them without groups), or the most any one expert has. */
+static int64_t moe_rows_cap(const mg_moe_args *a, const moe_plan *p) {
+    const int64_t A = a->n_tok * a->k;
+    int64_t cap = a->group > 0 && a->group * a->k < A ? a->group * a->k : A;
+    for (int j = 0; j < p->nu; j++)
+        if (p->count[p->uid[j]] > cap) cap = p->count[p->uid[j]];
+    return cap;
+}
+
 int mg_moe_experts(const mg_compute *c, const mg_moe_args *a, mg_buffers *buf, int slot0,
                    mg_error *err) {
     const int E = a->n_experts;
@@ -801,9 +821,9 @@ int mg_moe_experts(const mg_compute *c, const mg_moe_args *a, mg_buffers *buf, i
     if (moe_plan_build(a, ib, &p, err)) goto done;
     /* One token whose experts are distinct reads x directly; otherwise rows are gathered. */
     const int gather = T > 1 || p.nu < A;
-    float *xg = gather ? mg_buf(buf, slot0, (size_t)(A * d), err) : NULL;
-    if (gather && !xg) goto done;
-    for (int64_t i = 0; gather && i < A; i++) memcpy(xg + i * d, a->x + (p.order[i] / a->k) * d, sizeof(float) * (size_t)d);
+    const int64_t rows_cap = moe_rows_cap(a, &p);
+    float *xl = gather ? mg_buf(buf, slot0, (size_t)(rows_cap * d), err) : NULL;
+    if (gather && !xl) goto done;
     float *y = mg_buf(buf, slot0 + 2, (size_t)(A * d), err);
     if (!y) goto done;
     const mg_mlp *sh = a->shared;
@@ -816,7 +836,7 @@ int mg_moe_experts(const mg_compute *c, const mg_moe_args *a, mg_buffers *buf, i
         }
         if (!(sg = mg_buf(buf, slot0 + 3, (size_t)(2 * T * fs), err))) goto done;
     }
-    moe_wave_ctx w = {c, a, &p, ex, gather ? xg : a->x, gather ? d : 0, NULL, NULL, y, 0,
+    moe_wave_ctx w = {c, a, &p, ex, gather, xl, NULL, NULL, y, 0, rows_cap,
                       sg, sg ? sg + T * fs : NULL, jobs};
     const int cap = moe_fetch_cap(a->store, p.nu);
     for (int i0 = 0; i0 < p.nu; i0 += cap) {
@@ -908,7 +928,7 @@ static int64_t window_cap(const mg_arch_env *env, const mg_prefill_cost *pc, int
 /* Plans the cache with a window of w tokens counted; *cache receives its bytes. */
 static int plan_with_window(const mg_arch_env *env, const mg_expert_store *s, uint64_t other,
                             const mg_prefill_cost *pc, int64_t w, uint64_t *cache, mg_error *err) {
-    return mg_expert_store_plan(s, env->ck, (uint64_t)(env->ram_gb * 1e9), other + (uint64_t)w * pc->bytes_per_token,
+    return mg_expert_store_plan(s, env->ck, (uint64_t)(env->ram_gb * 1e9), other + pc->fixed_bytes + (uint64_t)w * pc->bytes_per_token,
                                 cache, err);
 }
 

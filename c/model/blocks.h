@@ -250,9 +250,15 @@ typedef struct mg_moe_args {
 } mg_moe_args;
 
 /* Floats of scratch mg_moe_experts takes per token of a window (k choices, intermediate width
- * f, shared expert width fs): gathered inputs, gate/up, outputs, the shared expert's gate/up. */
+ * f, shared expert width fs): the k outputs, the shared expert's gate/up, and a row of gathered
+ * input and gate/up (the rows of one group of experts, computed at once, are at most the
+ * window's tokens, when one expert takes them all, or mg_moe_fixed_floats). */
 static inline uint64_t mg_moe_floats_per_token(int64_t d, int64_t k, int64_t f, int64_t fs) {
-    return (uint64_t)(k * (2 * d + 2 * f) + 2 * fs);
+    return (uint64_t)(k * d + d + 2 * f + 2 * fs);
+}
+/* ... plus this, whatever the window: one group's rows (group tokens' k assignments). */
+static inline uint64_t mg_moe_fixed_floats(int64_t d, int64_t k, int64_t f, int64_t group) {
+    return (uint64_t)(group * k * (d + 2 * f));
 }
 
 /* 0, -1 with err set, or MG_EVAL_CANCELLED (a->poll's hook asked to stop). */
@@ -311,6 +317,7 @@ int mg_eval_windows(void *state, mg_window_fn fn, const mg_window *call, int64_t
 typedef struct mg_prefill_cost {
     int64_t chunk;
     uint64_t bytes_per_token;
+    uint64_t fixed_bytes; /* whatever the window's length (mg_moe_fixed_floats) */
 } mg_prefill_cost;
 
 /* Call once after every mg_expert_store_set: with env->ram_gb > 0 it sizes the expert cache

@@ -428,7 +428,8 @@ static void *load(const mg_arch_env *env, mg_error *err) {
      * compressed rows, indexer keys, carry snapshots, token ids: slot_bytes_per_token) and chunk
      * scratch caches experts. */
     uint64_t slot_bytes = (uint64_t)s->max_ctx * slot_bytes_per_token(s) + ring_bytes(s);
-    const mg_prefill_cost pc = {CHUNK, sizeof(float) * (win_floats_per_token(c) + mg_moe_floats_per_token(c->d, c->K, c->I, c->I))};
+    const mg_prefill_cost pc = {CHUNK, sizeof(float) * (win_floats_per_token(c) + mg_moe_floats_per_token(c->d, c->K, c->I, c->I)),
+                                sizeof(float) * mg_moe_fixed_floats(c->d, c->K, c->I, CHUNK)};
     if (mg_expert_store_apply_budget(env, s->experts, &s->census, slot_bytes + (64u << 20), &pc, &s->window, err))
         goto fail;
     s->window_bytes_per_token = pc.bytes_per_token;

@@ -222,7 +222,8 @@ static void *load(const mg_arch_env *env, mg_error *err) {
     /* A budget counts the cache at max_ctx: reserve it now (untouched pages cost nothing until
      * written), so growing never holds an old and a new copy at once. */
     if (env->ram_gb > 0 && mg_kv_reserve(&s->kv, env->max_ctx, err)) goto fail;
-    const mg_prefill_cost pc = {CHUNK, window_bytes_per_token(c)};
+    const mg_prefill_cost pc = {CHUNK, window_bytes_per_token(c),
+                                sizeof(float) * mg_moe_fixed_floats(c->d, c->top_k, c->f_moe, CHUNK)};
     if (mg_expert_store_apply_budget(env, s->experts, &s->census, other_bytes(c, env), &pc, &s->window, err))
         goto fail;
     free(is_moe);
