@@ -143,6 +143,23 @@ int main(void) {
         int n_done = 0;
         while (mg_io_pool_wait_any(p, &failed, NULL, 0) >= 0) n_done++;
         CHECK(n_done == 3 && mg_io_pool_idle(p), "%d groups after the withdrawal", n_done);
+        /* Demand-busy time counts demand reads only (the read-ahead credit is paid from the rest):
+         * two background reads alone add their modelled time to busy, none to demand-busy;
+         * one demand read adds at least its own to both. */
+        const mg_io_stats before = mg_io_pool_stats(p);
+        mixed[0].background = mixed[1].background = 1;
+        CHECK(mg_io_pool_submit(p, mixed, 2, &err) == 0, "%s", err.msg);
+        while (mg_io_pool_wait_any(p, &failed, NULL, 0) >= 0) {}
+        const mg_io_stats bg = mg_io_pool_stats(p);
+        CHECK(bg.busy_seconds - before.busy_seconds >= 2 * (double)CHUNK / DISK_BPS, "busy %.4f s for two background reads",
+              bg.busy_seconds - before.busy_seconds);
+        CHECK(bg.demand_busy_seconds == before.demand_busy_seconds, "background reads counted %.4f s of demand-busy time",
+              bg.demand_busy_seconds - before.demand_busy_seconds);
+        CHECK(mg_io_pool_submit(p, mixed + 2, 1, &err) == 0, "%s", err.msg);
+        CHECK(mg_io_pool_wait_any(p, &failed, NULL, 0) == 2 && !failed, "a demand read");
+        const mg_io_stats dm = mg_io_pool_stats(p);
+        CHECK(dm.demand_busy_seconds - bg.demand_busy_seconds >= (double)CHUNK / DISK_BPS,
+              "a demand read counted %.4f s of demand-busy time", dm.demand_busy_seconds - bg.demand_busy_seconds);
     }
     /* off again: nothing is held (the reads only take the file's time) */
     mg_io_pool_emulate_disk(p, 0.0);
