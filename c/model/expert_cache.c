@@ -90,7 +90,7 @@ struct mg_expert_cache {
      * fetch (moving average; read-aheads themselves do not count as busy, or the time they fill
      * would no longer pay for them and they would stop every other fetch); seconds x the pool's
      * read rate / slot bytes accrue as credit, one expert per read-ahead */
-    double ra_wall, ra_busy, ra_idle, ra_credit;
+    double ra_wall, ra_demand_busy, ra_idle, ra_credit;
 
     uint64_t fetches, hits, misses, evictions, prefetches, preloaded, auto_prefetches, prefetch_hits;
     uint64_t prefetches_withdrawn;
@@ -819,11 +819,11 @@ static int read_ahead_allowance(mg_expert_cache *c, int cap) {
     const double now = mg_wall_seconds();
     const mg_io_stats io = mg_io_pool_stats(c->io);
     if (c->ra_wall > 0) {
-        double idle = (now - c->ra_wall) - (io.demand_busy_seconds - c->ra_busy);
+        double idle = (now - c->ra_wall) - (io.demand_busy_seconds - c->ra_demand_busy);
         c->ra_idle = c->ra_idle * RA_IDLE_KEEP + (1.0 - RA_IDLE_KEEP) * (idle > 0 ? idle : 0.0);
     }
     c->ra_wall = now;
-    c->ra_busy = io.demand_busy_seconds;
+    c->ra_demand_busy = io.demand_busy_seconds;
     if (!(io.busy_seconds > 0) || !c->slot_bytes) return 0; /* no read rate measured yet */
     const double rate = (double)io.bytes_read / io.busy_seconds;
     c->ra_credit += c->ra_idle * rate / (double)c->slot_bytes;
