@@ -45,29 +45,16 @@ mg_cpu_features mg_cpu_detect(void) {
 }
 #endif
 
-/* Whether this CPU has the features table k adds to its parent's. */
-static int runs_own_features(const mg_kernels *k, const mg_cpu_features *f) {
-    if (!strcmp(k->name, "avx2")) return f->avx2 && f->fma && f->f16c;
-    if (!strcmp(k->name, "avx512")) return f->avx512;
-    if (!strcmp(k->name, "avx512bf16")) return f->avx512bf16;
-    if (!strcmp(k->name, "neon")) return f->neon;
-    return !strcmp(k->name, "scalar");
-}
-
 /* Every table, fastest first. */
 static const mg_kernels *(*const TABLES[])(void) = {mg_kernels_avx512bf16, mg_kernels_avx512, mg_kernels_avx2,
                                                    mg_kernels_neon, mg_kernels_scalar};
 
+/* The tables exist only where this CPU runs them and all their ancestors (tables.c). */
 const mg_kernels *mg_kernels_named(const char *name) {
-    const mg_cpu_features f = mg_cpu_detect();
     if (!name) name = "scalar";
     for (size_t i = 0; i < sizeof TABLES / sizeof *TABLES; i++) {
         const mg_kernels *k = TABLES[i]();
-        if (!k || strcmp(k->name, name)) continue;
-        /* a table runs where its own features and all its ancestors' are present */
-        for (const mg_kernels *t = k; t; t = t->parent)
-            if (!runs_own_features(t, &f)) return NULL;
-        return k;
+        if (k && !strcmp(k->name, name)) return k;
     }
     return NULL;
 }
@@ -75,7 +62,7 @@ const mg_kernels *mg_kernels_named(const char *name) {
 const mg_kernels *mg_kernels_best(void) {
     for (size_t i = 0; i < sizeof TABLES / sizeof *TABLES; i++) {
         const mg_kernels *k = TABLES[i]();
-        if (k && mg_kernels_named(k->name)) return k;
+        if (k) return k;
     }
     return mg_kernels_scalar();
 }

@@ -43,8 +43,8 @@ typedef struct mg_kernels {
     float (*read_sum)(const float *p, int64_t n);
 } mg_kernels;
 
-/* The tables of this build (built once, on first use from any thread); NULL when the build does
- * not contain that instruction set.  Whether the CPU runs them is c/core/cpu.h's business. */
+/* The tables (built once, on first use from any thread); NULL when the build does not contain
+ * that instruction set or this CPU does not run it (c/kernels/tables.h). */
 const mg_kernels *mg_kernels_scalar(void);
 const mg_kernels *mg_kernels_avx2(void);       /* x86-64 */
 const mg_kernels *mg_kernels_avx512(void);     /* x86-64 */

@@ -5,11 +5,12 @@
 #include "kernels/tables.h"
 
 enum { T_SCALAR, T_AVX2, T_AVX512, T_AVX512BF16, T_NEON, T_COUNT };
+_Static_assert((int)T_COUNT == (int)MG_KERNEL_TABLES, "tables.h's count");
 
 static const struct {
     const char *name;
     int parent; /* index of the parent table, built before this one; -1 for the root */
-    int (*override)(mg_kernels *k);
+    int (*override)(mg_kernels *k, const mg_cpu_features *f);
 } SPEC[T_COUNT] = {
     [T_SCALAR] = {"scalar", -1, mg_kernels_override_scalar},
     [T_AVX2] = {"avx2", T_SCALAR, mg_kernels_override_avx2},
@@ -18,23 +19,42 @@ static const struct {
     [T_NEON] = {"neon", T_SCALAR, mg_kernels_override_neon},
 };
 
-/* tables[i].name == NULL: not in this build. */
+/* Whether a CPU with features f runs the instructions table i adds to its parent's. */
+static int cpu_runs(int i, const mg_cpu_features *f) {
+    switch (i) {
+    case T_SCALAR: return 1;
+    case T_AVX2: return f->avx2 && f->fma && f->f16c;
+    case T_AVX512: return f->avx512;
+    case T_AVX512BF16: return f->avx512bf16;
+    case T_NEON: return f->neon;
+    default: return 0;
+    }
+}
+
+void mg_kernels_build(const mg_cpu_features *f, mg_kernels out[MG_KERNEL_TABLES]) {
+    memset(out, 0, sizeof(mg_kernels) * T_COUNT);
+    for (int i = 0; i < T_COUNT; i++) {
+        const int p = SPEC[i].parent;
+        if (!cpu_runs(i, f)) continue; /* its override function may not even be called here */
+        mg_kernels k;
+        memset(&k, 0, sizeof k);
+        if (p >= 0) {
+            if (!out[p].name) continue; /* no parent, no table */
+            k = out[p];
+            k.parent = &out[p];
+        }
+        k.name = SPEC[i].name;
+        if (SPEC[i].override(&k, f)) out[i] = k;
+    }
+}
+
+/* tables[i].name == NULL: not in this build, or not on this CPU. */
 static mg_kernels tables[T_COUNT];
 static pthread_once_t built = PTHREAD_ONCE_INIT;
 
 static void build(void) {
-    for (int i = 0; i < T_COUNT; i++) {
-        const int p = SPEC[i].parent;
-        mg_kernels k;
-        memset(&k, 0, sizeof k);
-        if (p >= 0) {
-            if (!tables[p].name) continue; /* no parent, no table */
-            k = tables[p];
-            k.parent = &tables[p];
-        }
-        k.name = SPEC[i].name;
-        if (SPEC[i].override(&k)) tables[i] = k;
-    }
+    const mg_cpu_features f = mg_cpu_detect();
+    mg_kernels_build(&f, tables);
 }
 
 static const mg_kernels *table(int i) {

@@ -14,6 +14,7 @@
 #include "core/cpu.h"
 #include "core/kernels.h"
 #include "core/matrix.h"
+#include "kernels/tables.h"
 
 typedef struct {
     int passed, failed;
@@ -507,7 +508,7 @@ static void test_vector_ops(tally *t, const mg_kernels *k, const mg_kernels *ref
     }
 }
 
-/* Every table of the build, whether this CPU runs it or not: its parent is the one tables.h
+/* Every table this build has and this CPU runs: its parent is the one tables.h
  * names (avx512bf16 -> avx512 -> avx2 -> scalar; neon -> scalar), every entry is set, and an entry
  * a table does not override is its parent's (checked for avx512's dot). */
 static void test_inheritance(tally *t) {
@@ -518,7 +519,7 @@ static void test_inheritance(tally *t) {
                                              {"neon", "scalar"}};
     for (int k = 0; k < n_tables; k++) {
         const mg_kernels *tb = tables[k];
-        if (!tb) continue; /* not in this build */
+        if (!tb) continue; /* not in this build, or not on this CPU */
         int ok = tb->dot && tb->axpy && tb->scale && tb->rmsnorm && tb->swiglu && tb->read_sum;
         for (int f = 0; f < MG_FORMAT_COUNT; f++) ok = ok && tb->linear[f];
         check(t, ok, "table entries set", tb->name, "", 0, 0, 0, 0, 0);
@@ -529,6 +530,46 @@ static void test_inheritance(tally *t) {
               tb->parent ? tb->parent->name : "-", 0, 0, 0, 0, 0);
         if (!strcmp(tb->name, "avx512"))
             check(t, tb->dot == tb->parent->dot, "inherited entry", tb->name, "dot", 0, 0, 0, 0, 0);
+    }
+}
+
+/* Tables are built only for a CPU that runs them (tables.h): the override functions are compiled
+ * with their instruction set's flags, and on an AVX2-only CPU calling the avx512 one faulted
+ * while the tables were built.  mg_kernels_build for CPUs other than this one: no features gives
+ * the scalar table alone; AVX2 alone, no AVX-512 table; this CPU's features, the process's own
+ * tables; and AVX-512 without VNNI keeps the avx2 int8 entries. */
+static void test_tables_follow_the_cpu(tally *t) {
+    mg_kernels out[MG_KERNEL_TABLES];
+    const mg_kernels *const own[MG_KERNEL_TABLES] = {mg_kernels_scalar(), mg_kernels_avx2(), mg_kernels_avx512(),
+                                                     mg_kernels_avx512bf16(), mg_kernels_neon()};
+    const mg_cpu_features none = {0};
+    mg_kernels_build(&none, out);
+    int ok = out[0].name && !strcmp(out[0].name, "scalar");
+    for (int i = 1; i < MG_KERNEL_TABLES; i++) ok = ok && !out[i].name;
+    check(t, ok, "tables for a CPU without SIMD", "scalar only", "", 0, 0, 0, 0, 0);
+
+    const mg_cpu_features detected = mg_cpu_detect();
+    if (detected.avx2 && detected.fma && detected.f16c) {
+        mg_cpu_features avx2 = {0};
+        avx2.avx2 = avx2.fma = avx2.f16c = 1;
+        mg_kernels_build(&avx2, out);
+        check(t, (out[1].name != NULL) == (own[1] != NULL) && !out[2].name && !out[3].name && !out[4].name,
+              "tables for an AVX2-only CPU", "no avx512", "", 0, 0, 0, 0, 0);
+        check(t, !out[1].name || out[1].parent == &out[0], "built parent", "avx2", "", 0, 0, 0, 0, 0);
+    }
+
+    mg_kernels_build(&detected, out);
+    for (int i = 0; i < MG_KERNEL_TABLES; i++)
+        check(t, (out[i].name != NULL) == (own[i] != NULL) && (!own[i] || !strcmp(out[i].name, own[i]->name)),
+              "tables for this CPU", own[i] ? own[i]->name : "-", out[i].name ? out[i].name : "-", i, 0, 0, 0, 0);
+
+    if (detected.avx512vnni && own[2]) {
+        mg_cpu_features plain = detected;
+        plain.avx512vnni = 0;
+        mg_kernels_build(&plain, out);
+        check(t, out[2].name && out[2].linear_q8[MG_Q8_0] == out[1].linear_q8[MG_Q8_0] &&
+                     own[2]->linear_q8[MG_Q8_0] != own[1]->linear_q8[MG_Q8_0],
+              "int8 entries without VNNI", "avx512", "avx2's", 0, 0, 0, 0, 0);
     }
 }
 
@@ -547,6 +588,7 @@ int main(void) {
     for (int i = 0; i < n; i++) printf(" %s", tables[i]->name);
     printf("\n");
     test_inheritance(&t);
+    test_tables_follow_the_cpu(&t);
     test_linear(&t, tables, n, &g);
     test_linear_fp8_unfoldable(&t, tables, n, &g);
     test_linear_fp8_wide_x(&t, tables, n, &g);

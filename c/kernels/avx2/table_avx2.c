@@ -32,12 +32,13 @@ LINEAR_FN(linear_fp8, decode_fp8, mg_avx2_prefill_fp8)
 LINEAR_FN(linear_fp4, decode_fp4, mg_avx2_prefill_fp4)
 LINEAR_FN(linear_ggml, mg_avx2_decode_ggml, mg_avx2_prefill_ggml) /* ggml_avx2.c + prefill tiles */
 
-int mg_kernels_override_avx2(mg_kernels *k) {
+int mg_kernels_override_avx2(mg_kernels *k, const mg_cpu_features *f) {
     MG_LINEAR_SET(k, linear);
-    for (int f = MG_Q8_0; f < MG_FORMAT_COUNT; f++) k->linear[f] = linear_ggml, k->linear_q8[f] = mg_avx2_linear_q8;
+    for (int fmt = MG_Q8_0; fmt < MG_FORMAT_COUNT; fmt++)
+        k->linear[fmt] = linear_ggml, k->linear_q8[fmt] = mg_avx2_linear_q8;
     MG_VECTOR_OPS_SET(k, mg_avx2);
     return 1;
 }
 #else
-int mg_kernels_override_avx2(mg_kernels *k) { return 0; }
+int mg_kernels_override_avx2(mg_kernels *k, const mg_cpu_features *f) { return 0; }
 #endif

@@ -7,7 +7,6 @@
 #if defined(__x86_64__) && defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && \
     defined(__AVX512DQ__) && defined(__FMA__) && defined(__F16C__)
 #include "kernels/avx512/avx512.h"
-#include "core/cpu.h"
 
 /* Decode where decode_avx512.c takes the matrix and x, prefill through prefill_avx512.c's
  * tiles; every other case (other shapes, scale kinds and x) is the parent table's entry. */
@@ -39,21 +38,21 @@ LINEAR_GGML(linear_iq4_nl, MG_IQ4_NL)
 LINEAR_GGML(linear_iq4_xs, MG_IQ4_XS)
 
 /* The vector ops stay the parent's (avx2): they are not bandwidth bound at these sizes. */
-int mg_kernels_override_avx512(mg_kernels *k) {
+int mg_kernels_override_avx512(mg_kernels *k, const mg_cpu_features *f) {
     MG_LINEAR_SET(k, linear);
     k->linear[MG_Q8_0] = linear_q8_0, k->linear[MG_Q4_0] = linear_q4_0, k->linear[MG_Q5_0] = linear_q5_0;
     k->linear[MG_Q4_K] = linear_q4_k, k->linear[MG_Q5_K] = linear_q5_k, k->linear[MG_Q6_K] = linear_q6_k;
     k->linear[MG_MXFP4] = linear_mxfp4, k->linear[MG_IQ4_NL] = linear_iq4_nl, k->linear[MG_IQ4_XS] = linear_iq4_xs;
     k->read_sum = mg_avx512_read_sum;
-    /* int8 activations: vpdpbusd kernels (q8_avx512vnni.c) when this CPU has AVX512_VNNI,
-     * checked here, once, as the table is built: the one table entry chosen by a feature beyond
-     * the table's own (a separate table would sit between avx512 and avx512bf16 and make the
-     * bf16 table require VNNI); without it the avx2 table's int8 entries stay. */
+    /* int8 activations: vpdpbusd kernels (q8_avx512vnni.c) when the CPU has AVX512_VNNI: the
+     * one table entry chosen by a feature beyond the table's own (a separate table would sit
+     * between avx512 and avx512bf16 and make the bf16 table require VNNI); without it the avx2
+     * table's int8 entries stay. */
     const mg_linear_q8_fn vnni = mg_avx512vnni_linear_q8();
-    if (vnni && mg_cpu_detect().avx512vnni)
-        for (int f = MG_Q8_0; f < MG_FORMAT_COUNT; f++) k->linear_q8[f] = vnni;
+    if (vnni && f->avx512vnni)
+        for (int fmt = MG_Q8_0; fmt < MG_FORMAT_COUNT; fmt++) k->linear_q8[fmt] = vnni;
     return 1;
 }
 #else
-int mg_kernels_override_avx512(mg_kernels *k) { return 0; }
+int mg_kernels_override_avx512(mg_kernels *k, const mg_cpu_features *f) { return 0; }
 #endif

@@ -14,10 +14,10 @@ static void linear_fp4(const mg_matrix *w, const float *x, int64_t x_stride, int
 }
 
 /* Everything else is the parent's (avx512). */
-int mg_kernels_override_avx512bf16(mg_kernels *k) {
+int mg_kernels_override_avx512bf16(mg_kernels *k, const mg_cpu_features *f) {
     k->linear[MG_FP4_E2M1] = linear_fp4;
     return 1;
 }
 #else
-int mg_kernels_override_avx512bf16(mg_kernels *k) { return 0; }
+int mg_kernels_override_avx512bf16(mg_kernels *k, const mg_cpu_features *f) { return 0; }
 #endif

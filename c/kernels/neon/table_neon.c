@@ -6,7 +6,7 @@
 #if defined(__aarch64__) && defined(__ARM_NEON)
 #include "kernels/neon/neon.h"
 
-int mg_kernels_override_neon(mg_kernels *k) {
+int mg_kernels_override_neon(mg_kernels *k, const mg_cpu_features *f) {
     MG_LINEAR_SET(k, mg_neon_linear);
     for (int f = MG_Q8_0; f < MG_FORMAT_COUNT; f++) /* ggml_neon.c */
         k->linear[f] = mg_neon_linear_ggml, k->linear_q8[f] = mg_neon_linear_q8;
@@ -14,5 +14,5 @@ int mg_kernels_override_neon(mg_kernels *k) {
     return 1;
 }
 #else
-int mg_kernels_override_neon(mg_kernels *k) { return 0; }
+int mg_kernels_override_neon(mg_kernels *k, const mg_cpu_features *f) { return 0; }
 #endif

@@ -2,7 +2,7 @@
 #include "kernels/scalar/scalar.h"
 
 /* The root table: every entry (c/kernels/tables.h). */
-int mg_kernels_override_scalar(mg_kernels *k) {
+int mg_kernels_override_scalar(mg_kernels *k, const mg_cpu_features *f) {
     for (int f = 0; f < MG_FORMAT_COUNT; f++) k->linear[f] = mg_scalar_linear;
     /* int8 activations: the block formats only (the others keep fp32, linear_q8 NULL) */
     for (int f = MG_Q8_0; f < MG_FORMAT_COUNT; f++) k->linear_q8[f] = mg_scalar_linear_q8;
