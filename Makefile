@@ -7,7 +7,8 @@
 #   make sanitize   ASan+UBSan build; the C tests and the C-facing Python tests under it
 #   make fuzz       one bounded schemathesis run (tools/fuzz_api.py) against a demo server's /openapi.json
 #   make llamacpp   llama.cpp's llama-bench and llama-quantize, built once into ~/.cache/moegate/llama.cpp
-#                   (make bench and tests/test_gguf_llamacpp.py use them; that test is skipped without them)
+#                   (make bench, tests/test_gguf_llamacpp.py and tests/test_gguf_deepseek4.py use them;
+#                   those tests are skipped without them)
 #
 # Everything Python lives in the virtual environment $(VENV), made from $(SYSTEM_PYTHON) without
 # the machine's site-packages, so a fresh machine needs nothing installed by hand.  Afterwards:

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import json
 import struct
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -71,13 +73,7 @@ def load_config(folder: str | Path) -> dict:
 
 def hf_model(folder: str | Path):
     """DeepseekV4ForCausalLM (fp32, eager) holding the folder's dequantised weights."""
-    dims = writer.dims_from_config(load_config(folder))
-    torch.manual_seed(0)
-    from transformers import DeepseekV4ForCausalLM
-
-    model = DeepseekV4ForCausalLM(writer.hf_config(dims)).float().eval()
-    writer.load_into_hf(model, dims, dequantised(read_raw(folder)))
-    return model
+    return hf_model_from_values(folder, dequantised(read_raw(folder)))
 
 
 @torch.no_grad()
@@ -126,22 +122,41 @@ _GGUF_LAYER = {
 _GGUF_EXPERTS = {"ffn_gate_exps.weight": "w1", "ffn_down_exps.weight": "w2", "ffn_up_exps.weight": "w3"}
 
 
+def gguf_tensors(path: str | Path) -> Iterator[tuple[str, Any, np.ndarray]]:
+    """(name, gguf.GGMLQuantizationType, stored bytes as [rows..., row bytes]) of every tensor.
+
+    The table (names, types, shapes, offsets) comes from the C reader (`gguf_inspect`, which
+    tests/test_gguf_reader.py holds to gguf.GGUFReader): GGUFReader also parses the 129k-token
+    vocabulary, string by string, which takes 10-20 s a file, most of these tests' time."""
+    import gguf
+
+    from gateway import _core
+
+    blob = np.memmap(path, dtype=np.uint8, mode="r")
+    for t in _core.gguf_inspect(str(path), arrays=False)["tensors"]:
+        rows = [int(n) for n in reversed(t["shape"][1:])]
+        raw = blob[t["file_offset"] : t["file_offset"] + t["nbytes"]].reshape(*rows, t["row_bytes"])
+        yield t["name"], gguf.GGMLQuantizationType(t["type_id"]), raw
+
+
 def gguf_values(path: str | Path) -> dict[str, np.ndarray]:
-    """Every tensor of a deepseek4 GGUF, dequantised by the gguf package (Q8_0, MXFP4, BF16),
-    under the original names; stacked experts split per expert, tid2eid kept integer."""
+    """Every tensor of a deepseek4 GGUF, dequantised by the gguf package (Q8_0, MXFP4, BF16, the
+    K and IQ types), under the original names; stacked experts split per expert, tid2eid kept
+    integer."""
     import gguf
     from gguf import quants
 
+    ints = {gguf.GGMLQuantizationType.I32: np.int32, gguf.GGMLQuantizationType.I64: np.int64}
     out: dict[str, np.ndarray] = {}
-    for t in gguf.GGUFReader(str(path)).tensors:
-        if t.tensor_type in (gguf.GGMLQuantizationType.I32, gguf.GGMLQuantizationType.I64):
-            value = np.asarray(t.data).reshape([int(n) for n in reversed(t.shape)]).copy()
+    for name, kind, raw in gguf_tensors(path):
+        if kind in ints:
+            value = np.array(raw.view(ints[kind]))
         else:
-            value = np.array(quants.dequantize(t.data, t.tensor_type), dtype=np.float32)  # writable
-        if t.name in _GGUF_ROOT:
-            out[_GGUF_ROOT[t.name]] = value
+            value = np.array(quants.dequantize(raw, kind), dtype=np.float32)  # a writable copy
+        if name in _GGUF_ROOT:
+            out[_GGUF_ROOT[name]] = value
             continue
-        _, layer, rest = t.name.split(".", 2)
+        _, layer, rest = name.split(".", 2)
         if rest in _GGUF_EXPERTS:
             for e in range(value.shape[0]):
                 out[f"layers.{layer}.ffn.experts.{e}.{_GGUF_EXPERTS[rest]}.weight"] = value[e]
@@ -151,11 +166,16 @@ def gguf_values(path: str | Path) -> dict[str, np.ndarray]:
 
 
 def hf_model_from_values(folder: str | Path, values: dict[str, np.ndarray]):
-    """DeepseekV4ForCausalLM (fp32, eager) of the folder's config holding `values`."""
+    """DeepseekV4ForCausalLM (fp32, eager) of the folder's config holding `values`.
+
+    Built without transformers' random initialisation (a second or two for the 129k-row
+    embedding and head): load_into_hf writes every parameter or raises."""
     dims = writer.dims_from_config(load_config(folder))
     torch.manual_seed(0)
     from transformers import DeepseekV4ForCausalLM
+    from transformers.initialization import no_init_weights
 
-    model = DeepseekV4ForCausalLM(writer.hf_config(dims)).float().eval()
+    with no_init_weights():
+        model = DeepseekV4ForCausalLM(writer.hf_config(dims)).float().eval()
     writer.load_into_hf(model, dims, values)
     return model

@@ -12,9 +12,17 @@ tables as I32.  Two oracles:
   experts kept): the converter changes no value, so Engine(file) must compute what
   Engine(folder) computes, to float rounding (1e-5).
 
+llama-quantize's files (tools/llamacpp_ggufs.py): a tiny checkpoint widened so every row is
+whole 256-blocks, converted, then requantised to Q8_0, Q4_K_M and a mixed per-tensor file
+(MXFP4 / IQ4_XS / Q5_K experts, Q8_0 shared expert, F32 mHC, BF16 indexer, Q6_K / Q5_0 /
+IQ4_NL / Q4_0 / Q5_K attention): each against transformers on the file's dequantised weights
+(1e-4), each holding the types it names (no silent fallback), and the mixed one's budgeted run
+bitwise the resident one.
+
 Errors: a missing deepseek4 key or a tensor of the wrong shape is a ConfigError/EngineError
 naming it; and a budgeted run reading MXFP4 expert slices from the file is bitwise the resident
-run.  Skipped, saying why, where llama.cpp's sources are not in the cache.
+run.  Skipped, saying why, where llama.cpp's sources (or, for the requantised files,
+llama-quantize) are not in the cache.
 """
 from __future__ import annotations
 
@@ -31,6 +39,7 @@ import pytest
 REPO_ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO_ROOT / "tools"))
 import llamacpp  # noqa: E402
+import llamacpp_ggufs  # noqa: E402
 from tools.ckpt import deepseek_v4 as writer  # noqa: E402
 
 import oracle_dsv4 as oracle  # noqa: E402
@@ -128,6 +137,43 @@ def run(engine, prompt: list[int], steps: int) -> tuple[np.ndarray, list[int]]:
     return np.concatenate(rows), ids
 
 
+def assert_matches_transformers(path: Path, folder: Path) -> None:
+    """Engine(file) over a prefill and greedy steps vs transformers' DeepseekV4 of the folder's
+    config holding the file's weights dequantised by the gguf package."""
+    from gateway.engine import Engine
+
+    model = oracle.hf_model_from_values(folder, oracle.gguf_values(path))
+    engine = Engine(str(path), threads=2)
+    try:
+        got, ids = run(engine, tokens(), STEPS)
+    finally:
+        engine.close()
+    want = oracle.full_logits(model, tokens() + ids)[: PROMPT + STEPS]
+    err = oracle.rel_error(got, want)
+    assert err <= TOL, f"{path.name}: max|diff|/max|logit| = {err:.3g}"
+
+
+def assert_cached_run_is_resident(path: Path) -> None:
+    """A budget that keeps experts in a cache: expert slices read from the file give the
+    resident run's logits bit for bit."""
+    from gateway.engine import Engine
+
+    resident = Engine(str(path), threads=1)
+    try:
+        want = resident.eval(tokens())
+    finally:
+        resident.close()
+    engine = Engine(str(path), ram_gb=stated_minimum_gb(path), threads=1, expert_history=False,
+                    expert_prefetch=False)
+    try:
+        got = engine.eval(tokens())
+        stats = engine.stats()["experts"]
+        assert stats["slots"] > 0 and stats["misses"] > 0 and stats["bytes_read"] > 0, stats
+        assert np.array_equal(got, want), f"{path.name}: cached run differs from the resident one"
+    finally:
+        engine.close()
+
+
 # ---- the converter's file -------------------------------------------------------------------
 
 
@@ -186,17 +232,7 @@ def test_metadata_defaults(native_gguf: Path) -> None:
 
 def test_native_file_matches_transformers(native_gguf: Path, native: Path) -> None:
     """FP4 experts lossless, FP8 -> Q8_0: transformers holding the file's dequantised weights."""
-    from gateway.engine import Engine
-
-    model = oracle.hf_model_from_values(native, oracle.gguf_values(native_gguf))
-    engine = Engine(str(native_gguf), threads=2)
-    try:
-        got, ids = run(engine, tokens(), STEPS)
-    finally:
-        engine.close()
-    want = oracle.full_logits(model, tokens() + ids)[: PROMPT + STEPS]
-    err = oracle.rel_error(got, want)
-    assert err <= TOL, f"max|diff|/max|logit| = {err:.3g}"
+    assert_matches_transformers(native_gguf, native)
 
 
 def test_bf16_file_matches_the_folder(bf16_gguf: Path, bf16: Path) -> None:
@@ -217,24 +253,8 @@ def test_bf16_file_matches_the_folder(bf16_gguf: Path, bf16: Path) -> None:
 
 
 def test_cached_experts_read_from_disk_are_bitwise_resident(native_gguf: Path) -> None:
-    """A budget that keeps experts in a cache: MXFP4 slices read from the file give the
-    resident run's logits bit for bit."""
-    from gateway.engine import Engine
-
-    resident = Engine(str(native_gguf), threads=1)
-    try:
-        want = resident.eval(tokens())
-    finally:
-        resident.close()
-    engine = Engine(str(native_gguf), ram_gb=stated_minimum_gb(native_gguf), threads=1, expert_history=False,
-                    expert_prefetch=False)
-    try:
-        got = engine.eval(tokens())
-        stats = engine.stats()["experts"]
-        assert stats["slots"] > 0 and stats["misses"] > 0 and stats["bytes_read"] > 0, stats
-        assert np.array_equal(got, want), "cached run differs from the resident one"
-    finally:
-        engine.close()
+    """MXFP4 expert slices read from the file under a budget: the resident run, bit for bit."""
+    assert_cached_run_is_resident(native_gguf)
 
 
 def test_server_inputs_match_the_folder(native_gguf: Path, native: Path) -> None:
@@ -248,6 +268,69 @@ def test_server_inputs_match_the_folder(native_gguf: Path, native: Path) -> None
     assert file_eot == eot
     text = "Hello world, 12345 héllo\n  code()  <｜User｜>x <｜end▁of▁sentence｜>"
     assert file_tok.encode(text) == tok.encode(text)
+
+
+# ---- llama-quantize's files (tools/llamacpp_ggufs.py) ---------------------------------------
+
+
+@pytest.fixture(scope="module")
+def quantized(src: Path, root: Path) -> tuple[Path, dict[str, Path]]:
+    """(the widened tiny checkpoint, {variant: file}): the converter's file of it requantised by
+    llama-quantize to Q8_0, Q4_K_M and the mixed per-tensor variant."""
+    try:
+        llamacpp.find_tool("llama-quantize", build_missing=False)
+    except llamacpp.Unavailable as why:
+        pytest.skip(f"llama-quantize is not built here ({why}); make it with: "
+                    "python tools/llamacpp_ggufs.py --arch deepseek_v4 --out DIR --build")
+    arch = "deepseek_v4"
+    ckpt = llamacpp_ggufs.write_tiny_checkpoint(arch, root / llamacpp_ggufs.checkpoint_name(arch))
+    return ckpt, llamacpp_ggufs.make_ggufs(ckpt, arch)
+
+
+@pytest.mark.parametrize("variant", list(llamacpp_ggufs.VARIANTS))
+def test_quantized_file_matches_transformers(quantized: tuple[Path, dict[str, Path]], variant: str) -> None:
+    ckpt, files = quantized
+    assert_matches_transformers(files[variant], ckpt)
+
+
+def tensor_types(path: Path) -> dict[str, str]:
+    """name -> ggml type name, of the tensors of 2 or more dims (the ones llama-quantize may change)."""
+    from gateway import _core
+
+    return {t["name"]: t["type"] for t in _core.gguf_inspect(str(path), arrays=False)["tensors"] if len(t["shape"]) >= 2}
+
+
+def test_quantized_files_hold_the_types_they_name(quantized: tuple[Path, dict[str, Path]]) -> None:
+    """The variants would test nothing if llama-quantize fell back to other types or skipped
+    tensors: every matrix but the router (BF16) and the hash table (I32) takes the variant's
+    types, the mHC mixers and position biases included (llama.cpp has no deepseek4 rule)."""
+    _, files = quantized
+    untouched = {"ffn_gate_inp.weight": "BF16", "ffn_gate_tid2eid.weight": "I32"}
+
+    def kept(name: str) -> bool:
+        return name.split(".", 2)[-1] in untouched
+
+    q8 = tensor_types(files["Q8_0"])
+    assert {t for n, t in q8.items() if not kept(n)} == {"Q8_0"}
+    assert all(t == untouched[n.split(".", 2)[-1]] for n, t in q8.items() if kept(n))
+    # Q4_K_M: Q4_K, with Q6_K for the output and the ffn_down tensors of the use_more_bits layers
+    # (the last of three here); no Q5_0 / Q8_0 fallback anywhere
+    q4 = tensor_types(files["Q4_K_M"])
+    assert {t for n, t in q4.items() if not kept(n)} == {"Q4_K", "Q6_K"}
+    assert q4["output.weight"] == q4["blk.2.ffn_down_exps.weight"] == q4["blk.2.ffn_down_shexp.weight"] == "Q6_K"
+    assert q4["blk.0.ffn_down_exps.weight"] == q4["blk.2.ffn_up_exps.weight"] == q4["blk.1.hc_attn_fn.weight"] == "Q4_K"
+    # mixed: each matrix has the type of the first override that names it
+    overrides = llamacpp_ggufs.overrides("deepseek_v4", "mixed")
+    mixed = tensor_types(files["mixed"])
+    for name, kind in mixed.items():
+        first = next((t for pattern, t in overrides.items() if re.search(pattern, name)), None)
+        assert kind == (first.upper() if first else untouched[name.split(".", 2)[-1]]), name
+    assert {t.upper() for t in overrides.values()} <= set(mixed.values())
+
+
+def test_quantized_cached_run_is_bitwise_resident(quantized: tuple[Path, dict[str, Path]]) -> None:
+    """The mixed file's experts (MXFP4 gate, IQ4_XS up, Q5_K down) read as slices under a budget."""
+    assert_cached_run_is_resident(quantized[1]["mixed"])
 
 
 # ---- errors ---------------------------------------------------------------------------------

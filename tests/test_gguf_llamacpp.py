@@ -15,6 +15,8 @@ the gguf package, and the f32 file must compute what the checkpoint it came from
 These need llama.cpp's sources and a built llama-quantize in the cache folder
 (`python tools/llamacpp_ggufs.py --arch qwen3_moe --out DIR --build` makes them once); on a
 machine without them the tests are skipped and say why.  The files are made in a few seconds.
+DeepSeek-V4's variants (deepseek4) are tested with the other deepseek4 files, in
+tests/test_gguf_deepseek4.py.
 """
 from __future__ import annotations
 
@@ -49,9 +51,8 @@ def made(tmp_path_factory: pytest.TempPathFactory):
 
     def make(arch: str) -> dict[str, Path]:
         if arch not in files:
-            ckpt = llamacpp_ggufs.write_tiny_checkpoint(arch, root / f"{arch}-tiny256-bf16")
-            files[arch] = {"f32": ckpt.parent / f"{ckpt.name}.f32.gguf",
-                           **llamacpp_ggufs.make_ggufs(ckpt, arch)}
+            ckpt = llamacpp_ggufs.write_tiny_checkpoint(arch, root / llamacpp_ggufs.checkpoint_name(arch))
+            files[arch] = {"f32": llamacpp_ggufs.converted_gguf(ckpt, arch), **llamacpp_ggufs.make_ggufs(ckpt, arch)}
         return files[arch]
     return make
 

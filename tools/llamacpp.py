@@ -173,12 +173,14 @@ def convert(src: Path, ckpt: Path, arch: str, outtype: str, out: Path) -> Path:
 
 
 def quantize(binary: Path, source: Path, out: Path, ftype: str, *, tensor_types: dict[str, str] | None = None,
-             threads: int = 0) -> Path:
+             threads: int = 0, allow_requantize: bool = False) -> Path:
     """llama-quantize `source` -> `out` as `ftype` (Q8_0, Q4_K_M, ...), with per-tensor overrides
-    (`--tensor-type NAME=TYPE`, as mixed files like unsloth's are made); written atomically."""
+    (`--tensor-type NAME=TYPE`, as mixed files like unsloth's are made); written atomically.
+    allow_requantize: `source` holds quantised tensors (deepseek4's converter writes Q8_0 and
+    MXFP4), which llama-quantize refuses to requantise unless told to."""
     log = out.with_name(out.name + ".log")
     tmp = out.with_name(out.name + ".partial")
-    cmd = [str(binary)]
+    cmd = [str(binary)] + (["--allow-requantize"] if allow_requantize else [])
     for name, kind in (tensor_types or {}).items():
         cmd += ["--tensor-type", f"{name}={kind}"]
     cmd += [str(source), str(tmp), ftype, str(threads or all_threads())]

@@ -3,17 +3,48 @@ downloads are made this way, so the engine is tested on them and not only on fil
 
     python tools/llamacpp_ggufs.py --arch qwen3_moe --out DIR      # checkpoint + one GGUF per variant
     python tools/llamacpp_ggufs.py --arch glm4_moe --out DIR --build   # build llama-quantize if missing
+    python tools/llamacpp_ggufs.py --arch deepseek_v4 --out DIR
 
-The checkpoint is converted once by llama.cpp's convert_hf_to_gguf.py to f32 (every value kept
-exactly), then llama-quantize makes each variant from that file:
+The checkpoint is converted once by llama.cpp's convert_hf_to_gguf.py, then llama-quantize makes
+each variant from that file:
   Q8_0     every matrix Q8_0
   Q4_K_M   llama.cpp's default mix (Q4_K, with Q6_K for the output and some attn_v / ffn_down)
-  mixed    a per-tensor mix in the manner of unsloth's dynamic files: Q4_K_M with the routed
-           experts' down projections in Q5_K, gate in IQ4_XS, up in Q4_0, attention in Q8_0 /
-           Q6_K / Q5_0 / IQ4_NL and the output in Q8_0 (`--tensor-type` overrides)
+  mixed    a per-tensor mix in the manner of unsloth's dynamic files: Q4_K_M with `--tensor-type`
+           overrides (MIXED below).  qwen3_moe / glm4_moe: routed experts' down Q5_K, gate
+           IQ4_XS, up Q4_0, attention Q8_0 / Q6_K / Q5_0 / IQ4_NL, output Q8_0.  deepseek_v4:
+           gate experts kept MXFP4, up IQ4_XS, down Q5_K, shared expert Q8_0, mHC mixers and
+           position biases F32, indexer BF16, attention Q6_K / Q5_0 / IQ4_NL / Q4_0 / Q5_K /
+           Q8_0, embedding Q6_K, output Q8_0
 K-quants need rows that are a multiple of 256 values, so CHECKPOINT_OVERRIDES widens the tiny
 models to 256 (llama.cpp would otherwise fall back to Q5_0/Q8_0 silently, and the test would
 not test what it names).
+
+qwen3_moe, glm4_moe: the bf16 checkpoint is converted to f32 (every value kept exactly).
+
+deepseek_v4 (llama.cpp's `deepseek4`; pinned sources, conversion/deepseek.py and
+src/llama-quant.cpp):
+  * the converter reads only the release's own form: it repacks the FP4 experts into MXFP4 from
+    their `.scale` siblings and raises without them, so the checkpoint is `native`.  It picks
+    every tensor's type itself, whatever --outtype says (f32 and bf16 give the same bytes): FP8
+    -> Q8_0, FP4 experts -> MXFP4, BF16 and F32 kept, tid2eid I32.
+  * so llama-quantize starts from Q8_0 and MXFP4 tensors, which it refuses ("requantizing from
+    type q8_0 is disabled") unless given --allow-requantize.  Any V4 file made from the release
+    with llama.cpp's tools went this way.
+  * it has no deepseek4 rule: every tensor of 2+ dims whose name ends in "weight" is quantised
+    except norms, `ffn_gate_inp` (the router, kept BF16) and `ffn_gate_tid2eid`.  The F32 mHC
+    mixers (`hc_{attn,ffn}_fn`, `output_hc_fn`) and the compressors' position biases
+    (`attn_compressor_ape`, `indexer_compressor_ape`) become Q8_0 / Q4_K like any matrix (its
+    only mHC exclusions are glm5-next's).  The engine reads `ape` whole, not as a matrix, and
+    decodes it once at load (c/model/weights.c); before, it refused such files.
+  * its Q4_K_M rules go by name: `ffn_down_exps` and `ffn_down_shexp` take Q6_K in the
+    use_more_bits layers (the last of three here) and `output` Q6_K; V4's attention names
+    (`attn_q_a`, `attn_kv`, `attn_output_a` ...) match none of the attn_v / attn_k / attn_output
+    rules, so they stay Q4_K, as does the embedding.
+  * the overrides widen head_dim to 256 and index_head_dim to 128 so that every `ape` row
+    (2*head_dim, head_dim, 2*index_head_dim values) is whole 256-blocks, as Flash's (1024, 512,
+    256) are: nothing falls back to Q5_0 / Q8_0.
+  * an override to the type a tensor already has copies it: the mixed file's gate experts are
+    the release's FP4 codes unchanged.
 
 Products are cached next to the checkpoint and remade when older than it.  Sources and the
 quantizer come from tools/llamacpp.py; nothing is downloaded or built unless asked (--build), so a
@@ -24,6 +55,7 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import Any
 
 TOOLS_DIR = Path(__file__).resolve().parent
 sys.path.insert(0, str(TOOLS_DIR))
@@ -32,30 +64,76 @@ import llamacpp  # noqa: E402
 
 # Widths that are multiples of 256, so every matrix can take a K-quant (see the docstring).
 # qwen3_moe's expert width is 768: transformers' GGUF loader ignores expert_feed_forward_length
-# and assumes that default (docs/reference/gguf.md §5).
-CHECKPOINT_OVERRIDES = {
+# and assumes that default (docs/reference/gguf.md §5).  deepseek_v4: 256 wide everywhere a row
+# is (hidden, q_lora, expert width, 4 heads of 256 in 2 output groups, o_lora 128 -> wo_b rows of
+# 256, index heads of 128), three layers (sliding, CSA ratio 4, HCA ratio 8; the first
+# hash-routed) and 8 experts: the tiny model's schedule in small.
+CHECKPOINT_OVERRIDES: dict[str, dict[str, Any]] = {
     "qwen3_moe": {"hidden_size": 256, "intermediate_size": 512, "head_dim": 64, "moe_intermediate_size": 768,
                   "num_hidden_layers": 2, "num_experts": 4},
     "glm4_moe": {"hidden_size": 256, "intermediate_size": 512, "head_dim": 64, "moe_intermediate_size": 256,
                  "num_hidden_layers": 3, "n_routed_experts": 8},
+    "deepseek_v4": {"hidden_size": 256, "q_lora_rank": 256, "moe_intermediate_size": 256,
+                    "num_attention_heads": 4, "head_dim": 256, "o_groups": 2, "o_lora_rank": 128,
+                    "index_head_dim": 128, "compress_ratios": [0, 4, 8], "num_hash_layers": 1,
+                    "n_routed_experts": 8},
 }
 
-VARIANTS: dict[str, tuple[str, dict[str, str]]] = {
-    "Q8_0": ("Q8_0", {}),
-    "Q4_K_M": ("Q4_K_M", {}),
-    "mixed": ("Q4_K_M", {"ffn_down_exps": "q5_k", "ffn_gate_exps": "iq4_xs", "ffn_up_exps": "q4_0",
-                         "attn_q": "q8_0", "attn_k": "q6_k", "attn_v": "q5_0", "attn_output": "iq4_nl",
-                         "output": "q8_0"}),
+# The checkpoint format llama.cpp's converter reads, and (format, converter --outtype, label of
+# its file).  deepseek4's converter picks every type itself (see the docstring).
+CONVERSION: dict[str, tuple[str, str, str]] = {
+    "qwen3_moe": ("bf16", "f32", "f32"),
+    "glm4_moe": ("bf16", "f32", "f32"),
+    "deepseek_v4": ("native", "f32", "q8_0-mxfp4"),
 }
+# Archs whose converted file already holds quantised tensors: llama-quantize must be allowed to
+# requantise them.
+REQUANTIZE = {"deepseek_v4"}
+
+# Per-tensor overrides of the mixed variant (`--tensor-type REGEX=TYPE`, searched in the tensor
+# name in this order, first match wins, so the specific come first).
+_MIXED_HF = {"ffn_down_exps": "q5_k", "ffn_gate_exps": "iq4_xs", "ffn_up_exps": "q4_0",
+             "attn_q": "q8_0", "attn_k": "q6_k", "attn_v": "q5_0", "attn_output": "iq4_nl", "output": "q8_0"}
+MIXED: dict[str, dict[str, str]] = {
+    "qwen3_moe": _MIXED_HF,
+    "glm4_moe": _MIXED_HF,
+    # DeepSeek-V4: the routed experts are the bulk (gate kept MXFP4 as released, up IQ4_XS, down
+    # Q5_K); the shared expert runs for every token (Q8_0); the mHC mixers and the compressors'
+    # position biases are tiny and feed every layer (F32, left as they are); the indexer picks
+    # the compressed rows attention sees (BF16); the rest of attention Q8_0 / Q6_K / Q5_0 /
+    # IQ4_NL / Q4_0 / Q5_K; embedding Q6_K, output Q8_0.
+    "deepseek_v4": {"ffn_gate_exps": "mxfp4", "ffn_up_exps": "iq4_xs", "ffn_down_exps": "q5_k",
+                    "_shexp": "q8_0", r"hc_|_ape\.": "f32", "indexer": "bf16",
+                    "attn_compressor_(kv|gate)": "q8_0", "attn_q_a": "q6_k", "attn_q_b": "q5_0",
+                    "attn_kv": "iq4_nl", "attn_output_a": "q4_0", "attn_output_b": "q5_k",
+                    "token_embd": "q6_k", r"^output\.weight$": "q8_0"},
+}
+
+VARIANTS: dict[str, str] = {"Q8_0": "Q8_0", "Q4_K_M": "Q4_K_M", "mixed": "Q4_K_M"}
+
+
+def overrides(arch: str, variant: str) -> dict[str, str]:
+    """The `--tensor-type` overrides of one variant of one arch."""
+    return MIXED[arch] if variant == "mixed" else {}
+
+
+def checkpoint_name(arch: str) -> str:
+    return f"{arch}-tiny256-{CONVERSION[arch][0]}"
 
 
 def write_tiny_checkpoint(arch: str, out: Path, seed: int = 0) -> Path:
-    """The tiny bf16 checkpoint of `arch`, widened by CHECKPOINT_OVERRIDES (written once)."""
+    """The tiny checkpoint of `arch` in the form the converter reads, widened by
+    CHECKPOINT_OVERRIDES (written once)."""
     from tools.ckpt import write_checkpoint
 
     if (out / "config.json").is_file():
         return out
-    return write_checkpoint(arch, "tiny", "bf16", out, seed=seed, overrides=CHECKPOINT_OVERRIDES[arch])
+    return write_checkpoint(arch, "tiny", CONVERSION[arch][0], out, seed=seed, overrides=CHECKPOINT_OVERRIDES[arch])
+
+
+def converted_gguf(ckpt: Path, arch: str) -> Path:
+    """Where the converter's file of checkpoint folder `ckpt` is cached."""
+    return ckpt.parent / f"{ckpt.name}.{CONVERSION[arch][2]}.gguf"
 
 
 def make_ggufs(ckpt: Path, arch: str, variants: list[str] | None = None, *, build_missing: bool = False,
@@ -65,16 +143,15 @@ def make_ggufs(ckpt: Path, arch: str, variants: list[str] | None = None, *, buil
     cache = cache or llamacpp.cache_dir()
     src = llamacpp.fetch_source(cache, no_fetch=not build_missing)
     quantizer = llamacpp.find_tool("llama-quantize", cache=cache, build_missing=build_missing)
-    stamp = ckpt / "config.json"
-    base = ckpt.parent / f"{ckpt.name}.f32.gguf"
-    if not llamacpp.newer_than(base, stamp):
-        llamacpp.convert(src, ckpt, arch, "f32", base)
+    base = converted_gguf(ckpt, arch)
+    if not llamacpp.newer_than(base, ckpt / "config.json"):
+        llamacpp.convert(src, ckpt, arch, CONVERSION[arch][1], base)
     made = {}
     for name in variants or list(VARIANTS):
-        ftype, overrides = VARIANTS[name]
         out = ckpt.parent / f"{ckpt.name}.{name}.gguf"
         if not llamacpp.newer_than(out, base):
-            llamacpp.quantize(quantizer, base, out, ftype, tensor_types=overrides, threads=1)
+            llamacpp.quantize(quantizer, base, out, VARIANTS[name], tensor_types=overrides(arch, name), threads=1,
+                              allow_requantize=arch in REQUANTIZE)
         made[name] = out
     return made
 
@@ -89,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
     opts = p.parse_args(argv)
     out = Path(opts.out)
     out.mkdir(parents=True, exist_ok=True)
-    ckpt = write_tiny_checkpoint(opts.arch, out / f"{opts.arch}-tiny256-bf16")
+    ckpt = write_tiny_checkpoint(opts.arch, out / checkpoint_name(opts.arch))
     try:
         made = make_ggufs(ckpt, opts.arch, [v for v in opts.variants.split(",") if v], build_missing=opts.build)
     except llamacpp.Unavailable as why:

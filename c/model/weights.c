@@ -2,6 +2,7 @@
  * converts small vectors to fp32.  Every error names the tensor and the shard file. */
 #include "model/weights.h"
 #include "io/gguf.h"
+#include "core/ggml_blocks.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -230,8 +231,42 @@ int mg_bind_matrix(const mg_checkpoint *ck, const char *name, int64_t rows, int6
     }
 }
 
+/* The values of a ggml block tensor holding n values, decoded exactly (core/ggml_blocks.h), for
+ * mg_bind_array: llama-quantize quantises every 2-D tensor whose name ends in "weight" unless
+ * told not to, DeepSeek-V4's compressor position biases (`*_compressor_ape.weight`, read whole)
+ * among them. */
+static float *ggml_to_f32(const mg_checkpoint *ck, const mg_tensor *t, int64_t n, mg_error *err) {
+    const mg_ggml_type *ty = mg_ggml_type_info(t->ggml_type);
+    int f = format_of_ggml(t->ggml_type);
+    if (f < 0 || !ty || !ty->supported) {
+        char list[256];
+        supported_list(list, sizeof list);
+        mg_fail(err, "%s: %s (bound as '%s'): ggml type %s is not supported (supported: %s)", shard_of(ck, t),
+                stored(t), t->name, ty ? ty->name : "?", list);
+        return NULL;
+    }
+    int64_t be, bb, count = 1;
+    mg_format_block((mg_format)f, &be, &bb);
+    for (int i = 0; i < t->ndim; i++) count *= t->shape[i];
+    /* rows of whole blocks follow each other, so the tensor is one run of blocks */
+    if (count != n || n % be || (size_t)(n / be * bb) != t->nbytes) {
+        char got[160];
+        shape_str(got, sizeof got, t);
+        mg_fail(err, "%s: %s (bound as '%s'): %s shape %s holds %lld values, expected %lld", shard_of(ck, t),
+                stored(t), t->name, ty->name, got, (long long)count, (long long)n);
+        return NULL;
+    }
+    float *out = malloc((size_t)(n ? n : 1) * sizeof(float));
+    if (!out) {
+        mg_fail(err, "%s: tensor '%s': out of memory", shard_of(ck, t), t->name);
+        return NULL;
+    }
+    mg_ggml_row_f32((mg_format)f, t->data, 0, n, out);
+    return out;
+}
+
 static float *to_f32(const mg_checkpoint *ck, const mg_tensor *t, int64_t n, mg_error *err) {
-    if (t->dtype == MG_DT_GGML) {
+    if (t->dtype == MG_DT_GGML) { /* llama.cpp never quantises a 1-D tensor: a foreign file */
         const mg_ggml_type *ty = mg_ggml_type_info(t->ggml_type);
         mg_fail(err, "%s: %s (bound as '%s'): ggml type %s, expected F32, BF16 or F16 for a vector",
                 shard_of(ck, t), stored(t), t->name, ty ? ty->name : "?");
@@ -283,7 +318,7 @@ float *mg_bind_array(const mg_checkpoint *ck, const char *name, int64_t n, mg_er
         not_found(ck, name, err);
         return NULL;
     }
-    if (t->dtype == MG_DT_GGML) return to_f32(ck, t, n, err);
+    if (t->dtype == MG_DT_GGML) return ggml_to_f32(ck, t, n, err);
     size_t esz = mg_dtype_size(t->dtype);
     if (n < 0 || !esz || t->nbytes / esz != (size_t)n) {
         char got[160];

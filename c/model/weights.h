@@ -19,7 +19,8 @@ int mg_bind_matrix(const mg_checkpoint *ck, const char *name, int64_t rows, int6
  * F32, BF16 or F16.  NULL with err set on a missing tensor or wrong size. */
 float *mg_bind_vector(const mg_checkpoint *ck, const char *name, int64_t n, mg_error *err);
 
-/* Same, but for a tensor of any shape whose element count is n (e.g. [1, n] or [a, b]). */
+/* Same, but for a tensor of any shape whose element count is n (e.g. [1, n] or [a, b]), also in
+ * a ggml block format (decoded exactly): llama-quantize quantises such 2-D tensors. */
 float *mg_bind_array(const mg_checkpoint *ck, const char *name, int64_t n, mg_error *err);
 
 #endif
