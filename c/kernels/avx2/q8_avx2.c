@@ -6,9 +6,9 @@
  *
  * As in the VNNI loops (avx512/q8_avx512vnni.c): whatever every row needs of x is prepared once
  * per token and column pass (prep_x: x's codes permuted to the order the weight bytes come in,
- * |x|, offset sums), and rows go four per pass (rows_*), sharing x's loads and the work on the
- * four rows' block scales (gathered in general registers, converted and multiplied by dx in
- * one vector), with software prefetch of the group of rows ahead.  The sums stay exact
+ * |x|, offset sums), and rows go four per pass (Q6_K two; rows_*), sharing x's loads and the
+ * work on the rows' block scales (gathered in general registers, converted and multiplied by
+ * dx in one vector), with software prefetch of the group of rows ahead.  The sums stay exact
  * integers (|isum| < 2^24), so the results differ from the scalar twin's only in the order of
  * the fp32 additions (and FMA contraction).  Measurements: docs/KERNELS.md (AVX2 int8 rows). */
 #include <string.h>
@@ -231,14 +231,16 @@ INLINE __m256 e8m0_half8(__m256i e) {
  * p + bytes] (one: the second block absent, its lanes 0). */
 INLINE __m256 factors2_nib(const int R, mg_format f, const uint8_t *p, size_t rb, size_t bytes, const float *dx, int one) {
     if (f != MG_MXFP4) return factors2_f16(R, p, rb, bytes, dx, one);
-    uint64_t e = 0;
+    /* absent rows and blocks: byte 127 (2^-1), not 0, whose denormal scale would make every
+     * multiply with it a microcode assist (R < 4 ran at half the speed) */
+    uint64_t e = 0x7f7f7f7f7f7f7f7full;
     for (int r = 0; r < R; r++) {
-        e |= (uint64_t)p[(size_t)r * rb] << (8 * r);
-        if (!one) e |= (uint64_t)p[(size_t)r * rb + bytes] << (8 * r + 32);
+        e = (e & ~((uint64_t)0xff << (8 * r))) | (uint64_t)p[(size_t)r * rb] << (8 * r);
+        if (!one) e = (e & ~((uint64_t)0xff << (8 * r + 32))) | (uint64_t)p[(size_t)r * rb + bytes] << (8 * r + 32);
     }
     const float zero = 0.0f;
     const __m256 s = e8m0_half8(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)e)));
-    return _mm256_mul_ps(s, pair4(dx, one ? &zero : dx + 1)); /* an absent block: 2^-128 * 0 */
+    return _mm256_mul_ps(s, pair4(dx, one ? &zero : dx + 1)); /* an absent block: 2^-1 * 0 */
 }
 
 /* Blocks p, p + bytes (one: only p) of R rows: acc[r] += their dot products with x. */
@@ -384,8 +386,10 @@ INLINE void q6_codes2(const uint8_t *L, const uint8_t *qh, int k, __m256i *u0, _
  * + x_2m+1) of prep_off, make the pairs sum (u - 32) x exactly (|pair| <= 2 * 63 * 127 + 32 *
  * 254 < 2^15) without a sign trick; group g of half h has the int8 scales 8h + 2g (its first
  * 16 elements, the low 128-bit lane of the pairs) and 8h + 2g + 1 (the high lane), which
- * vpmaddwd applies in place of the ones: isum = sa * sum_a + sb * sum_b, as the twin.  Rows
- * innermost, as in rows_k4; groups g and g + 2 together (one load of their ql and qh bytes). */
+ * vpmaddwd applies in place of the ones: isum = sa * sum_a + sb * sum_b, as the twin.  Unlike
+ * the other formats, a row's whole block at a time (two accumulators per row, whose chains
+ * are short enough) and two rows per pass: measured faster than four rows innermost, whose
+ * extra setup per row cost more than the shared loads of x saved (docs/KERNELS.md). */
 INLINE void rows_q6_k(const int R, const uint8_t *p, size_t rb, int64_t nb, const prep_x *x, float *out) {
     static const int8_t pick[4][32] = {
         {0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3},
@@ -394,46 +398,43 @@ INLINE void rows_q6_k(const int R, const uint8_t *p, size_t rb, int64_t nb, cons
         {12, 13, 12, 13, 12, 13, 12, 13, 12, 13, 12, 13, 12, 13, 12, 13, 14, 15, 14, 15, 14, 15, 14, 15, 14, 15, 14, 15, 14,
          15, 14, 15}};
     const size_t ahead = rows_ahead((size_t)R * rb);
-    __m256 acc[4];
-    for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
+    __m256 acc[4], acc2[4];
+    for (int r = 0; r < R; r++) acc[r] = acc2[r] = _mm256_setzero_ps();
     const uint8_t *pf = p + ahead;
     for (int64_t i = 0; i < nb; i++, p += 210, pf += R * 210) {
         prefetch_step(pf, (size_t)R * 210);
         const int8_t *xq = x->q + 256 * i;
         const int16_t *off = x->off + 128 * i;
         const __m256 dxv = _mm256_loadu_ps(x->dx + 8 * i);
-        const __m256 d = _mm256_cvtph_ps(_mm_cvtsi64_si128((long long)gather16(R, p + 208, rb)));
-        float f[32] __attribute__((aligned(32)));
-        __m256i s16[4][2];
+        float d[4] __attribute__((aligned(16)));
+        _mm_store_ps(d, _mm_cvtph_ps(_mm_cvtsi64_si128((long long)gather16(R, p + 208, rb))));
 #pragma GCC unroll 4
         for (int r = 0; r < R; r++) {
-            _mm256_store_ps(f + 8 * r, _mm256_mul_ps(_mm256_permutevar8x32_ps(d, _mm256_set1_epi32(r)), dxv));
-            const __m256i s = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(p + (size_t)r * rb + 192)));
-            s16[r][0] = _mm256_permute2x128_si256(s, s, 0x00), s16[r][1] = _mm256_permute2x128_si256(s, s, 0x11);
-        }
+            const uint8_t *b = p + (size_t)r * rb;
+            float f[8] __attribute__((aligned(32)));
+            _mm256_store_ps(f, _mm256_mul_ps(_mm256_broadcast_ss(d + r), dxv));
 #pragma GCC unroll 2
-        for (int h = 0; h < 2; h++)
-#pragma GCC unroll 2
-            for (int k = 0; k < 2; k++) {
-                const int8_t *xg = xq + 128 * h + 32 * k;
-                const int16_t *og = off + 64 * h + 16 * k;
-                const __m256i xa = load32(xg), xb = load32(xg + 64);
-                const __m256i oa = _mm256_load_si256((const __m256i *)og), ob = _mm256_load_si256((const __m256i *)(og + 32));
-                const __m256i pa = load32(pick[k]), pb = load32(pick[k + 2]);
+            for (int h = 0; h < 2; h++) {
+                /* the half's 8 scales as i16, in both 128-bit lanes */
+                const __m256i s16 = _mm256_broadcastsi128_si256(_mm_cvtepi8_epi16(_mm_loadl_epi64((const __m128i *)(b + 192 + 8 * h))));
+                __m256i u[4];
+                q6_codes2(b + 64 * h, b + 128 + 32 * h, 0, &u[0], &u[2]);
+                q6_codes2(b + 64 * h + 32, b + 128 + 32 * h, 1, &u[1], &u[3]);
 #pragma GCC unroll 4
-                for (int r = 0; r < R; r++) {
-                    const uint8_t *b = p + (size_t)r * rb;
-                    __m256i u0, u2;
-                    q6_codes2(b + 64 * h + 32 * k, b + 128 + 32 * h, k, &u0, &u2);
-                    const __m256i s0 = _mm256_add_epi16(_mm256_maddubs_epi16(u0, xa), oa);
-                    const __m256i s2 = _mm256_add_epi16(_mm256_maddubs_epi16(u2, xb), ob);
-                    const __m256i p0 = _mm256_madd_epi16(s0, _mm256_shuffle_epi8(s16[r][h], pa));
-                    const __m256i p2 = _mm256_madd_epi16(s2, _mm256_shuffle_epi8(s16[r][h], pb));
-                    acc[r] = _mm256_fmadd_ps(_mm256_broadcast_ss(f + 8 * r + 4 * h + k), cvt_i32(p0), acc[r]);
-                    acc[r] = _mm256_fmadd_ps(_mm256_broadcast_ss(f + 8 * r + 4 * h + k + 2), cvt_i32(p2), acc[r]);
+                for (int g = 0; g < 4; g++) {
+                    const __m256i pairs = _mm256_add_epi16(_mm256_maddubs_epi16(u[g], load32(xq + 128 * h + 32 * g)),
+                                                           _mm256_load_si256((const __m256i *)(off + 64 * h + 16 * g)));
+                    const __m256i prod = _mm256_madd_epi16(pairs, _mm256_shuffle_epi8(s16, load32(pick[g])));
+                    const __m256 fg = _mm256_broadcast_ss(f + 4 * h + g);
+                    if (g & 1)
+                        acc2[r] = _mm256_fmadd_ps(fg, cvt_i32(prod), acc2[r]);
+                    else
+                        acc[r] = _mm256_fmadd_ps(fg, cvt_i32(prod), acc[r]);
                 }
             }
+        }
     }
+    for (int r = 0; r < R; r++) acc[r] = _mm256_add_ps(acc[r], acc2[r]);
     store_sums(R, acc, out);
 }
 
@@ -494,18 +495,29 @@ INLINE void rows_iq4_xs(const int R, const uint8_t *p, size_t rb, int64_t nb, co
 
 /* ---- dispatch --------------------------------------------------------------------------- */
 
-#define ROWS_FNS(NAME, CALL4, CALL1)                                                                     \
-    static void rows4_##NAME(const uint8_t *p, size_t rb, int64_t nb, const prep_x *x, float *o) { CALL4; } \
+/* Rows per pass of each format (measured, docs/KERNELS.md: AVX2 int8 rows); MG_AVX2_Q8_GROUP
+ * (1 to 4) overrides them all, for measuring. */
+#ifdef MG_AVX2_Q8_GROUP
+#define GROUP(n) MG_AVX2_Q8_GROUP
+#else
+#define GROUP(n) n
+#endif
+#define ROWS_FNS(NAME, G, CALLG, CALL1)                                                                \
+    enum { G_##NAME = GROUP(G) };                                                                       \
+    static void rowsg_##NAME(const uint8_t *p, size_t rb, int64_t nb, const prep_x *x, float *o) {   \
+        const int R = G_##NAME;                                                                        \
+        CALLG;                                                                                         \
+    }                                                                                                  \
     static void rows1_##NAME(const uint8_t *p, size_t rb, int64_t nb, const prep_x *x, float *o) { CALL1; }
-ROWS_FNS(q8_0, rows_q8_0(4, p, rb, nb, x, o), rows_q8_0(1, p, rb, nb, x, o))
-ROWS_FNS(q4_0, rows_nib(4, MG_Q4_0, p, rb, nb, x, o), rows_nib(1, MG_Q4_0, p, rb, nb, x, o))
-ROWS_FNS(q5_0, rows_nib(4, MG_Q5_0, p, rb, nb, x, o), rows_nib(1, MG_Q5_0, p, rb, nb, x, o))
-ROWS_FNS(mxfp4, rows_nib(4, MG_MXFP4, p, rb, nb, x, o), rows_nib(1, MG_MXFP4, p, rb, nb, x, o))
-ROWS_FNS(iq4_nl, rows_nib(4, MG_IQ4_NL, p, rb, nb, x, o), rows_nib(1, MG_IQ4_NL, p, rb, nb, x, o))
-ROWS_FNS(q4_k, rows_k4(4, p, rb, nb, x, 0, o), rows_k4(1, p, rb, nb, x, 0, o))
-ROWS_FNS(q5_k, rows_k4(4, p, rb, nb, x, 1, o), rows_k4(1, p, rb, nb, x, 1, o))
-ROWS_FNS(q6_k, rows_q6_k(4, p, rb, nb, x, o), rows_q6_k(1, p, rb, nb, x, o))
-ROWS_FNS(iq4_xs, rows_iq4_xs(4, p, rb, nb, x, o), rows_iq4_xs(1, p, rb, nb, x, o))
+ROWS_FNS(q8_0, 4, rows_q8_0(R, p, rb, nb, x, o), rows_q8_0(1, p, rb, nb, x, o))
+ROWS_FNS(q4_0, 4, rows_nib(R, MG_Q4_0, p, rb, nb, x, o), rows_nib(1, MG_Q4_0, p, rb, nb, x, o))
+ROWS_FNS(q5_0, 4, rows_nib(R, MG_Q5_0, p, rb, nb, x, o), rows_nib(1, MG_Q5_0, p, rb, nb, x, o))
+ROWS_FNS(mxfp4, 4, rows_nib(R, MG_MXFP4, p, rb, nb, x, o), rows_nib(1, MG_MXFP4, p, rb, nb, x, o))
+ROWS_FNS(iq4_nl, 4, rows_nib(R, MG_IQ4_NL, p, rb, nb, x, o), rows_nib(1, MG_IQ4_NL, p, rb, nb, x, o))
+ROWS_FNS(q4_k, 4, rows_k4(R, p, rb, nb, x, 0, o), rows_k4(1, p, rb, nb, x, 0, o))
+ROWS_FNS(q5_k, 4, rows_k4(R, p, rb, nb, x, 1, o), rows_k4(1, p, rb, nb, x, 1, o))
+ROWS_FNS(q6_k, 2, rows_q6_k(R, p, rb, nb, x, o), rows_q6_k(1, p, rb, nb, x, o))
+ROWS_FNS(iq4_xs, 4, rows_iq4_xs(R, p, rb, nb, x, o), rows_iq4_xs(1, p, rb, nb, x, o))
 
 typedef void rows_fn(const uint8_t *p, size_t rb, int64_t nb, const prep_x *x, float *out);
 
@@ -534,21 +546,23 @@ static void prep(mg_format f, const int8_t *q, const float *dx, const float *sx,
     }
 }
 
-static rows_fn *const ROWS4[MG_FORMAT_COUNT] = {
-    [MG_Q8_0] = rows4_q8_0, [MG_Q4_0] = rows4_q4_0, [MG_Q5_0] = rows4_q5_0,     [MG_MXFP4] = rows4_mxfp4,
-    [MG_IQ4_NL] = rows4_iq4_nl, [MG_Q4_K] = rows4_q4_k, [MG_Q5_K] = rows4_q5_k, [MG_Q6_K] = rows4_q6_k,
-    [MG_IQ4_XS] = rows4_iq4_xs};
-static rows_fn *const ROWS1[MG_FORMAT_COUNT] = {
-    [MG_Q8_0] = rows1_q8_0, [MG_Q4_0] = rows1_q4_0, [MG_Q5_0] = rows1_q5_0,     [MG_MXFP4] = rows1_mxfp4,
-    [MG_IQ4_NL] = rows1_iq4_nl, [MG_Q4_K] = rows1_q4_k, [MG_Q5_K] = rows1_q5_k, [MG_Q6_K] = rows1_q6_k,
-    [MG_IQ4_XS] = rows1_iq4_xs};
+static const struct {
+    rows_fn *group, *one;
+    int n; /* rows per group */
+} ROWS[MG_FORMAT_COUNT] = {
+    [MG_Q8_0] = {rowsg_q8_0, rows1_q8_0, G_q8_0},       [MG_Q4_0] = {rowsg_q4_0, rows1_q4_0, G_q4_0},
+    [MG_Q5_0] = {rowsg_q5_0, rows1_q5_0, G_q5_0},       [MG_MXFP4] = {rowsg_mxfp4, rows1_mxfp4, G_mxfp4},
+    [MG_IQ4_NL] = {rowsg_iq4_nl, rows1_iq4_nl, G_iq4_nl}, [MG_Q4_K] = {rowsg_q4_k, rows1_q4_k, G_q4_k},
+    [MG_Q5_K] = {rowsg_q5_k, rows1_q5_k, G_q5_k},       [MG_Q6_K] = {rowsg_q6_k, rows1_q6_k, G_q6_k},
+    [MG_IQ4_XS] = {rowsg_iq4_xs, rows1_iq4_xs, G_iq4_xs}};
 
-/* Per token and column pass, x prepared once; then the rows four at a time (the last 0-3 one
- * by one). */
+/* Per token and column pass, x prepared once; then the rows in groups of ROWS[f].n, the rest
+ * one by one (each row's result is the same either way, see store_sums). */
 void mg_avx2_linear_q8(const mg_matrix *w, const mg_q8_act *xq, int64_t n_tok, float *y, int64_t y_stride, int64_t r0,
                        int64_t r1) {
     const mg_format f = w->format;
-    rows_fn *four = ROWS4[f], *one = ROWS1[f];
+    rows_fn *group = ROWS[f].group, *one = ROWS[f].one;
+    const int n = ROWS[f].n;
     int64_t e, bytes;
     mg_format_block(f, &e, &bytes);
     const size_t rb = mg_matrix_row_bytes(w);
@@ -562,7 +576,7 @@ void mg_avx2_linear_q8(const mg_matrix *w, const mg_q8_act *xq, int64_t n_tok, f
             prep(f, xq->q + t * xq->cols + c0, xq->d + t * groups + c0 / 32, xq->s + t * groups + c0 / 32, kc, &x);
             const uint8_t *base = (const uint8_t *)w->data + (size_t)(c0 / e * bytes);
             int64_t r = r0;
-            for (; r + 4 <= r1; r += 4) four(base + (size_t)r * rb, rb, kc / e, &x, yt + r);
+            for (; r + n <= r1; r += n) group(base + (size_t)r * rb, rb, kc / e, &x, yt + r);
             for (; r < r1; r++) one(base + (size_t)r * rb, rb, kc / e, &x, yt + r);
         }
     }
