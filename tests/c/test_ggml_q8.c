@@ -2,12 +2,14 @@
  * and this CPU runs:
  *  1. The quantiser: codes in [-127, 127], |x - d * q| <= d / 2 (rounding to nearest), s = d *
  *     sum(q), all-zero blocks give d = 0, a NaN makes the block's scale NaN.
- *  2. Each SIMD table's linear_q8 against the scalar twin on random blocks, odd row counts, rows
- *     not multiples of 256, token counts 1, 2, 3, 5, row ranges inside the matrix, padded y
- *     strides, rows wider than 16384 (past a kernel's stack copy of x): |y - y_scalar| <= 1e-5 * mag, mag = sum_c |w_c xq_c| (+ 2 |dmin*m| |xq_c| for
+ *  2. Each SIMD table's linear_q8 against the scalar twin on random blocks, odd row counts (and
+ *     counts leaving 0-3 rows after groups of four), odd block counts, rows not multiples of
+ *     256, token counts 1, 2, 3, 5, row ranges inside the matrix, padded y strides, rows wider
+ *     than a kernel's stack copy of x (8192 columns, also with an odd last pass): |y - y_scalar| <= 1e-5 * mag, mag = sum_c |w_c xq_c| (+ 2 |dmin*m| |xq_c| for
  *     Q4_K / Q5_K, whose mins are a separate sum): both compute the same exact integer sums
  *     and the same float factors, and differ only in the order of the fp32 additions.  Rows
- *     outside the range stay untouched.
+ *     outside the range stay untouched.  The avx2 table's rows do not depend on the row range
+ *     at all (bit for bit: each row is reduced alone, whether in a group of four or not).
  *  3. Against the fp32 path (the linear entry on the unquantised x): |y_q8 - y_f32| <=
  *     sum_c |w_c| |x_c - xq_c| + 1e-5 * mag: the quantisation bound.
  *  4. The dispatch (core/linear.c, model/blocks.c): with act_int8 set, mg_linear_multi and
@@ -161,6 +163,28 @@ static void case_linear(const mg_kernels *k, const bmat *b, int64_t n_tok, int64
     free(mem), free(x), free(y), free(y_ref), free(y_f32);
 }
 
+/* 2b. The avx2 loops reduce every row alone, in the same order in a group of four rows as
+ * alone: a row's result is bit for bit the same whatever row range it is computed in (so
+ * whatever the thread split). */
+static void case_range_independent(const mg_kernels *k) {
+    int bad = 0;
+    for (int fi = 0; fi < N_FORMATS; fi++) {
+        bmat b;
+        make(&b, FORMATS[fi], 11, 512);
+        float x[512], y[11], y1[11];
+        for (int i = 0; i < 512; i++) x[i] = rnd_sym();
+        void *mem = aligned_alloc(64, mg_q8_act_bytes(1, 512) + 64);
+        mg_q8_act xq;
+        mg_q8_quantize(x, 512, 1, 512, mem, &xq);
+        k->linear_q8[b.m.format](&b.m, &xq, 1, y, 11, 0, 11);
+        for (int64_t r = 0; r < 11; r++) k->linear_q8[b.m.format](&b.m, &xq, 1, y1, 11, r, r + 1);
+        bad += memcmp(y, y1, sizeof y) != 0;
+        free(mem);
+        unmake(&b);
+    }
+    CHECK(!bad, "%s: %d formats give rows that depend on the row range", k->name, bad);
+}
+
 /* 4. The dispatch through the pool. */
 static void case_dispatch(const mg_kernels *k, mg_pool *pool) {
     bmat a, b;
@@ -230,7 +254,8 @@ int main(void) {
                   tables[k]->name, mg_format_name((mg_format)f), tables[k]->linear_q8[f] ? "set" : "missing");
     }
     static const int64_t toks[] = {1, 2, 3, 5};
-    static const int64_t rows_list[] = {1, 3, 17, 37};
+    /* row counts and inner ranges leave 0-3 rows after the groups of four of the SIMD loops */
+    static const int64_t rows_list[] = {1, 3, 6, 17, 37};
     static const int64_t blocks32[] = {1, 3, 13, 44, 131};
     static const int64_t blocks256[] = {1, 3, 5, 17};
     for (int fi = 0; fi < N_FORMATS; fi++) {
@@ -240,7 +265,7 @@ int main(void) {
         const int64_t *bl = e == 32 ? blocks32 : blocks256;
         const int nbl = e == 32 ? 5 : 4;
         for (int bi = 0; bi < nbl; bi++)
-            for (int ri = 0; ri < 4; ri++) {
+            for (int ri = 0; ri < 5; ri++) {
                 bmat b;
                 make(&b, f, rows_list[ri], bl[bi] * e);
                 for (int k = 0; k < n; k++) /* k = 0: the scalar twin against fp32 (case 3) */
@@ -251,13 +276,21 @@ int main(void) {
                 unmake(&b);
             }
     }
-    /* rows wider than a kernel's stack copy of x (the VNNI loops prepare x in passes of 8192
-     * columns), in a group of four rows and one left over */
+    for (int k = 0; k < n; k++)
+        if (!strcmp(tables[k]->name, "avx2")) case_range_independent(tables[k]);
+    /* rows wider than a kernel's stack copy of x (the VNNI and AVX2 loops prepare x in passes of
+     * 8192 columns), in a group of four rows and one left over; for the 32-element formats also
+     * a last pass of an odd number of blocks (the AVX2 loops take them two at a time) */
     for (int fi = 0; fi < N_FORMATS; fi++) {
-        bmat b;
-        make(&b, FORMATS[fi], 5, 16384 + 256);
-        for (int k = 1; k < n; k++) case_linear(tables[k], &b, 1, 0, 5), case_linear(tables[k], &b, 2, 1, 5);
-        unmake(&b);
+        int64_t e, bytes;
+        mg_format_block(FORMATS[fi], &e, &bytes);
+        const int64_t widths[2] = {16384 + 256, 8192 + 96};
+        for (int wi = 0; wi < (e == 32 ? 2 : 1); wi++) {
+            bmat b;
+            make(&b, FORMATS[fi], 5, widths[wi]);
+            for (int k = 1; k < n; k++) case_linear(tables[k], &b, 1, 0, 5), case_linear(tables[k], &b, 2, 1, 5);
+            unmake(&b);
+        }
     }
     mg_error err = {0};
     mg_pool *pool = mg_pool_create(2, &err);

@@ -202,8 +202,8 @@ mg_avx2_prefill_fn mg_avx2_prefill_f32, mg_avx2_prefill_bf16, mg_avx2_prefill_f1
 mg_avx2_decode_fn mg_avx2_decode_ggml;
 void mg_avx2_ggml_dequant_block(mg_format f, const uint8_t *p, float *out);
 mg_avx2_prefill_fn mg_avx2_prefill_ggml;
-/* ... and the same formats with int8 activations (the linear_q8 entries; any n_tok, token by
- * token per row: the table uses it for decode, see core/linear.c). */
+/* q8_avx2.c: the same formats with int8 activations (the linear_q8 entries; any n_tok, token by
+ * token, rows four per pass: the table uses it for decode, see core/linear.c). */
 void mg_avx2_linear_q8(const mg_matrix *w, const mg_q8_act *xq, int64_t n_tok, float *y, int64_t y_stride, int64_t r0,
                        int64_t r1);
 
