@@ -230,59 +230,64 @@ typedef struct {
     const mg_kernels *k;
     float *scratch;
     int64_t per_worker;
-    int heads_per_item; /* bf16: query heads one work item covers (a slice of one kv group) */
+    int heads_per_item; /* query heads one work item covers (a slice of one kv group) */
     int items_per_group;
 } attn_job;
 
-static void attn_one(const mg_attn_args *a, const mg_kernels *kern, int64_t t, int h, float *s) {
-    int64_t pos = a->pos0 + t;
-    int64_t lo = 0;
-    if (a->window > 0 && pos - a->window + 1 > 0) lo = pos - a->window + 1;
-    int g = h / (a->n_heads / a->n_kv);
-    const float *q = a->q + t * a->q_stride + (int64_t)h * a->qk_dim;
-    const float *K = a->k, *V = a->v;
-    int64_t n = pos - lo + 1;
-    float mx = -INFINITY;
-    for (int64_t j = 0; j < n; j++) {
-        const float *kr = K + (lo + j) * a->k_stride + (int64_t)g * a->qk_dim;
-        s[j] = kern->dot(q, kr, a->qk_dim) * a->scale;
-        if (s[j] > mx) mx = s[j];
+/* Scores of m query rows against n key rows, and values into m output rows: the table's block
+ * products, or loops of its dot and axpy where it has none (core/kernels.h). */
+static void attn_scores(const mg_kernels *k, const float *q, int64_t q_stride, int m, const float *kr,
+                        int64_t k_stride, int64_t n, int64_t dim, float scale, float *s, int64_t s_stride) {
+    if (k->attn_scores) {
+        k->attn_scores(q, q_stride, m, kr, k_stride, n, dim, scale, s, s_stride);
+        return;
     }
-    float sink = a->sinks ? a->sinks[h] : -INFINITY;
-    if (sink > mx) mx = sink;
-    float sum = a->sinks ? expf(sink - mx) : 0.0f;
-    for (int64_t j = 0; j < n; j++) {
-        s[j] = expf(s[j] - mx);
-        sum += s[j];
-    }
-    float inv = 1.0f / sum;
-    float *o = a->out + t * a->out_stride + (int64_t)h * a->v_dim;
-    memset(o, 0, sizeof(float) * (size_t)a->v_dim);
-    for (int64_t j = 0; j < n; j++) {
-        const float *vr = V + (lo + j) * a->v_stride + (int64_t)g * a->v_dim;
-        kern->axpy(o, s[j] * inv, vr, a->v_dim);
-    }
+    for (int i = 0; i < m; i++)
+        for (int64_t j = 0; j < n; j++) s[i * s_stride + j] = k->dot(q + i * q_stride, kr + j * k_stride, dim) * scale;
 }
 
-/* bf16 K/V: query heads [h0, h1) of kv group g for token t.  s: (h1 - h0) score rows of
- * pos0 + n_tok floats, then KV_BLOCK converted rows.  Per head the operations (dot of the
- * converted key, softmax, axpy of the converted value in position order) are attn_one's. */
-static void attn_group_bf16(const mg_attn_args *a, const mg_kernels *kern, int64_t t, int g, int h0, int h1,
-                            float *s, int64_t s_row) {
+static void attn_values(const mg_kernels *k, float *o, int64_t o_stride, int m, const float *p, int64_t p_stride,
+                        const float *v, int64_t v_stride, int64_t n, int64_t dim) {
+    if (k->attn_values) {
+        k->attn_values(o, o_stride, m, p, p_stride, v, v_stride, n, dim);
+        return;
+    }
+    for (int i = 0; i < m; i++)
+        for (int64_t j = 0; j < n; j++) k->axpy(o + i * o_stride, p[i * p_stride + j], v + j * v_stride, dim);
+}
+
+/* Rows [j, j + n) of kv head g of a cache of `type` as floats: in place for fp32, converted
+ * into buf (n x dim) for bf16.  Returns the first row; *stride the floats between rows. */
+static const float *kv_rows(mg_kv_type type, const void *base, int64_t row_stride, int g, int dim, int64_t j,
+                            int64_t n, float *buf, int64_t *stride) {
+    if (type == MG_KV_F32) {
+        *stride = row_stride;
+        return (const float *)base + j * row_stride + (int64_t)g * dim;
+    }
+    for (int64_t r = 0; r < n; r++)
+        mg_kv_bf16_to_f32((const uint16_t *)base + (j + r) * row_stride + (int64_t)g * dim, buf + r * dim, dim);
+    *stride = dim;
+    return buf;
+}
+
+/* Query heads [h0, h1) of kv group g for token t.  s: (h1 - h0) score rows of s_row floats,
+ * then KV_BLOCK converted rows (bf16 caches).  Keys, then values, go by blocks of KV_BLOCK
+ * rows, each block used by every head of the slice while it is in L1; per head: the scaled
+ * scores, a softmax (with the head's sink), the probabilities' sum of values in position
+ * order. */
+static void attn_group(const mg_attn_args *a, const mg_kernels *kern, int64_t t, int g, int h0, int h1, float *s,
+                       int64_t s_row) {
     const int64_t pos = a->pos0 + t;
     const int64_t lo = a->window > 0 && pos - a->window + 1 > 0 ? pos - a->window + 1 : 0, n = pos - lo + 1;
-    const uint16_t *K = a->k, *V = a->v;
     const int nh = h1 - h0, dk = a->qk_dim, dv = a->v_dim;
-    float *rows = s + (int64_t)nh * s_row;
+    float *buf = s + (int64_t)nh * s_row;
+    const float *q = a->q + t * a->q_stride + (int64_t)h0 * dk;
+    float *out = a->out + t * a->out_stride + (int64_t)h0 * dv;
     for (int64_t j0 = 0; j0 < n; j0 += KV_BLOCK) {
         const int64_t nb = n - j0 < KV_BLOCK ? n - j0 : KV_BLOCK;
-        for (int64_t j = 0; j < nb; j++)
-            mg_kv_bf16_to_f32(K + (lo + j0 + j) * a->k_stride + (int64_t)g * dk, rows + j * dk, dk);
-        for (int i = 0; i < nh; i++) {
-            const float *q = a->q + t * a->q_stride + (int64_t)(h0 + i) * dk;
-            float *si = s + i * s_row + j0;
-            for (int64_t j = 0; j < nb; j++) si[j] = kern->dot(q, rows + j * dk, dk) * a->scale;
-        }
+        int64_t stride;
+        const float *rows = kv_rows(a->kv_type, a->k, a->k_stride, g, dk, lo + j0, nb, buf, &stride);
+        attn_scores(kern, q, dk, nh, rows, stride, nb, dk, a->scale, s + j0, s_row);
     }
     for (int i = 0; i < nh; i++) {
         float *si = s + i * s_row;
@@ -297,17 +302,13 @@ static void attn_group_bf16(const mg_attn_args *a, const mg_kernels *kern, int64
         }
         float inv = 1.0f / sum;
         for (int64_t j = 0; j < n; j++) si[j] *= inv;
-        memset(a->out + t * a->out_stride + (int64_t)(h0 + i) * dv, 0, sizeof(float) * (size_t)dv);
+        memset(out + (int64_t)i * dv, 0, sizeof(float) * (size_t)dv);
     }
     for (int64_t j0 = 0; j0 < n; j0 += KV_BLOCK) {
         const int64_t nb = n - j0 < KV_BLOCK ? n - j0 : KV_BLOCK;
-        for (int64_t j = 0; j < nb; j++)
-            mg_kv_bf16_to_f32(V + (lo + j0 + j) * a->v_stride + (int64_t)g * dv, rows + j * dv, dv);
-        for (int i = 0; i < nh; i++) {
-            float *o = a->out + t * a->out_stride + (int64_t)(h0 + i) * dv;
-            const float *si = s + i * s_row + j0;
-            for (int64_t j = 0; j < nb; j++) kern->axpy(o, si[j], rows + j * dv, dv);
-        }
+        int64_t stride;
+        const float *rows = kv_rows(a->kv_type, a->v, a->v_stride, g, dv, lo + j0, nb, buf, &stride);
+        attn_values(kern, out, dv, nh, s + j0, s_row, rows, stride, nb, dv);
     }
 }
 
@@ -316,11 +317,6 @@ static void attn_task(void *ctx, int worker, int n_workers) {
     const mg_attn_args *a = job->a;
     int64_t begin, end;
     float *s = job->scratch + (int64_t)worker * job->per_worker;
-    if (a->kv_type == MG_KV_F32) {
-        mg_split_range(a->n_tok * a->n_heads, 1, worker, n_workers, &begin, &end);
-        for (int64_t i = begin; i < end; i++) attn_one(a, job->k, i / a->n_heads, (int)(i % a->n_heads), s);
-        return;
-    }
     const int hpg = a->n_heads / a->n_kv, per = job->items_per_group;
     mg_split_range(a->n_tok * a->n_kv * per, 1, worker, n_workers, &begin, &end);
     for (int64_t i = begin; i < end; i++) {
@@ -328,15 +324,14 @@ static void attn_task(void *ctx, int worker, int n_workers) {
         const int g = (int)(i / per % a->n_kv), b = (int)(i % per);
         const int h0 = g * hpg + b * job->heads_per_item;
         const int h1 = h0 + job->heads_per_item < (g + 1) * hpg ? h0 + job->heads_per_item : (g + 1) * hpg;
-        if (h0 < h1) attn_group_bf16(a, job->k, t, g, h0, h1, s, a->pos0 + a->n_tok);
+        if (h0 < h1) attn_group(a, job->k, t, g, h0, h1, s, a->pos0 + a->n_tok);
     }
 }
 
-/* bf16 work items: each kv group's heads are cut into slices so that there are at least as
- * many (token, group, slice) items as workers (decode with few kv heads still uses them all). */
+/* Work items: each kv group's heads are cut into slices so that there are at least as many
+ * (token, group, slice) items as workers (decode with few kv heads still uses them all). */
 static attn_job attn_plan(const mg_compute *c, const mg_attn_args *a, float *scratch) {
     attn_job job = {a, c->k, scratch, a->pos0 + a->n_tok, 1, 1};
-    if (a->kv_type == MG_KV_F32) return job;
     const int threads = mg_pool_threads(c->pool), hpg = a->n_heads / a->n_kv;
     const int64_t groups = a->n_tok * a->n_kv;
     int per = groups >= threads ? 1 : (int)((threads + groups - 1) / groups);
@@ -344,7 +339,7 @@ static attn_job attn_plan(const mg_compute *c, const mg_attn_args *a, float *scr
     job.heads_per_item = (hpg + per - 1) / per;
     job.items_per_group = (hpg + job.heads_per_item - 1) / job.heads_per_item;
     const int64_t dmax = a->qk_dim > a->v_dim ? a->qk_dim : a->v_dim;
-    job.per_worker = (int64_t)job.heads_per_item * (a->pos0 + a->n_tok) + KV_BLOCK * dmax;
+    job.per_worker = (int64_t)job.heads_per_item * (a->pos0 + a->n_tok) + (a->kv_type == MG_KV_F32 ? 0 : KV_BLOCK * dmax);
     return job;
 }
 

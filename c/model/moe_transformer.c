@@ -177,10 +177,11 @@ static uint64_t other_bytes(const cfg *c, const mg_arch_env *env) {
     uint64_t fw = (uint64_t)(c->f_dense > c->f_moe * c->n_shared ? c->f_dense : c->f_moe * c->n_shared);
     uint64_t per_tok = 6 * (uint64_t)c->d + 2 * qd + 2 * kvd + 2 * fw + (uint64_t)c->n_experts +
                        (uint64_t)c->top_k * (2 * (uint64_t)c->d + 2 * (uint64_t)c->f_moe + 2);
-    /* attention scores: a row of max_ctx per worker, per query head of a slice for bf16 */
+    /* attention scores: a row of max_ctx per query head of a worker's slice of a kv group (and
+     * a block of converted rows for bf16) */
     uint64_t hpg = (uint64_t)(c->n_heads / c->n_kv);
     uint64_t scores = (uint64_t)mg_pool_threads(env->compute->pool) *
-                      ((env->kv_type == MG_KV_F32 ? 1 : hpg) * (uint64_t)env->max_ctx + 32 * (uint64_t)c->head_dim);
+                      (hpg * (uint64_t)env->max_ctx + 32 * (uint64_t)c->head_dim);
     return kv + (CHUNK * per_tok + scores) * sizeof(float);
 }
 

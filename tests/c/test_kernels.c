@@ -5,7 +5,8 @@
  *  2. Every SIMD table this CPU runs (avx2, avx512, avx512bf16, neon: whichever the build has
  *     and mg_kernels_named accepts here) against the scalar table, for every weight format and
  *     scale kind, odd shapes, decode and prefill token counts, sub-ranges of rows and padded
- *     strides; then the vector ops (dot, axpy, scale, rmsnorm, swiglu, read_sum).
+ *     strides; then the vector ops (dot, axpy, scale, rmsnorm, swiglu, read_sum) and the
+ *     attention block products (attn_scores, attn_values).
  * Linear tolerance: |y - y_ref| <= 1e-5 * sum_c |w[r,c] * x[t,c]| (fp32 reordering only). */
 #include <math.h>
 #include <stdio.h>
@@ -508,6 +509,51 @@ static void test_vector_ops(tally *t, const mg_kernels *k, const mg_kernels *ref
     }
 }
 
+/* The attention block products against the scalar twin, on odd head counts, key counts and
+ * widths (tile tails in every direction), with row strides wider than the rows.  A table without
+ * them (NULL: its caller loops over dot and axpy) is skipped. */
+static void test_attn_blocks(tally *t, const mg_kernels *k, const mg_kernels *ref, rng *g) {
+    if (!k->attn_scores || !k->attn_values) return;
+    static const int ms[] = {1, 2, 3, 5, 8};
+    static const int64_t ns[] = {1, 3, 4, 5, 9, 32, 37};
+    static const int64_t dims[] = {1, 7, 8, 13, 32, 40, 64, 127, 128, 200};
+    for (size_t mi = 0; mi < sizeof ms / sizeof *ms; mi++)
+        for (size_t ni = 0; ni < sizeof ns / sizeof *ns; ni++)
+            for (size_t di = 0; di < sizeof dims / sizeof *dims; di++) {
+                const int m = ms[mi];
+                const int64_t n = ns[ni], dim = dims[di], qs = dim + 3, ks = dim + 5, ss = n + 2;
+                float *q = rand_vec(m * qs, 2.0f, g), *kv = rand_vec(n * ks, 2.0f, g);
+                float *s1 = rand_vec(m * ss, 1.0f, g), *s2 = malloc((size_t)(m * ss) * sizeof(float));
+                memcpy(s2, s1, (size_t)(m * ss) * sizeof(float));
+                k->attn_scores(q, qs, m, kv, ks, n, dim, 0.125f, s1, ss);
+                ref->attn_scores(q, qs, m, kv, ks, n, dim, 0.125f, s2, ss);
+                int ok = 1;
+                for (int i = 0; i < m; i++)
+                    for (int64_t j = 0; j < ss; j++) {
+                        double mag = 0;
+                        for (int64_t c = 0; j < n && c < dim; c++) mag += fabs((double)q[i * qs + c] * kv[j * ks + c]);
+                        ok &= fabsf(s1[i * ss + j] - s2[i * ss + j]) <= 1e-6 * 0.125 * mag + 1e-30; /* j >= n: untouched */
+                    }
+                check(t, ok, "attn_scores", k->name, "", (long)m, (long)n, (long)dim, 0, 0);
+
+                /* values: p rows of n probabilities ss apart; outputs dim + 1 apart, their gap untouched */
+                const int64_t os = dim + 1;
+                float *o1 = rand_vec(m * os, 1.0f, g), *o2 = malloc((size_t)(m * os) * sizeof(float));
+                memcpy(o2, o1, (size_t)(m * os) * sizeof(float));
+                k->attn_values(o1, os, m, s2, ss, kv, ks, n, dim);
+                ref->attn_values(o2, os, m, s2, ss, kv, ks, n, dim);
+                ok = 1;
+                for (int i = 0; i < m; i++)
+                    for (int64_t c = 0; c < os; c++) {
+                        double mag = fabs((double)o2[i * os + c]);
+                        for (int64_t j = 0; c < dim && j < n; j++) mag += fabs((double)s2[i * ss + j] * kv[j * ks + c]);
+                        ok &= fabsf(o1[i * os + c] - o2[i * os + c]) <= 1e-6 * mag + 1e-30;
+                    }
+                check(t, ok, "attn_values", k->name, "", (long)m, (long)n, (long)dim, 0, 0);
+                free(q), free(kv), free(s1), free(s2), free(o1), free(o2);
+            }
+}
+
 /* Every table this build has and this CPU runs: its parent is the one tables.h
  * names (avx512bf16 -> avx512 -> avx2 -> scalar; neon -> scalar), every entry is set, and an entry
  * a table does not override is its parent's (checked for avx512's dot). */
@@ -596,6 +642,7 @@ int main(void) {
     test_linear_batching(&t, tables, n, &g);
     test_linear_fp8_huge_scale(&t, tables, n, &g);
     for (int i = 0; i < n; i++) test_vector_ops(&t, tables[i], tables[0], &g);
+    for (int i = 0; i < n; i++) test_attn_blocks(&t, tables[i], tables[0], &g);
     printf("%d passed, %d failed\n", t.passed, t.failed);
     return t.failed ? 1 : 0;
 }

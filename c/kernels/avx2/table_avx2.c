@@ -37,6 +37,7 @@ int mg_kernels_override_avx2(mg_kernels *k, const mg_cpu_features *f) {
     for (int fmt = MG_Q8_0; fmt < MG_FORMAT_COUNT; fmt++)
         k->linear[fmt] = linear_ggml, k->linear_q8[fmt] = mg_avx2_linear_q8;
     MG_VECTOR_OPS_SET(k, mg_avx2);
+    k->attn_scores = mg_avx2_attn_scores, k->attn_values = mg_avx2_attn_values; /* attn_avx2.c */
     return 1;
 }
 #else

@@ -11,6 +11,9 @@ int mg_kernels_override_neon(mg_kernels *k, const mg_cpu_features *f) {
     for (int f = MG_Q8_0; f < MG_FORMAT_COUNT; f++) /* ggml_neon.c */
         k->linear[f] = mg_neon_linear_ggml, k->linear_q8[f] = mg_neon_linear_q8;
     MG_VECTOR_OPS_SET(k, mg_neon);
+    /* attention: the scalar loops would replace NEON's dot and axpy; NULL lets the caller loop
+     * over those (core/kernels.h) */
+    k->attn_scores = NULL, k->attn_values = NULL;
     return 1;
 }
 #else
