@@ -11,6 +11,7 @@
 
 #if defined(__x86_64__) && defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #include "kernels/avx2/avx2.h"
+#include "core/ggml_blocks.h"
 
 /* Rows go along the vector lanes: the tile holds TILE_ROWS rows of TILE_COLS columns
  * column-major (tile[c * TILE_ROWS + i]), so one column is two ymm of 16 row values, and the
@@ -234,10 +235,97 @@ INLINE void dequant_tile(const mg_matrix *w, mg_format f, int64_t r, int64_t nr,
     }
 }
 
+/* 8 rows of 32 bytes to 32 columns of 8: out[8 * e + i] is byte e of row i (three rounds of
+ * unpacks, bytes then pairs then quads, within each 128-bit lane). */
+INLINE void transpose_bytes8x32(const __m256i r[8], uint8_t *out) {
+    __m256i a[8], b[8];
+    for (int j = 0; j < 4; j++) {
+        a[2 * j] = _mm256_unpacklo_epi8(r[2 * j], r[2 * j + 1]);     /* rows 2j, 2j+1: bytes 0-7 | 16-23 */
+        a[2 * j + 1] = _mm256_unpackhi_epi8(r[2 * j], r[2 * j + 1]); /* bytes 8-15 | 24-31 */
+    }
+    for (int h = 0; h < 2; h++) { /* rows 0-3, then 4-7 */
+        const __m256i *x = a + 4 * h;
+        b[4 * h + 0] = _mm256_unpacklo_epi16(x[0], x[2]); /* bytes 0-3 | 16-19 */
+        b[4 * h + 1] = _mm256_unpackhi_epi16(x[0], x[2]); /* 4-7 | 20-23 */
+        b[4 * h + 2] = _mm256_unpacklo_epi16(x[1], x[3]); /* 8-11 | 24-27 */
+        b[4 * h + 3] = _mm256_unpackhi_epi16(x[1], x[3]); /* 12-15 | 28-31 */
+    }
+    for (int k = 0; k < 4; k++) { /* columns 4k .. 4k + 3 | 16 + 4k .. */
+        const __m256i lo = _mm256_unpacklo_epi32(b[k], b[k + 4]), hi = _mm256_unpackhi_epi32(b[k], b[k + 4]);
+        _mm_storeu_si128((__m128i *)(out + 32 * k), _mm256_castsi256_si128(lo));
+        _mm_storeu_si128((__m128i *)(out + 32 * k + 16), _mm256_castsi256_si128(hi));
+        _mm_storeu_si128((__m128i *)(out + 128 + 32 * k), _mm256_extracti128_si256(lo, 1));
+        _mm_storeu_si128((__m128i *)(out + 128 + 32 * k + 16), _mm256_extracti128_si256(hi, 1));
+    }
+}
+
+/* Columns [0, 32) of a sub-block of 8 rows into the tile at o: codes (out of
+ * transpose_bytes8x32) times the rows' scales minus their mins, one lane per row. */
+INLINE void q4_k_columns(const uint8_t *codes, __m256 ds, __m256 dm, float *o) {
+    for (int e = 0; e < 32; e++) {
+        const __m256 q = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(codes + 8 * e))));
+        _mm256_store_ps(o + e * TILE_ROWS, _mm256_fmsub_ps(q, ds, dm));
+    }
+}
+
+/* Q4_K tiles without float transposes: a chunk's 8 rows of codes are transposed as bytes (a
+ * quarter of the data), widened a column at a time and scaled with a vector of the 8 rows'
+ * sub-block scales and mins: each value is ds * q - dm in one FMA, as
+ * mg_avx2_ggml_dequant_block computes it (ds * q exact), so the tile is the same bit for bit. */
+INLINE void dequant_tile_q4_k(const mg_matrix *w, int64_t r, int64_t nr, int64_t c0, int64_t kc, float *tile) {
+    const size_t rb = mg_matrix_row_bytes(w);
+    const __m256i m4 = _mm256_set1_epi8(0x0f);
+    uint8_t cols[256] __attribute__((aligned(32)));
+    for (int g = 0; g < TILE_ROWS; g += 8) {
+        if (g >= nr) { /* lanes no output reads: zeros, so no stale values reach the FMAs */
+            for (int64_t c = 0; c < kc; c++) _mm256_store_ps(tile + c * TILE_ROWS + g, _mm256_setzero_ps());
+            continue;
+        }
+        const uint8_t *rows[8];
+        for (int i = 0; i < 8; i++) {
+            const int64_t ri = r + g + i < r + nr ? r + g + i : r + nr - 1;
+            rows[i] = (const uint8_t *)w->data + (size_t)ri * rb + (size_t)(c0 / 256 * 144);
+        }
+        for (int64_t b = 0; b < kc; b += 256) {
+            __m256 ds[8], dm[8]; /* row i's eight sub-block factors, then transposed: [j] lane i */
+            for (int i = 0; i < 8; i++) {
+                const uint8_t *p = rows[i] + (size_t)(b / 256 * 144);
+                uint8_t sc[8], mn[8];
+                uint16_t d16, m16;
+                memcpy(&d16, p, 2), memcpy(&m16, p + 2, 2);
+                mg_ggml_k4_scales_mins(p + 4, sc, mn);
+                ds[i] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)sc))),
+                                      _mm256_set1_ps(_cvtsh_ss(d16)));
+                dm[i] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)mn))),
+                                      _mm256_set1_ps(_cvtsh_ss(m16)));
+            }
+            transpose8(ds);
+            transpose8(dm);
+            for (int c = 0; c < 4; c++) { /* sub-blocks 2c (low nibbles of qs[32c ..]) and 2c + 1 (high) */
+                __m256i lo[8], hi[8];
+                for (int i = 0; i < 8; i++) {
+                    const __m256i v = _mm256_loadu_si256((const __m256i *)(rows[i] + (size_t)(b / 256 * 144) + 16 + 32 * c));
+                    lo[i] = _mm256_and_si256(v, m4);
+                    hi[i] = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+                }
+                float *o = tile + (b + 64 * c) * TILE_ROWS + g;
+                transpose_bytes8x32(lo, cols);
+                q4_k_columns(cols, ds[2 * c], dm[2 * c], o);
+                transpose_bytes8x32(hi, cols);
+                q4_k_columns(cols, ds[2 * c + 1], dm[2 * c + 1], o + 32 * TILE_ROWS);
+            }
+        }
+    }
+}
+
 /* The tile of a ggml block-format matrix (kc whole blocks: TILE_COLS is a multiple of 256):
  * each row's blocks are dequantised exactly (ggml_avx2.c) into a row-major buffer of 8 rows,
  * then transposed 8 x 8 into the tile's columns.  Lanes past nr repeat the last row. */
 INLINE void dequant_tile_ggml(const mg_matrix *w, int64_t r, int64_t nr, int64_t c0, int64_t kc, float *tile) {
+    if (w->format == MG_Q4_K) {
+        dequant_tile_q4_k(w, r, nr, c0, kc, tile);
+        return;
+    }
     int64_t e, bytes;
     mg_format_block(w->format, &e, &bytes);
     const size_t rb = mg_matrix_row_bytes(w);
