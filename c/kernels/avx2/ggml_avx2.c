@@ -18,6 +18,7 @@
 #if defined(__x86_64__) && defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #include "kernels/avx2/avx2.h"
 #include "core/ggml_blocks.h"
+#include "kernels/avx2/q6_k_codes.h"
 
 INLINE float f16_at(const uint8_t *p) { /* vcvtph2ps: exact, denormals included */
     uint16_t h;
@@ -90,24 +91,6 @@ INLINE __m256 dot32(__m256i q, const float *x) {
 INLINE __m256 bytes_times(const uint8_t b[8], float v) {
     return _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)b))),
                          _mm256_set1_ps(v));
-}
-
-/* Q6_K: the 4 groups of 32 unsigned codes (0..63) of half h of the block. */
-INLINE void q6_k_half_u(const uint8_t *b, int h, __m256i q[4]) {
-    const __m256i m4 = _mm256_set1_epi8(0x0f), m3 = _mm256_set1_epi8(0x03);
-    const __m256i A = loadu256(b + 64 * h), B = loadu256(b + 64 * h + 32), H = loadu256(b + 128 + 32 * h);
-    const __m256i lo[4] = {_mm256_and_si256(A, m4), _mm256_and_si256(B, m4), _mm256_and_si256(_mm256_srli_epi16(A, 4), m4),
-                           _mm256_and_si256(_mm256_srli_epi16(B, 4), m4)};
-    for (int g = 0; g < 4; g++) {
-        const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(H, 2 * g), m3);
-        q[g] = _mm256_or_si256(lo[g], _mm256_slli_epi16(hi, 4));
-    }
-}
-
-/* Q6_K: the 4 groups of 32 codes (minus 32) of half h of the block. */
-INLINE void q6_k_half(const uint8_t *b, int h, __m256i q[4]) {
-    q6_k_half_u(b, h, q);
-    for (int g = 0; g < 4; g++) q[g] = _mm256_sub_epi8(q[g], _mm256_set1_epi8(32));
 }
 
 /* IQ4_XS: the 8 sub-block scales d * (s - 32). */

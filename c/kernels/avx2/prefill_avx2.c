@@ -12,6 +12,7 @@
 #if defined(__x86_64__) && defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #include "kernels/avx2/avx2.h"
 #include "core/ggml_blocks.h"
+#include "kernels/avx2/q6_k_codes.h"
 
 /* Rows go along the vector lanes: the tile holds TILE_ROWS rows of TILE_COLS columns
  * column-major (tile[c * TILE_ROWS + i]), so one column is two ymm of 16 row values, and the
@@ -318,12 +319,67 @@ INLINE void dequant_tile_q4_k(const mg_matrix *w, int64_t r, int64_t nr, int64_t
     }
 }
 
+/* Columns [0, 32) of 8 rows into the tile at o: signed codes (out of transpose_bytes8x32) times
+ * the rows' sub-block scales, s0 for columns 0..15 and s1 for 16..31 (Q6_K's sub-blocks of 16). */
+INLINE void q6_k_columns(const uint8_t *codes, __m256 s0, __m256 s1, float *o) {
+    for (int e = 0; e < 32; e++) {
+        const __m256 q = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(codes + 8 * e))));
+        _mm256_store_ps(o + e * TILE_ROWS, _mm256_mul_ps(q, e < 16 ? s0 : s1));
+    }
+}
+
+/* Q6_K tiles the same way as Q4_K's: each group of 32 codes of 8 rows is transposed as bytes
+ * and multiplied by a vector of the rows' d * scale, which is (d * scale) * q as
+ * mg_avx2_ggml_dequant_block computes it (d * scale exact): the same tile bit for bit. */
+INLINE void dequant_tile_q6_k(const mg_matrix *w, int64_t r, int64_t nr, int64_t c0, int64_t kc, float *tile) {
+    const size_t rb = mg_matrix_row_bytes(w);
+    uint8_t cols[256] __attribute__((aligned(32)));
+    for (int g = 0; g < TILE_ROWS; g += 8) {
+        if (g >= nr) { /* lanes no output reads: zeros, so no stale values reach the FMAs */
+            for (int64_t c = 0; c < kc; c++) _mm256_store_ps(tile + c * TILE_ROWS + g, _mm256_setzero_ps());
+            continue;
+        }
+        const uint8_t *rows[8];
+        for (int i = 0; i < 8; i++) {
+            const int64_t ri = r + g + i < r + nr ? r + g + i : r + nr - 1;
+            rows[i] = (const uint8_t *)w->data + (size_t)ri * rb + (size_t)(c0 / 256 * 210);
+        }
+        for (int64_t b = 0; b < kc; b += 256) {
+            const size_t blk = (size_t)(b / 256 * 210);
+            __m256 s[2][8]; /* row i's 16 factors d * scale, then transposed: s[j / 8][j % 8] lane i */
+            for (int i = 0; i < 8; i++) {
+                const uint8_t *p = rows[i] + blk;
+                uint16_t d16;
+                memcpy(&d16, p + 208, 2);
+                const __m256 d = _mm256_set1_ps(_cvtsh_ss(d16));
+                const __m128i sc = _mm_loadu_si128((const __m128i *)(p + 192));
+                s[0][i] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(sc)), d);
+                s[1][i] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(sc, 8))), d);
+            }
+            transpose8(s[0]);
+            transpose8(s[1]);
+            for (int h = 0; h < 2; h++)
+                for (int q = 0; q < 4; q++) { /* group q of half h: scales 8h + 2q, 8h + 2q + 1 */
+                    __m256i v[8];
+                    for (int i = 0; i < 8; i++)
+                        v[i] = _mm256_sub_epi8(q6_k_group_u(rows[i] + blk, h, q), _mm256_set1_epi8(32));
+                    transpose_bytes8x32(v, cols);
+                    q6_k_columns(cols, s[h][2 * q], s[h][2 * q + 1], tile + (b + 128 * h + 32 * q) * TILE_ROWS + g);
+                }
+        }
+    }
+}
+
 /* The tile of a ggml block-format matrix (kc whole blocks: TILE_COLS is a multiple of 256):
  * each row's blocks are dequantised exactly (ggml_avx2.c) into a row-major buffer of 8 rows,
  * then transposed 8 x 8 into the tile's columns.  Lanes past nr repeat the last row. */
 INLINE void dequant_tile_ggml(const mg_matrix *w, int64_t r, int64_t nr, int64_t c0, int64_t kc, float *tile) {
     if (w->format == MG_Q4_K) {
         dequant_tile_q4_k(w, r, nr, c0, kc, tile);
+        return;
+    }
+    if (w->format == MG_Q6_K) {
+        dequant_tile_q6_k(w, r, nr, c0, kc, tile);
         return;
     }
     int64_t e, bytes;
