@@ -59,6 +59,11 @@ INLINE void row_scales_g32(const mg_matrix *w, int64_t r, int64_t g0, int64_t n,
 #ifndef MG_AVX512_MIN_AHEAD
 #define MG_AVX512_MIN_AHEAD 8192
 #endif
+/* bf16 decode goes one row per pass up to this many columns per chunk (x: 16 KiB of fp32, in L1
+ * beside the stream), four rows per pass above (rows_bf16). */
+#ifndef MG_AVX512_BF16_ONE_ROW_COLS
+#define MG_AVX512_BF16_ONE_ROW_COLS 4096
+#endif
 INLINE size_t rows_ahead(size_t group) {
     return group >= MG_AVX512_MIN_AHEAD ? group : (MG_AVX512_MIN_AHEAD + group - 1) / group * group;
 }

@@ -240,8 +240,9 @@ INLINE int linear_decode(const mg_matrix *w, mg_format f, const float *x, float 
         for (int64_t r = r0; r < r1; r++) {
             const uint8_t *p = (const uint8_t *)w->data + (size_t)r * rb + off;
             float part;
-            if (f == MG_BF16) { /* up to four rows per pass, see rows_bf16 */
-                r += mg_avx512_bf16_rows(w, r, r1 - r < 4 ? r1 - r : 4, c0, kc, xs, y) - 1;
+            if (f == MG_BF16) { /* one row per pass while x stays in L1, else four: see rows_bf16 */
+                const int64_t group = kc <= MG_AVX512_BF16_ONE_ROW_COLS ? 1 : 4;
+                r += mg_avx512_bf16_rows(w, r, r1 - r < group ? r1 - r : group, c0, kc, xs, y) - 1;
                 continue;
             }
             if (f == MG_FP4_E2M1) { /* up to four rows per pass, see rows_fp4 */
