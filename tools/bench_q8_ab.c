@@ -31,23 +31,12 @@
 #include "core/kernels.h"
 #include "core/matrix.h"
 #include "core/q8_act.h"
+#include "bench_util.h"
 
 /* Weak: absent unless an old object is linked in. */
 void old_linear_q8(const mg_matrix *w, const mg_q8_act *xq, int64_t n_tok, float *y, int64_t y_stride, int64_t r0,
                    int64_t r1) __attribute__((weak));
 
-static uint64_t g_rng = 88172645463325252ull;
-static uint64_t rnd(void) {
-    g_rng ^= g_rng << 13;
-    g_rng ^= g_rng >> 7;
-    g_rng ^= g_rng << 17;
-    return g_rng;
-}
-static double cpu_now(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
-    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
 
 /* Random code bytes with sane f16 scales (d, and Q4_K / Q5_K's dmin) and e8m0 bytes. */
 static void fill(mg_format f, uint8_t *d, size_t n, int64_t b) {

@@ -236,6 +236,23 @@ INLINE void dequant_tile(const mg_matrix *w, mg_format f, int64_t r, int64_t nr,
     }
 }
 
+/* The 8 rows of the tile's lane group g (lanes past nr repeat the last row), each from byte `at`
+ * of its row on.  Returns 0, having zeroed the group's lanes, when none of its rows is in the
+ * tile: no output reads them, and zeros keep stale values out of the FMAs. */
+INLINE int tile_group_rows(const mg_matrix *w, int64_t r, int64_t nr, int g, size_t at, int64_t kc, float *tile,
+                           const uint8_t *rows[8]) {
+    if (g >= nr) {
+        for (int64_t c = 0; c < kc; c++) _mm256_store_ps(tile + c * TILE_ROWS + g, _mm256_setzero_ps());
+        return 0;
+    }
+    const size_t rb = mg_matrix_row_bytes(w);
+    for (int i = 0; i < 8; i++) {
+        const int64_t ri = r + g + i < r + nr ? r + g + i : r + nr - 1;
+        rows[i] = (const uint8_t *)w->data + (size_t)ri * rb + at;
+    }
+    return 1;
+}
+
 /* 8 rows of 32 bytes to 32 columns of 8: out[8 * e + i] is byte e of row i (three rounds of
  * unpacks, bytes then pairs then quads, within each 128-bit lane). */
 INLINE void transpose_bytes8x32(const __m256i r[8], uint8_t *out) {
@@ -274,19 +291,11 @@ INLINE void q4_k_columns(const uint8_t *codes, __m256 ds, __m256 dm, float *o) {
  * sub-block scales and mins: each value is ds * q - dm in one FMA, as
  * mg_avx2_ggml_dequant_block computes it (ds * q exact), so the tile is the same bit for bit. */
 INLINE void dequant_tile_q4_k(const mg_matrix *w, int64_t r, int64_t nr, int64_t c0, int64_t kc, float *tile) {
-    const size_t rb = mg_matrix_row_bytes(w);
     const __m256i m4 = _mm256_set1_epi8(0x0f);
     uint8_t cols[256] __attribute__((aligned(32)));
     for (int g = 0; g < TILE_ROWS; g += 8) {
-        if (g >= nr) { /* lanes no output reads: zeros, so no stale values reach the FMAs */
-            for (int64_t c = 0; c < kc; c++) _mm256_store_ps(tile + c * TILE_ROWS + g, _mm256_setzero_ps());
-            continue;
-        }
         const uint8_t *rows[8];
-        for (int i = 0; i < 8; i++) {
-            const int64_t ri = r + g + i < r + nr ? r + g + i : r + nr - 1;
-            rows[i] = (const uint8_t *)w->data + (size_t)ri * rb + (size_t)(c0 / 256 * 144);
-        }
+        if (!tile_group_rows(w, r, nr, g, (size_t)(c0 / 256 * 144), kc, tile, rows)) continue;
         for (int64_t b = 0; b < kc; b += 256) {
             __m256 ds[8], dm[8]; /* row i's eight sub-block factors, then transposed: [j] lane i */
             for (int i = 0; i < 8; i++) {
@@ -332,18 +341,10 @@ INLINE void q6_k_columns(const uint8_t *codes, __m256 s0, __m256 s1, float *o) {
  * and multiplied by a vector of the rows' d * scale, which is (d * scale) * q as
  * mg_avx2_ggml_dequant_block computes it (d * scale exact): the same tile bit for bit. */
 INLINE void dequant_tile_q6_k(const mg_matrix *w, int64_t r, int64_t nr, int64_t c0, int64_t kc, float *tile) {
-    const size_t rb = mg_matrix_row_bytes(w);
     uint8_t cols[256] __attribute__((aligned(32)));
     for (int g = 0; g < TILE_ROWS; g += 8) {
-        if (g >= nr) { /* lanes no output reads: zeros, so no stale values reach the FMAs */
-            for (int64_t c = 0; c < kc; c++) _mm256_store_ps(tile + c * TILE_ROWS + g, _mm256_setzero_ps());
-            continue;
-        }
         const uint8_t *rows[8];
-        for (int i = 0; i < 8; i++) {
-            const int64_t ri = r + g + i < r + nr ? r + g + i : r + nr - 1;
-            rows[i] = (const uint8_t *)w->data + (size_t)ri * rb + (size_t)(c0 / 256 * 210);
-        }
+        if (!tile_group_rows(w, r, nr, g, (size_t)(c0 / 256 * 210), kc, tile, rows)) continue;
         for (int64_t b = 0; b < kc; b += 256) {
             const size_t blk = (size_t)(b / 256 * 210);
             __m256 s[2][8]; /* row i's 16 factors d * scale, then transposed: s[j / 8][j % 8] lane i */
@@ -384,18 +385,10 @@ INLINE void dequant_tile_ggml(const mg_matrix *w, int64_t r, int64_t nr, int64_t
     }
     int64_t e, bytes;
     mg_format_block(w->format, &e, &bytes);
-    const size_t rb = mg_matrix_row_bytes(w);
     float buf[8][256] __attribute__((aligned(32)));
     for (int g = 0; g < TILE_ROWS; g += 8) {
-        if (g >= nr) { /* lanes no output reads: zeros, so no stale values reach the FMAs */
-            for (int64_t c = 0; c < kc; c++) _mm256_store_ps(tile + c * TILE_ROWS + g, _mm256_setzero_ps());
-            continue;
-        }
         const uint8_t *rows[8];
-        for (int i = 0; i < 8; i++) {
-            const int64_t ri = r + g + i < r + nr ? r + g + i : r + nr - 1;
-            rows[i] = (const uint8_t *)w->data + (size_t)ri * rb + (size_t)(c0 / e * bytes);
-        }
+        if (!tile_group_rows(w, r, nr, g, (size_t)(c0 / e * bytes), kc, tile, rows)) continue;
         for (int64_t b = 0; b < kc; b += e) {
             for (int i = 0; i < 8; i++) mg_avx2_ggml_dequant_block(w->format, rows[i] + (size_t)(b / e * bytes), buf[i]);
             for (int64_t k = 0; k < e; k += 8) {
