@@ -30,6 +30,7 @@ import pytest
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 STARTUP_SECONDS = 90.0
+BUSY_CTX = 65536
 BUSY_API_KEY = "test-key-123"
 
 
@@ -174,8 +175,10 @@ def glm_server(live_server) -> LiveServer:
 
 @pytest.fixture(scope="session")
 def busy_server(live_server) -> LiveServer:
-    """For queueing, auth and CORS: one waiting request at most, an API key, fast keepalives."""
-    return live_server("qwen3_moe", "--max-queue", "1", "--keepalive", "0.3",
+    """For queueing, auth and CORS: one waiting request at most, an API key, fast keepalives, and
+    a slot of BUSY_CTX tokens: the tiny model decodes thousands of tokens a second, so a job that
+    must hold the slot while a test queues and cancels around it needs far more than 4096."""
+    return live_server("qwen3_moe", "--max-queue", "1", "--keepalive", "0.3", "--ctx", str(BUSY_CTX),
                        "--cors", "http://localhost:3000", "--retry-after", "7", api_key=BUSY_API_KEY)
 
 

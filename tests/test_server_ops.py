@@ -14,13 +14,16 @@ import openai
 import pytest
 
 pytest.register_assert_rewrite("server_fixtures")
-from server_fixtures import BUSY_API_KEY, open_stream, wait_until  # noqa: E402
+from server_fixtures import BUSY_API_KEY, BUSY_CTX, open_stream, wait_until  # noqa: E402
 
 pytest_plugins = ["server_fixtures"]
 
 HI = [{"role": "user", "content": "Say hi."}]
 LONG = {"model": "m", "messages": [{"role": "user", "content": "Go on forever."}], "max_tokens": 4000,
         "ignore_eos": True, "stream": True}
+# busy_server's slot is BUSY_CTX tokens: a job that outlasts what a test does around it (4000
+# tokens of the tiny model took under a second of decode: the queue test once saw it end early).
+BUSY_LONG = dict(LONG, max_tokens=BUSY_CTX - 1000)
 
 
 def _health(server) -> dict:
@@ -54,7 +57,7 @@ def _has_content(ev) -> bool:
 def test_queue_full_keepalive_and_disconnects(busy_server):
     server = busy_server
     before = server.metrics()
-    running = open_stream(server.base_url, "/v1/chat/completions", LONG, _auth(server))
+    running = open_stream(server.base_url, "/v1/chat/completions", BUSY_LONG, _auth(server))
     assert running.status == 200
     _read_until(running, _has_content)  # the long job holds the slot now
 
@@ -116,7 +119,7 @@ def test_queue_full_keepalive_and_disconnects(busy_server):
 def test_non_streaming_disconnect_cancels(busy_server):
     server = busy_server
     conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=1.0)
-    conn.request("POST", "/v1/chat/completions", body=json.dumps(dict(LONG, stream=False)),
+    conn.request("POST", "/v1/chat/completions", body=json.dumps(dict(BUSY_LONG, stream=False)),
                  headers={"Content-Type": "application/json", **_auth(server)})
     assert wait_until(lambda: _health(server)["busy"], timeout=5)
     with pytest.raises((socket.timeout, TimeoutError)):
