@@ -362,8 +362,7 @@ INLINE void dequant_tile_q6_k(const mg_matrix *w, int64_t r, int64_t nr, int64_t
             for (int h = 0; h < 2; h++)
                 for (int q = 0; q < 4; q++) { /* group q of half h: scales 8h + 2q, 8h + 2q + 1 */
                     __m256i v[8];
-                    for (int i = 0; i < 8; i++)
-                        v[i] = _mm256_sub_epi8(q6_k_group_u(rows[i] + blk, h, q), _mm256_set1_epi8(32));
+                    for (int i = 0; i < 8; i++) v[i] = q6_k_group(rows[i] + blk, h, q);
                     transpose_bytes8x32(v, cols);
                     q6_k_columns(cols, s[h][2 * q], s[h][2 * q + 1], tile + (b + 128 * h + 32 * q) * TILE_ROWS + g);
                 }
