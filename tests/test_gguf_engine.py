@@ -46,6 +46,17 @@ MIXED = {
     "blk.*.ffn_gate.weight": "Q4_0", "blk.*.ffn_up.weight": "Q5_0", "blk.*.ffn_down.weight": "Q8_0",
     "token_embd.weight": "Q8_0", "output.weight": "Q6_K",
 }
+# The low-bit mixes desktop users run for the biggest models (Q2_K / Q3_K files, UD-Q2_K_XL) and
+# the Q4_1 / Q5_1 that llama-quantize puts where rows are not whole 256-blocks (GLM-4.5-Air).
+LOWBIT = {
+    "blk.*.ffn_gate_exps.weight": "Q2_K", "blk.*.ffn_up_exps.weight": "Q3_K",
+    "blk.*.ffn_down_exps.weight": "Q3_K",
+    "blk.*.attn_q.weight": "Q4_1", "blk.*.attn_k.weight": "Q5_1", "blk.*.attn_v.weight": "Q5_1",
+    "blk.*.attn_output.weight": "Q2_K",
+    "blk.*.ffn_gate_shexp.weight": "Q4_1", "blk.*.ffn_up_shexp.weight": "Q5_1", "blk.*.ffn_down_shexp.weight": "Q3_K",
+    "blk.*.ffn_gate.weight": "Q3_K", "blk.*.ffn_up.weight": "Q2_K", "blk.*.ffn_down.weight": "Q4_1",
+    "token_embd.weight": "Q5_1", "output.weight": "Q3_K",
+}
 
 # name -> (arch, checkpoint overrides, write_gguf options)
 CASES: dict[str, tuple[str, dict[str, Any], dict[str, Any]]] = {
@@ -55,6 +66,8 @@ CASES: dict[str, tuple[str, dict[str, Any], dict[str, Any]]] = {
     "glm4_moe-q8_0": ("glm4_moe", {"moe_intermediate_size": 64}, {"default": "Q8_0"}),
     "qwen3_moe-mixed": ("qwen3_moe", WIDE["qwen3_moe"], {"types": MIXED}),
     "glm4_moe-mixed": ("glm4_moe", WIDE["glm4_moe"], {"types": MIXED}),
+    "qwen3_moe-lowbit": ("qwen3_moe", WIDE["qwen3_moe"], {"types": LOWBIT}),
+    "glm4_moe-lowbit": ("glm4_moe", WIDE["glm4_moe"], {"types": LOWBIT}),
     "qwen3_moe-split": ("qwen3_moe", {}, {"split_max_tensors": 12, "default": "F16"}),
     "glm4_moe-tied": ("glm4_moe", {}, {"tied": True}),
     # general.alignment 256: every tensor (and so each stacked expert tensor) starts elsewhere.
@@ -198,12 +211,12 @@ def test_prefix_snapshots_of_a_gguf_file_are_keyed_by_the_file(gguf_file, tmp_pa
 def test_unsupported_type_is_named(build_checkpoint, tmp_path: Path) -> None:
     from gateway.engine import Engine, EngineError
 
-    ckpt = build_checkpoint("qwen3_moe", "f32")
-    path = write_gguf(ckpt, tmp_path / "q41.gguf", types={"blk.*.ffn_down_exps.weight": "Q4_1"})
+    ckpt = build_checkpoint("qwen3_moe", "f32", WIDE["qwen3_moe"])  # rows of whole 256-blocks
+    path = write_gguf(ckpt, tmp_path / "iq2.gguf", types={"blk.*.ffn_down_exps.weight": "IQ2_XXS"})
     with pytest.raises(EngineError) as info:
         Engine(str(path))
     message = str(info.value)
-    assert "blk.0.ffn_down_exps.weight" in message and "Q4_1" in message and "not supported" in message, message
+    assert "blk.0.ffn_down_exps.weight" in message and "IQ2_XXS" in message and "not supported" in message, message
     assert "Q8_0" in message and "Q4_K" in message, message  # the supported ones are listed
 
 

@@ -24,20 +24,28 @@ typedef enum mg_format {
     MG_MXFP4 = 11,   /* GGUF layout: e8m0 byte, then 16 bytes (element j low nibble, j+16 high) */
     MG_IQ4_NL = 12,
     MG_IQ4_XS = 13,
+    MG_Q4_1 = 14,    /* Q4_0 / Q5_0 with an f16 min: GLM-4.5-Air's ffn_down in Q5_K files, UD mixes */
+    MG_Q5_1 = 15,
+    MG_Q2_K = 16,    /* Q2_K_*, Q3_K_* and UD-Q2_K_XL / Q3_K_XL files */
+    MG_Q3_K = 17,
     MG_FORMAT_COUNT
 } mg_format;
 
 /* Elements and bytes of one block of a ggml block format (1 and the element size otherwise;
  * MG_FP4_E2M1 is 2 elements in 1 byte). */
 static inline void mg_format_block(mg_format f, int64_t *elems, int64_t *bytes) {
-    static const int64_t e[MG_FORMAT_COUNT] = {1, 1, 1, 1, 2, 32, 32, 32, 256, 256, 256, 32, 32, 256};
-    static const int64_t b[MG_FORMAT_COUNT] = {4, 2, 2, 1, 1, 34, 18, 22, 144, 176, 210, 17, 18, 136};
+    static const int64_t e[MG_FORMAT_COUNT] = {1, 1, 1, 1, 2, 32, 32, 32, 256, 256, 256, 32, 32, 256, 32, 32, 256, 256};
+    static const int64_t b[MG_FORMAT_COUNT] = {4, 2, 2, 1, 1, 34, 18, 22, 144, 176, 210, 17, 18, 136, 20, 24, 84, 110};
     *elems = (unsigned)f < MG_FORMAT_COUNT ? e[f] : 0;
     *bytes = (unsigned)f < MG_FORMAT_COUNT ? b[f] : 0;
 }
 
 /* 1 for the ggml block formats (rows are whole blocks; cols a multiple of the block). */
 static inline int mg_format_is_ggml_block(mg_format f) { return f >= MG_Q8_0 && f < MG_FORMAT_COUNT; }
+
+/* The block formats with int8-activation kernels (core/q8_act.h) in every table; the others
+ * keep fp32 activations under --activations int8 (their linear_q8 entries stay NULL). */
+static inline int mg_format_has_q8_path(mg_format f) { return f >= MG_Q8_0 && f <= MG_IQ4_XS; }
 
 /* How a quantised matrix is scaled.  Values are multiplied by the scale (never divided),
  * even for tensors named weight_scale_inv, as transformers' fine-grained FP8 does. */

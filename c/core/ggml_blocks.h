@@ -225,6 +225,62 @@ static inline void mg_ggml_block_iq4_xs(const uint8_t *b, float *out) {
     }
 }
 
+/* Q4_1 (20 bytes): f16 d, f16 m, qs[16] as Q4_0; d * q + m (d * q is exact: one rounding). */
+static inline void mg_ggml_block_q4_1(const uint8_t *b, float *out) {
+    const float d = mg_ggml_f16_at(b), m = mg_ggml_f16_at(b + 2);
+    for (int i = 0; i < 16; i++) {
+        out[i] = d * (float)(b[4 + i] & 15) + m;
+        out[i + 16] = d * (float)(b[4 + i] >> 4) + m;
+    }
+}
+
+/* Q5_1 (24 bytes): f16 d, f16 m, u32 qh, qs[16] as Q5_0; d * q + m. */
+static inline void mg_ggml_block_q5_1(const uint8_t *b, float *out) {
+    const float d = mg_ggml_f16_at(b), m = mg_ggml_f16_at(b + 2);
+    uint32_t qh;
+    memcpy(&qh, b + 4, 4);
+    for (int i = 0; i < 16; i++) {
+        const int lo = (b[8 + i] & 15) | (int)(((qh >> i) & 1) << 4);
+        const int hi = (b[8 + i] >> 4) | (int)(((qh >> (i + 16)) & 1) << 4);
+        out[i] = d * (float)lo + m;
+        out[i + 16] = d * (float)hi + m;
+    }
+}
+
+/* Q2_K (84 bytes): scales[16] (low nibble: scale, high: min of sub-block i of 16 elements),
+ * qs[64], f16 d, f16 dmin.  Element 128h + 32s + l (h < 2, s < 4, l < 32) is bits 2s..2s+1 of
+ * qs[32h + l]; (d*sc) * q - dmin*m (both products exact, one rounding). */
+static inline void mg_ggml_block_q2_k(const uint8_t *b, float *out) {
+    const uint8_t *sc = b, *qs = b + 16;
+    const float d = mg_ggml_f16_at(b + 80), dmin = mg_ggml_f16_at(b + 82);
+    for (int i = 0; i < 256; i++) {
+        const int h = i / 128, s = (i / 32) % 4, l = i % 32;
+        const int q = (qs[32 * h + l] >> (2 * s)) & 3;
+        const float dl = d * (float)(sc[i / 16] & 15), ml = dmin * (float)(sc[i / 16] >> 4);
+        out[i] = dl * (float)q - ml;
+    }
+}
+
+/* Q3_K: the 6-bit scale of sub-block i (0..15) from its 12 packed bytes: the low 4 bits are
+ * nibble i / 8 of byte i % 8, the top 2 bits are bits 2(i / 4).. of byte 8 + i % 4; minus 32. */
+static inline int mg_ggml_q3_k_scale(const uint8_t *s, int i) {
+    const int lo = (s[i % 8] >> (4 * (i / 8))) & 15, hi = (s[8 + i % 4] >> (2 * (i / 4))) & 3;
+    return (lo | (hi << 4)) - 32;
+}
+
+/* Q3_K (110 bytes): hmask[32], qs[64], scales[12], f16 d.  Element 128h + 32s + l has the low
+ * 2 bits of Q2_K's element there and the high bit (h * 4 + s of hmask[l]); a clear high bit
+ * subtracts 4, so q is in -4..3; (d * scale) * q, exact. */
+static inline void mg_ggml_block_q3_k(const uint8_t *b, float *out) {
+    const uint8_t *hm = b, *qs = b + 32, *sc = b + 96;
+    const float d = mg_ggml_f16_at(b + 108);
+    for (int i = 0; i < 256; i++) {
+        const int h = i / 128, s = (i / 32) % 4, l = i % 32;
+        const int q = ((qs[32 * h + l] >> (2 * s)) & 3) - (((hm[l] >> (4 * h + s)) & 1) ? 0 : 4);
+        out[i] = (d * (float)mg_ggml_q3_k_scale(sc, i / 16)) * (float)q;
+    }
+}
+
 /* Decodes the block at b of format f (mg_format_is_ggml_block) into out[block elements];
  * returns 0, writing nothing, for any other format. */
 static inline int mg_ggml_block_f32(mg_format f, const uint8_t *b, float *out) {
@@ -238,6 +294,10 @@ static inline int mg_ggml_block_f32(mg_format f, const uint8_t *b, float *out) {
     case MG_MXFP4: mg_ggml_block_mxfp4(b, out); return 1;
     case MG_IQ4_NL: mg_ggml_block_iq4_nl(b, out); return 1;
     case MG_IQ4_XS: mg_ggml_block_iq4_xs(b, out); return 1;
+    case MG_Q4_1: mg_ggml_block_q4_1(b, out); return 1;
+    case MG_Q5_1: mg_ggml_block_q5_1(b, out); return 1;
+    case MG_Q2_K: mg_ggml_block_q2_k(b, out); return 1;
+    case MG_Q3_K: mg_ggml_block_q3_k(b, out); return 1;
     default: return 0;
     }
 }

@@ -22,6 +22,10 @@ const char *mg_format_name(mg_format f) {
     case MG_MXFP4: return "mxfp4";
     case MG_IQ4_NL: return "iq4_nl";
     case MG_IQ4_XS: return "iq4_xs";
+    case MG_Q4_1: return "q4_1";
+    case MG_Q5_1: return "q5_1";
+    case MG_Q2_K: return "q2_k";
+    case MG_Q3_K: return "q3_k";
     default: return "unknown";
     }
 }

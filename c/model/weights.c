@@ -25,8 +25,12 @@ static void shape_str(char *buf, size_t cap, const mg_tensor *t) {
 static int format_of_ggml(uint32_t type) {
     switch (type) {
     case 2: return MG_Q4_0;
+    case 3: return MG_Q4_1;
     case 6: return MG_Q5_0;
+    case 7: return MG_Q5_1;
     case 8: return MG_Q8_0;
+    case 10: return MG_Q2_K;
+    case 11: return MG_Q3_K;
     case 12: return MG_Q4_K;
     case 13: return MG_Q5_K;
     case 14: return MG_Q6_K;

@@ -40,8 +40,12 @@ static void f16_fields(mg_format f, int off[2]) {
     off[0] = off[1] = -1;
     switch (f) {
     case MG_Q4_K:
-    case MG_Q5_K: off[0] = 0, off[1] = 2; break;
+    case MG_Q5_K:
+    case MG_Q4_1:
+    case MG_Q5_1: off[0] = 0, off[1] = 2; break;
     case MG_Q6_K: off[0] = 208; break;
+    case MG_Q2_K: off[0] = 80, off[1] = 82; break;
+    case MG_Q3_K: off[0] = 108; break;
     case MG_MXFP4: break;
     default: off[0] = 0; break;
     }
@@ -65,7 +69,8 @@ static void random_blocks(mg_format f, uint8_t *data, int64_t rows, int64_t cols
     }
 }
 
-static const mg_format FORMATS[] = {MG_Q8_0, MG_Q4_0, MG_Q5_0, MG_Q4_K, MG_Q5_K, MG_Q6_K, MG_MXFP4, MG_IQ4_NL, MG_IQ4_XS};
+static const mg_format FORMATS[] = {MG_Q8_0, MG_Q4_0, MG_Q5_0, MG_Q4_K, MG_Q5_K, MG_Q6_K, MG_MXFP4, MG_IQ4_NL, MG_IQ4_XS,
+                                    MG_Q4_1, MG_Q5_1, MG_Q2_K, MG_Q3_K};
 enum { N_FORMATS = sizeof FORMATS / sizeof *FORMATS };
 
 typedef struct {

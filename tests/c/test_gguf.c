@@ -284,7 +284,8 @@ out:
 
 static void test_type_table(void) {
     static const char *const supported[] = {"F32", "F16", "BF16", "Q8_0", "Q4_0", "Q5_0",
-                                            "Q4_K", "Q5_K", "Q6_K", "MXFP4", "IQ4_NL", "IQ4_XS"};
+                                            "Q4_K", "Q5_K", "Q6_K", "MXFP4", "IQ4_NL", "IQ4_XS",
+                                            "Q4_1", "Q5_1", "Q2_K", "Q3_K"};
     int n_sup = 0;
     for (uint32_t id = 0; id < mg_ggml_type_id_end(); id++) {
         const mg_ggml_type *ty = mg_ggml_type_info(id);
@@ -295,7 +296,7 @@ static void test_type_table(void) {
             listed |= !strcmp(supported[i], ty->name);
         CHECK(listed == ty->supported, "%s: supported flag %d", ty->name, ty->supported);
     }
-    CHECK(n_sup == 12, "12 supported types, got %d", n_sup);
+    CHECK(n_sup == 16, "16 supported types, got %d", n_sup);
     static const uint32_t removed[] = {4, 5, 31, 32, 33, 36, 37, 38};
     for (size_t i = 0; i < sizeof removed / sizeof *removed; i++)
         CHECK(mg_ggml_type_info(removed[i]) == NULL, "removed id %u is unknown", removed[i]);

@@ -200,6 +200,7 @@ mg_avx2_prefill_fn mg_avx2_prefill_f32, mg_avx2_prefill_bf16, mg_avx2_prefill_f1
  * == 1, rows [r0, r1); ggml_dequant_block: the exact values of one block of format f at p into out
  * (equal to core/ggml_blocks.h's), for prefill_avx2.c's tiles (mg_avx2_prefill_ggml). */
 mg_avx2_decode_fn mg_avx2_decode_ggml;
+int mg_avx2_ggml_takes(mg_format f); /* the formats the two above implement (others: the parent's entry) */
 void mg_avx2_ggml_dequant_block(mg_format f, const uint8_t *p, float *out);
 mg_avx2_prefill_fn mg_avx2_prefill_ggml;
 /* q8_avx2.c: the same formats with int8 activations (the linear_q8 entries; any n_tok, token by

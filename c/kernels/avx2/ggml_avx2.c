@@ -284,6 +284,8 @@ static row_dot_fn *row_dot_of(mg_format f) {
     }
 }
 
+int mg_avx2_ggml_takes(mg_format f) { return row_dot_of(f) != NULL; }
+
 /* Columns per pass: the sums of x per 32 columns of one pass fit a stack array.  Almost every
  * matrix is one pass; wider rows add the passes' partial sums. */
 enum { GGML_PASS_COLS = 65536 };

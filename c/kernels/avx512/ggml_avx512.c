@@ -234,7 +234,7 @@ enum { GGML_PASS_COLS = 65536 };
 
 int mg_avx512_decode_ggml(const mg_matrix *w, const float *x, float *y, int64_t r0, int64_t r1) {
     const mg_format f = w->format;
-    if (!mg_format_is_ggml_block(f)) return 0;
+    if (!(mg_format_is_ggml_block(f) && f <= MG_IQ4_XS)) return 0; /* the newer formats: the parent's */
     int64_t e, bytes;
     mg_format_block(f, &e, &bytes);
     const int mins = f == MG_Q4_K || f == MG_Q5_K;

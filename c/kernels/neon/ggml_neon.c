@@ -211,6 +211,8 @@ static row_dot_fn *row_dot_of(mg_format f) {
     return (unsigned)f < MG_FORMAT_COUNT ? fns[f] : NULL;
 }
 
+int mg_neon_ggml_takes(mg_format f) { return row_dot_of(f) != NULL; }
+
 /* Columns per pass: the per-32 sums of x of one pass fit a stack array. */
 enum { PASS_COLS = 65536 };
 

@@ -26,6 +26,7 @@ mg_neon_linear_fn mg_neon_linear_f32, mg_neon_linear_bf16, mg_neon_linear_f16, m
 void mg_neon_decode_ggml(const mg_matrix *w, const float *x, float *y, int64_t r0, int64_t r1);
 void mg_neon_ggml_dequant_block(mg_format f, const uint8_t *p, float *out);
 mg_neon_linear_fn mg_neon_linear_ggml;
+int mg_neon_ggml_takes(mg_format f); /* the formats the three above implement (others: the parent's entry) */
 /* ... and with int8 activations (the linear_q8 entries, any n_tok). */
 void mg_neon_linear_q8(const mg_matrix *w, const mg_q8_act *xq, int64_t n_tok, float *y, int64_t y_stride, int64_t r0,
                        int64_t r1);
