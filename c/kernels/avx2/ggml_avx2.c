@@ -280,30 +280,63 @@ static float row_dot_q6_k(const uint8_t *p, int64_t nb, const float *x, const fl
     return hsum8(_mm256_add_ps(acc0, acc1));
 }
 
-/* Q2_K and Q3_K take each code's 2 low bits from qs (bits 2s, 2s + 1 of qs[32h + l] for element
- * 128h + 32s + l) as Q4_K takes its nibbles: each byte widened once to a dword lane, the 4 codes
- * of it taken by masks.  The mask leaves code s at bits 2s (its value times 4^s) without a
- * shift: the factors of group s are divided by 4^s instead (exact, a power of two), QK_POW4 for
- * the 8 sub-blocks of 16 of one half (sub-block 2s + t is in group s). */
-static const float QK_POW4[8] __attribute__((aligned(32))) = {1.0f, 1.0f, 0x1p-2f, 0x1p-2f, 0x1p-4f, 0x1p-4f, 0x1p-6f, 0x1p-6f};
+/* Q2_K takes each code from qs (bits 2s, 2s + 1 of qs[32h + l] for element 128h + 32s + l) as
+ * Q4_K takes its nibbles: each byte widened once to a dword lane, its 4 codes taken by masks.
+ * The mask leaves code s at bits 2s (its value times 4^s), with no shift: the factors of group s
+ * are divided by 4^s instead (exact, a power of two), Q2_K_POW4 for the 8 sub-blocks of 16 of
+ * one half (sub-block 2s + t is in group s). */
+static const float Q2_K_POW4[8] __attribute__((aligned(32))) = {1.0f, 1.0f, 0x1p-2f, 0x1p-2f, 0x1p-4f, 0x1p-4f, 0x1p-6f, 0x1p-6f};
 
-/* The 16 sub-block factors d * scale of a Q2_K / Q3_K block, divided by 4^s (QK_POW4), from
- * the 16 scales as bytes (signed when sgn) and d; ds[8h + 2s + t] is element 128h + 32s + 16t's. */
-INLINE void qk_factors(__m128i sc, int sgn, float d, float ds[16]) {
-    const __m256 dp = _mm256_mul_ps(_mm256_set1_ps(d), _mm256_load_ps(QK_POW4));
-    const __m128i hi = _mm_unpackhi_epi64(sc, sc);
-    const __m256i a = sgn ? _mm256_cvtepi8_epi32(sc) : _mm256_cvtepu8_epi32(sc);
-    const __m256i b = sgn ? _mm256_cvtepi8_epi32(hi) : _mm256_cvtepu8_epi32(hi);
-    _mm256_store_ps(ds, _mm256_mul_ps(_mm256_cvtepi32_ps(a), dp));
-    _mm256_store_ps(ds + 8, _mm256_mul_ps(_mm256_cvtepi32_ps(b), dp));
+/* out[0..16) = the 16 unsigned bytes b times v (lanes j and 8 + j times v[j]). */
+INLINE void ubytes16_times(__m128i b, __m256 v, float out[16]) {
+    _mm256_storeu_ps(out, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(b)), v));
+    _mm256_storeu_ps(out + 8, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_unpackhi_epi64(b, b))), v));
 }
 
-/* sum over the 16 sub-blocks of v[j] * xs[j] (xs: the sums of x per 16 columns) as 8 lanes. */
-INLINE __m256 dot16_xs(__m128i v, int sgn, const float *xs) {
-    const __m128i hi = _mm_unpackhi_epi64(v, v);
-    const __m256 a = _mm256_cvtepi32_ps(sgn ? _mm256_cvtepi8_epi32(v) : _mm256_cvtepu8_epi32(v));
-    const __m256 b = _mm256_cvtepi32_ps(sgn ? _mm256_cvtepi8_epi32(hi) : _mm256_cvtepu8_epi32(hi));
+/* The 16 sub-block factors d * sc / 4^s of a Q2_K block from its 16 scale nibbles sc (bytes):
+ * ds[8h + 2s + t] is that of elements 128h + 32s + 16t .. + 15. */
+INLINE void q2_k_factors(__m128i sc, float d, float ds[16]) {
+    ubytes16_times(sc, _mm256_mul_ps(_mm256_set1_ps(d), _mm256_load_ps(Q2_K_POW4)), ds);
+}
+
+/* sum over the 16 sub-blocks of m[j] * xs[j] (m: 16 unsigned bytes; xs: the sums of x per 16
+ * columns) as 8 lanes. */
+INLINE __m256 mins_dot_xs(__m128i m, const float *xs) {
+    const __m256 a = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(m));
+    const __m256 b = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_unpackhi_epi64(m, m)));
     return _mm256_fmadd_ps(b, _mm256_loadu_ps(xs + 8), _mm256_mul_ps(a, _mm256_loadu_ps(xs)));
+}
+
+/* The codes' dot products of half h of a Q2_K block (qs: its 64 code bytes), scaled by the
+ * factors ds (q2_k_factors) and added to acc0 (the first 16 of each group of 32) and acc1. */
+INLINE void q2_k_half(const uint8_t *qs, int h, const float *x, const float *ds, __m256 *acc0, __m256 *acc1) {
+    __m256i v[4];
+    for (int k = 0; k < 4; k++) v[k] = bytes8(qs + 32 * h + 8 * k);
+    for (int s = 0; s < 4; s++) {
+        const __m256i ml = _mm256_set1_epi32(3 << 2 * s);
+        __m256 a[4];
+        for (int k = 0; k < 4; k++) a[k] = _mm256_cvtepi32_ps(_mm256_and_si256(v[k], ml));
+        const float *xg = x + 128 * h + 32 * s;
+        const __m256 lo = _mm256_fmadd_ps(a[1], _mm256_loadu_ps(xg + 8), _mm256_mul_ps(a[0], _mm256_loadu_ps(xg)));
+        const __m256 hi = _mm256_fmadd_ps(a[3], _mm256_loadu_ps(xg + 24), _mm256_mul_ps(a[2], _mm256_loadu_ps(xg + 16)));
+        *acc0 = _mm256_fmadd_ps(_mm256_broadcast_ss(ds + 8 * h + 2 * s), lo, *acc0);
+        *acc1 = _mm256_fmadd_ps(_mm256_broadcast_ss(ds + 8 * h + 2 * s + 1), hi, *acc1);
+    }
+}
+
+/* Q2_K: (d * sc) * q - dmin * m per sub-block of 16; the mins' share is dmin * (m . xs), xs the
+ * sums of x per 16 columns. */
+static float row_dot_q2_k(const uint8_t *p, int64_t nb, const float *x, const float *xs) {
+    const __m128i m4 = _mm_set1_epi8(0x0f);
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps(), accm = _mm256_setzero_ps();
+    for (int64_t i = 0; i < nb; i++, p += 84, x += 256, xs += 16) {
+        float ds[16] __attribute__((aligned(32)));
+        const __m128i sc = _mm_loadu_si128((const __m128i *)p);
+        q2_k_factors(_mm_and_si128(sc, m4), f16_at(p + 80), ds);
+        accm = _mm256_fmadd_ps(_mm256_set1_ps(f16_at(p + 82)), mins_dot_xs(_mm_and_si128(_mm_srli_epi16(sc, 4), m4), xs), accm);
+        for (int h = 0; h < 2; h++) q2_k_half(p + 16, h, x, ds, &acc0, &acc1);
+    }
+    return hsum8(_mm256_sub_ps(_mm256_add_ps(acc0, acc1), accm));
 }
 
 /* Q3_K's 16 scales (6 bits, minus 32) as signed bytes: the low 4 bits of scale i are nibble i / 8
@@ -321,65 +354,47 @@ INLINE __m128i q3_k_scales(const uint8_t *s) {
     return _mm_sub_epi8(_mm_or_si128(lo, _mm_slli_epi16(hi, 4)), _mm_set1_epi8(32));
 }
 
-/* v shifted right by n bits (left by -n), n a constant after unrolling. */
-INLINE __m256i shift32(__m256i v, int n) {
-    return n > 0 ? _mm256_srli_epi32(v, n) : n < 0 ? _mm256_slli_epi32(v, -n) : v;
+/* Q3_K's 16 factors d * scale (exact), ds[8h + 2s + t] as in q2_k_factors. */
+INLINE void q3_k_factors(const uint8_t *p, float ds[16]) {
+    const __m128i sc = q3_k_scales(p + 96);
+    const __m256 d = _mm256_set1_ps(f16_at(p + 108));
+    _mm256_storeu_ps(ds, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(sc)), d));
+    _mm256_storeu_ps(ds + 8, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_unpackhi_epi64(sc, sc))), d));
 }
 
-/* The codes' dot products of half h of a Q2_K / Q3_K block (q3: with Q3_K's high bits from the
- * hmask bytes hm), scaled by the factors ds (qk_factors) and added to acc0 (first 16 of each
- * group of 32) and acc1.  Code s of a byte is kept at bits 2s (times 4^s) and its Q3_K high bit
- * moved to bit 2s + 2 (+4 times 4^s): the unsigned code 0..7, whose offset of -4 the caller
- * subtracts with the sums of x. */
-INLINE void qk_half(const uint8_t *qs, const uint8_t *hm, int q3, int h, const float *x, const float *ds,
-                    __m256 *acc0, __m256 *acc1) {
-    __m256i v[4], hv[4];
-    for (int k = 0; k < 4; k++) v[k] = bytes8(qs + 32 * h + 8 * k);
-    if (q3)
-        for (int k = 0; k < 4; k++) hv[k] = bytes8(hm + 8 * k);
-    for (int s = 0; s < 4; s++) {
-        const __m256i ml = _mm256_set1_epi32(3 << 2 * s), mh = _mm256_set1_epi32(4 << 2 * s);
-        __m256 a[4];
-        for (int k = 0; k < 4; k++) {
-            __m256i c = _mm256_and_si256(v[k], ml);
-            if (q3) c = _mm256_or_si256(c, _mm256_and_si256(shift32(hv[k], 4 * h - s - 2), mh));
-            a[k] = _mm256_cvtepi32_ps(c);
-        }
-        const float *xg = x + 128 * h + 32 * s;
-        const __m256 lo = _mm256_fmadd_ps(a[1], _mm256_loadu_ps(xg + 8), _mm256_mul_ps(a[0], _mm256_loadu_ps(xg)));
-        const __m256 hi = _mm256_fmadd_ps(a[3], _mm256_loadu_ps(xg + 24), _mm256_mul_ps(a[2], _mm256_loadu_ps(xg + 16)));
-        *acc0 = _mm256_fmadd_ps(_mm256_broadcast_ss(ds + 8 * h + 2 * s), lo, *acc0);
-        *acc1 = _mm256_fmadd_ps(_mm256_broadcast_ss(ds + 8 * h + 2 * s + 1), hi, *acc1);
-    }
+/* Group s (0..3) of half h of a Q2_K / Q3_K block as 32 codes in element order: bits 2s, 2s + 1
+ * of the 32 qs bytes Q of the half; with Q3_K's high bits (hm: the 32 hmask bytes), bit 4h + s
+ * of each, clear meaning -4. */
+INLINE __m256i qk_group(__m256i Q, __m256i hm, int q3, int h, int s) {
+    const __m256i c = _mm256_and_si256(_mm256_srli_epi16(Q, 2 * s), _mm256_set1_epi8(3));
+    if (!q3) return c;
+    const __m256i bit = _mm256_set1_epi8((char)(1 << (4 * h + s)));
+    const __m256i clear = _mm256_cmpeq_epi8(_mm256_and_si256(hm, bit), _mm256_setzero_si256());
+    return _mm256_sub_epi8(c, _mm256_and_si256(clear, _mm256_set1_epi8(4)));
 }
 
-/* Q2_K: (d * sc) * q - dmin * m per sub-block of 16; the mins' share is dmin * (m . xs). */
-static float row_dot_q2_k(const uint8_t *p, int64_t nb, const float *x, const float *xs) {
-    const __m128i m4 = _mm_set1_epi8(0x0f);
-    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps(), accm = _mm256_setzero_ps();
-    for (int64_t i = 0; i < nb; i++, p += 84, x += 256, xs += 16) {
-        float ds[16] __attribute__((aligned(32)));
-        const __m128i sc = _mm_loadu_si128((const __m128i *)p);
-        qk_factors(_mm_and_si128(sc, m4), 0, f16_at(p + 80), ds);
-        accm = _mm256_fmadd_ps(_mm256_set1_ps(f16_at(p + 82)), dot16_xs(_mm_and_si128(_mm_srli_epi16(sc, 4), m4), 0, xs), accm);
-        for (int h = 0; h < 2; h++) qk_half(p + 16, NULL, 0, h, x, ds, &acc0, &acc1);
-    }
-    return hsum8(_mm256_sub_ps(_mm256_add_ps(acc0, acc1), accm));
-}
-
-/* Q3_K: (d * scale) * (u - 4) per sub-block of 16, u the unsigned 3-bit code: the offset's share
- * is 4 d (scale . xs). */
+/* Q3_K as Q6_K: 32 signed codes in a register (qk_group), each 16 dotted with x and times the
+ * factor of its sub-block.  (Q2_K's way, codes masked in dword lanes, needs a shift and an or
+ * more per 8 codes for the high bit here, and measured ~30 % slower.) */
 static float row_dot_q3_k(const uint8_t *p, int64_t nb, const float *x, const float *xs) {
-    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps(), acco = _mm256_setzero_ps();
-    for (int64_t i = 0; i < nb; i++, p += 110, x += 256, xs += 16) {
+    (void)xs;
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    for (int64_t i = 0; i < nb; i++, p += 110, x += 256) {
         float ds[16] __attribute__((aligned(32)));
-        const __m128i sc = q3_k_scales(p + 96);
-        const float d = f16_at(p + 108);
-        qk_factors(sc, 1, d, ds);
-        acco = _mm256_fmadd_ps(_mm256_set1_ps(d), dot16_xs(sc, 1, xs), acco);
-        for (int h = 0; h < 2; h++) qk_half(p + 32, p, 1, h, x, ds, &acc0, &acc1);
+        q3_k_factors(p, ds);
+        const __m256i hm = loadu256(p);
+        for (int h = 0; h < 2; h++) {
+            const __m256i Q = loadu256(p + 32 + 32 * h);
+            for (int g = 0; g < 4; g++) {
+                const __m256i q = qk_group(Q, hm, 1, h, g);
+                const float *xg = x + 128 * h + 32 * g;
+                const float *sg = ds + 8 * h + 2 * g;
+                acc0 = _mm256_fmadd_ps(_mm256_broadcast_ss(sg), dot16(q, 0, xg), acc0);
+                acc1 = _mm256_fmadd_ps(_mm256_broadcast_ss(sg + 1), dot16(q, 2, xg + 16), acc1);
+            }
+        }
     }
-    return hsum8(_mm256_fnmadd_ps(_mm256_set1_ps(4.0f), acco, _mm256_add_ps(acc0, acc1)));
+    return hsum8(_mm256_add_ps(acc0, acc1));
 }
 
 /* IQ4_XS: 8 sub-blocks of 32 with 6-bit scales. */
@@ -427,15 +442,14 @@ int mg_avx2_ggml_takes(mg_format f) { return row_dot_of(f) != NULL; }
 enum { GGML_PASS_COLS = 65536 };
 
 /* The columns each sum of x in xs covers for format f: 32 for the mins of Q4_1, Q5_1, Q4_K and
- * Q5_K; 16 for Q2_K's mins and Q3_K's offset of 4 (sub-blocks of 16); 0: no sums. */
+ * Q5_K; 16 for Q2_K's (sub-blocks of 16); 0: no mins. */
 static int xs_group(mg_format f) {
     switch (f) {
     case MG_Q4_1:
     case MG_Q5_1:
     case MG_Q4_K:
     case MG_Q5_K: return 32;
-    case MG_Q2_K:
-    case MG_Q3_K: return 16;
+    case MG_Q2_K: return 16;
     default: return 0;
     }
 }
@@ -478,28 +492,16 @@ INLINE void emit32_min2(__m256i q, __m256 ds0, __m256 dm0, __m256 ds1, __m256 dm
 }
 INLINE void emit32_min(__m256i q, __m256 ds, __m256 dm, float *out) { emit32_min2(q, ds, dm, ds, dm, out); }
 
-/* Group s (0..3) of half h of a Q2_K / Q3_K block as 32 codes in element order: bits 2s, 2s + 1
- * of the 32 qs bytes Q of the half; with Q3_K's high bits (hm: the 32 hmask bytes), bit 4h + s
- * of each, clear meaning -4. */
-INLINE __m256i qk_group(__m256i Q, __m256i hm, int q3, int h, int s) {
-    const __m256i c = _mm256_and_si256(_mm256_srli_epi16(Q, 2 * s), _mm256_set1_epi8(3));
-    if (!q3) return c;
-    const __m256i bit = _mm256_set1_epi8((char)(1 << (4 * h + s)));
-    const __m256i clear = _mm256_cmpeq_epi8(_mm256_and_si256(hm, bit), _mm256_setzero_si256());
-    return _mm256_sub_epi8(c, _mm256_and_si256(clear, _mm256_set1_epi8(4)));
-}
-
 /* Q2_K (q3 = 0: (d*sc) * q - dmin*m) and Q3_K ((d*scale) * q) dequantised, 32 elements (two
  * sub-blocks of 16) at a time; every factor is exact, as in the scalar decoder. */
 INLINE void dequant_qk(const uint8_t *p, int q3, float *out) {
     float ds[16], dm[16];
-    const __m128i m4 = _mm_set1_epi8(0x0f), sc = _mm_loadu_si128((const __m128i *)p);
-    const __m256 d = _mm256_set1_ps(f16_at(p + (q3 ? 108 : 80)));
-    const __m128i s = q3 ? q3_k_scales(p + 96) : _mm_and_si128(sc, m4), m = _mm_and_si128(_mm_srli_epi16(sc, 4), m4);
-    for (int t = 0; t < 2; t++) {
-        const __m128i st = t ? _mm_unpackhi_epi64(s, s) : s, mt = t ? _mm_unpackhi_epi64(m, m) : m;
-        _mm256_storeu_ps(ds + 8 * t, _mm256_mul_ps(_mm256_cvtepi32_ps(q3 ? _mm256_cvtepi8_epi32(st) : _mm256_cvtepu8_epi32(st)), d));
-        if (!q3) _mm256_storeu_ps(dm + 8 * t, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(mt)), _mm256_set1_ps(f16_at(p + 82))));
+    if (q3) {
+        q3_k_factors(p, ds);
+    } else {
+        const __m128i m4 = _mm_set1_epi8(0x0f), sc = _mm_loadu_si128((const __m128i *)p);
+        ubytes16_times(_mm_and_si128(sc, m4), _mm256_set1_ps(f16_at(p + 80)), ds);
+        ubytes16_times(_mm_and_si128(_mm_srli_epi16(sc, 4), m4), _mm256_set1_ps(f16_at(p + 82)), dm);
     }
     const __m256i hm = q3 ? loadu256(p) : _mm256_setzero_si256();
     for (int h = 0; h < 2; h++) {
