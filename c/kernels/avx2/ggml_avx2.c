@@ -112,11 +112,11 @@ INLINE __m256i bytes8(const uint8_t *p) { return _mm256_cvtepu8_epi32(_mm_loadl_
 
 /* Two ways to widen codes, each used where it measured faster (Zen 4, one core):
  *  - from memory, one byte per dword lane (vpmovzxbd / vpmovsxbd with a memory operand), both
- *    nibbles of the byte then taken by a mask and a shift: no other shuffle.  Q8_0, Q4_0, Q4_K
- *    and Q5_K (Q4_K 16 -> 21 Gweights/s, Q4_0 14 -> 17 against the way below).
+ *    nibbles of the byte then taken by a mask and a shift: no other shuffle.  Q8_0, Q4_0, Q4_1,
+ *    Q4_K, Q5_K and Q2_K (Q4_K 16 -> 21 Gweights/s, Q4_0 14 -> 17 against the way below).
  *  - a register of 32 int8 codes in element order (codes by vpshufb tables, high bits by byte
- *    masks), split by dot32.  IQ4_NL, IQ4_XS, MXFP4, Q5_0 and Q6_K: the dword way needed
- *    vpermps tables or more shifts per lane there, and was 10-20 % slower. */
+ *    masks), split by dot32.  IQ4_NL, IQ4_XS, MXFP4, Q5_0, Q5_1, Q6_K and Q3_K: the dword way
+ *    needed vpermps tables or more shifts per lane there, and was 10-30 % slower. */
 
 /* Q8_0: the int8 codes sign-extended straight from memory. */
 INLINE __m256 dot_q8_0(const uint8_t *p, const float *x) {
