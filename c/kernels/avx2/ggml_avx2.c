@@ -1,13 +1,14 @@
-/* AVX2 kernels for the ggml block formats (GGUF weights: Q8_0, Q4_0, Q5_0, Q4_K, Q5_K, Q6_K,
- * MXFP4, IQ4_NL, IQ4_XS; layouts in c/core/ggml_blocks.h, the scalar twin).  Activations stay
+/* AVX2 kernels for the ggml block formats (GGUF weights: Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K,
+ * Q3_K, Q4_K, Q5_K, Q6_K, MXFP4, IQ4_NL, IQ4_XS; layouts in c/core/ggml_blocks.h, the scalar twin).  Activations stay
  * fp32: codes are widened to fp32 in registers and multiplied with x; x is never quantised.
  *
  * Decode (n_tok == 1), one row at a time, each row streamed once.  The codes (the integers a
  * block's scale multiplies: q - 8, q - 32, the IQ4 table's values, twice the e2m1 values ...)
  * are widened to fp32 and dotted with x, 8 per FMA, and the sum of each 32 (Q6_K: 16) is
- * multiplied by its sub-block's scale once, instead of scaling every weight.  The K-quant mins
- * do not touch the codes at all: sum_l (ds*q_l - dm) x_l = ds * (q . x) - dm * sum(x), and the
- * sums of x per 32 columns are computed once per call and shared by every row.
+ * multiplied by its sub-block's scale once, instead of scaling every weight.  The mins (Q4_1,
+ * Q5_1 and the K-quants) do not touch the codes at all: sum_l (ds*q_l - dm) x_l =
+ * ds * (q . x) - dm * sum(x), and the sums of x per 32 columns (per 16 for Q2_K and Q3_K) are
+ * computed once per call and shared by every row.
  *
  * Dequantisation (mg_avx2_ggml_dequant_block, for prefill's tiles): exact values, equal bit for
  * bit to the scalar decoder: every value is one rounding of an exact product (ggml_blocks.h), and
@@ -111,11 +112,11 @@ INLINE __m256i bytes8(const uint8_t *p) { return _mm256_cvtepu8_epi32(_mm_loadl_
 
 /* Two ways to widen codes, each used where it measured faster (Zen 4, one core):
  *  - from memory, one byte per dword lane (vpmovzxbd / vpmovsxbd with a memory operand), both
- *    nibbles of the byte then taken by a mask and a shift: no other shuffle.  Q8_0, Q4_0, Q4_K
- *    and Q5_K (Q4_K 16 -> 21 Gweights/s, Q4_0 14 -> 17 against the way below).
+ *    nibbles of the byte then taken by a mask and a shift: no other shuffle.  Q8_0, Q4_0, Q4_1,
+ *    Q4_K, Q5_K and Q2_K (Q4_K 16 -> 21 Gweights/s, Q4_0 14 -> 17 against the way below).
  *  - a register of 32 int8 codes in element order (codes by vpshufb tables, high bits by byte
- *    masks), split by dot32.  IQ4_NL, IQ4_XS, MXFP4, Q5_0 and Q6_K: the dword way needed
- *    vpermps tables or more shifts per lane there, and was 10-20 % slower. */
+ *    masks), split by dot32.  IQ4_NL, IQ4_XS, MXFP4, Q5_0, Q5_1, Q6_K and Q3_K: the dword way
+ *    needed vpermps tables or more shifts per lane there, and was 10-30 % slower. */
 
 /* Q8_0: the int8 codes sign-extended straight from memory. */
 INLINE __m256 dot_q8_0(const uint8_t *p, const float *x) {
@@ -129,21 +130,25 @@ INLINE __m256 dot_q8_0(const uint8_t *p, const float *x) {
     return _mm256_add_ps(a, b);
 }
 
-/* Q4_0: 16 bytes of nibbles (element i: low nibble of byte i, element 16 + i: its high nibble),
- * each byte widened once to a dword lane and both nibbles taken from it; value code - 8.  (The
- * table formats and Q5_0, whose codes need byte shuffles or high bits, measured faster through
- * a register of 32 int8 codes and dot32.) */
-INLINE __m256 dot_q4_0(const uint8_t *p, const float *x) {
-    const __m256i m4 = _mm256_set1_epi32(15), off = _mm256_set1_epi32(8);
+/* Q4_0 and Q4_1: 16 bytes of nibbles at qs (element i: low nibble of byte i, element 16 + i:
+ * its high nibble), each byte widened once to a dword lane and both nibbles taken from it; value
+ * code - off (Q4_0: 8; Q4_1: 0, its min is added from the sums of x).  (The table formats and
+ * Q5_0, whose codes need byte shuffles or high bits, measured faster through a register of 32
+ * int8 codes and dot32.) */
+INLINE __m256 dot_nibbles(const uint8_t *qs, const float *x, int off) {
+    const __m256i m4 = _mm256_set1_epi32(15), o = _mm256_set1_epi32(off);
     __m256 a = _mm256_setzero_ps(), b = _mm256_setzero_ps();
     for (int k = 0; k < 2; k++) {
-        const __m256i v = bytes8(p + 2 + 8 * k);
-        const __m256i lo = _mm256_sub_epi32(_mm256_and_si256(v, m4), off), hi = _mm256_sub_epi32(_mm256_srli_epi32(v, 4), off);
+        const __m256i v = bytes8(qs + 8 * k);
+        __m256i lo = _mm256_and_si256(v, m4), hi = _mm256_srli_epi32(v, 4);
+        if (off) lo = _mm256_sub_epi32(lo, o), hi = _mm256_sub_epi32(hi, o);
         a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(lo), _mm256_loadu_ps(x + 8 * k), a);
         b = _mm256_fmadd_ps(_mm256_cvtepi32_ps(hi), _mm256_loadu_ps(x + 16 + 8 * k), b);
     }
     return _mm256_add_ps(a, b);
 }
+#define dot_q4_0(p, x) dot_nibbles((p) + 2, x, 8)
+#define dot_q4_1(p, x) dot_nibbles((p) + 4, x, 0)
 
 /* Blocks of 32 with one scale: SCALE(p) and DOT(p, x) of block p. */
 #define ROW_DOT_32(NAME, BYTES, SCALE, DOT)                                                 \
@@ -160,6 +165,26 @@ INLINE __m256 dot_q4_0(const uint8_t *p, const float *x) {
         return hsum8(_mm256_add_ps(acc0, acc1));                                            \
     }
 
+/* Blocks of 32 with a scale d (f16 at p) and a min m (f16 at p + 2), d * q + m: the min's share
+ * is m * xs[block] (xs: the sums of x per 32 columns), a scalar per block. */
+#define ROW_DOT_32_MIN(NAME, BYTES, DOT)                                                    \
+    static float NAME(const uint8_t *p, int64_t nb, const float *x, const float *xs) {     \
+        __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();                     \
+        float m0 = 0, m1 = 0;                                                               \
+        int64_t i = 0;                                                                      \
+        for (; i + 2 <= nb; i += 2, p += 2 * (BYTES), x += 64) {                            \
+            const uint8_t *p1 = p + (BYTES);                                                \
+            acc0 = _mm256_fmadd_ps(_mm256_set1_ps(f16_at(p)), DOT(p, x), acc0);             \
+            acc1 = _mm256_fmadd_ps(_mm256_set1_ps(f16_at(p1)), DOT(p1, x + 32), acc1);      \
+            m0 += f16_at(p + 2) * xs[i], m1 += f16_at(p1 + 2) * xs[i + 1];                  \
+        }                                                                                   \
+        if (i < nb) {                                                                       \
+            acc0 = _mm256_fmadd_ps(_mm256_set1_ps(f16_at(p)), DOT(p, x), acc0);             \
+            m0 += f16_at(p + 2) * xs[i];                                                    \
+        }                                                                                   \
+        return hsum8(_mm256_add_ps(acc0, acc1)) + (m0 + m1);                                \
+    }
+
 /* The codes of one 32-element block as a register of 32 int8 in element order, for the exact
  * dequantisation of prefill. */
 #define CODES_Q8_0(p) loadu256((p) + 2)
@@ -167,18 +192,23 @@ INLINE __m256 dot_q4_0(const uint8_t *p, const float *x) {
 #define CODES_IQ4_NL(p) _mm256_shuffle_epi8(lut16(MG_IQ4NL_VALUES), nibbles16((p) + 2))
 #define CODES_MXFP4(p) _mm256_shuffle_epi8(lut16(MG_MXFP4_VALUES2), nibbles16((p) + 1))
 #define CODES_Q5_0(p) _mm256_sub_epi8(_mm256_or_si256(nibbles16((p) + 6), q5_0_high((p) + 2)), _mm256_set1_epi8(16))
+#define CODES_Q4_1(p) nibbles16((p) + 4) /* unsigned 0..15: the min is added apart */
+#define CODES_Q5_1(p) _mm256_or_si256(nibbles16((p) + 8), q5_0_high((p) + 4)) /* unsigned 0..31 */
 
 #define SCALE_F16(p) f16_at(p)
 #define SCALE_E8M0(p) MG_E8M0_HALF[(p)[0]]
 #define DOT_IQ4_NL(p, x) dot32(CODES_IQ4_NL(p), x)
 #define DOT_MXFP4(p, x) dot32(CODES_MXFP4(p), x)
 #define DOT_Q5_0(p, x) dot32(CODES_Q5_0(p), x)
+#define DOT_Q5_1(p, x) dot32(CODES_Q5_1(p), x)
 
 ROW_DOT_32(row_dot_q8_0, 34, SCALE_F16, dot_q8_0)
 ROW_DOT_32(row_dot_q4_0, 18, SCALE_F16, dot_q4_0)
 ROW_DOT_32(row_dot_q5_0, 22, SCALE_F16, DOT_Q5_0)
 ROW_DOT_32(row_dot_iq4_nl, 18, SCALE_F16, DOT_IQ4_NL)
 ROW_DOT_32(row_dot_mxfp4, 17, SCALE_E8M0, DOT_MXFP4)
+ROW_DOT_32_MIN(row_dot_q4_1, 20, dot_q4_1)
+ROW_DOT_32_MIN(row_dot_q5_1, 24, DOT_Q5_1)
 
 /* Q4_K and Q5_K (q5 = 1): scales times the codes' dot products, minus the mins times xs (the sums
  * of x per 32 columns).  A chunk's byte l holds element l of sub-blocks 2c (low nibble) and
@@ -250,6 +280,123 @@ static float row_dot_q6_k(const uint8_t *p, int64_t nb, const float *x, const fl
     return hsum8(_mm256_add_ps(acc0, acc1));
 }
 
+/* Q2_K takes each code from qs (bits 2s, 2s + 1 of qs[32h + l] for element 128h + 32s + l) as
+ * Q4_K takes its nibbles: each byte widened once to a dword lane, its 4 codes taken by masks.
+ * The mask leaves code s at bits 2s (its value times 4^s), with no shift: the factors of group s
+ * are divided by 4^s instead (exact, a power of two), Q2_K_POW4 for the 8 sub-blocks of 16 of
+ * one half (sub-block 2s + t is in group s). */
+static const float Q2_K_POW4[8] __attribute__((aligned(32))) = {1.0f, 1.0f, 0x1p-2f, 0x1p-2f, 0x1p-4f, 0x1p-4f, 0x1p-6f, 0x1p-6f};
+
+/* out[0..16) = the 16 unsigned bytes b times v (lanes j and 8 + j times v[j]). */
+INLINE void ubytes16_times(__m128i b, __m256 v, float out[16]) {
+    _mm256_storeu_ps(out, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(b)), v));
+    _mm256_storeu_ps(out + 8, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_unpackhi_epi64(b, b))), v));
+}
+
+/* The 16 sub-block factors d * sc / 4^s of a Q2_K block from its 16 scale nibbles sc (bytes):
+ * ds[8h + 2s + t] is that of elements 128h + 32s + 16t .. + 15. */
+INLINE void q2_k_factors(__m128i sc, float d, float ds[16]) {
+    ubytes16_times(sc, _mm256_mul_ps(_mm256_set1_ps(d), _mm256_load_ps(Q2_K_POW4)), ds);
+}
+
+/* sum over the 16 sub-blocks of m[j] * xs[j] (m: 16 unsigned bytes; xs: the sums of x per 16
+ * columns) as 8 lanes. */
+INLINE __m256 mins_dot_xs(__m128i m, const float *xs) {
+    const __m256 a = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(m));
+    const __m256 b = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_unpackhi_epi64(m, m)));
+    return _mm256_fmadd_ps(b, _mm256_loadu_ps(xs + 8), _mm256_mul_ps(a, _mm256_loadu_ps(xs)));
+}
+
+/* The codes' dot products of half h of a Q2_K block (qs: its 64 code bytes), scaled by the
+ * factors ds (q2_k_factors) and added to acc0 (the first 16 of each group of 32) and acc1. */
+INLINE void q2_k_half(const uint8_t *qs, int h, const float *x, const float *ds, __m256 *acc0, __m256 *acc1) {
+    __m256i v[4];
+    for (int k = 0; k < 4; k++) v[k] = bytes8(qs + 32 * h + 8 * k);
+    for (int s = 0; s < 4; s++) {
+        const __m256i ml = _mm256_set1_epi32(3 << 2 * s);
+        __m256 a[4];
+        for (int k = 0; k < 4; k++) a[k] = _mm256_cvtepi32_ps(_mm256_and_si256(v[k], ml));
+        const float *xg = x + 128 * h + 32 * s;
+        const __m256 lo = _mm256_fmadd_ps(a[1], _mm256_loadu_ps(xg + 8), _mm256_mul_ps(a[0], _mm256_loadu_ps(xg)));
+        const __m256 hi = _mm256_fmadd_ps(a[3], _mm256_loadu_ps(xg + 24), _mm256_mul_ps(a[2], _mm256_loadu_ps(xg + 16)));
+        *acc0 = _mm256_fmadd_ps(_mm256_broadcast_ss(ds + 8 * h + 2 * s), lo, *acc0);
+        *acc1 = _mm256_fmadd_ps(_mm256_broadcast_ss(ds + 8 * h + 2 * s + 1), hi, *acc1);
+    }
+}
+
+/* Q2_K: (d * sc) * q - dmin * m per sub-block of 16; the mins' share is dmin * (m . xs), xs the
+ * sums of x per 16 columns. */
+static float row_dot_q2_k(const uint8_t *p, int64_t nb, const float *x, const float *xs) {
+    const __m128i m4 = _mm_set1_epi8(0x0f);
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps(), accm = _mm256_setzero_ps();
+    for (int64_t i = 0; i < nb; i++, p += 84, x += 256, xs += 16) {
+        float ds[16] __attribute__((aligned(32)));
+        const __m128i sc = _mm_loadu_si128((const __m128i *)p);
+        q2_k_factors(_mm_and_si128(sc, m4), f16_at(p + 80), ds);
+        accm = _mm256_fmadd_ps(_mm256_set1_ps(f16_at(p + 82)), mins_dot_xs(_mm_and_si128(_mm_srli_epi16(sc, 4), m4), xs), accm);
+        for (int h = 0; h < 2; h++) q2_k_half(p + 16, h, x, ds, &acc0, &acc1);
+    }
+    return hsum8(_mm256_sub_ps(_mm256_add_ps(acc0, acc1), accm));
+}
+
+/* Q3_K's 16 scales (6 bits, minus 32) as signed bytes: the low 4 bits of scale i are nibble i / 8
+ * of byte i % 8, the top 2 bits 2(i / 4) .. of byte 8 + i % 4 (mg_ggml_q3_k_scale); 64-bit
+ * shifts move bits across bytes and the masks keep each byte's own. */
+INLINE __m128i q3_k_scales(const uint8_t *s) {
+    uint64_t a;
+    uint32_t c;
+    memcpy(&a, s, 8);
+    memcpy(&c, s + 8, 4);
+    const uint64_t m2 = 0x03030303u, m4 = 0x0f0f0f0f0f0f0f0full;
+    const uint64_t h0 = (c & m2) | ((c >> 2) & m2) << 32, h1 = ((c >> 4) & m2) | ((c >> 6) & m2) << 32;
+    const __m128i lo = _mm_set_epi64x((long long)((a >> 4) & m4), (long long)(a & m4));
+    const __m128i hi = _mm_set_epi64x((long long)h1, (long long)h0);
+    return _mm_sub_epi8(_mm_or_si128(lo, _mm_slli_epi16(hi, 4)), _mm_set1_epi8(32));
+}
+
+/* Q3_K's 16 factors d * scale (exact), ds[8h + 2s + t] as in q2_k_factors. */
+INLINE void q3_k_factors(const uint8_t *p, float ds[16]) {
+    const __m128i sc = q3_k_scales(p + 96);
+    const __m256 d = _mm256_set1_ps(f16_at(p + 108));
+    _mm256_storeu_ps(ds, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(sc)), d));
+    _mm256_storeu_ps(ds + 8, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_unpackhi_epi64(sc, sc))), d));
+}
+
+/* Group s (0..3) of half h of a Q2_K / Q3_K block as 32 codes in element order: bits 2s, 2s + 1
+ * of the 32 qs bytes Q of the half; with Q3_K's high bits (hm: the 32 hmask bytes), bit 4h + s
+ * of each, clear meaning -4. */
+INLINE __m256i qk_group(__m256i Q, __m256i hm, int q3, int h, int s) {
+    const __m256i c = _mm256_and_si256(_mm256_srli_epi16(Q, 2 * s), _mm256_set1_epi8(3));
+    if (!q3) return c;
+    const __m256i bit = _mm256_set1_epi8((char)(1 << (4 * h + s)));
+    const __m256i clear = _mm256_cmpeq_epi8(_mm256_and_si256(hm, bit), _mm256_setzero_si256());
+    return _mm256_sub_epi8(c, _mm256_and_si256(clear, _mm256_set1_epi8(4)));
+}
+
+/* Q3_K as Q6_K: 32 signed codes in a register (qk_group), each 16 dotted with x and times the
+ * factor of its sub-block.  (Q2_K's way, codes masked in dword lanes, needs a shift and an or
+ * more per 8 codes for the high bit here, and measured ~30 % slower.) */
+static float row_dot_q3_k(const uint8_t *p, int64_t nb, const float *x, const float *xs) {
+    (void)xs;
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    for (int64_t i = 0; i < nb; i++, p += 110, x += 256) {
+        float ds[16] __attribute__((aligned(32)));
+        q3_k_factors(p, ds);
+        const __m256i hm = loadu256(p);
+        for (int h = 0; h < 2; h++) {
+            const __m256i Q = loadu256(p + 32 + 32 * h);
+            for (int g = 0; g < 4; g++) {
+                const __m256i q = qk_group(Q, hm, 1, h, g);
+                const float *xg = x + 128 * h + 32 * g;
+                const float *sg = ds + 8 * h + 2 * g;
+                acc0 = _mm256_fmadd_ps(_mm256_broadcast_ss(sg), dot16(q, 0, xg), acc0);
+                acc1 = _mm256_fmadd_ps(_mm256_broadcast_ss(sg + 1), dot16(q, 2, xg + 16), acc1);
+            }
+        }
+    }
+    return hsum8(_mm256_add_ps(acc0, acc1));
+}
+
 /* IQ4_XS: 8 sub-blocks of 32 with 6-bit scales. */
 static float row_dot_iq4_xs(const uint8_t *p, int64_t nb, const float *x, const float *xs) {
     (void)xs;
@@ -280,32 +427,48 @@ static row_dot_fn *row_dot_of(mg_format f) {
     case MG_MXFP4: return row_dot_mxfp4;
     case MG_IQ4_NL: return row_dot_iq4_nl;
     case MG_IQ4_XS: return row_dot_iq4_xs;
+    case MG_Q4_1: return row_dot_q4_1;
+    case MG_Q5_1: return row_dot_q5_1;
+    case MG_Q2_K: return row_dot_q2_k;
+    case MG_Q3_K: return row_dot_q3_k;
     default: return NULL;
     }
 }
 
 int mg_avx2_ggml_takes(mg_format f) { return row_dot_of(f) != NULL; }
 
-/* Columns per pass: the sums of x per 32 columns of one pass fit a stack array.  Almost every
- * matrix is one pass; wider rows add the passes' partial sums. */
+/* Columns per pass: the sums of x per 16 columns of one pass fit a stack array (16 KiB).
+ * Almost every matrix is one pass; wider rows add the passes' partial sums. */
 enum { GGML_PASS_COLS = 65536 };
+
+/* The columns each sum of x in xs covers for format f: 32 for the mins of Q4_1, Q5_1, Q4_K and
+ * Q5_K; 16 for Q2_K's (sub-blocks of 16); 0: no mins. */
+static int xs_group(mg_format f) {
+    switch (f) {
+    case MG_Q4_1:
+    case MG_Q5_1:
+    case MG_Q4_K:
+    case MG_Q5_K: return 32;
+    case MG_Q2_K: return 16;
+    default: return 0;
+    }
+}
 
 void mg_avx2_decode_ggml(const mg_matrix *w, const float *x, float *y, int64_t r0, int64_t r1) {
     int64_t e, bytes;
     mg_format_block(w->format, &e, &bytes);
     row_dot_fn *dot = row_dot_of(w->format);
-    const int mins = w->format == MG_Q4_K || w->format == MG_Q5_K;
+    const int xg = xs_group(w->format);
     const size_t rb = mg_matrix_row_bytes(w);
-    float xs[GGML_PASS_COLS / 32] __attribute__((aligned(32)));
+    float xs[GGML_PASS_COLS / 16] __attribute__((aligned(32)));
     for (int64_t c0 = 0; c0 < w->cols; c0 += GGML_PASS_COLS) {
         const int64_t kc = w->cols - c0 < GGML_PASS_COLS ? w->cols - c0 : GGML_PASS_COLS;
-        if (mins)
-            for (int64_t g = 0; g < kc / 32; g++) {
-                const float *xg = x + c0 + 32 * g;
-                __m256 s = _mm256_add_ps(_mm256_add_ps(_mm256_loadu_ps(xg), _mm256_loadu_ps(xg + 8)),
-                                         _mm256_add_ps(_mm256_loadu_ps(xg + 16), _mm256_loadu_ps(xg + 24)));
-                xs[g] = hsum8(s);
-            }
+        for (int64_t g = 0; xg && g < kc / xg; g++) {
+            const float *xp = x + c0 + xg * g;
+            __m256 s = _mm256_add_ps(_mm256_loadu_ps(xp), _mm256_loadu_ps(xp + 8));
+            if (xg == 32) s = _mm256_add_ps(s, _mm256_add_ps(_mm256_loadu_ps(xp + 16), _mm256_loadu_ps(xp + 24)));
+            xs[g] = hsum8(s);
+        }
         for (int64_t r = r0; r < r1; r++) {
             const uint8_t *p = (const uint8_t *)w->data + (size_t)r * rb + (size_t)(c0 / e * bytes);
             const float part = dot(p, kc / e, x + c0, xs);
@@ -316,13 +479,43 @@ void mg_avx2_decode_ggml(const mg_matrix *w, const float *x, float *y, int64_t r
 
 /* ---- exact dequantisation of one block (prefill) ----------------------------------------- */
 
-/* out[0..32) = codes * s (one rounding each, as the scalar decoder). */
-INLINE void emit32(__m256i q, __m256 s, float *out) {
-    for (int k = 0; k < 4; k++) _mm256_storeu_ps(out + 8 * k, _mm256_mul_ps(codes8(q, k), s));
+/* out[0..32) = codes * s (one rounding each, as the scalar decoder); emit32_2: s0 for the
+ * first 16, s1 for the last (sub-blocks of 16). */
+INLINE void emit32_2(__m256i q, __m256 s0, __m256 s1, float *out) {
+    for (int k = 0; k < 4; k++) _mm256_storeu_ps(out + 8 * k, _mm256_mul_ps(codes8(q, k), k < 2 ? s0 : s1));
 }
-/* out[0..32) = ds * q - dm: ds * q is exact, so one FMA rounds as the scalar mul then sub. */
-INLINE void emit32_min(__m256i q, __m256 ds, __m256 dm, float *out) {
-    for (int k = 0; k < 4; k++) _mm256_storeu_ps(out + 8 * k, _mm256_fmsub_ps(codes8(q, k), ds, dm));
+INLINE void emit32(__m256i q, __m256 s, float *out) { emit32_2(q, s, s, out); }
+/* out[0..32) = ds * q - dm: ds * q is exact, so one FMA rounds as the scalar mul then sub (and
+ * Q4_1 / Q5_1's d * q + m is this with dm = -m); emit32_min2: ds0, dm0 for the first 16. */
+INLINE void emit32_min2(__m256i q, __m256 ds0, __m256 dm0, __m256 ds1, __m256 dm1, float *out) {
+    for (int k = 0; k < 4; k++) _mm256_storeu_ps(out + 8 * k, _mm256_fmsub_ps(codes8(q, k), k < 2 ? ds0 : ds1, k < 2 ? dm0 : dm1));
+}
+INLINE void emit32_min(__m256i q, __m256 ds, __m256 dm, float *out) { emit32_min2(q, ds, dm, ds, dm, out); }
+
+/* Q2_K (q3 = 0: (d*sc) * q - dmin*m) and Q3_K ((d*scale) * q) dequantised, 32 elements (two
+ * sub-blocks of 16) at a time; every factor is exact, as in the scalar decoder. */
+INLINE void dequant_qk(const uint8_t *p, int q3, float *out) {
+    float ds[16], dm[16];
+    if (q3) {
+        q3_k_factors(p, ds);
+    } else {
+        const __m128i m4 = _mm_set1_epi8(0x0f), sc = _mm_loadu_si128((const __m128i *)p);
+        ubytes16_times(_mm_and_si128(sc, m4), _mm256_set1_ps(f16_at(p + 80)), ds);
+        ubytes16_times(_mm_and_si128(_mm_srli_epi16(sc, 4), m4), _mm256_set1_ps(f16_at(p + 82)), dm);
+    }
+    const __m256i hm = q3 ? loadu256(p) : _mm256_setzero_si256();
+    for (int h = 0; h < 2; h++) {
+        const __m256i Q = loadu256(p + (q3 ? 32 : 16) + 32 * h);
+        for (int g = 0; g < 4; g++) {
+            const int j = 8 * h + 2 * g;
+            const __m256i q = qk_group(Q, hm, q3, h, g);
+            float *o = out + 128 * h + 32 * g;
+            if (q3)
+                emit32_2(q, _mm256_set1_ps(ds[j]), _mm256_set1_ps(ds[j + 1]), o);
+            else
+                emit32_min2(q, _mm256_set1_ps(ds[j]), _mm256_set1_ps(dm[j]), _mm256_set1_ps(ds[j + 1]), _mm256_set1_ps(dm[j + 1]), o);
+        }
+    }
 }
 
 void mg_avx2_ggml_dequant_block(mg_format f, const uint8_t *p, float *out) {
@@ -332,6 +525,10 @@ void mg_avx2_ggml_dequant_block(mg_format f, const uint8_t *p, float *out) {
     case MG_Q5_0: emit32(CODES_Q5_0(p), _mm256_set1_ps(f16_at(p)), out); break;
     case MG_IQ4_NL: emit32(CODES_IQ4_NL(p), _mm256_set1_ps(f16_at(p)), out); break;
     case MG_MXFP4: emit32(CODES_MXFP4(p), _mm256_set1_ps(SCALE_E8M0(p)), out); break;
+    case MG_Q4_1: emit32_min(CODES_Q4_1(p), _mm256_set1_ps(f16_at(p)), _mm256_set1_ps(-f16_at(p + 2)), out); break;
+    case MG_Q5_1: emit32_min(CODES_Q5_1(p), _mm256_set1_ps(f16_at(p)), _mm256_set1_ps(-f16_at(p + 2)), out); break;
+    case MG_Q2_K: dequant_qk(p, 0, out); break;
+    case MG_Q3_K: dequant_qk(p, 1, out); break;
     case MG_Q4_K:
     case MG_Q5_K: {
         const int q5 = f == MG_Q5_K;
@@ -357,12 +554,7 @@ void mg_avx2_ggml_dequant_block(mg_format f, const uint8_t *p, float *out) {
             q6_k_half(p, h, q);
             for (int g = 0; g < 4; g++) {
                 const int8_t *s = (const int8_t *)(p + 192 + 8 * h + 2 * g);
-                const __m256 s0 = _mm256_set1_ps(d * (float)s[0]), s1 = _mm256_set1_ps(d * (float)s[1]);
-                float *o = out + 128 * h + 32 * g;
-                _mm256_storeu_ps(o, _mm256_mul_ps(codes8(q[g], 0), s0));
-                _mm256_storeu_ps(o + 8, _mm256_mul_ps(codes8(q[g], 1), s0));
-                _mm256_storeu_ps(o + 16, _mm256_mul_ps(codes8(q[g], 2), s1));
-                _mm256_storeu_ps(o + 24, _mm256_mul_ps(codes8(q[g], 3), s1));
+                emit32_2(q[g], _mm256_set1_ps(d * (float)s[0]), _mm256_set1_ps(d * (float)s[1]), out + 128 * h + 32 * g);
             }
         }
         break;
