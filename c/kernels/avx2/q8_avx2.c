@@ -16,6 +16,7 @@
 
 #if defined(__x86_64__) && defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #include "kernels/avx2/avx2.h"
+#include "kernels/scalar/scalar.h"
 #include "core/ggml_blocks.h"
 
 /* Prefetch distance (at least this many bytes on, a whole number of row groups), hint, and
@@ -561,6 +562,10 @@ static const struct {
 void mg_avx2_linear_q8(const mg_matrix *w, const mg_q8_act *xq, int64_t n_tok, float *y, int64_t y_stride, int64_t r0,
                        int64_t r1) {
     const mg_format f = w->format;
+    if (!ROWS[f].group) {
+        mg_scalar_linear_q8(w, xq, n_tok, y, y_stride, r0, r1);
+        return;
+    }
     rows_fn *group = ROWS[f].group, *one = ROWS[f].one;
     const int n = ROWS[f].n;
     int64_t e, bytes;
