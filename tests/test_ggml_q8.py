@@ -1,12 +1,13 @@
 """Engine(gguf, activations="int8"): the GGUF block formats' decode with int8 activations
 (core/q8_act.h, docs/KERNELS.md) against the default fp32 path on the same file.
 
-Tiny qwen3_moe models (hidden 256) from tools/ckpt/gguf_file.py, as a Q8_0 file and as a
-Q4_K_M-like mix of every block format the kernels take; tokens decoded one at a time (the int8
-path is decode's); per step, max |int8 - f32| / max |f32| of the logits.  Measured on these
-seeds (avx512 table): per-step errors 0.016-0.028 (Q8_0 file, median 0.022) and 0.009-0.020
-(mixed, median 0.015), except a step whose top-2 expert choice flips (a router near a tie: a
-property of MoE, not of the kernels), which gave 0.51.  So the test bounds the MEDIAN step by
+Tiny qwen3_moe models (hidden 256) from tools/ckpt/gguf_file.py, as a Q8_0 file, as a
+Q4_K_M-like mix of the older block formats, and as a low-bit mix (Q2_K, Q3_K, Q4_1, Q5_1);
+tokens decoded one at a time (the int8 path is decode's); per step, max |int8 - f32| / max |f32|
+of the logits.  Measured on these seeds (avx512 table): per-step errors 0.016-0.028 (Q8_0 file,
+median 0.022), 0.009-0.020 (mixed, median 0.015) and about 0.006-0.016 (lowbit, median about
+0.01), except a step whose top-2 expert choice flips (a router near a tie: a property of MoE,
+not of the kernels), which gave 0.51.  So the test bounds the MEDIAN step by
 MEDIAN_TOLERANCE = 0.06 (about 3x the measured medians) and allows at most MAX_FLIPS steps
 above it; a wrong kernel (a swapped sub-block scale, a lost min) gives O(1) on every step.
 The best table and the scalar twin, both int8, differ only in fp32 summation order: median
@@ -38,7 +39,15 @@ MIXED = {
     "blk.*.attn_q.weight": "Q8_0", "blk.*.attn_k.weight": "Q4_0", "blk.*.attn_v.weight": "MXFP4",
     "blk.*.attn_output.weight": "IQ4_XS", "token_embd.weight": "Q8_0", "output.weight": "IQ4_NL",
 }
-CASES = {"q8_0": {"default": "Q8_0"}, "mixed": {"types": MIXED, "default": "Q5_0"}}
+# The low-bit formats (Q2_K / Q3_K files, and the Q4_1 / Q5_1 llama-quantize puts in them).
+LOWBIT = {
+    "blk.*.ffn_gate_exps.weight": "Q2_K", "blk.*.ffn_up_exps.weight": "Q3_K",
+    "blk.*.ffn_down_exps.weight": "Q2_K",
+    "blk.*.attn_q.weight": "Q4_1", "blk.*.attn_k.weight": "Q5_1", "blk.*.attn_v.weight": "Q3_K",
+    "blk.*.attn_output.weight": "Q2_K", "token_embd.weight": "Q8_0", "output.weight": "Q3_K",
+}
+CASES = {"q8_0": {"default": "Q8_0"}, "mixed": {"types": MIXED, "default": "Q5_0"},
+         "lowbit": {"types": LOWBIT, "default": "Q4_1"}}
 
 
 @pytest.fixture(scope="module")

@@ -88,6 +88,7 @@ typedef struct {
     int8_t perm[XP_MAX] __attribute__((aligned(32)));    /* the pair order (prep_pairs) */
     int8_t absq[XP_MAX] __attribute__((aligned(32)));    /* |perm| */
     int16_t off[XP_MAX / 2] __attribute__((aligned(32))); /* -k * sums of x (offset formats) */
+    int16_t xs16[XP_MAX / 16] __attribute__((aligned(32))); /* Q2_K: sums of x per 16 columns */
     float dxp[XP_MAX / 32] __attribute__((aligned(32)));  /* IQ4_XS: dx per 256 in lane order */
 } prep_x;
 
@@ -131,6 +132,16 @@ static void prep_off(const int8_t *q, int64_t n, int k, int pair_order, int16_t 
         for (int64_t c = 0; c < n; c += 32)
             _mm256_store_si256((__m256i *)(off + c / 2),
                                _mm256_sub_epi16(_mm256_setzero_si256(), _mm256_maddubs_epi16(kv, load32(q + c))));
+    }
+}
+
+/* Sums of x per 16 columns (|sum| <= 16 * 127): one pass per token, where the rows would
+ * each redo it per block. */
+static void prep_sums16(const int8_t *q, int64_t n, int16_t *xs) {
+    for (int64_t c = 0; c < n; c += 16) {
+        int s = 0;
+        for (int l = 0; l < 16; l++) s += q[c + l];
+        xs[c / 16] = (int16_t)s;
     }
 }
 
@@ -183,13 +194,15 @@ INLINE void rows_q8_0(const int R, const uint8_t *p, size_t rb, int64_t nb, cons
     store_sums(R, acc, out);
 }
 
-/* ---- the nibble formats: Q4_0, Q5_0, MXFP4, IQ4_NL (blocks of 32, two per ymm) ------------
+/* ---- the nibble formats: Q4_0, Q5_0, MXFP4, IQ4_NL, Q4_1, Q5_1 (blocks of 32, two per ymm) --
  * Blocks g, g + 1 of a row: one ymm of their nibbles [g | g + 1] (prep_pairs), low nibbles
  * against x's first halves, high nibbles against the second halves.  Codes enter as:
  *  - Q4_0: the nibble u (0..15), value u - 8; Q5_0: u with its fifth bit (0..31), value u - 16;
  *    MXFP4: u = 2 * e2m1 + 12 (0..24) by a vpshufb table, value u - 12; the -k goes into the
  *    i16 sums as prep_off's offsets: lo + hi pairs + off, |lane| <= 4 * 31 * 127 + 16 * 508
  *    < 2^15 (no sign trick, one vpmaddwd for both halves);
+ *  - Q4_1, Q5_1: as Q4_0, Q5_0 without the offset (the value is u); their min m * sx is a float
+ *    term per block, summed for all rows in one vector (nib_pair's macc);
  *  - IQ4_NL (values -127..113, whose pairs with an offset of 127 would saturate): |x| (once per
  *    token) times the value with x's sign (never -128), pairs <= 2 * 127 * 127 < 2^15, too big
  *    to add the halves in i16: one vpmaddwd each.
@@ -203,10 +216,10 @@ INLINE __m256i nibbles2(const uint8_t *p, size_t bytes, size_t off, int one) {
     return _mm256_inserti128_si256(_mm256_castsi128_si256(a), b, 1);
 }
 
-/* Q5_0: 0x10 in the bytes of [low | high] nibble ymms whose fifth bit is set (qh, 32 bits at
- * offset 2 of each block: bit i for element i). */
-INLINE void q5_0_bits(const uint8_t *p, size_t bytes, int one, __m256i *lo, __m256i *hi) {
-    const uint64_t qh = ld32(p + 2) | (one ? 0 : ld32(p + bytes + 2) << 32);
+/* Q5_0 / Q5_1: 0x10 in the bytes of [low | high] nibble ymms whose fifth bit is set (qh, 32
+ * bits at offset qo of each block: bit i for element i). */
+INLINE void q5_0_bits(const uint8_t *p, size_t bytes, size_t qo, int one, __m256i *lo, __m256i *hi) {
+    const uint64_t qh = ld32(p + qo) | (one ? 0 : ld32(p + bytes + qo) << 32);
     const __m256i v = _mm256_set1_epi64x((long long)qh); /* [qh0 qh1 qh0 qh1 | ...] */
     const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ull), k10 = _mm256_set1_epi8(0x10);
     /* low nibbles: bytes 0, 1 of block g's qh (lane 0), of g + 1's (lane 1); high: bytes 2, 3 */
@@ -243,11 +256,16 @@ INLINE __m256 factors2_nib(const int R, mg_format f, const uint8_t *p, size_t rb
     return _mm256_mul_ps(s, pair4(dx, one ? &zero : dx + 1)); /* an absent block: 2^-1 * 0 */
 }
 
-/* Blocks p, p + bytes (one: only p) of R rows: acc[r] += their dot products with x. */
+/* Blocks p, p + bytes (one: only p) of R rows: acc[r] += their dot products with x; Q4_1 /
+ * Q5_1: macc += their min terms m * sx, lanes as the factors' (rows of p | rows of p + bytes),
+ * one add for all R rows (the twin's products, m * sx). */
 INLINE void nib_pair(const int R, mg_format f, const uint8_t *p, size_t rb, size_t bytes, size_t qs, int one,
-                     const int8_t *q, const int8_t *qa, const int16_t *off, const float *dx, __m256i tbl, __m256 *acc) {
+                     const int8_t *q, const int8_t *qa, const int16_t *off, const float *dx, const float *sx,
+                     __m256i tbl, __m256 *acc, __m256 *macc) {
     const __m256i m4 = _mm256_set1_epi8(0x0f);
+    const int with_min = f == MG_Q4_1 || f == MG_Q5_1;
     const __m256 fr = factors2_nib(R, f, p, rb, bytes, dx, one);
+    if (with_min) *macc = _mm256_add_ps(*macc, factors2_f16(R, p + 2, rb, bytes, sx, one));
     const __m256i x0 = load32(q), x1 = load32(q + 32);
 #pragma GCC unroll 4
     for (int r = 0; r < R; r++) {
@@ -261,34 +279,42 @@ INLINE void nib_pair(const int R, mg_format f, const uint8_t *p, size_t rb, size
             sum = _mm256_add_epi32(_mm256_madd_epi16(plo, ones16()), _mm256_madd_epi16(phi, ones16()));
         } else {
             if (f == MG_MXFP4) lo = _mm256_shuffle_epi8(tbl, lo), hi = _mm256_shuffle_epi8(tbl, hi);
-            if (f == MG_Q5_0) q5_0_bits(b, bytes, one, &lo, &hi);
-            const __m256i pairs = _mm256_add_epi16(_mm256_maddubs_epi16(lo, x0), _mm256_maddubs_epi16(hi, x1));
-            sum = _mm256_madd_epi16(_mm256_add_epi16(pairs, _mm256_load_si256((const __m256i *)off)), ones16());
+            if (f == MG_Q5_0 || f == MG_Q5_1) q5_0_bits(b, bytes, f == MG_Q5_0 ? 2 : 4, one, &lo, &hi);
+            __m256i pairs = _mm256_add_epi16(_mm256_maddubs_epi16(lo, x0), _mm256_maddubs_epi16(hi, x1));
+            if (!with_min) pairs = _mm256_add_epi16(pairs, _mm256_load_si256((const __m256i *)off));
+            sum = _mm256_madd_epi16(pairs, ones16());
         }
         acc[r] = _mm256_fmadd_ps(_mm256_permutevar_ps(fr, _mm256_set1_epi32(r)), cvt_i32(sum), acc[r]);
     }
 }
 
 INLINE void rows_nib(const int R, mg_format f, const uint8_t *p, size_t rb, int64_t nb, const prep_x *x, float *out) {
-    const size_t bytes = f == MG_Q5_0 ? 22 : f == MG_MXFP4 ? 17 : 18;
-    const size_t qs = f == MG_Q5_0 ? 6 : f == MG_MXFP4 ? 1 : 2;
+    int64_t e, bytes_i;
+    mg_format_block(f, &e, &bytes_i);
+    const size_t bytes = (size_t)bytes_i;
+    const size_t qs = f == MG_Q5_0 ? 6 : f == MG_MXFP4 ? 1 : f == MG_Q4_1 ? 4 : f == MG_Q5_1 ? 8 : 2;
     const size_t ahead = rows_ahead((size_t)R * rb);
     static const int8_t MXFP4_U[16] = {12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0}; /* values2 + 12 */
     const __m256i tbl = _mm256_broadcastsi128_si256(
         _mm_loadu_si128((const __m128i *)(f == MG_MXFP4 ? MXFP4_U : MG_IQ4NL_VALUES)));
-    __m256 acc[4];
+    __m256 acc[4], macc = _mm256_setzero_ps();
     for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
     const int8_t *q = x->q, *qa = x->qa;
     const int16_t *off = x->off;
-    const float *dx = x->dx;
+    const float *dx = x->dx, *sx = x->sx;
     const uint8_t *pf = p + ahead;
     int64_t i = 0;
-    for (; i + 2 <= nb; i += 2, p += 2 * bytes, pf += R * 2 * bytes, q += 64, qa += 64, off += 16, dx += 2) {
+    for (; i + 2 <= nb; i += 2, p += 2 * bytes, pf += R * 2 * bytes, q += 64, qa += 64, off += 16, dx += 2, sx += 2) {
         prefetch_step(pf, (size_t)R * 2 * bytes);
-        nib_pair(R, f, p, rb, bytes, qs, 0, q, qa, off, dx, tbl, acc);
+        nib_pair(R, f, p, rb, bytes, qs, 0, q, qa, off, dx, sx, tbl, acc, &macc);
     }
-    if (i < nb) nib_pair(R, f, p, rb, bytes, qs, 1, q, qa, off, dx, tbl, acc);
+    if (i < nb) nib_pair(R, f, p, rb, bytes, qs, 1, q, qa, off, dx, sx, tbl, acc, &macc);
     store_sums(R, acc, out);
+    if (f == MG_Q4_1 || f == MG_Q5_1) { /* row r's min terms: lanes r and 4 + r */
+        float m[8];
+        _mm256_storeu_ps(m, macc);
+        for (int r = 0; r < R; r++) out[r] += m[r] + m[4 + r];
+    }
 }
 
 /* ---- Q4_K / Q5_K ------------------------------------------------------------------------ */
@@ -438,6 +464,102 @@ INLINE void rows_q6_k(const int R, const uint8_t *p, size_t rb, int64_t nb, cons
     store_sums(R, acc, out);
 }
 
+/* ---- Q2_K / Q3_K ------------------------------------------------------------------------ */
+
+/* Q3_K's 16 scales minus 32 (12 bytes at s, mg_ggml_q3_k_scale) as i16: the low nibbles are
+ * bytes 0-7 then their high nibbles; the top 2 bits of scale 4j + b are bits 2j.. of byte
+ * 8 + b, so dword lane j of the 4 bytes shifted right by 2j holds them in byte b.  Reads the
+ * 12 bytes only (the block may end the matrix). */
+INLINE __m256i q3_k_scales16(const uint8_t *s) {
+    const __m128i a = _mm_loadl_epi64((const __m128i *)s);
+    const __m128i lo = _mm_and_si128(_mm_unpacklo_epi64(a, _mm_srli_epi16(a, 4)), _mm_set1_epi8(15));
+    const __m128i c = _mm_set1_epi32((int)ld32(s + 8));
+    const __m128i hi = _mm_and_si128(_mm_srlv_epi32(c, _mm_setr_epi32(0, 2, 4, 6)), _mm_set1_epi8(3));
+    return _mm256_cvtepi8_epi16(_mm_sub_epi8(_mm_or_si128(lo, _mm_slli_epi16(hi, 4)), _mm_set1_epi8(32)));
+}
+
+/* Q3_K: 4 where bit g of hmask byte l is set, for each l of the ymm hm (16-bit shifts: what one
+ * carries in from the neighbouring byte lands below bit 2 for left shifts <= 2, above it for
+ * right shifts <= 5). */
+INLINE __m256i q3_k_high(__m256i hm, int g) {
+    const __m256i s = g < 2 ? _mm256_slli_epi16(hm, 2 - g) : g > 2 ? _mm256_srli_epi16(hm, g - 2) : hm;
+    return _mm256_and_si256(s, _mm256_set1_epi8(4));
+}
+
+/* R rows of Q2_K (q3 = 0) or Q3_K.  Group g = 4h + s of a block: bits 2s.. of the 32 code bytes
+ * of half h (one load per half), against x's columns in order; Q3_K adds 4 where its hmask bit
+ * is set, so u = q + 4 (0..7), and prep_off's -4 * (x pair sums) make the pairs (u - 4) x.
+ * Pairs <= 2 * 7 * 127 + 4 * 254 < 2^15; the two 16-element halves of a group are the pairs'
+ * 128-bit lanes, and vpmaddwd applies their integer scales k in place of the ones (Q6_K's
+ * pick); the factor d * dx per group.  Q2_K's mins: imin of the 8 groups is one vpmaddwd of the
+ * 16 min nibbles with x's sums per 16 (prep: xs16), times dmin * dx.  A row's whole block at a
+ * time, two accumulators per row, as Q6_K. */
+INLINE void rows_k23(const int R, const uint8_t *p, size_t rb, int64_t nb, const prep_x *x, int q3, float *out) {
+    static const int8_t pick[4][32] = {
+        {0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3},
+        {4, 5, 4, 5, 4, 5, 4, 5, 4, 5, 4, 5, 4, 5, 4, 5, 6, 7, 6, 7, 6, 7, 6, 7, 6, 7, 6, 7, 6, 7, 6, 7},
+        {8, 9, 8, 9, 8, 9, 8, 9, 8, 9, 8, 9, 8, 9, 8, 9, 10, 11, 10, 11, 10, 11, 10, 11, 10, 11, 10, 11, 10, 11, 10, 11},
+        {12, 13, 12, 13, 12, 13, 12, 13, 12, 13, 12, 13, 12, 13, 12, 13, 14, 15, 14, 15, 14, 15, 14, 15, 14, 15, 14, 15, 14,
+         15, 14, 15}};
+    const size_t bytes = q3 ? 110 : 84, qs = q3 ? 32 : 16, dof = q3 ? 108 : 80;
+    const size_t ahead = rows_ahead((size_t)R * rb);
+    const __m256i m3 = _mm256_set1_epi8(3), m4 = _mm256_set1_epi8(15);
+    __m256 acc[4], acc2[4];
+    for (int r = 0; r < R; r++) acc[r] = acc2[r] = _mm256_setzero_ps();
+    const uint8_t *pf = p + ahead;
+    for (int64_t i = 0; i < nb; i++, p += bytes, pf += R * bytes) {
+        prefetch_step(pf, (size_t)R * bytes);
+        const int8_t *xq = x->q + 256 * i;
+        const int16_t *off = x->off + 128 * i;
+        const __m256 dxv = _mm256_loadu_ps(x->dx + 8 * i);
+        float d[4] __attribute__((aligned(16))), dm[4] __attribute__((aligned(16)));
+        _mm_store_ps(d, _mm_cvtph_ps(_mm_cvtsi64_si128((long long)gather16(R, p + dof, rb))));
+        if (!q3) _mm_store_ps(dm, _mm_cvtph_ps(_mm_cvtsi64_si128((long long)gather16(R, p + 82, rb))));
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++) {
+            const uint8_t *b = p + (size_t)r * rb;
+            float f[8] __attribute__((aligned(32)));
+            _mm256_store_ps(f, _mm256_mul_ps(_mm256_broadcast_ss(d + r), dxv));
+            __m256i k16, hm = _mm256_setzero_si256();
+            if (q3) {
+                k16 = q3_k_scales16(b + 96), hm = load32(b);
+            } else {
+                const __m128i sc = _mm_loadu_si128((const __m128i *)b);
+                const __m256i mins = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(sc, 4), _mm_set1_epi8(15)));
+                const __m256i imin = _mm256_madd_epi16(mins, _mm256_load_si256((const __m256i *)(x->xs16 + 16 * i)));
+                acc2[r] = _mm256_fnmadd_ps(_mm256_mul_ps(_mm256_broadcast_ss(dm + r), dxv), cvt_i32(imin), acc2[r]);
+                k16 = _mm256_cvtepu8_epi16(_mm_and_si128(sc, _mm256_castsi256_si128(m4)));
+            }
+#pragma GCC unroll 2
+            for (int h = 0; h < 2; h++) {
+                const __m256i v = load32(b + qs + 32 * h);
+                const __m256i s16 = _mm256_permute2x128_si256(k16, k16, h ? 0x11 : 0x00); /* the half's 8 k, both lanes */
+#pragma GCC unroll 4
+                for (int s = 0; s < 4; s++) {
+                    const int g = 4 * h + s;
+                    __m256i u = _mm256_and_si256(s ? _mm256_srli_epi16(v, 2 * s) : v, m3);
+                    __m256i pairs;
+                    if (q3) {
+                        u = _mm256_or_si256(u, q3_k_high(hm, g));
+                        pairs = _mm256_add_epi16(_mm256_maddubs_epi16(u, load32(xq + 32 * g)),
+                                                 _mm256_load_si256((const __m256i *)(off + 16 * g)));
+                    } else {
+                        pairs = _mm256_maddubs_epi16(u, load32(xq + 32 * g));
+                    }
+                    const __m256i prod = _mm256_madd_epi16(pairs, _mm256_shuffle_epi8(s16, load32(pick[s])));
+                    const __m256 fg = _mm256_broadcast_ss(f + g);
+                    if (g & 1)
+                        acc2[r] = _mm256_fmadd_ps(fg, cvt_i32(prod), acc2[r]);
+                    else
+                        acc[r] = _mm256_fmadd_ps(fg, cvt_i32(prod), acc[r]);
+                }
+            }
+        }
+    }
+    for (int r = 0; r < R; r++) acc[r] = _mm256_add_ps(acc[r], acc2[r]);
+    store_sums(R, acc, out);
+}
+
 /* ---- IQ4_XS ----------------------------------------------------------------------------- */
 
 /* R rows of IQ4_XS: sub-blocks 2m, 2m + 1 (16 nibble bytes each, contiguous) are one 32-byte
@@ -518,6 +640,10 @@ ROWS_FNS(q4_k, 4, rows_k4(R, p, rb, nb, x, 0, o), rows_k4(1, p, rb, nb, x, 0, o)
 ROWS_FNS(q5_k, 4, rows_k4(R, p, rb, nb, x, 1, o), rows_k4(1, p, rb, nb, x, 1, o))
 ROWS_FNS(q6_k, 2, rows_q6_k(R, p, rb, nb, x, o), rows_q6_k(1, p, rb, nb, x, o))
 ROWS_FNS(iq4_xs, 4, rows_iq4_xs(R, p, rb, nb, x, o), rows_iq4_xs(1, p, rb, nb, x, o))
+ROWS_FNS(q4_1, 4, rows_nib(R, MG_Q4_1, p, rb, nb, x, o), rows_nib(1, MG_Q4_1, p, rb, nb, x, o))
+ROWS_FNS(q5_1, 4, rows_nib(R, MG_Q5_1, p, rb, nb, x, o), rows_nib(1, MG_Q5_1, p, rb, nb, x, o))
+ROWS_FNS(q2_k, 2, rows_k23(R, p, rb, nb, x, 0, o), rows_k23(1, p, rb, nb, x, 0, o))
+ROWS_FNS(q3_k, 2, rows_k23(R, p, rb, nb, x, 1, o), rows_k23(1, p, rb, nb, x, 1, o))
 
 typedef void rows_fn(const uint8_t *p, size_t rb, int64_t nb, const prep_x *x, float *out);
 
@@ -541,7 +667,14 @@ static void prep(mg_format f, const int8_t *q, const float *dx, const float *sx,
             for (int64_t b = 0; b < kc / 256; b++)
                 for (int j = 0; j < 8; j++) x->dxp[8 * b + (j & 1) * 4 + j / 2] = dx[8 * b + j];
         break;
+    case MG_Q4_1:
+    case MG_Q5_1:
+        prep_pairs(q, kc, x->perm);
+        x->q = x->perm;
+        break;
     case MG_Q6_K: prep_off(q, kc, 32, 0, x->off); break;
+    case MG_Q3_K: prep_off(q, kc, 4, 0, x->off); break;
+    case MG_Q2_K: prep_sums16(q, kc, x->xs16); break;
     default: break; /* Q8_0, Q4_K, Q5_K: x in order */
     }
 }
@@ -554,7 +687,9 @@ static const struct {
     [MG_Q5_0] = {rowsg_q5_0, rows1_q5_0, G_q5_0},       [MG_MXFP4] = {rowsg_mxfp4, rows1_mxfp4, G_mxfp4},
     [MG_IQ4_NL] = {rowsg_iq4_nl, rows1_iq4_nl, G_iq4_nl}, [MG_Q4_K] = {rowsg_q4_k, rows1_q4_k, G_q4_k},
     [MG_Q5_K] = {rowsg_q5_k, rows1_q5_k, G_q5_k},       [MG_Q6_K] = {rowsg_q6_k, rows1_q6_k, G_q6_k},
-    [MG_IQ4_XS] = {rowsg_iq4_xs, rows1_iq4_xs, G_iq4_xs}};
+    [MG_IQ4_XS] = {rowsg_iq4_xs, rows1_iq4_xs, G_iq4_xs}, [MG_Q4_1] = {rowsg_q4_1, rows1_q4_1, G_q4_1},
+    [MG_Q5_1] = {rowsg_q5_1, rows1_q5_1, G_q5_1},       [MG_Q2_K] = {rowsg_q2_k, rows1_q2_k, G_q2_k},
+    [MG_Q3_K] = {rowsg_q3_k, rows1_q3_k, G_q3_k}};
 
 /* Per token and column pass, x prepared once; then the rows in groups of ROWS[f].n, the rest
  * one by one (each row's result is the same either way, see store_sums). */

@@ -66,10 +66,11 @@ enum { XP_MAX = 8192 };
 
 typedef struct {
     const int8_t *codes;                                 /* q (Q4_K / Q5_K) or x's own codes */
-    const float *dx;                                     /* blocks of 32: x's own scales */
+    const float *dx, *sx;                                /* x's own scales and sums per 32 */
     int8_t q[XP_MAX] __attribute__((aligned(64)));      /* Q4_K / Q5_K: the codes permuted */
     float ds[XP_MAX / 16] __attribute__((aligned(64))); /* per block: 16 floats (below) */
     int32_t off[XP_MAX / 4] __attribute__((aligned(64))); /* Q6_K: -32 * (sum of 4 codes) */
+    int16_t xs16[XP_MAX / 16] __attribute__((aligned(64))); /* Q2_K: sums of x per 16 columns */
 } prep_x;
 
 /* Prefetch of the R-row loops: the rows of a group are contiguous, and so is the group ahead
@@ -245,12 +246,115 @@ INLINE void rows_q6_k(const int R, const uint8_t *p, size_t rb, int64_t nb, cons
     }
 }
 
-/* ---- blocks of 32 with one scale (Q8_0, Q4_0, Q5_0, IQ4_NL, MXFP4) ------------------------
+/* ---- Q2_K / Q3_K ------------------------------------------------------------------------
+ * Their 64 code bytes are one zmm: bits 2s.. of the first 32 are group s, of the last 32 group
+ * 4 + s, so x's groups go in the order 0 4 1 5 2 6 3 7 (prep_k23) and one shift and mask per s
+ * gives a zmm of codes [group s | group 4 + s]. */
+
+/* x permuted so, dx per 16 columns (as prep_q6), x's sums per 16 in column order (Q2_K's mins)
+ * and, for Q3_K (q3), off: -4 * (sum of 4 codes), the start of vpdpbusd's sum, so its unsigned
+ * codes u = q + 4 (0..7) give sum q x. */
+static void prep_k23(const int8_t *q, const float *dx, int64_t cols, int q3, prep_x *p) {
+    static const int order[8] = {0, 4, 1, 5, 2, 6, 3, 7};
+    const __m512i twice = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
+    for (int64_t b = 0; b < cols; b += 256) {
+        for (int g = 0; g < 8; g++) memcpy(p->q + b + 32 * g, q + b + 32 * order[g], 32);
+        _mm512_store_ps(p->ds + b / 16, _mm512_permutexvar_ps(twice, _mm512_castps256_ps512(_mm256_loadu_ps(dx + b / 32))));
+    }
+    for (int64_t c = 0; c < cols; c += 16) {
+        int sum = 0;
+        for (int l = 0; l < 16; l++) sum += q[c + l];
+        p->xs16[c / 16] = (int16_t)sum;
+    }
+    if (q3)
+        for (int64_t c = 0; c < cols; c += 64)
+            _mm512_store_si512((void *)(p->off + c / 4),
+                               _mm512_sub_epi32(_mm512_setzero_si512(), udot(_mm512_set1_epi8(4), _mm512_load_si512((const void *)(p->q + c)))));
+    p->codes = p->q, p->dx = dx;
+}
+
+/* Q3_K's 16 scales minus 32 (12 bytes at s, mg_ggml_q3_k_scale) as bytes: the low nibbles are
+ * bytes 0-7 then their high nibbles; the top 2 bits of scale 4j + b are bits 2j.. of byte
+ * 8 + b, so dword lane j of those 4 bytes shifted right by 2j holds them in byte b.  Reads the
+ * 12 bytes only (the block may end the matrix). */
+INLINE __m128i q3_k_scales(const uint8_t *s) {
+    uint32_t c;
+    memcpy(&c, s + 8, 4);
+    const __m128i a = _mm_loadl_epi64((const __m128i *)s);
+    const __m128i lo = _mm_and_si128(_mm_unpacklo_epi64(a, _mm_srli_epi16(a, 4)), _mm_set1_epi8(15));
+    const __m128i hi = _mm_and_si128(_mm_srlv_epi32(_mm_set1_epi32((int)c), _mm_setr_epi32(0, 2, 4, 6)), _mm_set1_epi8(3));
+    return _mm_sub_epi8(_mm_or_si128(lo, _mm_slli_epi16(hi, 4)), _mm_set1_epi8(32));
+}
+
+/* R rows (1 or 4) of Q2_K (q3 = 0) or Q3_K.  The factors per 16 columns d * k * dx (d * k
+ * exact), one vpermps each for the lanes of a zmm of codes ([2s x4, 2s+1 x4, 8+2s x4, 9+2s x4]
+ * of the 16).  Q3_K's high bits: bit s (first 32 bytes) and 4 + s (last 32) of hmask, a mask
+ * that adds 4.  Q2_K's mins: the 8 groups' imin is one vpmaddwd of the 16 min nibbles with x's
+ * sums per 16, taken off lanes 0-7 times dmin * dx (the twin's products). */
+INLINE void rows_k23(const int R, const uint8_t *p, size_t rb, int64_t nb, const prep_x *x, int q3, float *out) {
+    const size_t ahead = rows_ahead(R * rb);
+    const size_t bytes = q3 ? 110 : 84, qs = q3 ? 32 : 16;
+    const __m512i m3 = _mm512_set1_epi8(3), k4 = _mm512_set1_epi8(4);
+    __m512i pick[4];
+    for (int s = 0; s < 4; s++)
+        pick[s] = _mm512_setr_epi32(2 * s, 2 * s, 2 * s, 2 * s, 2 * s + 1, 2 * s + 1, 2 * s + 1, 2 * s + 1, 8 + 2 * s, 8 + 2 * s,
+                                    8 + 2 * s, 8 + 2 * s, 9 + 2 * s, 9 + 2 * s, 9 + 2 * s, 9 + 2 * s);
+    __m512 acc[4];
+    for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_ps();
+    const uint8_t *pf = p + ahead;
+    for (int64_t i = 0; i < nb; i++, p += bytes, pf += R * bytes) {
+        prefetch_step(pf, R * bytes);
+        const int8_t *xq = x->codes + 256 * i;
+        const int32_t *off = x->off + 64 * i;
+        const __m512 dx16 = _mm512_load_ps(x->ds + 16 * i);
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++) {
+            const uint8_t *b = p + r * rb;
+            __m512i k;
+            __m512i hm = _mm512_setzero_si512();
+            if (q3) {
+                k = _mm512_cvtepi8_epi32(q3_k_scales(b + 96));
+                hm = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)b));
+            } else {
+                const __m128i sc = _mm_loadu_si128((const __m128i *)b);
+                const __m256i mins = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(sc, 4), _mm_set1_epi8(15)));
+                const __m256i imin = _mm256_madd_epi16(mins, _mm256_load_si256((const __m256i *)(x->xs16 + 16 * i)));
+                const __m256 fm = _mm256_mul_ps(_mm256_set1_ps(f16_at(b + 82)), _mm256_loadu_ps(x->dx + 8 * i));
+                acc[r] = _mm512_mask3_fnmadd_ps(_mm512_castps256_ps512(fm), _mm512_castps256_ps512(_mm256_cvtepi32_ps(imin)),
+                                                acc[r], 0x00ff);
+                k = _mm512_cvtepu8_epi32(_mm_and_si128(sc, _mm_set1_epi8(15)));
+            }
+            const __m512 f = _mm512_mul_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(k), _mm512_set1_ps(f16_at(b + (q3 ? 108 : 80)))), dx16);
+            const __m512i v = _mm512_loadu_si512((const void *)(b + qs));
+#pragma GCC unroll 4
+            for (int s = 0; s < 4; s++) {
+                __m512i u = _mm512_and_si512(s ? _mm512_srli_epi16(v, 2 * s) : v, m3);
+                __m512i start = _mm512_setzero_si512();
+                if (q3) {
+                    const __m512i bits = join(_mm256_set1_epi8((char)(1 << s)), _mm256_set1_epi8((char)(16 << s)));
+                    u = _mm512_mask_add_epi8(u, _mm512_test_epi8_mask(hm, bits), u, k4);
+                    start = _mm512_load_si512((const void *)(off + 16 * s));
+                }
+                const __m512i prod = _mm512_dpbusd_epi32(start, u, _mm512_load_si512((const void *)(xq + 64 * s)));
+                acc[r] = fma_i32(_mm512_permutexvar_ps(pick[s], f), prod, acc[r]);
+            }
+        }
+    }
+    if (R == 4) {
+        _mm_storeu_ps(out, _mm_add_ps(_mm_loadu_ps(out), reduce4(acc[0], acc[1], acc[2], acc[3])));
+    } else {
+        for (int r = 0; r < R; r++) out[r] += _mm512_reduce_add_ps(acc[r]);
+    }
+}
+
+/* ---- blocks of 32 with one scale (Q8_0, Q4_0, Q5_0, IQ4_NL, MXFP4, Q4_1, Q5_1) -------------
  * Signed codes w go into vpdpbusd's unsigned operand as w + 128 (w ^ 0x80 for Q8_0; the +128
  * folded into the value tables, once per call, and into Q5_0's offset for the others), and x's
  * part 128 * sum x is taken off by starting each sum at -128 * (sum of the 4 codes of x),
  * prepared once per token: one xor (or nothing) instead of the sign trick's three operations
- * per 64 weights.  Exact: (w + 128) x - 128 x = w x, |lane| < 2^17. */
+ * per 64 weights.  Exact: (w + 128) x - 128 x = w x, |lane| < 2^17.  Q4_1 and Q5_1's codes are
+ * unsigned already (sums start at 0); their mins m * sx go into lanes 0 and 8 only, once per
+ * block (a masked add). */
 
 /* The 32 codes + 128 of one block, in element order (table formats: the nibble indices, looked
  * up by the caller). */
@@ -264,18 +368,24 @@ INLINE __m256i ucodes32(mg_format f, const uint8_t *p) {
         return _mm256_add_epi8(_mm256_or_si256(nib32(p + 6), hi), _mm256_set1_epi8(128 - 16));
     }
     case MG_MXFP4: return nib32(p + 1);
+    case MG_Q4_1: return nib32(p + 4);
+    case MG_Q5_1: {
+        uint32_t qh;
+        memcpy(&qh, p + 4, 4);
+        return _mm256_or_si256(nib32(p + 8), _mm256_and_si256(_mm256_movm_epi8(qh), _mm256_set1_epi8(0x10)));
+    }
     default: return nib32(p + 2); /* Q4_0, IQ4_NL */
     }
 }
 
 /* off per 64 columns: -128 * (sum of each 4 codes); a last half chunk reads only its 32. */
-static void prep_32(const int8_t *q, const float *dx, int64_t cols, prep_x *p) {
+static void prep_32(const int8_t *q, const float *dx, const float *sx, int64_t cols, prep_x *p) {
     const __m512i k128 = _mm512_set1_epi8((char)0x80);
     for (int64_t c = 0; c < cols; c += 64) {
         const __m512i x = _mm512_maskz_loadu_epi8(cols - c >= 64 ? ~0ull : 0xffffffffull, q + c);
         _mm512_store_si512((void *)(p->off + c / 4), _mm512_sub_epi32(_mm512_setzero_si512(), udot(k128, x)));
     }
-    p->codes = q, p->dx = dx;
+    p->codes = q, p->dx = dx, p->sx = sx;
 }
 
 /* Both scales of blocks p and p + bytes times dx[0..1], spread to [f0 x 8 | f1 x 8]: one
@@ -297,9 +407,12 @@ INLINE __m512 scales2(mg_format f, const uint8_t *p, size_t bytes, const float *
 
 /* R rows (1 or 4) of a 32-element format, nb blocks each, two blocks per zmm. */
 INLINE void rows_32(const int R, mg_format f, const uint8_t *p, size_t rb, int64_t nb, const prep_x *x, float *out) {
-    const size_t bytes = f == MG_Q8_0 ? 34 : f == MG_Q5_0 ? 22 : f == MG_MXFP4 ? 17 : 18;
+    int64_t e, bytes_i;
+    mg_format_block(f, &e, &bytes_i);
+    const size_t bytes = (size_t)bytes_i;
     const size_t ahead = rows_ahead(R * rb);
     const int lut = f == MG_Q4_0 || f == MG_IQ4_NL || f == MG_MXFP4;
+    const int with_min = f == MG_Q4_1 || f == MG_Q5_1; /* unsigned codes, a min per block */
     const __m512i k80 = _mm512_set1_epi8((char)0x80); /* value + 128 = value ^ 0x80 */
     const int8_t *values = f == MG_Q4_0 ? Q4_0_VALUES : f == MG_IQ4_NL ? MG_IQ4NL_VALUES : MG_MXFP4_VALUES2;
     const __m512i tbl = _mm512_xor_si512(lut64(values), k80);
@@ -307,22 +420,25 @@ INLINE void rows_32(const int R, mg_format f, const uint8_t *p, size_t rb, int64
     for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_ps();
     const int8_t *q = x->codes;
     const int32_t *off = x->off;
-    const float *dx = x->dx;
+    const float *dx = x->dx, *sx = x->sx;
     int64_t i = 0;
     const uint8_t *pf = p + ahead;
-    for (; i + 2 <= nb; i += 2, p += 2 * bytes, pf += R * 2 * bytes, q += 64, off += 16, dx += 2) {
+    for (; i + 2 <= nb; i += 2, p += 2 * bytes, pf += R * 2 * bytes, q += 64, off += 16, dx += 2, sx += 2) {
         prefetch_step(pf, R * 2 * bytes);
-        const __m512i xv = _mm512_loadu_si512((const void *)q), o = _mm512_load_si512((const void *)off);
+        const __m512i xv = _mm512_loadu_si512((const void *)q);
+        const __m512i o = with_min ? _mm512_setzero_si512() : _mm512_load_si512((const void *)off);
 #pragma GCC unroll 4
         for (int r = 0; r < R; r++) {
             const uint8_t *b = p + r * rb;
             __m512i u = join(ucodes32(f, b), ucodes32(f, b + bytes));
             u = lut ? _mm512_shuffle_epi8(tbl, u) : f == MG_Q8_0 ? _mm512_xor_si512(u, k80) : u;
             acc[r] = fma_i32(scales2(f, b, bytes, dx), _mm512_dpbusd_epi32(o, u, xv), acc[r]);
+            if (with_min) acc[r] = _mm512_mask_add_ps(acc[r], 0x0101, acc[r], scales2(MG_Q4_0, b + 2, bytes, sx));
         }
     }
     if (i < nb) { /* the odd last block: codes (and so products) of the upper half zero */
-        const __m512i xv = _mm512_maskz_loadu_epi8(0xffffffffull, q), o = _mm512_load_si512((const void *)off);
+        const __m512i xv = _mm512_maskz_loadu_epi8(0xffffffffull, q);
+        const __m512i o = with_min ? _mm512_setzero_si512() : _mm512_load_si512((const void *)off);
         for (int r = 0; r < R; r++) {
             const uint8_t *b = p + r * rb;
             __m512i u = _mm512_castsi256_si512(ucodes32(f, b));
@@ -330,6 +446,7 @@ INLINE void rows_32(const int R, mg_format f, const uint8_t *p, size_t rb, int64
             u = _mm512_maskz_mov_epi8(0xffffffffull, u);
             const float s0 = f == MG_MXFP4 ? mg_ggml_e8m0_half(b[0]) : f16_at(b);
             acc[r] = fma_i32(pair(s0 * dx[0], 0.0f), _mm512_dpbusd_epi32(o, u, xv), acc[r]);
+            if (with_min) acc[r] = _mm512_mask_add_ps(acc[r], 0x0001, acc[r], _mm512_set1_ps(f16_at(b + 2) * sx[0]));
         }
     }
     if (R == 4) {
@@ -375,6 +492,10 @@ ROWS_FNS(q4_0, rows_32(4, MG_Q4_0, p, rb, nb, x, o), rows_32(1, MG_Q4_0, p, rb, 
 ROWS_FNS(q5_0, rows_32(4, MG_Q5_0, p, rb, nb, x, o), rows_32(1, MG_Q5_0, p, rb, nb, x, o))
 ROWS_FNS(iq4_nl, rows_32(4, MG_IQ4_NL, p, rb, nb, x, o), rows_32(1, MG_IQ4_NL, p, rb, nb, x, o))
 ROWS_FNS(mxfp4, rows_32(4, MG_MXFP4, p, rb, nb, x, o), rows_32(1, MG_MXFP4, p, rb, nb, x, o))
+ROWS_FNS(q4_1, rows_32(4, MG_Q4_1, p, rb, nb, x, o), rows_32(1, MG_Q4_1, p, rb, nb, x, o))
+ROWS_FNS(q5_1, rows_32(4, MG_Q5_1, p, rb, nb, x, o), rows_32(1, MG_Q5_1, p, rb, nb, x, o))
+ROWS_FNS(q2_k, rows_k23(4, p, rb, nb, x, 0, o), rows_k23(1, p, rb, nb, x, 0, o))
+ROWS_FNS(q3_k, rows_k23(4, p, rb, nb, x, 1, o), rows_k23(1, p, rb, nb, x, 1, o))
 
 typedef void rows_fn(const uint8_t *p, size_t rb, int64_t nb, const prep_x *x, float *out);
 
@@ -399,8 +520,10 @@ static void linear_rows(const mg_matrix *w, const mg_q8_act *xq, int64_t n_tok, 
                 prep_q6(q, dx, kc, &x);
             else if (f == MG_Q4_K || f == MG_Q5_K)
                 prep_k4(q, dx, sx, kc, &x);
+            else if (f == MG_Q2_K || f == MG_Q3_K)
+                prep_k23(q, dx, kc, f == MG_Q3_K, &x);
             else
-                prep_32(q, dx, kc, &x);
+                prep_32(q, dx, sx, kc, &x);
             const uint8_t *base = (const uint8_t *)w->data + (size_t)(c0 / e * bytes);
             int64_t r = r0;
             for (; r + 4 <= r1; r += 4) four(base + (size_t)r * rb, rb, kc / e, &x, yt + r);
@@ -420,6 +543,10 @@ static void linear_q8(const mg_matrix *w, const mg_q8_act *xq, int64_t n_tok, fl
     case MG_Q5_0: linear_rows(w, xq, n_tok, y, y_stride, r0, r1, rows4_q5_0, rows1_q5_0); return;
     case MG_IQ4_NL: linear_rows(w, xq, n_tok, y, y_stride, r0, r1, rows4_iq4_nl, rows1_iq4_nl); return;
     case MG_MXFP4: linear_rows(w, xq, n_tok, y, y_stride, r0, r1, rows4_mxfp4, rows1_mxfp4); return;
+    case MG_Q4_1: linear_rows(w, xq, n_tok, y, y_stride, r0, r1, rows4_q4_1, rows1_q4_1); return;
+    case MG_Q5_1: linear_rows(w, xq, n_tok, y, y_stride, r0, r1, rows4_q5_1, rows1_q5_1); return;
+    case MG_Q2_K: linear_rows(w, xq, n_tok, y, y_stride, r0, r1, rows4_q2_k, rows1_q2_k); return;
+    case MG_Q3_K: linear_rows(w, xq, n_tok, y, y_stride, r0, r1, rows4_q3_k, rows1_q3_k); return;
     default: break;
     }
     /* IQ4_XS: one row at a time */

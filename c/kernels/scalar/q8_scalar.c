@@ -4,26 +4,82 @@
  * The arithmetic every table follows, per group g of 32 columns of a weight row (x quantised
  * by core/q8_act.h: codes qx, scale dx[g], sum sx[g] = dx[g] * sum(qx)):
  *     isum  = sum over the group's two halves h of k[h] * sum_l code_l * qx_l   (exact, int32)
- *     y    += (wd[g] * dx[g]) * (float)isum  -  wm[g] * sx[g]
- * with, per format, code / k / wd / wm:
+ *     imin  = sum over the halves h of km[h] * sum_l qx_l                        (exact, int32)
+ *     y    += (wd[g] * dx[g]) * (float)isum  -  wm[g] * sx[g]  -  (wmk[g] * dx[g]) * (float)imin
+ * with, per format, code / k / wd / wm (km = 0 and wmk = 0, so the last term is exactly 0,
+ * unless stated):
  *     Q8_0, Q4_0 (q-8), Q5_0 (q-16), IQ4_NL (table), MXFP4 (2*e2m1): k = 1, wd = the block's
  *         scale (MXFP4: 2^(e-128), as ggml_blocks.h), wm = 0;
+ *     Q4_1, Q5_1: the unsigned code (0..15, 0..31), k = 1, wd = d, wm = -m (y gains m * sx);
  *     Q4_K, Q5_K: the unsigned code, k = 1, wd = d*sc, wm = dmin*m (both exact);
  *     Q6_K: q-32, k = the int8 scales of the two 16-element halves, wd = d, wm = 0;
+ *     Q3_K: q in -4..3, k = the halves' 6-bit scales minus 32, wd = d, wm = 0;
+ *     Q2_K: the unsigned code (0..3), k = the halves' scale nibbles, wd = d, wm = 0; its mins
+ *         are per 16 columns, finer than sx: km = the halves' min nibbles, wmk = dmin;
  *     IQ4_XS: the table value, k = 1, wd = d*(s-32) (exact), wm = 0.
- * isum is exact (|isum| < 2^24, so (float)isum is too); every table computes the same factors
- * wd*dx and wm*sx, so tables differ only in the order in which the per-group terms are added:
+ * isum and imin are exact (|isum| < 2^24, so (float)isum is too); every table computes the same
+ * factors wd*dx, wm*sx and wmk*dx up to the rounding of its own products (the VNNI loops fold a
+ * per-16 k into the float factor), and otherwise differs only in the order in which the
+ * per-group terms are added:
  * |simd - scalar| <= ~ (groups) * 2^-24 * sum |terms| (tests use a bound of that form). */
 #include <string.h>
 #include "kernels/scalar/scalar.h"
 #include "core/ggml_blocks.h"
 
-/* One block's integer codes (element order), the per-16 integer factors k and the per-32
- * float factors wd and wm; returns the number of 32-groups (1 or 8). */
-static int block_codes(mg_format f, const uint8_t *b, int codes[256], int k[16], float wd[8], float wm[8]) {
-    for (int i = 0; i < 16; i++) k[i] = 1;
-    for (int g = 0; g < 8; g++) wm[g] = 0.0f;
+/* The per-block factors of the contract above (k, km per 16 columns; wd, wm, wmk per 32). */
+typedef struct {
+    int k[16], km[16];
+    float wd[8], wm[8], wmk[8];
+} block_factors;
+
+/* Q4_1 / Q5_1: Q4_0 / Q5_0's nibbles (and fifth bits) without the offset; the min m enters as
+ * wm = -m against x's sum. */
+static int codes_q4_1_q5_1(mg_format f, const uint8_t *b, int codes[256], block_factors *bf) {
+    const int q5 = f == MG_Q5_1;
+    uint32_t qh = 0;
+    if (q5) memcpy(&qh, b + 4, 4);
+    const uint8_t *qs = b + (q5 ? 8 : 4);
+    bf->wd[0] = mg_ggml_f16_at(b), bf->wm[0] = -mg_ggml_f16_at(b + 2);
+    for (int i = 0; i < 16; i++) {
+        codes[i] = (qs[i] & 15) | (int)(((qh >> i) & 1) << 4);
+        codes[i + 16] = (qs[i] >> 4) | (int)(((qh >> (i + 16)) & 1) << 4);
+    }
+    return 1;
+}
+
+/* Q2_K / Q3_K: element 128h + 32s + l is bits 2s.. of qs[32h + l] (Q3_K: minus 4 where bit
+ * 4h + s of hmask[l] is clear); the factors per 16 are integers, d (and Q2_K's dmin) per block. */
+static int codes_q2_k_q3_k(mg_format f, const uint8_t *b, int codes[256], block_factors *bf) {
+    const int q3 = f == MG_Q3_K;
+    const uint8_t *qs = b + (q3 ? 32 : 16);
+    for (int i = 0; i < 256; i++) {
+        const int h = i / 128, s = (i / 32) % 4, l = i % 32;
+        codes[i] = (qs[32 * h + l] >> (2 * s)) & 3;
+        if (q3 && !((b[l] >> (4 * h + s)) & 1)) codes[i] -= 4;
+    }
+    for (int i = 0; i < 16; i++) {
+        bf->k[i] = q3 ? mg_ggml_q3_k_scale(b + 96, i) : b[i] & 15;
+        bf->km[i] = q3 ? 0 : b[i] >> 4;
+    }
+    for (int g = 0; g < 8; g++) {
+        bf->wd[g] = mg_ggml_f16_at(b + (q3 ? 108 : 80));
+        bf->wmk[g] = q3 ? 0.0f : mg_ggml_f16_at(b + 82);
+    }
+    return 8;
+}
+
+/* One block's integer codes (element order) and factors; returns the number of 32-groups (1 or
+ * 8). */
+static int block_codes(mg_format f, const uint8_t *b, int codes[256], block_factors *bf) {
+    int *k = bf->k;
+    float *wd = bf->wd, *wm = bf->wm;
+    for (int i = 0; i < 16; i++) k[i] = 1, bf->km[i] = 0;
+    for (int g = 0; g < 8; g++) wm[g] = 0.0f, bf->wmk[g] = 0.0f;
     switch (f) {
+    case MG_Q4_1:
+    case MG_Q5_1: return codes_q4_1_q5_1(f, b, codes, bf);
+    case MG_Q2_K:
+    case MG_Q3_K: return codes_q2_k_q3_k(f, b, codes, bf);
     case MG_Q8_0:
         wd[0] = mg_ggml_f16_at(b);
         for (int i = 0; i < 32; i++) codes[i] = (int8_t)b[2 + i];
@@ -110,18 +166,22 @@ void mg_scalar_linear_q8(const mg_matrix *w, const mg_q8_act *xq, int64_t n_tok,
             const float *dx = xq->d + t * groups, *sx = xq->s + t * groups;
             float acc = 0.0f;
             for (int64_t c0 = 0; c0 < w->cols; c0 += e) {
-                int codes[256], k[16];
-                float wd[8], wm[8];
-                const int ng = block_codes(w->format, row + (size_t)(c0 / e * bytes), codes, k, wd, wm);
+                int codes[256];
+                block_factors bf;
+                const int ng = block_codes(w->format, row + (size_t)(c0 / e * bytes), codes, &bf);
                 for (int g = 0; g < ng; g++) {
                     const int64_t G = c0 / 32 + g;
-                    int32_t isum = 0;
+                    int32_t isum = 0, imin = 0;
                     for (int h = 0; h < 2; h++) {
-                        int32_t part = 0;
-                        for (int l = 0; l < 16; l++) part += codes[32 * g + 16 * h + l] * qx[32 * G + 16 * h + l];
-                        isum += k[2 * g + h] * part;
+                        int32_t part = 0, xsum = 0;
+                        for (int l = 0; l < 16; l++) {
+                            part += codes[32 * g + 16 * h + l] * qx[32 * G + 16 * h + l];
+                            xsum += qx[32 * G + 16 * h + l];
+                        }
+                        isum += bf.k[2 * g + h] * part;
+                        imin += bf.km[2 * g + h] * xsum;
                     }
-                    acc += (wd[g] * dx[G]) * (float)isum - wm[g] * sx[G];
+                    acc += (bf.wd[g] * dx[G]) * (float)isum - bf.wm[g] * sx[G] - (bf.wmk[g] * dx[G]) * (float)imin;
                 }
             }
             y[t * y_stride + r] = acc;
