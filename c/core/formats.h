@@ -45,7 +45,7 @@ static inline int mg_format_is_ggml_block(mg_format f) { return f >= MG_Q8_0 && 
 
 /* The block formats with int8-activation kernels (core/q8_act.h) in every table; the others
  * keep fp32 activations under --activations int8 (their linear_q8 entries stay NULL). */
-static inline int mg_format_has_q8_path(mg_format f) { return f >= MG_Q8_0 && f <= MG_IQ4_XS; }
+static inline int mg_format_has_q8_path(mg_format f) { return f >= MG_Q8_0 && f < MG_FORMAT_COUNT; }
 
 /* How a quantised matrix is scaled.  Values are multiplied by the scale (never divided),
  * even for tensors named weight_scale_inv, as transformers' fine-grained FP8 does. */

@@ -5,8 +5,8 @@
  *  2. Each SIMD table's linear_q8 against the scalar twin on random blocks, odd row counts (and
  *     counts leaving 0-3 rows after groups of four), odd block counts, rows not multiples of
  *     256, token counts 1, 2, 3, 5, row ranges inside the matrix, padded y strides, rows wider
- *     than a kernel's stack copy of x (8192 columns, also with an odd last pass): |y - y_scalar| <= 1e-5 * mag, mag = sum_c |w_c xq_c| (+ 2 |dmin*m| |xq_c| for
- *     Q4_K / Q5_K, whose mins are a separate sum): both compute the same exact integer sums
+ *     than a kernel's stack copy of x (8192 columns, also with an odd last pass): |y - y_scalar| <= 1e-5 * mag, mag = sum_c |w_c xq_c| (+ 2 |min| |xq_c| for
+ *     Q4_K / Q5_K / Q4_1 / Q5_1 / Q2_K, whose mins are a separate sum): both compute the same exact integer sums
  *     and the same float factors, and differ only in the order of the fp32 additions.  Rows
  *     outside the range stay untouched.  The avx2 table's rows do not depend on the row range
  *     at all (bit for bit: each row is reduced alone, whether in a group of four or not).
@@ -46,7 +46,8 @@ static void random_blocks(mg_format f, uint8_t *data, int64_t rows, int64_t cols
     int64_t e, b;
     mg_format_block(f, &e, &b);
     const int64_t nb = rows * cols / e;
-    const int off0 = f == MG_Q6_K ? 208 : f == MG_MXFP4 ? -1 : 0, off1 = f == MG_Q4_K || f == MG_Q5_K ? 2 : -1;
+    const int off0 = f == MG_Q6_K ? 208 : f == MG_Q2_K ? 80 : f == MG_Q3_K ? 108 : f == MG_MXFP4 ? -1 : 0;
+    const int off1 = f == MG_Q4_K || f == MG_Q5_K || f == MG_Q4_1 || f == MG_Q5_1 ? 2 : f == MG_Q2_K ? 82 : -1;
     for (int64_t i = 0; i < nb * b; i++) data[i] = (uint8_t)(rnd() >> 24);
     for (int64_t k = 0; k < nb; k++) {
         uint8_t *p = data + k * b;
@@ -60,15 +61,31 @@ static void random_blocks(mg_format f, uint8_t *data, int64_t rows, int64_t cols
     }
 }
 
-static const mg_format FORMATS[] = {MG_Q8_0, MG_Q4_0, MG_Q5_0, MG_Q4_K, MG_Q5_K, MG_Q6_K, MG_MXFP4, MG_IQ4_NL, MG_IQ4_XS};
+static const mg_format FORMATS[] = {MG_Q8_0, MG_Q4_0, MG_Q5_0, MG_Q4_K, MG_Q5_K, MG_Q6_K, MG_MXFP4,
+                                    MG_IQ4_NL, MG_IQ4_XS, MG_Q4_1, MG_Q5_1, MG_Q2_K, MG_Q3_K};
 enum { N_FORMATS = sizeof FORMATS / sizeof *FORMATS };
 
 typedef struct {
     mg_matrix m;
     uint8_t *data;
     float *dense; /* [rows, cols] dequantised */
-    float *mins;  /* [rows, cols] |dmin * m| of the column's sub-block (Q4_K / Q5_K), else 0 */
+    float *mins;  /* [rows, cols] |min| of the column's sub-block (Q4_K, Q5_K, Q4_1, Q5_1, Q2_K), else 0 */
 } bmat;
+
+/* |the min| the int8 path adds apart for column c (within its block blk) of format f, or 0. */
+static float min_mag(mg_format f, const uint8_t *blk, int64_t c) {
+    uint8_t sc, m;
+    switch (f) {
+    case MG_Q4_K:
+    case MG_Q5_K:
+        mg_ggml_k4_scale_min(blk + 4, (int)(c % 256 / 32), &sc, &m);
+        return fabsf(mg_ggml_f16_at(blk + 2) * (float)m);
+    case MG_Q4_1:
+    case MG_Q5_1: return fabsf(mg_ggml_f16_at(blk + 2));
+    case MG_Q2_K: return fabsf(mg_ggml_f16_at(blk + 82) * (float)(blk[c % 256 / 16] >> 4));
+    default: return 0.0f;
+    }
+}
 
 static void make(bmat *b, mg_format f, int64_t rows, int64_t cols) {
     memset(&b->m, 0, sizeof b->m);
@@ -79,15 +96,12 @@ static void make(bmat *b, mg_format f, int64_t rows, int64_t cols) {
     b->m.data = b->data;
     b->dense = malloc((size_t)(rows * cols) * sizeof(float));
     b->mins = calloc((size_t)(rows * cols), sizeof(float));
+    int64_t e, bytes;
+    mg_format_block(f, &e, &bytes);
     for (int64_t r = 0; r < rows; r++) {
         mg_matrix_row_f32(&b->m, r, b->dense + r * cols);
-        if (f != MG_Q4_K && f != MG_Q5_K) continue;
-        for (int64_t c = 0; c < cols; c++) {
-            const uint8_t *blk = b->data + (size_t)r * rb + (size_t)(c / 256) * (f == MG_Q4_K ? 144 : 176);
-            uint8_t sc, m;
-            mg_ggml_k4_scale_min(blk + 4, (int)(c % 256 / 32), &sc, &m);
-            b->mins[r * cols + c] = fabsf(mg_ggml_f16_at(blk + 2) * (float)m);
-        }
+        for (int64_t c = 0; c < cols; c++)
+            b->mins[r * cols + c] = min_mag(f, b->data + (size_t)r * rb + (size_t)(c / e * bytes), c);
     }
 }
 
