@@ -1,12 +1,12 @@
 /* NEON kernels (arm64) for the ggml block formats, twins of the scalar decoder in
  * core/ggml_blocks.h and of c/kernels/avx2/ggml_avx2.c, with the same plan: activations stay
  * fp32; every 32 elements become two int8x16 of signed codes in element order (nibble masks,
- * vqtbl1q_u8 value tables for Q4_0 / IQ4 / MXFP4, masks for the Q5 / Q6 high bits); decode dots
- * them with x (widened to fp32) and multiplies the sub-block's sum by its scale once; the K-quant
- * mins go through sums of x per 32 columns, computed once per call; prefill's blocks are
- * dequantised exactly (bit-equal to the scalar decoder: each value is one rounding of an exact
- * product, and ds*q - dm one FMA with an exact product) by mg_neon_ggml_dequant_block, which
- * linear_neon.c's tiles call. */
+ * vqtbl1q_u8 value tables for Q4_0 / IQ4 / MXFP4, masks for the Q5 / Q6 / Q3_K high bits); decode
+ * dots them with x (widened to fp32) and multiplies the sub-block's sum by its scale once; the
+ * mins (Q4_K, Q5_K, Q4_1, Q5_1 per 32 columns, Q2_K per 16) go through sums of x computed once
+ * per call; prefill's blocks are dequantised exactly (bit-equal to the scalar decoder: each value
+ * is one rounding of an exact product, and ds*q - dm or d*q + m one FMA with an exact product) by
+ * mg_neon_ggml_dequant_block, which linear_neon.c's tiles call. */
 #include <string.h>
 #include "kernels/tables.h"
 
@@ -44,13 +44,27 @@ ALWAYS_INLINE uint8x16_t q5_0_bits(uint32_t qh, int half) {
     return vandq_u8(m, vdupq_n_u8(0x10));
 }
 
-ALWAYS_INLINE codes32 codes_q5_0(const uint8_t *p) {
+/* Q4_1: the unsigned nibbles (0..15) of qs[16] in Q4_0's element order; the min is added apart. */
+ALWAYS_INLINE codes32 nib_u(const uint8_t *qs) {
+    const uint8x16_t b = vld1q_u8(qs);
+    codes32 c = {{vreinterpretq_s8_u8(vandq_u8(b, vdupq_n_u8(15))), vreinterpretq_s8_u8(vshrq_n_u8(b, 4))}};
+    return c;
+}
+
+/* Q5_0 / Q5_1: the unsigned 5-bit codes (0..31) from the u32 qh at qhp and qs[16]. */
+ALWAYS_INLINE codes32 codes_q5_u(const uint8_t *qhp, const uint8_t *qs) {
     uint32_t qh;
-    memcpy(&qh, p + 2, 4);
-    const uint8x16_t b = vld1q_u8(p + 6), k16 = vdupq_n_u8(16);
+    memcpy(&qh, qhp, 4);
+    const uint8x16_t b = vld1q_u8(qs);
     const uint8x16_t lo = vorrq_u8(vandq_u8(b, vdupq_n_u8(15)), q5_0_bits(qh, 0));
     const uint8x16_t hi = vorrq_u8(vshrq_n_u8(b, 4), q5_0_bits(qh, 1));
-    codes32 c = {{vreinterpretq_s8_u8(vsubq_u8(lo, k16)), vreinterpretq_s8_u8(vsubq_u8(hi, k16))}};
+    codes32 c = {{vreinterpretq_s8_u8(lo), vreinterpretq_s8_u8(hi)}};
+    return c;
+}
+
+ALWAYS_INLINE codes32 codes_q5_0(const uint8_t *p) {
+    codes32 c = codes_q5_u(p + 2, p + 6);
+    for (int h = 0; h < 2; h++) c.v[h] = vsubq_s8(c.v[h], vdupq_n_s8(16));
     return c;
 }
 
@@ -85,6 +99,28 @@ ALWAYS_INLINE codes32 codes_q6_k(const uint8_t *b, int h, int g) {
     return c;
 }
 
+/* Q2_K / Q3_K: the low 2 bits of half k (16 elements) of group g (0..7) of a block, whose
+ * element 32g + l is bits 2(g % 4).. of qs[32(g / 4) + l]. */
+ALWAYS_INLINE uint8x16_t bits2(const uint8_t *qs, int g, int k) {
+    const uint8x16_t b = vld1q_u8(qs + 32 * (g / 4) + 16 * k);
+    return vandq_u8(vshlq_u8(b, vdupq_n_s8((int8_t)(-2 * (g % 4)))), vdupq_n_u8(3));
+}
+
+ALWAYS_INLINE codes32 codes_q2_k(const uint8_t *p, int g) {
+    codes32 c = {{vreinterpretq_s8_u8(bits2(p + 16, g, 0)), vreinterpretq_s8_u8(bits2(p + 16, g, 1))}};
+    return c;
+}
+
+/* Q3_K: group g's codes -4..3: the 2 low bits minus 4 where bit g of hmask[l] is clear. */
+ALWAYS_INLINE codes32 codes_q3_k(const uint8_t *p, int g) {
+    codes32 c;
+    for (int k = 0; k < 2; k++) {
+        const uint8x16_t set = vtstq_u8(vld1q_u8(p + 16 * k), vdupq_n_u8((uint8_t)(1u << g)));
+        c.v[k] = vreinterpretq_s8_u8(vsubq_u8(bits2(p + 32, g, k), vbicq_u8(vdupq_n_u8(4), set)));
+    }
+    return c;
+}
+
 /* 16 signed codes as 4 fp32 vectors. */
 ALWAYS_INLINE void widen16(int8x16_t q, float32x4_t f[4]) {
     const int16x8_t a = vmovl_s8(vget_low_s8(q)), b = vmovl_high_s8(q);
@@ -114,6 +150,17 @@ ALWAYS_INLINE void k4_scales(const uint8_t *s, float d, float dmin, float ds[8],
     }
 }
 
+/* Q2_K: the 16 sub-block scales d*sc and mins dmin*m (both exact). */
+ALWAYS_INLINE void q2_k_scales(const uint8_t *p, float ds[16], float dm[16]) {
+    const float d = f16_at(p + 80), dmin = f16_at(p + 82);
+    for (int i = 0; i < 16; i++) ds[i] = d * (float)(p[i] & 15), dm[i] = dmin * (float)(p[i] >> 4);
+}
+
+/* Q3_K: the 16 signed 6-bit scales (the scalar unpacking: 16 per 256 weights). */
+ALWAYS_INLINE void q3_k_scales(const uint8_t *p, int k[16]) {
+    for (int i = 0; i < 16; i++) k[i] = mg_ggml_q3_k_scale(p + 96, i);
+}
+
 ALWAYS_INLINE void iq4_xs_scales(const uint8_t *b, float d, float dl[8]) {
     uint16_t sh;
     memcpy(&sh, b + 2, 2);
@@ -125,7 +172,8 @@ ALWAYS_INLINE void iq4_xs_scales(const uint8_t *b, float d, float dl[8]) {
 
 /* ---- decode ---------------------------------------------------------------------------------- */
 
-/* One row's dot product with x over nb blocks of format f; xs: sums of x per 32 columns. */
+/* One row's dot product with x over nb blocks of format f; xs: sums of x per 32 columns (per 16
+ * for Q2_K; see x_sum_width). */
 ALWAYS_INLINE float row_dot(mg_format f, const uint8_t *p, int64_t nb, const float *x, const float *xs) {
     float32x4_t acc0 = vdupq_n_f32(0.0f), acc1 = acc0, accm = acc0;
     switch (f) {
@@ -184,6 +232,44 @@ ALWAYS_INLINE float row_dot(mg_format f, const uint8_t *p, int64_t nb, const flo
             }
         }
         break;
+    case MG_Q4_1:
+    case MG_Q5_1: { /* d * sum(q x) + m * sum(x); the min term in a scalar: one per 32 weights */
+        const int q5 = f == MG_Q5_1;
+        float mx = 0.0f;
+        for (int64_t i = 0; i < nb; i++, p += q5 ? 24 : 20, x += 32) {
+            const codes32 c = q5 ? codes_q5_u(p + 4, p + 8) : nib_u(p + 4);
+            if (i & 1)
+                acc1 = vfmaq_n_f32(acc1, dot32(c, x), f16_at(p));
+            else
+                acc0 = vfmaq_n_f32(acc0, dot32(c, x), f16_at(p));
+            mx += f16_at(p + 2) * xs[i];
+        }
+        return vaddvq_f32(vaddq_f32(acc0, acc1)) + mx;
+    }
+    case MG_Q2_K:
+        for (int64_t i = 0; i < nb; i++, p += 84, x += 256, xs += 16) {
+            float ds[16], dm[16];
+            q2_k_scales(p, ds, dm);
+            for (int k = 0; k < 16; k += 4) accm = vfmaq_f32(accm, vld1q_f32(dm + k), vld1q_f32(xs + k));
+            for (int g = 0; g < 8; g++) {
+                const codes32 c = codes_q2_k(p, g);
+                acc0 = vfmaq_n_f32(acc0, dot16(c.v[0], x + 32 * g), ds[2 * g]);
+                acc1 = vfmaq_n_f32(acc1, dot16(c.v[1], x + 32 * g + 16), ds[2 * g + 1]);
+            }
+        }
+        break;
+    case MG_Q3_K:
+        for (int64_t i = 0; i < nb; i++, p += 110, x += 256) {
+            const float d = f16_at(p + 108);
+            int k[16];
+            q3_k_scales(p, k);
+            for (int g = 0; g < 8; g++) {
+                const codes32 c = codes_q3_k(p, g);
+                acc0 = vfmaq_n_f32(acc0, dot16(c.v[0], x + 32 * g), d * (float)k[2 * g]);
+                acc1 = vfmaq_n_f32(acc1, dot16(c.v[1], x + 32 * g + 16), d * (float)k[2 * g + 1]);
+            }
+        }
+        break;
     default: break;
     }
     return vaddvq_f32(vsubq_f32(vaddq_f32(acc0, acc1), accm));
@@ -200,6 +286,10 @@ ROW_DOT_FOR(row_dot_q6_k, MG_Q6_K)
 ROW_DOT_FOR(row_dot_mxfp4, MG_MXFP4)
 ROW_DOT_FOR(row_dot_iq4_nl, MG_IQ4_NL)
 ROW_DOT_FOR(row_dot_iq4_xs, MG_IQ4_XS)
+ROW_DOT_FOR(row_dot_q4_1, MG_Q4_1)
+ROW_DOT_FOR(row_dot_q5_1, MG_Q5_1)
+ROW_DOT_FOR(row_dot_q2_k, MG_Q2_K)
+ROW_DOT_FOR(row_dot_q3_k, MG_Q3_K)
 
 typedef float row_dot_fn(const uint8_t *p, int64_t nb, const float *x, const float *xs);
 
@@ -207,31 +297,42 @@ static row_dot_fn *row_dot_of(mg_format f) {
     static row_dot_fn *const fns[MG_FORMAT_COUNT] = {
         [MG_Q8_0] = row_dot_q8_0, [MG_Q4_0] = row_dot_q4_0,   [MG_Q5_0] = row_dot_q5_0,
         [MG_Q4_K] = row_dot_q4_k, [MG_Q5_K] = row_dot_q5_k,   [MG_Q6_K] = row_dot_q6_k,
-        [MG_MXFP4] = row_dot_mxfp4, [MG_IQ4_NL] = row_dot_iq4_nl, [MG_IQ4_XS] = row_dot_iq4_xs};
+        [MG_MXFP4] = row_dot_mxfp4, [MG_IQ4_NL] = row_dot_iq4_nl, [MG_IQ4_XS] = row_dot_iq4_xs,
+        [MG_Q4_1] = row_dot_q4_1, [MG_Q5_1] = row_dot_q5_1,   [MG_Q2_K] = row_dot_q2_k,
+        [MG_Q3_K] = row_dot_q3_k};
     return (unsigned)f < MG_FORMAT_COUNT ? fns[f] : NULL;
 }
 
 int mg_neon_ggml_takes(mg_format f) { return row_dot_of(f) != NULL; }
 
-/* Columns per pass: the per-32 sums of x of one pass fit a stack array. */
+/* Columns per pass: the per-16 sums of x of one pass fit a stack array. */
 enum { PASS_COLS = 65536 };
+
+/* The columns per min (row_dot's xs): 32 for Q4_K, Q5_K, Q4_1, Q5_1, 16 for Q2_K, 0 (no mins). */
+static int x_sum_width(mg_format f) {
+    return f == MG_Q2_K ? 16 : f == MG_Q4_K || f == MG_Q5_K || f == MG_Q4_1 || f == MG_Q5_1 ? 32 : 0;
+}
+
+/* xs[g] = sum of x[wd * g ..][0..wd) for the n / wd groups (wd 16 or 32). */
+static void x_sums(const float *x, int64_t n, int wd, float *xs) {
+    for (int64_t g = 0; g < n / wd; g++) {
+        const float *xg = x + wd * g;
+        float32x4_t s = vaddq_f32(vld1q_f32(xg), vld1q_f32(xg + 4));
+        for (int k = 8; k < wd; k += 8) s = vaddq_f32(s, vaddq_f32(vld1q_f32(xg + k), vld1q_f32(xg + k + 4)));
+        xs[g] = vaddvq_f32(s);
+    }
+}
 
 void mg_neon_decode_ggml(const mg_matrix *w, const float *x, float *y, int64_t r0, int64_t r1) {
     int64_t e, bytes;
     mg_format_block(w->format, &e, &bytes);
     row_dot_fn *dot = row_dot_of(w->format);
-    const int mins = w->format == MG_Q4_K || w->format == MG_Q5_K;
+    const int sum_wd = x_sum_width(w->format);
     const size_t rb = mg_matrix_row_bytes(w);
-    float xs[PASS_COLS / 32];
+    float xs[PASS_COLS / 16];
     for (int64_t c0 = 0; c0 < w->cols; c0 += PASS_COLS) {
         const int64_t kc = w->cols - c0 < PASS_COLS ? w->cols - c0 : PASS_COLS;
-        if (mins)
-            for (int64_t g = 0; g < kc / 32; g++) {
-                const float *xg = x + c0 + 32 * g;
-                float32x4_t s = vaddq_f32(vld1q_f32(xg), vld1q_f32(xg + 4));
-                for (int k = 8; k < 32; k += 8) s = vaddq_f32(s, vaddq_f32(vld1q_f32(xg + k), vld1q_f32(xg + k + 4)));
-                xs[g] = vaddvq_f32(s);
-            }
+        if (sum_wd) x_sums(x + c0, kc, sum_wd, xs);
         for (int64_t r = r0; r < r1; r++) {
             const uint8_t *p = (const uint8_t *)w->data + (size_t)r * rb + (size_t)(c0 / e * bytes);
             const float part = dot(p, kc / e, x + c0, xs);
@@ -242,14 +343,17 @@ void mg_neon_decode_ggml(const mg_matrix *w, const float *x, float *y, int64_t r
 
 /* ---- exact dequantisation of one block (prefill) -------------------------------------------- */
 
-/* out[0..32) = codes * s, or ds * q - dm in one FMA (exact product) when dm is given. */
-ALWAYS_INLINE void emit32(codes32 c, float s, const float *dm, float *out) {
-    for (int h = 0; h < 2; h++) {
-        float32x4_t f[4];
-        widen16(c.v[h], f);
-        for (int k = 0; k < 4; k++)
-            vst1q_f32(out + 16 * h + 4 * k, dm ? vfmaq_n_f32(vdupq_n_f32(-*dm), f[k], s) : vmulq_n_f32(f[k], s));
-    }
+/* out[0..16) = q * s, or q * s + *add in one FMA (exact product: one rounding, as the scalar
+ * ds * q - dm and d * q + m) when add is given (the negated min of the K-quants). */
+ALWAYS_INLINE void emit16(int8x16_t q, float s, const float *add, float *out) {
+    float32x4_t f[4];
+    widen16(q, f);
+    for (int k = 0; k < 4; k++) vst1q_f32(out + 4 * k, add ? vfmaq_n_f32(vdupq_n_f32(*add), f[k], s) : vmulq_n_f32(f[k], s));
+}
+
+ALWAYS_INLINE void emit32(codes32 c, float s, const float *add, float *out) {
+    emit16(c.v[0], s, add, out);
+    emit16(c.v[1], s, add, out + 16);
 }
 
 void mg_neon_ggml_dequant_block(mg_format f, const uint8_t *p, float *out) {
@@ -264,7 +368,10 @@ void mg_neon_ggml_dequant_block(mg_format f, const uint8_t *p, float *out) {
         const int q5 = f == MG_Q5_K;
         float ds[8], dm[8];
         k4_scales(p + 4, f16_at(p), f16_at(p + 2), ds, dm);
-        for (int j = 0; j < 8; j++) emit32(codes_k4(p + (q5 ? 48 : 16), q5 ? p + 16 : NULL, j), ds[j], dm + j, out + 32 * j);
+        for (int j = 0; j < 8; j++) {
+            const float nm = -dm[j];
+            emit32(codes_k4(p + (q5 ? 48 : 16), q5 ? p + 16 : NULL, j), ds[j], &nm, out + 32 * j);
+        }
         break;
     }
     case MG_Q6_K: {
@@ -273,14 +380,36 @@ void mg_neon_ggml_dequant_block(mg_format f, const uint8_t *p, float *out) {
         for (int h = 0; h < 2; h++)
             for (int g = 0; g < 4; g++) {
                 const codes32 c = codes_q6_k(p, h, g);
-                float *o = out + 128 * h + 32 * g;
-                for (int k = 0; k < 2; k++) {
-                    float32x4_t v[4];
-                    widen16(c.v[k], v);
-                    const float s = d * (float)sc[8 * h + 2 * g + k];
-                    for (int i = 0; i < 4; i++) vst1q_f32(o + 16 * k + 4 * i, vmulq_n_f32(v[i], s));
-                }
+                for (int k = 0; k < 2; k++) emit16(c.v[k], d * (float)sc[8 * h + 2 * g + k], NULL, out + 128 * h + 32 * g + 16 * k);
             }
+        break;
+    }
+    case MG_Q4_1:
+    case MG_Q5_1: {
+        const float m = f16_at(p + 2);
+        emit32(f == MG_Q5_1 ? codes_q5_u(p + 4, p + 8) : nib_u(p + 4), f16_at(p), &m, out);
+        break;
+    }
+    case MG_Q2_K: {
+        float ds[16], dm[16];
+        q2_k_scales(p, ds, dm);
+        for (int g = 0; g < 8; g++) {
+            const codes32 c = codes_q2_k(p, g);
+            for (int k = 0; k < 2; k++) {
+                const float nm = -dm[2 * g + k];
+                emit16(c.v[k], ds[2 * g + k], &nm, out + 32 * g + 16 * k);
+            }
+        }
+        break;
+    }
+    case MG_Q3_K: {
+        const float d = f16_at(p + 108);
+        int k[16];
+        q3_k_scales(p, k);
+        for (int g = 0; g < 8; g++) {
+            const codes32 c = codes_q3_k(p, g);
+            for (int h = 0; h < 2; h++) emit16(c.v[h], d * (float)k[2 * g + h], NULL, out + 32 * g + 16 * h);
+        }
         break;
     }
     case MG_IQ4_XS: {
@@ -298,8 +427,11 @@ void mg_neon_ggml_dequant_block(mg_format f, const uint8_t *p, float *out) {
  * extension (__ARM_FEATURE_DOTPROD, e.g. -march=armv8.2-a+dotprod), else widening multiplies
  * (vmull_s8, products < 2^15) added pairwise into the i32 lanes (vpadalq_s16): the same exact
  * sums either way.  NEON's dot is signed x signed, so no sign trick: K-quant codes (0..31) are
- * non-negative int8 already.  Each 32-column group's 4 lanes are converted and multiplied by
- * wd * dx once; Q6_K's per-16 integer scales multiply its two halves' lanes first (exact). */
+ * non-negative int8 already (Q4_1 / Q5_1 / Q2_K codes too).  Each 32-column group's 4 lanes are
+ * converted and multiplied by wd * dx once; Q6_K's and Q3_K's per-16 integer scales (Q2_K's
+ * 4-bit ones) multiply its two halves' lanes first (exact).  Q2_K's mins are per 16 columns, finer
+ * than the per-32 sums sx: its integer min term sum_h m_h * sum_l qx is one more dot, of qx with
+ * m_h broadcast, scaled by dmin * dx. */
 
 ALWAYS_INLINE int32x4_t sdot16(int32x4_t acc, int8x16_t a, int8x16_t b) {
 #if defined(__ARM_FEATURE_DOTPROD)
@@ -310,6 +442,13 @@ ALWAYS_INLINE int32x4_t sdot16(int32x4_t acc, int8x16_t a, int8x16_t b) {
 }
 ALWAYS_INLINE int32x4_t sdot32(codes32 c, const int8_t *q) {
     return sdot16(sdot16(vdupq_n_s32(0), c.v[0], vld1q_s8(q)), c.v[1], vld1q_s8(q + 16));
+}
+
+/* sum over the two 16-element halves of k_h * (codes . q): a Q6_K / Q3_K / Q2_K group's isum. */
+ALWAYS_INLINE int32x4_t sdot32_k(codes32 c, const int8_t *q, int k0, int k1) {
+    const int32x4_t a = sdot16(vdupq_n_s32(0), c.v[0], vld1q_s8(q));
+    const int32x4_t b = sdot16(vdupq_n_s32(0), c.v[1], vld1q_s8(q + 16));
+    return vmlaq_n_s32(vmulq_n_s32(a, k0), b, k1);
 }
 
 ALWAYS_INLINE float q8_row(mg_format f, const uint8_t *p, int64_t nb, const int8_t *q, const float *dx, const float *sx) {
@@ -354,12 +493,8 @@ ALWAYS_INLINE float q8_row(mg_format f, const uint8_t *p, int64_t nb, const int8
             const int8_t *sc = (const int8_t *)(p + 192);
             for (int h = 0; h < 2; h++)
                 for (int g = 0; g < 4; g++) {
-                    const codes32 c = codes_q6_k(p, h, g);
-                    const int8_t *qg = q + 128 * h + 32 * g;
                     const int s = 8 * h + 2 * g;
-                    const int32x4_t a = sdot16(vdupq_n_s32(0), c.v[0], vld1q_s8(qg));
-                    const int32x4_t b = sdot16(vdupq_n_s32(0), c.v[1], vld1q_s8(qg + 16));
-                    const int32x4_t sum = vmlaq_n_s32(vmulq_n_s32(a, sc[s]), b, sc[s + 1]);
+                    const int32x4_t sum = sdot32_k(codes_q6_k(p, h, g), q + 128 * h + 32 * g, sc[s], sc[s + 1]);
                     if (g & 1)
                         acc1 = vfmaq_n_f32(acc1, vcvtq_f32_s32(sum), d * dx[4 * h + g]);
                     else
@@ -376,6 +511,50 @@ ALWAYS_INLINE float q8_row(mg_format f, const uint8_t *p, int64_t nb, const int8
                                    dl[j] * dx[j]);
                 acc1 = vfmaq_n_f32(acc1, vcvtq_f32_s32(sdot32(nib_lut(p + 24 + 16 * j, MG_IQ4NL_VALUES), q + 32 * j + 32)),
                                    dl[j + 1] * dx[j + 1]);
+            }
+        }
+        break;
+    case MG_Q4_1:
+    case MG_Q5_1: { /* (d * dx) * isum + m * sx; the min term in a scalar: one per 32 weights */
+        const int q5 = f == MG_Q5_1;
+        float msx = 0.0f;
+        for (int64_t i = 0; i < nb; i++, p += q5 ? 24 : 20, q += 32, dx++, sx++) {
+            const float32x4_t s = vcvtq_f32_s32(sdot32(q5 ? codes_q5_u(p + 4, p + 8) : nib_u(p + 4), q));
+            if (i & 1)
+                acc1 = vfmaq_n_f32(acc1, s, f16_at(p) * dx[0]);
+            else
+                acc0 = vfmaq_n_f32(acc0, s, f16_at(p) * dx[0]);
+            msx += f16_at(p + 2) * sx[0];
+        }
+        return vaddvq_f32(vaddq_f32(acc0, acc1)) + msx;
+    }
+    case MG_Q2_K:
+        for (int64_t i = 0; i < nb; i++, p += 84, q += 256, dx += 8) {
+            const float d = f16_at(p + 80), dmin = f16_at(p + 82);
+            for (int g = 0; g < 8; g++) {
+                const uint8_t s0 = p[2 * g], s1 = p[2 * g + 1];
+                const int8_t *qg = q + 32 * g;
+                const codes32 mins = {{vdupq_n_s8((int8_t)(s0 >> 4)), vdupq_n_s8((int8_t)(s1 >> 4))}};
+                const int32x4_t isum = sdot32_k(codes_q2_k(p, g), qg, s0 & 15, s1 & 15);
+                if (g & 1)
+                    acc1 = vfmaq_n_f32(acc1, vcvtq_f32_s32(isum), d * dx[g]);
+                else
+                    acc0 = vfmaq_n_f32(acc0, vcvtq_f32_s32(isum), d * dx[g]);
+                accm = vfmaq_n_f32(accm, vcvtq_f32_s32(sdot32(mins, qg)), dmin * dx[g]);
+            }
+        }
+        break;
+    case MG_Q3_K:
+        for (int64_t i = 0; i < nb; i++, p += 110, q += 256, dx += 8) {
+            const float d = f16_at(p + 108);
+            int k[16];
+            q3_k_scales(p, k);
+            for (int g = 0; g < 8; g++) {
+                const int32x4_t isum = sdot32_k(codes_q3_k(p, g), q + 32 * g, k[2 * g], k[2 * g + 1]);
+                if (g & 1)
+                    acc1 = vfmaq_n_f32(acc1, vcvtq_f32_s32(isum), d * dx[g]);
+                else
+                    acc0 = vfmaq_n_f32(acc0, vcvtq_f32_s32(isum), d * dx[g]);
             }
         }
         break;
@@ -397,6 +576,10 @@ Q8_ROW_FOR(q8_row_q6_k, MG_Q6_K)
 Q8_ROW_FOR(q8_row_mxfp4, MG_MXFP4)
 Q8_ROW_FOR(q8_row_iq4_nl, MG_IQ4_NL)
 Q8_ROW_FOR(q8_row_iq4_xs, MG_IQ4_XS)
+Q8_ROW_FOR(q8_row_q4_1, MG_Q4_1)
+Q8_ROW_FOR(q8_row_q5_1, MG_Q5_1)
+Q8_ROW_FOR(q8_row_q2_k, MG_Q2_K)
+Q8_ROW_FOR(q8_row_q3_k, MG_Q3_K)
 
 void mg_neon_linear_q8(const mg_matrix *w, const mg_q8_act *xq, int64_t n_tok, float *y, int64_t y_stride, int64_t r0,
                        int64_t r1) {
@@ -410,6 +593,10 @@ void mg_neon_linear_q8(const mg_matrix *w, const mg_q8_act *xq, int64_t n_tok, f
     case MG_Q6_K: row = q8_row_q6_k; break;
     case MG_MXFP4: row = q8_row_mxfp4; break;
     case MG_IQ4_NL: row = q8_row_iq4_nl; break;
+    case MG_Q4_1: row = q8_row_q4_1; break;
+    case MG_Q5_1: row = q8_row_q5_1; break;
+    case MG_Q2_K: row = q8_row_q2_k; break;
+    case MG_Q3_K: row = q8_row_q3_k; break;
     default: row = q8_row_iq4_xs; break;
     }
     int64_t e, bytes;
