@@ -112,6 +112,17 @@ def test_rows_of_each_model() -> None:
     assert variants("deepseek_v4", bench_llamacpp.parse_args(["--no-converted"])) == [""]
 
 
+def test_quants_are_llama_quantize_type_names(capsys: pytest.CaptureFixture[str]) -> None:
+    # the low-bit mixes are rows like the default ones; names are checked before anything is
+    # converted (a typo would otherwise surface only after the checkpoint's conversion)
+    opts = bench_llamacpp.parse_args(["--quants", "Q2_K,q3_k_m, Q5_K_M"])
+    assert bench_llamacpp.row_variants("qwen3_moe", opts) == ["", "Q2_K", "Q3_K_M", "Q5_K_M"]
+    assert bench_llamacpp.row_variants("glm4_moe", bench_llamacpp.parse_args(["--quants", ""])) == [""]
+    with pytest.raises(SystemExit):
+        bench_llamacpp.parse_args(["--quants", "Q4_K_M,Q3_KM"])
+    assert "Q3_KM" in capsys.readouterr().err
+
+
 def test_converted_row_reads_one_file_in_both_engines(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # The Q8_0+MXFP4 row: our engine is given the very .gguf llama-bench reads, made by the
     # converter (ensure_gguf), never by llama-quantize.

@@ -287,7 +287,7 @@ def quantized(src: Path, root: Path) -> tuple[Path, dict[str, Path]]:
     return ckpt, llamacpp_ggufs.make_ggufs(ckpt, arch)
 
 
-@pytest.mark.parametrize("variant", list(llamacpp_ggufs.VARIANTS))
+@pytest.mark.parametrize("variant", llamacpp_ggufs.DEFAULT_VARIANTS)
 def test_quantized_file_matches_transformers(quantized: tuple[Path, dict[str, Path]], variant: str) -> None:
     ckpt, files = quantized
     assert_matches_transformers(files[variant], ckpt)

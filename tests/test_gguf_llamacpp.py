@@ -3,8 +3,11 @@ our Engine and checked against transformers' own model class on the file's dequa
 
 The quants a desktop user downloads are made by these tools, so the engine must read them exactly
 as they are, whatever llama.cpp's converter did on the way (name mapping, dim order, stacked
-experts, per-tensor type choices): Q8_0, the Q4_K_M mix (Q4_K / Q5_K / Q6_K / Q8_0) and a
-per-tensor mix in the manner of unsloth's files (Q5_K, IQ4_XS, Q4_0, Q5_0, IQ4_NL, Q6_K, Q8_0).
+experts, per-tensor type choices): Q8_0, the Q4_K_M mix (Q4_K / Q5_K / Q6_K / Q8_0), a
+per-tensor mix in the manner of unsloth's files (Q5_K, IQ4_XS, Q4_0, Q5_0, IQ4_NL, Q6_K, Q8_0),
+the Q2_K mix (Q2_K / Q3_K / Q6_K) and a low-bit file of a glm4_moe checkpoint whose expert rows
+are not whole 256-blocks, as GLM-4.5-Air's 1408 (Q2_K, Q3_K, with the experts' down
+projections falling back from Q5_K to Q5_1, the shared expert's Q4_1, Q5_K, Q6_K, Q8_0).
 
 The oracle is transformers loading the same .gguf (`from_pretrained(gguf_file=...)`, which
 dequantises every tensor with the gguf package); logits must agree as closely as for the
@@ -36,6 +39,15 @@ from engine_budget import stated_minimum_gb  # noqa: E402
 PROMPT = [1, 17, 300, 5, 999, 42, 7, 512, 64, 3, 880, 21]
 REL_TOL = 1e-4
 
+# The variants made of each checkpoint ((arch, ragged): see tools/llamacpp_ggufs.py).  The low-bit
+# types take two files: qwen3_moe's Q2_K through transformers' own GGUF loader, and glm4_moe's
+# ragged lowbit one for the fallbacks.
+MADE: dict[tuple[str, bool], list[str]] = {
+    ("qwen3_moe", False): [*llamacpp_ggufs.DEFAULT_VARIANTS, "Q2_K"],
+    ("glm4_moe", False): list(llamacpp_ggufs.DEFAULT_VARIANTS),
+    ("glm4_moe", True): ["lowbit"],
+}
+
 
 @pytest.fixture(scope="module")
 def made(tmp_path_factory: pytest.TempPathFactory):
@@ -47,13 +59,15 @@ def made(tmp_path_factory: pytest.TempPathFactory):
         pytest.skip(f"llama.cpp's tools are not built here ({why}); "
                     "make them with: python tools/llamacpp_ggufs.py --arch qwen3_moe --out DIR --build")
     root = tmp_path_factory.mktemp("llamacpp-ggufs")
-    files: dict[str, dict[str, Path]] = {}
+    files: dict[tuple[str, bool], dict[str, Path]] = {}
 
-    def make(arch: str) -> dict[str, Path]:
-        if arch not in files:
-            ckpt = llamacpp_ggufs.write_tiny_checkpoint(arch, root / llamacpp_ggufs.checkpoint_name(arch))
-            files[arch] = {"f32": llamacpp_ggufs.converted_gguf(ckpt, arch), **llamacpp_ggufs.make_ggufs(ckpt, arch)}
-        return files[arch]
+    def make(arch: str, ragged: bool = False) -> dict[str, Path]:
+        if (arch, ragged) not in files:
+            name = llamacpp_ggufs.checkpoint_name(arch, ragged)
+            ckpt = llamacpp_ggufs.write_tiny_checkpoint(arch, root / name, ragged=ragged)
+            made = llamacpp_ggufs.make_ggufs(ckpt, arch, MADE[arch, ragged])
+            files[arch, ragged] = {"f32": llamacpp_ggufs.converted_gguf(ckpt, arch), **made}
+        return files[arch, ragged]
     return make
 
 
@@ -78,7 +92,7 @@ def transformers_logits(path: Path) -> np.ndarray:
         return model(torch.tensor([PROMPT])).logits[0].numpy()
 
 
-@pytest.mark.parametrize("variant", ["f32", "Q8_0", "Q4_K_M", "mixed"])
+@pytest.mark.parametrize("variant", ["f32", "Q8_0", "Q4_K_M", "mixed", "Q2_K"])
 def test_qwen3_moe_file_matches_transformers_on_its_weights(made, variant: str) -> None:
     path = made("qwen3_moe")[variant]
     ours, ref = engine_logits(path), transformers_logits(path)
@@ -99,6 +113,20 @@ def test_the_files_hold_the_types_they_name(made) -> None:
         assert {"Q4_K", "Q6_K"} <= types(files["Q4_K_M"])
         assert types(files["Q8_0"]) == {"F32", "Q8_0"}
         assert {"Q5_K", "IQ4_XS", "Q4_0", "Q5_0", "IQ4_NL", "Q6_K", "Q8_0"} <= types(files["mixed"])
+    assert types(made("qwen3_moe")["Q2_K"]) == {"F32", "Q2_K", "Q3_K", "Q6_K"}
+
+
+def test_ragged_expert_rows_fall_back(made) -> None:
+    """Expert rows of 384 values (1.5 blocks of 256, as GLM-4.5-Air's 1408 are 5.5) cannot be
+    K-quants: llama-quantize turns the routed experts' Q5_K down projections into Q5_1; the
+    shared expert's is Q4_1 by override, and the dense layer's 256-block rows stay Q3_K."""
+    import gguf
+
+    tensors = {t.name: t.tensor_type.name for t in gguf.GGUFReader(str(made("glm4_moe", ragged=True)["lowbit"])).tensors}
+    assert {"Q2_K", "Q3_K", "Q5_1", "Q4_1", "Q5_K", "Q6_K", "Q8_0"} <= set(tensors.values())
+    assert {t for n, t in tensors.items() if "ffn_down_exps" in n} == {"Q5_1"}
+    assert {t for n, t in tensors.items() if "ffn_down_shexp" in n} == {"Q4_1"}
+    assert tensors["blk.0.ffn_down.weight"] == "Q3_K" and tensors["blk.1.ffn_gate_exps.weight"] == "Q2_K"
 
 
 def test_glm4_moe_f32_file_is_the_checkpoint(made) -> None:
@@ -110,18 +138,20 @@ def test_glm4_moe_f32_file_is_the_checkpoint(made) -> None:
     assert relative_error(engine_logits(files["f32"]), engine_logits(folder)) <= 1e-5
 
 
-@pytest.mark.parametrize("variant", ["Q8_0", "Q4_K_M", "mixed"])
-def test_glm4_moe_file_matches_transformers_on_its_weights(made, variant: str) -> None:
+@pytest.mark.parametrize("variant, ragged", [("Q8_0", False), ("Q4_K_M", False), ("mixed", False),
+                                             ("lowbit", True)], ids=["Q8_0", "Q4_K_M", "mixed", "lowbit-ragged"])
+def test_glm4_moe_file_matches_transformers_on_its_weights(made, variant: str, ragged: bool) -> None:
     """transformers cannot read glm4moe GGUF files itself: its Glm4MoeForCausalLM gets the file's
     tensors dequantised by the gguf package, under their Hugging Face names (the f32 test above
-    ties those names to the converter's)."""
+    ties those names to the converter's).  lowbit-ragged: the checkpoint's expert rows are not
+    whole 256-blocks (Q2_K, Q3_K, Q4_1, Q5_1 ...)."""
     import torch
     from tools.ckpt.gguf_file import read_gguf_as_hf
     from tools.ckpt.hf_moe import fuse_experts, hf_config_object, hf_model_class
 
     import oracle
 
-    path = made("glm4_moe")[variant]
+    path = made("glm4_moe", ragged)[variant]
     config = oracle.read_config(path.parent / path.name.removesuffix(f".{variant}.gguf"))
     n_layers = config["num_hidden_layers"]
     tensors = {name: torch.from_numpy(np.ascontiguousarray(values))
@@ -133,12 +163,16 @@ def test_glm4_moe_file_matches_transformers_on_its_weights(made, variant: str) -
     assert relative_error(engine_logits(path), ref) <= REL_TOL
 
 
-def test_budgeted_run_of_a_llamacpp_file_is_bitwise_the_resident_one(made) -> None:
+@pytest.mark.parametrize("arch, ragged, variant", [("qwen3_moe", False, "mixed"), ("glm4_moe", True, "lowbit")],
+                         ids=["qwen3_moe-mixed", "glm4_moe-lowbit-ragged"])
+def test_budgeted_run_of_a_llamacpp_file_is_bitwise_the_resident_one(made, arch: str, ragged: bool,
+                                                                     variant: str) -> None:
     """Under ram_gb the experts are read from the file's stacked tensors by the expert store
-    (O_DIRECT, slices rounded to 4 KiB): the logits must be those of the resident run, bit for bit."""
+    (O_DIRECT, slices rounded to 4 KiB): the logits must be those of the resident run, bit for bit.
+    lowbit-ragged: experts of Q2_K and of Q5_1 rows of 384 values (slices not 4 KiB multiples)."""
     from gateway.engine import Engine
 
-    path = made("qwen3_moe")["mixed"]
+    path = made(arch, ragged)[variant]
     resident = engine_logits(path)
     # the smallest budget the engine takes: a cache of one layer's experts
     with Engine(path, threads=1, ram_gb=stated_minimum_gb(path), expert_history=False) as engine:

@@ -14,8 +14,9 @@ after a short prompt, each paired with a memory-read-bandwidth reading) and llam
 back with the same threads; both rates are tokens over the summed time of the decode steps, and
 the table shows medians over the repetitions.
 
-Which files: for qwen3_moe and glm4_moe, one row per --quants type (Q8_0, Q4_K_M) where both
-engines read the one file llama-quantize made.  For deepseek_v4 the file users run is the
+Which files: for qwen3_moe and glm4_moe, one row per --quants type (default Q8_0, Q4_K_M; any of
+llama-quantize's own type names, e.g. Q2_K, Q3_K_M, Q5_K_M) where both engines read the one file
+llama-quantize made.  For deepseek_v4 the file users run is the
 converter's own (FP8 -> Q8_0, FP4 experts -> MXFP4, BF16 kept: no llama-quantize step), so its
 "Q8_0+MXFP4" row has both engines read that file (CONVERTED; --no-converted leaves it out).  The
 row named by the checkpoint's format (bf16, native) reads our checkpoint in our engine and its
@@ -80,7 +81,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--build-jobs", type=int, default=0, help="parallel compile jobs (default: all cores)")
     p.add_argument("--quants", default=DEFAULT_QUANTS,
                    help=f"GGUF types made by llama-quantize and served by both engines from the same file, for "
-                        f"{', '.join(QUANT_MODELS)} (comma-separated; empty: none)")
+                        f"{', '.join(QUANT_MODELS)} (comma-separated, llama-quantize's names: Q8_0, Q4_K_M, Q2_K, "
+                        f"Q3_K_M, Q5_K_M ...; empty: none)")
     p.add_argument("--converted", action=argparse.BooleanOptionalAction, default=True,
                    help=f"the rows where both engines read the converter's own GGUF "
                         f"({', '.join(f'{m}: {t}' for m, t in CONVERTED.items())})")
@@ -88,6 +90,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="only the rows where both engines read one GGUF file (not our checkpoint against its conversion)")
     p.add_argument("--prefill-tokens", type=int, default=256, help="prompt of the prefill comparison (0: skip it)")
     opts = p.parse_args(argv)
+    # Checked here, not by llama-quantize after the bench checkpoint's conversion (minutes).
+    quants = [q.strip().upper() for q in opts.quants.split(",") if q.strip()]
+    unknown = [q for q in quants if q not in llamacpp.QUANTIZE_TYPES]
+    if unknown:
+        p.error(f"--quants: {', '.join(unknown)} not llama-quantize type(s) (known: {', '.join(llamacpp.QUANTIZE_TYPES)})")
+    opts.quants = ",".join(quants)
     if opts.quick:
         opts.repeats, opts.no_fetch, opts.quants, opts.converted, opts.prefill_tokens = 1, True, "", False, 0
     return opts

@@ -23,6 +23,13 @@ CMAKE_FLAGS = ["-DCMAKE_BUILD_TYPE=Release", "-DBUILD_SHARED_LIBS=OFF", "-DGGML_
                "-DGGML_OPENCL=OFF", "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF",
                "-DLLAMA_BUILD_SERVER=OFF", "-DLLAMA_BUILD_APP=OFF", "-DLLAMA_BUILD_TOOLS=ON",
                "-DLLAMA_OPENSSL=OFF", "-DLLAMA_CURL=OFF"]
+# llama-quantize's type names at the pinned version (tools/quantize/quantize.cpp, QUANT_OPTIONS;
+# it takes them in any case): the K-quant mixes (Q2_K, Q3_K_M, Q4_K_M, Q5_K_M ...), the legacy
+# 32-blocks, the IQ types, and the unquantised ones.
+QUANTIZE_TYPES = ("Q1_0", "Q2_0", "Q4_0", "Q4_1", "MXFP4_MOE", "Q5_0", "Q5_1", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ2_M",
+                  "IQ1_S", "IQ1_M", "TQ1_0", "TQ2_0", "Q2_K", "Q2_K_S", "IQ3_XXS", "IQ3_S", "IQ3_M", "Q3_K", "IQ3_XS",
+                  "Q3_K_S", "Q3_K_M", "Q3_K_L", "IQ4_NL", "IQ4_XS", "Q4_K", "Q4_K_S", "Q4_K_M", "Q5_K", "Q5_K_S",
+                  "Q5_K_M", "Q6_K", "Q8_0", "F16", "BF16", "F32")
 # The binaries this project uses, with the variable that may point at one built elsewhere.
 TOOLS = {"llama-bench": "MOEGATE_LLAMA_BENCH", "llama-quantize": "MOEGATE_LLAMA_QUANTIZE"}
 

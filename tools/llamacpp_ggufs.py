@@ -4,6 +4,7 @@ downloads are made this way, so the engine is tested on them and not only on fil
     python tools/llamacpp_ggufs.py --arch qwen3_moe --out DIR      # checkpoint + one GGUF per variant
     python tools/llamacpp_ggufs.py --arch glm4_moe --out DIR --build   # build llama-quantize if missing
     python tools/llamacpp_ggufs.py --arch deepseek_v4 --out DIR
+    python tools/llamacpp_ggufs.py --arch glm4_moe --ragged --out DIR --variants lowbit,Q5_K_M
 
 The checkpoint is converted once by llama.cpp's convert_hf_to_gguf.py, then llama-quantize makes
 each variant from that file:
@@ -15,9 +16,35 @@ each variant from that file:
            gate experts kept MXFP4, up IQ4_XS, down Q5_K, shared expert Q8_0, mHC mixers and
            position biases F32, indexer BF16, attention Q6_K / Q5_0 / IQ4_NL / Q4_0 / Q5_K /
            Q8_0, embedding Q6_K, output Q8_0
+  Q2_K     llama.cpp's Q2_K mix: Q2_K, with Q3_K for ffn_down (and attn_output below 8 experts),
+           Q4_K / Q3_K attn_v (by GQA), Q5_K attn_output and Q8_0 attn_k / attn_v at 8 experts
+           (glm4_moe), Q6_K output
+  Q3_K_M   Q3_K, with Q4_K / Q5_K for attn_v, ffn_down and attn_output, Q6_K output
+  Q5_K_M   Q5_K, with Q6_K for the output and the use_more_bits ffn_down / attn_v
+           (at 8 experts, glm4_moe, llama.cpp's mixes make attn_k / attn_v Q8_0)
+  lowbit   Q2_K with `--tensor-type` overrides, as the low-bit dynamic files of MoE models keep the
+           experts' down projection wider: routed experts' down Q5_K, shared expert's down Q4_1
+           (the rest as Q2_K)
+Made unless others are named: Q8_0, Q4_K_M and mixed (DEFAULT_VARIANTS).
 K-quants need rows that are a multiple of 256 values, so CHECKPOINT_OVERRIDES widens the tiny
 models to 256 (llama.cpp would otherwise fall back to Q5_0/Q8_0 silently, and the test would
 not test what it names).
+
+Real checkpoints are not all that kind: GLM-4.5-Air's experts are 1408 wide (5.5 blocks of 256),
+so every ffn_down_exps / ffn_down_shexp row of a K-quant file of it falls back.  --ragged
+(RAGGED) makes that checkpoint: glm4_moe with experts 384 wide (1.5 blocks, the same 128 left
+over).  llama-quantize's fallbacks (src/llama-quant.cpp, tensor_type_fallback; a row that is
+not whole 32-blocks either becomes F16):
+  Q2_K, Q3_K -> Q4_0    Q4_K -> Q5_0    Q5_K -> Q5_1    Q6_K -> Q8_0
+  IQ1_* / IQ2_* / IQ3_* / IQ4_XS -> IQ4_NL
+None gives Q4_1 (Q4_0 files take it only for ffn_down with an imatrix), so the lowbit variant
+names it.  The ragged glm4_moe files hold:
+  Q2_K     Q2_K, Q3_K (the dense layer's ffn_down), Q4_0 (the experts' down, from Q3_K), Q5_K,
+           Q6_K, Q8_0
+  Q3_K_M   Q3_K, Q4_K, Q5_0 (the experts' down, from Q4_K), Q5_K, Q6_K, Q8_0
+  Q5_K_M   Q5_K, Q5_1 / Q8_0 (the experts' down, from Q5_K / Q6_K), Q6_K, Q8_0
+  lowbit   Q2_K, Q3_K, Q5_1 (the routed experts' down, from Q5_K), Q4_1 (the shared expert's
+           down, 384 wide too), Q5_K, Q6_K, Q8_0: the four low-bit types in one file
 
 qwen3_moe, glm4_moe: the bf16 checkpoint is converted to f32 (every value kept exactly).
 
@@ -79,6 +106,10 @@ CHECKPOINT_OVERRIDES: dict[str, dict[str, Any]] = {
                     "n_routed_experts": 8},
 }
 
+# Checkpoints whose expert rows are not whole 256-blocks (--ragged): GLM-4.5-Air's 1408 leaves
+# 128 over, as 384 does.
+RAGGED: dict[str, dict[str, Any]] = {"glm4_moe": {"moe_intermediate_size": 384}}
+
 # The checkpoint format llama.cpp's converter reads, and (format, converter --outtype, label of
 # its file).  deepseek4's converter picks every type itself (see the docstring).
 CONVERSION: dict[str, tuple[str, str, str]] = {
@@ -109,26 +140,39 @@ MIXED: dict[str, dict[str, str]] = {
                     "token_embd": "q6_k", r"^output\.weight$": "q8_0"},
 }
 
-VARIANTS: dict[str, str] = {"Q8_0": "Q8_0", "Q4_K_M": "Q4_K_M", "mixed": "Q4_K_M"}
+# Overrides of the lowbit variant (Q2_K): the experts' down projections kept wider, the shared
+# expert's in Q4_1, which no fallback gives (see the docstring).
+LOWBIT = {"ffn_down_exps": "q5_k", "ffn_down_shexp": "q4_1"}
+
+# variant -> llama-quantize's type (its own names)
+VARIANTS: dict[str, str] = {"Q8_0": "Q8_0", "Q4_K_M": "Q4_K_M", "mixed": "Q4_K_M",
+                            "Q2_K": "Q2_K", "Q3_K_M": "Q3_K_M", "Q5_K_M": "Q5_K_M", "lowbit": "Q2_K"}
+# The ones made unless others are asked for (every arch's tests use these; the low-bit ones are
+# asked for by name)
+DEFAULT_VARIANTS = ("Q8_0", "Q4_K_M", "mixed")
 
 
 def overrides(arch: str, variant: str) -> dict[str, str]:
     """The `--tensor-type` overrides of one variant of one arch."""
-    return MIXED[arch] if variant == "mixed" else {}
+    return MIXED[arch] if variant == "mixed" else LOWBIT if variant == "lowbit" else {}
 
 
-def checkpoint_name(arch: str) -> str:
-    return f"{arch}-tiny256-{CONVERSION[arch][0]}"
+def checkpoint_name(arch: str, ragged: bool = False) -> str:
+    width = f"-experts{RAGGED[arch]['moe_intermediate_size']}" if ragged else ""
+    return f"{arch}-tiny256{width}-{CONVERSION[arch][0]}"
 
 
-def write_tiny_checkpoint(arch: str, out: Path, seed: int = 0) -> Path:
+def write_tiny_checkpoint(arch: str, out: Path, seed: int = 0, ragged: bool = False) -> Path:
     """The tiny checkpoint of `arch` in the form the converter reads, widened by
-    CHECKPOINT_OVERRIDES (written once)."""
+    CHECKPOINT_OVERRIDES, with RAGGED's expert width if `ragged` (written once)."""
     from tools.ckpt import write_checkpoint
 
     if (out / "config.json").is_file():
         return out
-    return write_checkpoint(arch, "tiny", CONVERSION[arch][0], out, seed=seed, overrides=CHECKPOINT_OVERRIDES[arch])
+    if ragged and arch not in RAGGED:
+        raise ValueError(f"no ragged checkpoint of {arch} (only {', '.join(RAGGED)})")
+    return write_checkpoint(arch, "tiny", CONVERSION[arch][0], out, seed=seed,
+                            overrides={**CHECKPOINT_OVERRIDES[arch], **(RAGGED[arch] if ragged else {})})
 
 
 def converted_gguf(ckpt: Path, arch: str) -> Path:
@@ -147,7 +191,7 @@ def make_ggufs(ckpt: Path, arch: str, variants: list[str] | None = None, *, buil
     if not llamacpp.newer_than(base, ckpt / "config.json"):
         llamacpp.convert(src, ckpt, arch, CONVERSION[arch][1], base)
     made = {}
-    for name in variants or list(VARIANTS):
+    for name in variants or DEFAULT_VARIANTS:
         out = ckpt.parent / f"{ckpt.name}.{name}.gguf"
         if not llamacpp.newer_than(out, base):
             llamacpp.quantize(quantizer, base, out, VARIANTS[name], tensor_types=overrides(arch, name), threads=1,
@@ -160,15 +204,24 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--arch", choices=sorted(CHECKPOINT_OVERRIDES), required=True)
     p.add_argument("--out", required=True, help="folder for the checkpoint and its GGUF files")
-    p.add_argument("--variants", default=",".join(VARIANTS), help=f"comma-separated, of {', '.join(VARIANTS)}")
+    p.add_argument("--variants", default=",".join(DEFAULT_VARIANTS),
+                   help=f"comma-separated, of {', '.join(VARIANTS)} (default: %(default)s)")
+    p.add_argument("--ragged", action="store_true",
+                   help=f"expert rows not whole 256-blocks ({', '.join(f'{a}: {o}' for a, o in RAGGED.items())})")
     p.add_argument("--build", action="store_true", help="download llama.cpp's sources and build llama-quantize "
                    "into the cache folder if missing")
     opts = p.parse_args(argv)
+    variants = [v for v in opts.variants.split(",") if v]
+    unknown = [v for v in variants if v not in VARIANTS]
+    if unknown:
+        p.error(f"unknown variant(s) {', '.join(unknown)} (known: {', '.join(VARIANTS)})")
+    if opts.ragged and opts.arch not in RAGGED:
+        p.error(f"--ragged: no such checkpoint of {opts.arch} (only {', '.join(RAGGED)})")
     out = Path(opts.out)
     out.mkdir(parents=True, exist_ok=True)
-    ckpt = write_tiny_checkpoint(opts.arch, out / checkpoint_name(opts.arch))
+    ckpt = write_tiny_checkpoint(opts.arch, out / checkpoint_name(opts.arch, opts.ragged), ragged=opts.ragged)
     try:
-        made = make_ggufs(ckpt, opts.arch, [v for v in opts.variants.split(",") if v], build_missing=opts.build)
+        made = make_ggufs(ckpt, opts.arch, variants, build_missing=opts.build)
     except llamacpp.Unavailable as why:
         print(f"llama.cpp unavailable: {why}", file=sys.stderr)
         return 2
