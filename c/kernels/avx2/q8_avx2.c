@@ -395,6 +395,17 @@ INLINE void rows_k4(const int R, const uint8_t *p, size_t rb, int64_t nb, const 
 
 /* ---- Q6_K ------------------------------------------------------------------------------- */
 
+/* One 32-column group of the per-16-scaled formats (Q6_K, Q2_K, Q3_K): the i16 pair sums times
+ * the group's two integer scales k16 (one vpmaddwd, exact), then times the float factor f into
+ * one of two accumulators by group parity (two dependency chains). */
+INLINE void add_group(__m256i pairs, __m256i k16, float f, int g, __m256 *acc, __m256 *acc2) {
+    const __m256 v = cvt_i32(_mm256_madd_epi16(pairs, k16));
+    if (g & 1)
+        *acc2 = _mm256_fmadd_ps(_mm256_set1_ps(f), v, *acc2);
+    else
+        *acc = _mm256_fmadd_ps(_mm256_set1_ps(f), v, *acc);
+}
+
 /* The unsigned codes (0..63) of groups k and k + 2 (k = 0, 1) of a Q6_K half: the low 4 bits
  * are the low and high nibbles of the half's ql bytes L = ql + 32k, the top 2 of its qh bytes H
  * at bits 2g, moved to bits 4-5 by one 16-bit shift (left 4 for group 0, left 2 for 1, none for
@@ -450,12 +461,7 @@ INLINE void rows_q6_k(const int R, const uint8_t *p, size_t rb, int64_t nb, cons
                 for (int g = 0; g < 4; g++) {
                     const __m256i pairs = _mm256_add_epi16(_mm256_maddubs_epi16(u[g], load32(xq + 128 * h + 32 * g)),
                                                            _mm256_load_si256((const __m256i *)(off + 64 * h + 16 * g)));
-                    const __m256i prod = _mm256_madd_epi16(pairs, _mm256_shuffle_epi8(s16, load32(pick[g])));
-                    const __m256 fg = _mm256_broadcast_ss(f + 4 * h + g);
-                    if (g & 1)
-                        acc2[r] = _mm256_fmadd_ps(fg, cvt_i32(prod), acc2[r]);
-                    else
-                        acc[r] = _mm256_fmadd_ps(fg, cvt_i32(prod), acc[r]);
+                    add_group(pairs, _mm256_shuffle_epi8(s16, load32(pick[g])), f[4 * h + g], g, &acc[r], &acc2[r]);
                 }
             }
         }
@@ -546,12 +552,7 @@ INLINE void rows_k23(const int R, const uint8_t *p, size_t rb, int64_t nb, const
                     } else {
                         pairs = _mm256_maddubs_epi16(u, load32(xq + 32 * g));
                     }
-                    const __m256i prod = _mm256_madd_epi16(pairs, _mm256_shuffle_epi8(s16, load32(pick[s])));
-                    const __m256 fg = _mm256_broadcast_ss(f + g);
-                    if (g & 1)
-                        acc2[r] = _mm256_fmadd_ps(fg, cvt_i32(prod), acc2[r]);
-                    else
-                        acc[r] = _mm256_fmadd_ps(fg, cvt_i32(prod), acc[r]);
+                    add_group(pairs, _mm256_shuffle_epi8(s16, load32(pick[s])), f[g], g, &acc[r], &acc2[r]);
                 }
             }
         }

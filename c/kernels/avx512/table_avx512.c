@@ -36,6 +36,12 @@ LINEAR_GGML(linear_q6_k, MG_Q6_K)
 LINEAR_GGML(linear_mxfp4, MG_MXFP4)
 LINEAR_GGML(linear_iq4_nl, MG_IQ4_NL)
 LINEAR_GGML(linear_iq4_xs, MG_IQ4_XS)
+/* Decoded by the parent (mg_avx512_decode_ggml declines them); prefill through the 512-bit
+ * micro-kernels on the avx2 dequantised tiles (mg_avx2_prefill_tile), 1.5-2x the avx2 GEMM's. */
+LINEAR_GGML(linear_q4_1, MG_Q4_1)
+LINEAR_GGML(linear_q5_1, MG_Q5_1)
+LINEAR_GGML(linear_q2_k, MG_Q2_K)
+LINEAR_GGML(linear_q3_k, MG_Q3_K)
 
 /* The vector ops stay the parent's (avx2): they are not bandwidth bound at these sizes. */
 int mg_kernels_override_avx512(mg_kernels *k, const mg_cpu_features *f) {
@@ -43,6 +49,8 @@ int mg_kernels_override_avx512(mg_kernels *k, const mg_cpu_features *f) {
     k->linear[MG_Q8_0] = linear_q8_0, k->linear[MG_Q4_0] = linear_q4_0, k->linear[MG_Q5_0] = linear_q5_0;
     k->linear[MG_Q4_K] = linear_q4_k, k->linear[MG_Q5_K] = linear_q5_k, k->linear[MG_Q6_K] = linear_q6_k;
     k->linear[MG_MXFP4] = linear_mxfp4, k->linear[MG_IQ4_NL] = linear_iq4_nl, k->linear[MG_IQ4_XS] = linear_iq4_xs;
+    k->linear[MG_Q4_1] = linear_q4_1, k->linear[MG_Q5_1] = linear_q5_1;
+    k->linear[MG_Q2_K] = linear_q2_k, k->linear[MG_Q3_K] = linear_q3_k;
     k->read_sum = mg_avx512_read_sum;
     /* int8 activations: vpdpbusd kernels (q8_avx512vnni.c) when the CPU has AVX512_VNNI: the
      * one table entry chosen by a feature beyond the table's own (a separate table would sit
