@@ -395,6 +395,15 @@ INLINE void rows_k4(const int R, const uint8_t *p, size_t rb, int64_t nb, const 
 
 /* ---- Q6_K ------------------------------------------------------------------------------- */
 
+/* vpshufb indices that spread the i16 scales 2g, 2g + 1 of 8 (bytes 4g..4g+3) over the low and
+ * high 128-bit lanes of group g's pair sums (Q6_K, Q2_K, Q3_K). */
+static const int8_t K16_PICK[4][32] = {
+    {0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3},
+    {4, 5, 4, 5, 4, 5, 4, 5, 4, 5, 4, 5, 4, 5, 4, 5, 6, 7, 6, 7, 6, 7, 6, 7, 6, 7, 6, 7, 6, 7, 6, 7},
+    {8, 9, 8, 9, 8, 9, 8, 9, 8, 9, 8, 9, 8, 9, 8, 9, 10, 11, 10, 11, 10, 11, 10, 11, 10, 11, 10, 11, 10, 11, 10, 11},
+    {12, 13, 12, 13, 12, 13, 12, 13, 12, 13, 12, 13, 12, 13, 12, 13, 14, 15, 14, 15, 14, 15, 14, 15, 14, 15, 14, 15, 14, 15,
+     14, 15}};
+
 /* One 32-column group of the per-16-scaled formats (Q6_K, Q2_K, Q3_K): the i16 pair sums times
  * the group's two integer scales k16 (one vpmaddwd, exact), then times the float factor f into
  * one of two accumulators by group parity (two dependency chains). */
@@ -428,12 +437,7 @@ INLINE void q6_codes2(const uint8_t *L, const uint8_t *qh, int k, __m256i *u0, _
  * are short enough) and two rows per pass: measured faster than four rows innermost, whose
  * extra setup per row cost more than the shared loads of x saved (docs/KERNELS.md). */
 INLINE void rows_q6_k(const int R, const uint8_t *p, size_t rb, int64_t nb, const prep_x *x, float *out) {
-    static const int8_t pick[4][32] = {
-        {0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3},
-        {4, 5, 4, 5, 4, 5, 4, 5, 4, 5, 4, 5, 4, 5, 4, 5, 6, 7, 6, 7, 6, 7, 6, 7, 6, 7, 6, 7, 6, 7, 6, 7},
-        {8, 9, 8, 9, 8, 9, 8, 9, 8, 9, 8, 9, 8, 9, 8, 9, 10, 11, 10, 11, 10, 11, 10, 11, 10, 11, 10, 11, 10, 11, 10, 11},
-        {12, 13, 12, 13, 12, 13, 12, 13, 12, 13, 12, 13, 12, 13, 12, 13, 14, 15, 14, 15, 14, 15, 14, 15, 14, 15, 14, 15, 14,
-         15, 14, 15}};
+    const int8_t(*pick)[32] = K16_PICK;
     const size_t ahead = rows_ahead((size_t)R * rb);
     __m256 acc[4], acc2[4];
     for (int r = 0; r < R; r++) acc[r] = acc2[r] = _mm256_setzero_ps();
@@ -501,12 +505,7 @@ INLINE __m256i q3_k_high(__m256i hm, int g) {
  * 16 min nibbles with x's sums per 16 (prep: xs16), times dmin * dx.  A row's whole block at a
  * time, two accumulators per row, as Q6_K. */
 INLINE void rows_k23(const int R, const uint8_t *p, size_t rb, int64_t nb, const prep_x *x, int q3, float *out) {
-    static const int8_t pick[4][32] = {
-        {0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3},
-        {4, 5, 4, 5, 4, 5, 4, 5, 4, 5, 4, 5, 4, 5, 4, 5, 6, 7, 6, 7, 6, 7, 6, 7, 6, 7, 6, 7, 6, 7, 6, 7},
-        {8, 9, 8, 9, 8, 9, 8, 9, 8, 9, 8, 9, 8, 9, 8, 9, 10, 11, 10, 11, 10, 11, 10, 11, 10, 11, 10, 11, 10, 11, 10, 11},
-        {12, 13, 12, 13, 12, 13, 12, 13, 12, 13, 12, 13, 12, 13, 12, 13, 14, 15, 14, 15, 14, 15, 14, 15, 14, 15, 14, 15, 14,
-         15, 14, 15}};
+    const int8_t(*pick)[32] = K16_PICK;
     const size_t bytes = q3 ? 110 : 84, qs = q3 ? 32 : 16, dof = q3 ? 108 : 80;
     const size_t ahead = rows_ahead((size_t)R * rb);
     const __m256i m3 = _mm256_set1_epi8(3), m4 = _mm256_set1_epi8(15);
