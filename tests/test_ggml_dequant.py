@@ -9,6 +9,7 @@ from gguf import GGMLQuantizationType as Q
 from gguf.quants import dequantize
 
 from gateway import _core
+from tools.ckpt.gguf_file import put_iq1_m_d
 from test_kernels import TABLES
 
 # name -> (gguf type, elements per block, bytes per block, byte offsets of the f16 scale fields)
@@ -26,6 +27,13 @@ FORMATS = {
     "q5_1": (Q.Q5_1, 32, 24, (0, 2)),
     "q2_k": (Q.Q2_K, 256, 84, (80, 82)),
     "q3_k": (Q.Q3_K, 256, 110, (108,)),
+    "iq2_xxs": (Q.IQ2_XXS, 256, 66, (0,)),
+    "iq2_xs": (Q.IQ2_XS, 256, 74, (0,)),
+    "iq2_s": (Q.IQ2_S, 256, 82, (0,)),
+    "iq3_xxs": (Q.IQ3_XXS, 256, 98, (0,)),
+    "iq3_s": (Q.IQ3_S, 256, 110, (0,)),
+    "iq1_s": (Q.IQ1_S, 256, 50, (0,)),
+    "iq1_m": (Q.IQ1_M, 256, 56, ()),  # d is spread over the scale words' top nibbles
 }
 
 
@@ -42,6 +50,9 @@ def random_blocks(fmt: str, rows: int, cols: int, rng: np.random.Generator, full
         mag = np.exp2(rng.uniform(-24, 4, nblk)).astype(np.float16)
         sign = np.where(rng.random(nblk) < 0.5, -1, 1).astype(np.float16)
         raw[:, off:off + 2] = (mag * sign).astype(np.float16).view(np.uint8).reshape(nblk, 2)
+    if fmt == "iq1_m":
+        mag = np.exp2(rng.uniform(-24, 4, nblk)) * np.where(rng.random(nblk) < 0.5, -1, 1)
+        put_iq1_m_d(raw, mag)
     if fmt == "mxfp4":
         raw[:, 0] = rng.integers(110, 140, nblk)
         if full_range:
@@ -111,3 +122,11 @@ def test_linear_threaded_equals_single() -> None:
     for table in TABLES:
         np.testing.assert_array_equal(_core.linear(table, "q4_k", "none", raw, None, 67, 512, x, 2),
                                       _core.linear(table, "q4_k", "none", raw, None, 67, 512, x, 1))
+
+
+def test_iq_codebooks_are_the_gguf_packages() -> None:
+    """c/core/iq_grids.c holds every entry of gguf's IQ grids and sign table, as generated; the
+    random blocks above reach only some of the 2048 IQ1 entries."""
+    from tools import gen_iq_grids
+
+    assert gen_iq_grids.OUT.read_text() == gen_iq_grids.render()

@@ -57,6 +57,17 @@ LOWBIT = {
     "blk.*.ffn_gate.weight": "Q3_K", "blk.*.ffn_up.weight": "Q2_K", "blk.*.ffn_down.weight": "Q4_1",
     "token_embd.weight": "Q5_1", "output.weight": "Q3_K",
 }
+# The codebook types of unsloth's UD-IQ1 / IQ2 / IQ3 files (DeepSeek-V4-Flash, GLM-4.5/4.6,
+# Qwen3-235B), every one of them somewhere, beside the IQ4_XS / Q4_K those files keep.
+IQ = {
+    "blk.*.ffn_gate_exps.weight": "IQ2_XXS", "blk.*.ffn_up_exps.weight": "IQ2_XS",
+    "blk.*.ffn_down_exps.weight": "IQ3_XXS",
+    "blk.*.attn_q.weight": "IQ3_S", "blk.*.attn_k.weight": "IQ2_S", "blk.*.attn_v.weight": "IQ4_XS",
+    "blk.*.attn_output.weight": "IQ1_M",
+    "blk.*.ffn_gate_shexp.weight": "IQ1_S", "blk.*.ffn_up_shexp.weight": "IQ2_S", "blk.*.ffn_down_shexp.weight": "IQ3_S",
+    "blk.*.ffn_gate.weight": "IQ1_S", "blk.*.ffn_up.weight": "IQ1_M", "blk.*.ffn_down.weight": "IQ2_XXS",
+    "token_embd.weight": "IQ3_XXS", "output.weight": "Q4_K",
+}
 
 # name -> (arch, checkpoint overrides, write_gguf options)
 CASES: dict[str, tuple[str, dict[str, Any], dict[str, Any]]] = {
@@ -68,6 +79,8 @@ CASES: dict[str, tuple[str, dict[str, Any], dict[str, Any]]] = {
     "glm4_moe-mixed": ("glm4_moe", WIDE["glm4_moe"], {"types": MIXED}),
     "qwen3_moe-lowbit": ("qwen3_moe", WIDE["qwen3_moe"], {"types": LOWBIT}),
     "glm4_moe-lowbit": ("glm4_moe", WIDE["glm4_moe"], {"types": LOWBIT}),
+    "qwen3_moe-iq": ("qwen3_moe", WIDE["qwen3_moe"], {"types": IQ}),
+    "glm4_moe-iq": ("glm4_moe", WIDE["glm4_moe"], {"types": IQ}),
     "qwen3_moe-split": ("qwen3_moe", {}, {"split_max_tensors": 12, "default": "F16"}),
     "glm4_moe-tied": ("glm4_moe", {}, {"tied": True}),
     # general.alignment 256: every tensor (and so each stacked expert tensor) starts elsewhere.
@@ -212,11 +225,11 @@ def test_unsupported_type_is_named(build_checkpoint, tmp_path: Path) -> None:
     from gateway.engine import Engine, EngineError
 
     ckpt = build_checkpoint("qwen3_moe", "f32", WIDE["qwen3_moe"])  # rows of whole 256-blocks
-    path = write_gguf(ckpt, tmp_path / "iq2.gguf", types={"blk.*.ffn_down_exps.weight": "IQ2_XXS"})
+    path = write_gguf(ckpt, tmp_path / "tq1.gguf", types={"blk.*.ffn_down_exps.weight": "TQ1_0"})
     with pytest.raises(EngineError) as info:
         Engine(str(path))
     message = str(info.value)
-    assert "blk.0.ffn_down_exps.weight" in message and "IQ2_XXS" in message and "not supported" in message, message
+    assert "blk.0.ffn_down_exps.weight" in message and "TQ1_0" in message and "not supported" in message, message
     assert "Q8_0" in message and "Q4_K" in message, message  # the supported ones are listed
 
 

@@ -27,11 +27,11 @@ from gateway import _core  # noqa: E402
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SUPPORTED = {"F32", "F16", "BF16", "Q8_0", "Q4_0", "Q5_0", "Q4_K", "Q5_K", "Q6_K", "MXFP4", "IQ4_NL", "IQ4_XS",
-             "Q4_1", "Q5_1", "Q2_K", "Q3_K"}
+             "Q4_1", "Q5_1", "Q2_K", "Q3_K", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ1_S", "IQ1_M"}
 
 # (name, numpy byte shape (rows..., row bytes) for quantized types, ggml type): several types and
 # ranks, incl. a stacked 3-D expert tensor, row lengths that are not multiples of 256, and a type
-# outside the supported set (IQ2_XXS), which the reader must still read.
+# outside the supported set (TQ1_0), which the reader must still read.
 QUANTIZED = [
     ("blk.0.ffn_gate_exps.weight", (4, 3, 2 * 144), QT.Q4_K),
     ("blk.0.ffn_down_exps.weight", (4, 512, 210), QT.Q6_K),
@@ -47,6 +47,8 @@ QUANTIZED = [
     ("blk.0.q41.weight", (3, 2 * 20), QT.Q4_1),
     ("blk.0.q51.weight", (1, 3 * 24), QT.Q5_1),
     ("blk.0.iq2xxs.weight", (1, 66), QT.IQ2_XXS),
+    ("blk.0.iq1m.weight", (2, 56), QT.IQ1_M),
+    ("blk.0.tq10.weight", (1, 54), QT.TQ1_0),
     ("token_embd.weight", (6, 8 * 2), QT.BF16),
 ]
 
@@ -151,7 +153,7 @@ def test_reads_like_the_gguf_package(gguf_file: Path) -> None:
     assert gate["shape"] == [512, 3, 4] and gate["row_bytes"] == 2 * 144  # [n_embd, n_ff, n_expert]
     assert by_name["blk.0.attn_norm.weight"]["shape"] == [4, 3]
     assert by_name["blk.0.attn_v.weight"]["shape"] == [96, 7]  # a row length that is not 256k
-    assert by_name["blk.0.iq2xxs.weight"]["supported"] is False
+    assert by_name["blk.0.iq2xxs.weight"]["supported"] is True and by_name["blk.0.tq10.weight"]["supported"] is False
     assert by_name["blk.0.q3k.weight"]["supported"] is True and by_name["blk.0.q51.weight"]["shape"] == [96, 1]
     assert all(t["offset"] % 32 == 0 for t in ours["tensors"])
 

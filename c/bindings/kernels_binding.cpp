@@ -43,7 +43,7 @@ mg_format format_by_name(const std::string &name) {
     if (name == "fp4") return MG_FP4_E2M1;
     throw std::invalid_argument("unknown weight format '" + name +
                                 "' (f32, bf16, f16, fp8_e4m3, fp4_e2m1, q8_0, q4_0, q5_0, q4_k, q5_k, q6_k, mxfp4, "
-                                "iq4_nl, iq4_xs, q4_1, q5_1, q2_k, q3_k)");
+                                "iq4_nl, iq4_xs, q4_1, q5_1, q2_k, q3_k, iq2_xxs, iq2_xs, iq2_s, iq3_xxs, iq3_s, iq1_s, iq1_m)");
 }
 
 const char *const kScaleNames[] = {"none", "f32_block128", "e8m0_block128", "e8m0_g32", "f32_row"};
@@ -229,7 +229,7 @@ void register_kernels(py::module_ &m) {
           py::arg("rows"), py::arg("cols"), "Dequantise W to float32 [rows, cols] with the scalar reference decoders.");
     m.def("dequantize", &dequantize, py::arg("fmt"), py::arg("raw"), py::arg("rows"), py::arg("cols"),
           "float32 [rows, cols] from raw ggml block bytes (q8_0, q4_0, q5_0, q4_k, q5_k, q6_k, mxfp4, iq4_nl, "
-          "iq4_xs, q4_1, q5_1, q2_k, q3_k), through the scalar decoder (c/core/ggml_blocks.h)");
+          "iq4_xs, q4_1, q5_1, q2_k, q3_k, iq2_xxs, iq2_xs, iq2_s, iq3_xxs, iq3_s, iq1_s, iq1_m), through the scalar decoder (c/core/ggml_blocks.h)");
     m.def("read_sum", &read_sum, py::arg("table"), py::arg("buf"), py::arg("threads") = 1,
           "Sum of a float32 buffer read by `threads` workers: the memory-bandwidth yardstick.");
     m.def("dot", [](const std::string &table, const f32_array &a, const f32_array &b) {

@@ -28,14 +28,22 @@ typedef enum mg_format {
     MG_Q5_1 = 15,
     MG_Q2_K = 16,    /* Q2_K_*, Q3_K_* and UD-Q2_K_XL / Q3_K_XL files */
     MG_Q3_K = 17,
+    /* the codebook formats of UD-IQ1 / IQ2 / IQ3 files (grids in core/iq_grids.h) */
+    MG_IQ2_XXS = 18,
+    MG_IQ2_XS = 19,
+    MG_IQ2_S = 20,
+    MG_IQ3_XXS = 21,
+    MG_IQ3_S = 22,
+    MG_IQ1_S = 23,
+    MG_IQ1_M = 24,
     MG_FORMAT_COUNT
 } mg_format;
 
 /* Elements and bytes of one block of a ggml block format (1 and the element size otherwise;
  * MG_FP4_E2M1 is 2 elements in 1 byte). */
 static inline void mg_format_block(mg_format f, int64_t *elems, int64_t *bytes) {
-    static const int64_t e[MG_FORMAT_COUNT] = {1, 1, 1, 1, 2, 32, 32, 32, 256, 256, 256, 32, 32, 256, 32, 32, 256, 256};
-    static const int64_t b[MG_FORMAT_COUNT] = {4, 2, 2, 1, 1, 34, 18, 22, 144, 176, 210, 17, 18, 136, 20, 24, 84, 110};
+    static const int64_t e[MG_FORMAT_COUNT] = {1, 1, 1, 1, 2, 32, 32, 32, 256, 256, 256, 32, 32, 256, 32, 32, 256, 256, 256, 256, 256, 256, 256, 256, 256};
+    static const int64_t b[MG_FORMAT_COUNT] = {4, 2, 2, 1, 1, 34, 18, 22, 144, 176, 210, 17, 18, 136, 20, 24, 84, 110, 66, 74, 82, 98, 110, 50, 56};
     *elems = (unsigned)f < MG_FORMAT_COUNT ? e[f] : 0;
     *bytes = (unsigned)f < MG_FORMAT_COUNT ? b[f] : 0;
 }
@@ -43,9 +51,10 @@ static inline void mg_format_block(mg_format f, int64_t *elems, int64_t *bytes) 
 /* 1 for the ggml block formats (rows are whole blocks; cols a multiple of the block). */
 static inline int mg_format_is_ggml_block(mg_format f) { return f >= MG_Q8_0 && f < MG_FORMAT_COUNT; }
 
-/* The formats with int8-activation kernels (core/q8_act.h) in every table: all the block
- * formats; the others keep fp32 activations under --activations int8 (linear_q8 NULL). */
-static inline int mg_format_has_q8_path(mg_format f) { return f >= MG_Q8_0 && f < MG_FORMAT_COUNT; }
+/* The formats with int8-activation kernels (core/q8_act.h) in every table: the block formats
+ * up to Q3_K; the others (the IQ grid formats too, for now) keep fp32 activations under
+ * --activations int8 (linear_q8 NULL). */
+static inline int mg_format_has_q8_path(mg_format f) { return f >= MG_Q8_0 && f <= MG_Q3_K; }
 
 /* How a quantised matrix is scaled.  Values are multiplied by the scale (never divided),
  * even for tensors named weight_scale_inv, as transformers' fine-grained FP8 does. */

@@ -17,6 +17,7 @@
 #include <stdint.h>
 #include <string.h>
 #include "formats.h"
+#include "iq_grids.h"
 
 /* IQ4_NL / IQ4_XS: the 16 non-linear int8 values a code selects. */
 static const int8_t MG_IQ4NL_VALUES[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
@@ -281,6 +282,145 @@ static inline void mg_ggml_block_q3_k(const uint8_t *b, float *out) {
     }
 }
 
+/* ---- the IQ1 / IQ2 / IQ3 grid formats (256 elements; codebooks in core/iq_grids.h) ----------
+ * Each group of 8 (IQ2, IQ1) or 4 (IQ3) elements is one codebook entry; a sign bit per element
+ * flips it.  Value = (d * sub-scale factor) * entry, the factor exact in fp32 (an f16 d times
+ * at most 5 bits, then times 1/4 or 1/2), so one rounding, as in gguf-py. */
+
+/* The 8 signs of IQ2_XXS / IQ2_XS / IQ3_XXS group: 7 stored bits -> an even-parity byte. */
+static inline float mg_iq_sign(uint8_t signs, int j) { return (signs >> j) & 1 ? -1.0f : 1.0f; }
+
+/* IQ2_XXS (66 bytes): f16 d, then per 32 elements 8 bytes: 4 grid indices, and a u32 whose 4
+ * 7-bit fields (bits 7l..) pick the signs of group l and whose top 4 bits are the scale s;
+ * factor d * (0.5 + s) * 0.25. */
+static inline void mg_ggml_block_iq2_xxs(const uint8_t *b, float *out) {
+    const float d = mg_ggml_f16_at(b);
+    for (int ib = 0; ib < 8; ib++) {
+        const uint8_t *q = b + 2 + 8 * ib;
+        uint32_t aux;
+        memcpy(&aux, q + 4, 4);
+        const float db = d * (0.5f + (float)(aux >> 28)) * 0.25f;
+        for (int l = 0; l < 4; l++) {
+            const uint8_t *g = mg_iq2xxs_grid[q[l]], signs = mg_iq2_ksigns[(aux >> (7 * l)) & 127];
+            for (int j = 0; j < 8; j++) out[32 * ib + 8 * l + j] = db * (float)g[j] * mg_iq_sign(signs, j);
+        }
+    }
+}
+
+/* IQ2_XS (74 bytes): f16 d, 32 u16 codes (9-bit grid index, 7 sign-pattern bits), 8 scale bytes
+ * (low nibble: the first 16 elements of the 32, high: the second). */
+static inline void mg_ggml_block_iq2_xs(const uint8_t *b, float *out) {
+    const float d = mg_ggml_f16_at(b);
+    for (int k = 0; k < 32; k++) {
+        uint16_t code;
+        memcpy(&code, b + 2 + 2 * k, 2);
+        const int s = (b[66 + k / 4] >> (4 * ((k / 2) & 1))) & 15;
+        const float db = d * (0.5f + (float)s) * 0.25f;
+        const uint8_t *g = mg_iq2xs_grid[code & 511], signs = mg_iq2_ksigns[code >> 9];
+        for (int j = 0; j < 8; j++) out[8 * k + j] = db * (float)g[j] * mg_iq_sign(signs, j);
+    }
+}
+
+/* IQ2_S (82 bytes): f16 d, qs[32] (low 8 bits of each group's 10-bit grid index), signs[32] (one
+ * byte per group, bit j flips element j), qh[8] (2 high index bits per group), scales[8] (a
+ * nibble per 16 elements, as IQ2_XS). */
+static inline void mg_ggml_block_iq2_s(const uint8_t *b, float *out) {
+    const float d = mg_ggml_f16_at(b);
+    const uint8_t *qs = b + 2, *signs = b + 34, *qh = b + 66, *sc = b + 74;
+    for (int k = 0; k < 32; k++) {
+        const int idx = qs[k] | (((qh[k / 4] >> (2 * (k % 4))) & 3) << 8);
+        const int s = (sc[k / 4] >> (4 * ((k / 2) & 1))) & 15;
+        const float db = d * (0.5f + (float)s) * 0.25f;
+        const uint8_t *g = mg_iq2s_grid[idx];
+        for (int j = 0; j < 8; j++) out[8 * k + j] = db * (float)g[j] * mg_iq_sign(signs[k], j);
+    }
+}
+
+/* IQ3_XXS (98 bytes): f16 d, qs[64] (one grid index per 4 elements), then per 32 elements a u32:
+ * 4 7-bit sign fields (group l of 8 elements) and the scale s in the top 4 bits; factor
+ * d * (0.5 + s) * 0.5. */
+static inline void mg_ggml_block_iq3_xxs(const uint8_t *b, float *out) {
+    const float d = mg_ggml_f16_at(b);
+    const uint8_t *qs = b + 2;
+    for (int ib = 0; ib < 8; ib++) {
+        uint32_t aux;
+        memcpy(&aux, b + 66 + 4 * ib, 4);
+        const float db = d * (0.5f + (float)(aux >> 28)) * 0.5f;
+        for (int l = 0; l < 4; l++) {
+            const uint8_t signs = mg_iq2_ksigns[(aux >> (7 * l)) & 127];
+            const uint8_t *g0 = mg_iq3xxs_grid[qs[8 * ib + 2 * l]], *g1 = mg_iq3xxs_grid[qs[8 * ib + 2 * l + 1]];
+            float *o = out + 32 * ib + 8 * l;
+            for (int j = 0; j < 4; j++) {
+                o[j] = db * (float)g0[j] * mg_iq_sign(signs, j);
+                o[j + 4] = db * (float)g1[j] * mg_iq_sign(signs, j + 4);
+            }
+        }
+    }
+}
+
+/* IQ3_S (110 bytes): f16 d, qs[64] (low 8 bits of a 9-bit grid index per 4 elements), qh[8]
+ * (the 9th bits, bit k % 8 of qh[k / 8]), signs[32] (bit j of byte m flips element 8m + j),
+ * scales[4] (a nibble per 32 elements); factor d * (1 + 2s). */
+static inline void mg_ggml_block_iq3_s(const uint8_t *b, float *out) {
+    const float d = mg_ggml_f16_at(b);
+    const uint8_t *qs = b + 2, *qh = b + 66, *signs = b + 74, *sc = b + 106;
+    for (int k = 0; k < 64; k++) {
+        const int idx = qs[k] | (((qh[k / 8] >> (k % 8)) & 1) << 8);
+        const int s = (sc[k / 16] >> (4 * ((k / 8) & 1))) & 15;
+        const float db = d * (float)(1 + 2 * s);
+        const uint8_t *g = mg_iq3s_grid[idx];
+        for (int j = 0; j < 4; j++) {
+            const int e = 4 * k + j;
+            out[e] = db * (float)g[j] * mg_iq_sign(signs[e / 8], e % 8);
+        }
+    }
+}
+
+/* IQ1_S / IQ1_M: +-1/8, the shift of a group's -1 / 0 / +1 entries. */
+#define MG_IQ1_DELTA 0.125f
+
+/* IQ1_S (50 bytes): f16 d, qs[32] (low 8 bits of an 11-bit grid index per 8 elements), then per
+ * 32 elements a u16: 3 high index bits per group (bits 3l..), a 3-bit scale s (bits 12..14) and
+ * the delta's sign (bit 15); value (d * (2s + 1)) * (entry +- 1/8). */
+static inline void mg_ggml_block_iq1_s(const uint8_t *b, float *out) {
+    const float d = mg_ggml_f16_at(b);
+    for (int ib = 0; ib < 8; ib++) {
+        uint16_t qh;
+        memcpy(&qh, b + 34 + 2 * ib, 2);
+        const float dl = d * (float)(2 * ((qh >> 12) & 7) + 1);
+        const float delta = qh & 0x8000 ? -MG_IQ1_DELTA : MG_IQ1_DELTA;
+        for (int l = 0; l < 4; l++) {
+            const int8_t *g = mg_iq1s_grid[b[2 + 4 * ib + l] | (((qh >> (3 * l)) & 7) << 8)];
+            for (int j = 0; j < 8; j++) out[32 * ib + 8 * l + j] = dl * ((float)g[j] + delta);
+        }
+    }
+}
+
+/* IQ1_M's f16 d: the top nibbles of its four u16 scale words, first word lowest. */
+static inline float mg_ggml_iq1_m_d(const uint8_t *b) {
+    uint16_t w[4];
+    memcpy(w, b + 48, 8);
+    const uint16_t h = (uint16_t)((w[0] >> 12) | ((w[1] >> 8) & 0x00f0) | ((w[2] >> 4) & 0x0f00) | (w[3] & 0xf000));
+    return mg_f16_to_f32(h);
+}
+
+/* IQ1_M (56 bytes): qs[32] (low 8 bits of the grid index per 8 elements), qh[16] (a nibble per
+ * group: 3 high index bits and the delta's sign in bit 3), 4 u16 words holding a 3-bit scale s
+ * per 16 elements (bits 3i.. of word i / 4... see mg_ggml_iq1_m_d for the d in their top
+ * nibbles); value (d * (2s + 1)) * (entry +- 1/8). */
+static inline void mg_ggml_block_iq1_m(const uint8_t *b, float *out) {
+    const float d = mg_ggml_iq1_m_d(b);
+    uint16_t w[4];
+    memcpy(w, b + 48, 8);
+    for (int k = 0; k < 32; k++) {
+        const int nib = (b[32 + k / 2] >> (4 * (k % 2))) & 15, s = (w[k / 8] >> (3 * ((k / 2) % 4))) & 7;
+        const float dl = d * (float)(2 * s + 1);
+        const float delta = nib & 8 ? -MG_IQ1_DELTA : MG_IQ1_DELTA;
+        const int8_t *g = mg_iq1s_grid[b[k] | ((nib & 7) << 8)];
+        for (int j = 0; j < 8; j++) out[8 * k + j] = dl * ((float)g[j] + delta);
+    }
+}
+
 /* Decodes the block at b of format f (mg_format_is_ggml_block) into out[block elements];
  * returns 0, writing nothing, for any other format. */
 static inline int mg_ggml_block_f32(mg_format f, const uint8_t *b, float *out) {
@@ -298,6 +438,13 @@ static inline int mg_ggml_block_f32(mg_format f, const uint8_t *b, float *out) {
     case MG_Q5_1: mg_ggml_block_q5_1(b, out); return 1;
     case MG_Q2_K: mg_ggml_block_q2_k(b, out); return 1;
     case MG_Q3_K: mg_ggml_block_q3_k(b, out); return 1;
+    case MG_IQ2_XXS: mg_ggml_block_iq2_xxs(b, out); return 1;
+    case MG_IQ2_XS: mg_ggml_block_iq2_xs(b, out); return 1;
+    case MG_IQ2_S: mg_ggml_block_iq2_s(b, out); return 1;
+    case MG_IQ3_XXS: mg_ggml_block_iq3_xxs(b, out); return 1;
+    case MG_IQ3_S: mg_ggml_block_iq3_s(b, out); return 1;
+    case MG_IQ1_S: mg_ggml_block_iq1_s(b, out); return 1;
+    case MG_IQ1_M: mg_ggml_block_iq1_m(b, out); return 1;
     default: return 0;
     }
 }

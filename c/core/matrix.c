@@ -26,6 +26,13 @@ const char *mg_format_name(mg_format f) {
     case MG_Q5_1: return "q5_1";
     case MG_Q2_K: return "q2_k";
     case MG_Q3_K: return "q3_k";
+    case MG_IQ2_XXS: return "iq2_xxs";
+    case MG_IQ2_XS: return "iq2_xs";
+    case MG_IQ2_S: return "iq2_s";
+    case MG_IQ3_XXS: return "iq3_xxs";
+    case MG_IQ3_S: return "iq3_s";
+    case MG_IQ1_S: return "iq1_s";
+    case MG_IQ1_M: return "iq1_m";
     default: return "unknown";
     }
 }

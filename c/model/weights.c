@@ -34,8 +34,15 @@ static int format_of_ggml(uint32_t type) {
     case 12: return MG_Q4_K;
     case 13: return MG_Q5_K;
     case 14: return MG_Q6_K;
+    case 16: return MG_IQ2_XXS;
+    case 17: return MG_IQ2_XS;
+    case 18: return MG_IQ3_XXS;
+    case 19: return MG_IQ1_S;
     case 20: return MG_IQ4_NL;
+    case 21: return MG_IQ3_S;
+    case 22: return MG_IQ2_S;
     case 23: return MG_IQ4_XS;
+    case 29: return MG_IQ1_M;
     case 39: return MG_MXFP4;
     default: return -1;
     }

@@ -46,7 +46,8 @@ static void f16_fields(mg_format f, int off[2]) {
     case MG_Q6_K: off[0] = 208; break;
     case MG_Q2_K: off[0] = 80, off[1] = 82; break;
     case MG_Q3_K: off[0] = 108; break;
-    case MG_MXFP4: break;
+    case MG_MXFP4:
+    case MG_IQ1_M: break; /* IQ1_M's d: the scale words' top nibbles (random_blocks) */
     default: off[0] = 0; break;
     }
 }
@@ -65,12 +66,22 @@ static void random_blocks(mg_format f, uint8_t *data, int64_t rows, int64_t cols
                 const uint16_t h = rnd_f16_scale();
                 memcpy(p + off[j], &h, 2);
             }
+        if (f == MG_IQ1_M) {
+            const uint16_t h = rnd_f16_scale();
+            for (int i = 0; i < 4; i++) {
+                uint16_t w;
+                memcpy(&w, p + 48 + 2 * i, 2);
+                w = (uint16_t)((w & 0x0fffu) | (((h >> (4 * i)) & 15u) << 12));
+                memcpy(p + 48 + 2 * i, &w, 2);
+            }
+        }
         if (f == MG_MXFP4) p[0] = k % 7 == 3 ? (uint8_t)(k & 1) : (uint8_t)(110 + rnd() % 30); /* incl. denormal scales */
     }
 }
 
 static const mg_format FORMATS[] = {MG_Q8_0, MG_Q4_0, MG_Q5_0, MG_Q4_K, MG_Q5_K, MG_Q6_K, MG_MXFP4, MG_IQ4_NL, MG_IQ4_XS,
-                                    MG_Q4_1, MG_Q5_1, MG_Q2_K, MG_Q3_K};
+                                    MG_Q4_1, MG_Q5_1, MG_Q2_K, MG_Q3_K, MG_IQ2_XXS, MG_IQ2_XS, MG_IQ2_S,
+                                    MG_IQ3_XXS, MG_IQ3_S, MG_IQ1_S, MG_IQ1_M};
 enum { N_FORMATS = sizeof FORMATS / sizeof *FORMATS };
 
 typedef struct {

@@ -285,7 +285,8 @@ out:
 static void test_type_table(void) {
     static const char *const supported[] = {"F32", "F16", "BF16", "Q8_0", "Q4_0", "Q5_0",
                                             "Q4_K", "Q5_K", "Q6_K", "MXFP4", "IQ4_NL", "IQ4_XS",
-                                            "Q4_1", "Q5_1", "Q2_K", "Q3_K"};
+                                            "Q4_1", "Q5_1", "Q2_K", "Q3_K", "IQ2_XXS", "IQ2_XS",
+                                            "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ1_S", "IQ1_M"};
     int n_sup = 0;
     for (uint32_t id = 0; id < mg_ggml_type_id_end(); id++) {
         const mg_ggml_type *ty = mg_ggml_type_info(id);
@@ -296,7 +297,7 @@ static void test_type_table(void) {
             listed |= !strcmp(supported[i], ty->name);
         CHECK(listed == ty->supported, "%s: supported flag %d", ty->name, ty->supported);
     }
-    CHECK(n_sup == 16, "16 supported types, got %d", n_sup);
+    CHECK(n_sup == 23, "23 supported types, got %d", n_sup);
     static const uint32_t removed[] = {4, 5, 31, 32, 33, 36, 37, 38};
     for (size_t i = 0; i < sizeof removed / sizeof *removed; i++)
         CHECK(mg_ggml_type_info(removed[i]) == NULL, "removed id %u is unknown", removed[i]);
@@ -683,13 +684,13 @@ static void test_checkpoint(void) {
     mg_checkpoint_close(ck);
 
     /* A type outside the kernels' set is refused when bound, by GGUF name and type name. */
-    d.t[1].type = 16; /* IQ2_XXS: 256 elements in 66 bytes */
+    d.t[1].type = 34; /* TQ1_0 (ternary): 256 elements in 54 bytes */
     build(&d, &b);
-    ck = mg_checkpoint_open(write_file("iq2.gguf", &b, b.n), &err);
+    ck = mg_checkpoint_open(write_file("tq1.gguf", &b, b.n), &err);
     CHECK(ck != NULL, "open: %s", err.msg);
     if (ck) {
         CHECK(mg_bind_matrix(ck, "model.layers.0.mlp.experts.1.gate_proj.weight", 2, 256, &m, &err) &&
-              strstr(err.msg, "blk.0.ffn_gate_exps.weight") && strstr(err.msg, "IQ2_XXS") &&
+              strstr(err.msg, "blk.0.ffn_gate_exps.weight") && strstr(err.msg, "TQ1_0") &&
               strstr(err.msg, "not supported") && strstr(err.msg, "Q4_K"), "%s", err.msg);
         mg_checkpoint_close(ck);
     }

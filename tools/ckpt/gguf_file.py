@@ -78,6 +78,16 @@ def choose_type(name: str, ndim: int, types: dict[str, str], default: str) -> st
     return default
 
 
+def put_iq1_m_d(raw: np.ndarray, d: np.ndarray) -> None:
+    """Stores the f16 d of IQ1_M blocks (rows of 56 bytes): nibble i of d is the top nibble of the
+    i-th u16 scale word (bytes 48..55), the 3-bit scales below it are kept."""
+    bits = d.astype(np.float16).view(np.uint16)
+    words = raw[:, 48:56].copy().view(np.uint16)
+    for i in range(4):
+        words[:, i] = (words[:, i] & 0x0FFF) | (((bits >> (4 * i)) & 0xF) << 12)
+    raw[:, 48:56] = words.view(np.uint8)
+
+
 def random_blocks(qtype: str, shape: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:
     """Random blocks of a K/IQ type for a float tensor of `shape`, with f16 scales chosen so the
     values stay in a weight-like range (a few tenths at most)."""
@@ -108,6 +118,10 @@ def random_blocks(qtype: str, shape: tuple[int, ...], rng: np.random.Generator) 
         put_f16(0, 1e-5, 3e-5)
     elif qtype in ("IQ4_NL",):
         put_f16(0, 5e-4, 1.5e-3)
+    elif qtype == "IQ1_S":  # entries +-1 (+-1/8) times at most 15: a larger d
+        put_f16(0, 2e-3, 5e-3)
+    elif qtype == "IQ1_M":  # no f16 field: d's four nibbles top the four u16 scale words
+        put_iq1_m_d(raw, rng.uniform(2e-3, 5e-3, n_blocks))
     else:
         # Other IQ types: a leading f16 d in every one of them.
         put_f16(0, 1e-4, 3e-4)
