@@ -79,6 +79,35 @@ def made(tmp_path_factory: pytest.TempPathFactory):
     return make
 
 
+def test_which_files_are_made_with_an_importance_matrix() -> None:
+    """(No llama.cpp needed.)  Every IQ variant gets an importance matrix and glm4_moe's unrun
+    multi-token-prediction layer a first rule keeping it Q8_0; the K-quant files are made as
+    before, without either (an importance matrix would change their bytes)."""
+    iq = [v for v in llamacpp_ggufs.VARIANTS if v.startswith("IQ") or v.startswith("udiq")]
+    assert {"IQ2_XXS", "IQ3_XXS", "IQ1_M", "udiq", "udiq1"} <= set(iq)
+    for arch in llamacpp_ggufs.UD_ARCHS:
+        for variant, ftype in llamacpp_ggufs.VARIANTS.items():
+            rules = llamacpp_ggufs.overrides(arch, variant, [3])
+            assert llamacpp.needs_imatrix(ftype, rules) == (variant in iq), variant
+            assert (next(iter(rules), None) == r"^blk\.(3)\.") == (variant in iq), variant
+        assert llamacpp_ggufs.overrides(arch, "mixed", [3]) == llamacpp_ggufs.MIXED[arch]
+    assert llamacpp.needs_imatrix("Q2_K_S") and llamacpp.needs_imatrix("Q4_K_M", {"ffn_up_exps": "IQ2_XS"})
+    with pytest.raises(ValueError, match="no udiq mix for deepseek_v4"):
+        llamacpp_ggufs.overrides("deepseek_v4", "udiq")
+
+
+def test_missing_imatrix_tool_says_how_to_get_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """(No llama.cpp needed.)  llama-imatrix neither named, on PATH nor built: Unavailable says
+    where it looked and how to build it, without building it."""
+    monkeypatch.delenv("MOEGATE_LLAMA_IMATRIX", raising=False)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(llamacpp.Unavailable, match=r"llama-imatrix not found .*make llamacpp"):
+        llamacpp.find_tool("llama-imatrix", cache=tmp_path, build_missing=False)
+    monkeypatch.setenv("MOEGATE_LLAMA_IMATRIX", str(tmp_path / "nothing"))
+    with pytest.raises(llamacpp.Unavailable, match="MOEGATE_LLAMA_IMATRIX=.* is not an executable"):
+        llamacpp.ensure_imatrix(tmp_path / "model.gguf", cache=tmp_path)
+
+
 def relative_error(ours: np.ndarray, ref: np.ndarray) -> float:
     return float(np.max(np.abs(ours - ref)) / np.max(np.abs(ref)))
 

@@ -11,6 +11,7 @@ print it or skip, and never fake a result.
 """
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -222,6 +223,29 @@ def needs_imatrix(ftype: str, tensor_types: dict[str, str] | None = None) -> boo
     name = ftype.upper()
     return (name.startswith("IQ") or name == "Q2_K_S"
             or any(kind.lower() in IMATRIX_TENSOR_TYPES for kind in (tensor_types or {}).values()))
+
+
+# The type given to the layers llama.cpp never runs (glm4_moe's multi-token-prediction layers):
+# llama-imatrix sees no activations there, and llama-quantize refuses an IQ1 / IQ2 / IQ3_XXS
+# tensor without them ("Missing importance matrix ... in a very low-bit quantization"), so files
+# made with a matrix keep such layers in a type that needs none (the engine skips them too).
+UNRUN_LAYER_TYPE = "q8_0"
+
+
+def unrun_layers(ckpt: Path) -> list[int]:
+    """The blocks of checkpoint folder `ckpt` that the converter writes but llama.cpp's graph
+    skips: the multi-token-prediction layers (num_nextn_predict_layers, after the others)."""
+    config = json.loads((ckpt / "config.json").read_text())
+    first = int(config.get("num_hidden_layers") or 0)
+    return list(range(first, first + int(config.get("num_nextn_predict_layers") or 0)))
+
+
+def with_unrun_layers(ftype: str, tensor_types: dict[str, str], layers: list[int]) -> dict[str, str]:
+    """`tensor_types` with a first rule keeping `layers` (unrun_layers()) UNRUN_LAYER_TYPE, where
+    the file is made with an importance matrix (needs_imatrix); the first matching rule wins."""
+    if not layers or not needs_imatrix(ftype, tensor_types):
+        return tensor_types
+    return {rf"^blk\.({'|'.join(map(str, layers))})\.": UNRUN_LAYER_TYPE, **tensor_types}
 
 
 def imatrix_path(model: Path) -> Path:

@@ -33,7 +33,7 @@ built-in text (llamacpp.CALIBRATION_TEXT, chunks of 64; under a second here), ca
 (`<checkpoint>.f32.imatrix.gguf`).  glm4_moe's multi-token-prediction layer (blk.3 here) is
 written by the converter but never run by llama.cpp, so the matrix has nothing for it and
 llama-quantize would bail out ("Missing importance matrix ... in a very low-bit quantization"):
-the IQ files keep that layer Q8_0 (UNRUN_LAYER_TYPE; the engine does not read it either).
+the IQ files keep that layer Q8_0 (llamacpp.UNRUN_LAYER_TYPE; the engine skips it too).
 What llama.cpp's own mixes hold (gguf-py's census of the tiny qwen3_moe files; named types on
 top of the one the mix is named after, which the experts and the rest take):
   IQ2_XXS  Q4_K attn_v, Q2_K token_embd, Q5_K output
@@ -197,11 +197,6 @@ UDIQ1 = {"ffn_down_exps": "iq2_s", "ffn_up_exps": "iq1_s", "ffn_gate_exps": "iq1
 # The archs whose tensor names those rules are written for.
 UD_ARCHS = ("qwen3_moe", "glm4_moe")
 
-# The type given to the layers llama.cpp never runs (glm4_moe's multi-token-prediction layer):
-# llama-imatrix sees no activations there, and llama-quantize refuses an IQ1 / IQ2 / IQ3_XXS
-# tensor without them, so those files keep such layers in a type that needs none.
-UNRUN_LAYER_TYPE = "q8_0"
-
 # variant -> llama-quantize's type (its own names).  The IQ ones are made with an importance matrix
 # (llamacpp.needs_imatrix; see the docstring).
 VARIANTS: dict[str, str] = {"Q8_0": "Q8_0", "Q4_K_M": "Q4_K_M", "mixed": "Q4_K_M",
@@ -216,25 +211,12 @@ DEFAULT_VARIANTS = ("Q8_0", "Q4_K_M", "mixed")
 
 def overrides(arch: str, variant: str, unrun_layers: list[int] | tuple[int, ...] = ()) -> dict[str, str]:
     """The `--tensor-type` overrides of one variant of one arch; unrun_layers: the blocks llama.cpp
-    never runs (unrun_layers()), kept in UNRUN_LAYER_TYPE where the file needs an importance
-    matrix (that rule first: the first match wins)."""
+    never runs (llamacpp.unrun_layers), kept Q8_0 where the file needs an importance matrix."""
     if variant in ("udiq", "udiq1") and arch not in UD_ARCHS:
         raise ValueError(f"no {variant} mix for {arch} (only {', '.join(UD_ARCHS)})")
     rules = (MIXED[arch] if variant == "mixed" else LOWBIT if variant == "lowbit" else UDIQ if variant == "udiq"
              else UDIQ1 if variant == "udiq1" else {})
-    if unrun_layers and llamacpp.needs_imatrix(VARIANTS[variant], rules):
-        rules = {rf"^blk\.({'|'.join(map(str, unrun_layers))})\.": UNRUN_LAYER_TYPE, **rules}
-    return rules
-
-
-def unrun_layers(ckpt: Path) -> list[int]:
-    """The blocks of checkpoint `ckpt` that the converter writes but llama.cpp's graph skips:
-    glm4_moe's multi-token-prediction layers (num_nextn_predict_layers, after the others)."""
-    import json
-
-    config = json.loads((ckpt / "config.json").read_text())
-    first = config["num_hidden_layers"]
-    return list(range(first, first + int(config.get("num_nextn_predict_layers") or 0)))
+    return llamacpp.with_unrun_layers(VARIANTS[variant], rules, list(unrun_layers))
 
 
 def checkpoint_name(arch: str, ragged: bool = False) -> str:
@@ -273,7 +255,7 @@ def make_ggufs(ckpt: Path, arch: str, variants: list[str] | None = None, *, buil
     made = {}
     for name in variants or DEFAULT_VARIANTS:
         out = ckpt.parent / f"{ckpt.name}.{name}.gguf"
-        rules = overrides(arch, name, unrun_layers(ckpt))
+        rules = overrides(arch, name, llamacpp.unrun_layers(ckpt))
         imatrix = None
         if llamacpp.needs_imatrix(VARIANTS[name], rules):
             imatrix = llamacpp.ensure_imatrix(base, cache=cache, build_missing=build_missing, threads=1)
