@@ -56,25 +56,42 @@ MADE: dict[tuple[str, bool], list[str]] = {
 }
 
 
+class Files(dict):
+    """variant -> path; a variant that could not be made skips the test asking for it."""
+    why_missing = ""
+
+    def __missing__(self, variant: str):
+        pytest.skip(f"no {variant} file: {self.why_missing or 'not made'}")
+
+
 @pytest.fixture(scope="module")
 def made(tmp_path_factory: pytest.TempPathFactory):
-    """made(arch) -> {variant: path} of llama.cpp-made files for a tiny checkpoint of arch."""
+    """made(arch) -> {variant: path} of llama.cpp-made files for a tiny checkpoint of arch.  The
+    IQ variants need llama-imatrix as well: a build without it (made before it was added) still
+    runs the other variants' tests, and those of the IQ ones are skipped with the reason."""
     try:
         llamacpp.fetch_source(llamacpp.cache_dir(), no_fetch=True)
         llamacpp.find_tool("llama-quantize", build_missing=False)
-        llamacpp.find_tool("llama-imatrix", build_missing=False)
     except llamacpp.Unavailable as why:
         pytest.skip(f"llama.cpp's tools are not built here ({why}); "
                     "make them with: make llamacpp")
+    try:
+        llamacpp.find_tool("llama-imatrix", build_missing=False)
+        no_imatrix = ""
+    except llamacpp.Unavailable as why:
+        no_imatrix = f"{why}; the IQ files need it"
     root = tmp_path_factory.mktemp("llamacpp-ggufs")
-    files: dict[tuple[str, bool], dict[str, Path]] = {}
+    files: dict[tuple[str, bool], Files] = {}
 
-    def make(arch: str, ragged: bool = False) -> dict[str, Path]:
+    def make(arch: str, ragged: bool = False) -> Files:
         if (arch, ragged) not in files:
             name = llamacpp_ggufs.checkpoint_name(arch, ragged)
             ckpt = llamacpp_ggufs.write_tiny_checkpoint(arch, root / name, ragged=ragged)
-            made = llamacpp_ggufs.make_ggufs(ckpt, arch, MADE[arch, ragged])
-            files[arch, ragged] = {"f32": llamacpp_ggufs.converted_gguf(ckpt, arch), **made}
+            variants = [v for v in MADE[arch, ragged] if not (no_imatrix and llamacpp.needs_imatrix(
+                llamacpp_ggufs.VARIANTS[v], llamacpp_ggufs.overrides(arch, v)))]
+            made = llamacpp_ggufs.make_ggufs(ckpt, arch, variants)
+            files[arch, ragged] = Files({"f32": llamacpp_ggufs.converted_gguf(ckpt, arch), **made})
+            files[arch, ragged].why_missing = no_imatrix
         return files[arch, ragged]
     return make
 
