@@ -124,7 +124,7 @@ fuzz: test-deps build
 
 # From the llama-cpp-python sdist of the version pinned in tools/llamacpp.py, fetched with pip.
 llamacpp: deps
-	$(PYTHON) -c 'import sys; sys.path.insert(0, "tools"); import llamacpp; c = llamacpp.cache_dir(); llamacpp.build(c, ["llama-bench", "llama-quantize"]); print("built in", c / "build" / "bin")'
+	$(PYTHON) -c 'import sys; sys.path.insert(0, "tools"); import llamacpp; c = llamacpp.cache_dir(); llamacpp.build(c, ["llama-bench", "llama-quantize", "llama-imatrix"]); print("built in", c / "build" / "bin")'
 
 # ---- sanitizers: separate object dir so a normal build is never mixed with an instrumented one.
 # The expert cache runs under ASan in tests/c/test_expert_store.c, the GGUF reader in test_gguf.c

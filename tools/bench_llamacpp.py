@@ -15,14 +15,18 @@ back with the same threads; both rates are tokens over the summed time of the de
 the table shows medians over the repetitions.
 
 Which files: for qwen3_moe and glm4_moe, one row per --quants type (default Q8_0, Q4_K_M; any of
-llama-quantize's own type names, e.g. Q2_K, Q3_K_M, Q5_K_M) where both engines read the one file
-llama-quantize made.  For deepseek_v4 the file users run is the
-converter's own (FP8 -> Q8_0, FP4 experts -> MXFP4, BF16 kept: no llama-quantize step), so its
-"Q8_0+MXFP4" row has both engines read that file (CONVERTED; --no-converted leaves it out).  The
-row named by the checkpoint's format (bf16, native) reads our checkpoint in our engine and its
-conversion in llama.cpp.
+llama-quantize's own type names, e.g. Q2_K, Q3_K_M, Q5_K_M, IQ2_XXS, IQ3_XXS) where both engines
+read the one file llama-quantize made.  The IQ types (and Q2_K_S) are made with an importance
+matrix, as users' IQ files are: llama-imatrix runs the converted checkpoint over a few hundred
+tokens of built-in text once (tools/llamacpp.py; cached beside the GGUF), and glm4_moe's
+multi-token-prediction layer, which llama.cpp never runs, stays Q8_0 in those files.  For
+deepseek_v4 the file users run is the converter's own (FP8 -> Q8_0, FP4 experts -> MXFP4, BF16
+kept: no llama-quantize step), so its "Q8_0+MXFP4" row has both engines read that file
+(CONVERTED; --no-converted leaves it out).  The row named by the checkpoint's format (bf16,
+native) reads our checkpoint in our engine and its conversion in llama.cpp.
 
-llama-bench is looked up in $MOEGATE_LLAMA_BENCH, then on PATH, then in the cache folder
+llama-bench (llama-quantize, llama-imatrix) is looked up in $MOEGATE_LLAMA_BENCH
+($MOEGATE_LLAMA_QUANTIZE, $MOEGATE_LLAMA_IMATRIX), then on PATH, then in the cache folder
 ($MOEGATE_LLAMA_DIR or ~/.cache/moegate/llama.cpp).  Missing, it is built there (CPU only, no
 BLAS/GPU, at low priority) from the llama.cpp sources vendored in the llama-cpp-python sdist of the
 pinned version, fetched with pip.  When that is impossible (offline, no cmake or compiler, a load
@@ -82,7 +86,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--quants", default=DEFAULT_QUANTS,
                    help=f"GGUF types made by llama-quantize and served by both engines from the same file, for "
                         f"{', '.join(QUANT_MODELS)} (comma-separated, llama-quantize's names: Q8_0, Q4_K_M, Q2_K, "
-                        f"Q3_K_M, Q5_K_M ...; empty: none)")
+                        f"Q3_K_M, Q5_K_M, IQ2_XXS, IQ3_XXS, IQ1_M ...; the IQ ones with an importance matrix "
+                        f"from llama-imatrix; empty: none)")
     p.add_argument("--converted", action=argparse.BooleanOptionalAction, default=True,
                    help=f"the rows where both engines read the converter's own GGUF "
                         f"({', '.join(f'{m}: {t}' for m, t in CONVERTED.items())})")
@@ -138,16 +143,30 @@ def ensure_gguf(name: str, ckpt: Path, fmt: str, opts: argparse.Namespace) -> Pa
 
 
 def ensure_quantized(name: str, ckpt: Path, fmt: str, quant: str, opts: argparse.Namespace) -> Path:
-    """The converted checkpoint quantised by llama-quantize to `quant`, cached next to it."""
+    """The converted checkpoint quantised by llama-quantize to `quant`, cached next to it.  The IQ
+    types are made with an importance matrix of the converted file (llama-imatrix over a built-in
+    text, cached beside it), as the IQ files users download are."""
     base = ensure_gguf(name, ckpt, fmt, opts)
     out = ckpt.parent / f"{ckpt.name}.{quant}.gguf"
-    if llamacpp.newer_than(out, base):
+    imatrix = None
+    if llamacpp.needs_imatrix(quant):
+        fresh = llamacpp.newer_than(llamacpp.imatrix_path(base), base)
+        if not fresh:
+            print(f"  computing an importance matrix of {base.name} with llama-imatrix (once) ...", flush=True)
+        t0 = time.perf_counter()
+        imatrix = llamacpp.ensure_imatrix(base, cache=llama_dir(opts), build_missing=not opts.no_fetch,
+                                          threads=opts.threads, jobs=opts.build_jobs)
+        if not fresh:
+            print(f"  importance matrix in {time.perf_counter() - t0:.0f} s: {imatrix}", flush=True)
+    if llamacpp.newer_than(out, base, *([imatrix] if imatrix else [])):
         return out
     quantizer = llamacpp.find_tool("llama-quantize", cache=llama_dir(opts), build_missing=not opts.no_fetch,
                                    jobs=opts.build_jobs)
     print(f"  quantising {base.name} to {quant} with llama-quantize (once) ...", flush=True)
     t0 = time.perf_counter()
-    llamacpp.quantize(quantizer, base, out, quant)
+    # glm4_moe's multi-token-prediction layer (never run, so not in the matrix) stays Q8_0 in IQ files
+    rules = llamacpp.with_unrun_layers(quant, {}, llamacpp.unrun_layers(ckpt))
+    llamacpp.quantize(quantizer, base, out, quant, tensor_types=rules, imatrix=imatrix)
     print(f"  quantised in {time.perf_counter() - t0:.0f} s: {out} ({out.stat().st_size / 1e9:.2f} GB)", flush=True)
     return out
 

@@ -1,6 +1,7 @@
 """llama.cpp's own tools, from the llama-cpp-python sdist of one pinned version: its sources, a
-CPU-only build of llama-bench and llama-quantize, its converter (convert_hf_to_gguf.py) and its
-quantizer.  tools/bench_llamacpp.py compares decode speed with them; tools/llamacpp_ggufs.py and
+CPU-only build of llama-bench, llama-quantize and llama-imatrix, its converter
+(convert_hf_to_gguf.py), its quantizer and the importance matrices the IQ1 / IQ2 / IQ3_XXS types
+need.  tools/bench_llamacpp.py compares decode speed with them; tools/llamacpp_ggufs.py and
 the GGUF tests turn our tiny checkpoints into GGUF files made by llama.cpp itself.
 
 Everything lives in one cache folder ($MOEGATE_LLAMA_DIR or ~/.cache/moegate/llama.cpp):
@@ -10,6 +11,7 @@ print it or skip, and never fake a result.
 """
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -31,7 +33,40 @@ QUANTIZE_TYPES = ("Q1_0", "Q2_0", "Q4_0", "Q4_1", "MXFP4_MOE", "Q5_0", "Q5_1", "
                   "Q3_K_S", "Q3_K_M", "Q3_K_L", "IQ4_NL", "IQ4_XS", "Q4_K", "Q4_K_S", "Q4_K_M", "Q5_K", "Q5_K_S",
                   "Q5_K_M", "Q6_K", "Q8_0", "F16", "BF16", "F32")
 # The binaries this project uses, with the variable that may point at one built elsewhere.
-TOOLS = {"llama-bench": "MOEGATE_LLAMA_BENCH", "llama-quantize": "MOEGATE_LLAMA_QUANTIZE"}
+TOOLS = {"llama-bench": "MOEGATE_LLAMA_BENCH", "llama-quantize": "MOEGATE_LLAMA_QUANTIZE",
+         "llama-imatrix": "MOEGATE_LLAMA_IMATRIX"}
+
+# ggml types whose quantisers weigh every column by an importance matrix and which llama-quantize
+# refuses to make without one (src/llama-quant.cpp, tensor_requires_imatrix; Q2_K only in a
+# Q2_K_S file), in the lower case of --tensor-type.
+IMATRIX_TENSOR_TYPES = frozenset({"iq2_xxs", "iq2_xs", "iq2_s", "iq3_xxs", "iq1_s", "iq1_m"})
+
+# The text llama-imatrix runs the model on: a few hundred tokens of prose, code, numbers and other
+# languages, so that every column of every matrix sees some activation (the weights it yields only
+# steer the IQ quantisers' search; a tiny synthetic model has no "right" ones).  Chunks of
+# IMATRIX_CONTEXT tokens; llama-imatrix wants at least two.
+IMATRIX_CONTEXT = 64
+CALIBRATION_TEXT = """\
+The river rose after three days of rain, and by Thursday the lower road to the mill was under a foot
+of brown water. Mara kept the ledger open on the kitchen table: 14 sacks of flour, 9 of barley, 2
+barrels of salt herring, and a note that the bridge toll had gone up to 35 cents.
+def moving_average(values, window=4):
+    total, out = 0.0, []
+    for i, v in enumerate(values):
+        total += v
+        if i >= window:
+            total -= values[i - window]
+        out.append(total / min(i + 1, window))
+    return out
+SELECT name, COUNT(*) AS n FROM orders WHERE shipped_at >= '2024-03-01' GROUP BY name ORDER BY n DESC;
+Der Zug nach Hamburg hatte zwanzig Minuten Verspaetung, also tranken wir noch einen Kaffee am Bahnsteig.
+Le marche ouvre a sept heures; les pommes viennent de Normandie et le fromage des Alpes.
+Q: What is 17 times 23? A: 17 x 23 = 391, since 17 x 20 = 340 and 17 x 3 = 51.
+{"id": 7, "tags": ["alpha", "beta"], "ratio": 0.625, "ok": true}
+In a mixture-of-experts layer a router scores every expert for each token, keeps the top few, and
+adds their outputs weighted by the softmax of those scores; the rest of the experts are not read.
+She wrote back the next morning: "The parcel arrived, the blue one was broken, please send another."
+"""
 
 # The converter recognises a tokenizer by hashing how it splits a test string; ours are synthetic,
 # so the pre-tokenizer name of the real model family is given instead (it only labels the GGUF
@@ -137,7 +172,7 @@ def build(cache: Path, targets: list[str], *, jobs: int = 0, no_fetch: bool = Fa
 
 
 def find_tool(name: str, *, cache: Path | None = None, build_missing: bool = True, jobs: int = 0) -> Path:
-    """A llama.cpp binary (llama-bench, llama-quantize): its variable in TOOLS, then PATH, then the
+    """A llama.cpp binary (llama-bench, llama-quantize, llama-imatrix): its variable in TOOLS, then PATH, then the
     cache's build, else (build_missing) a fresh build there."""
     env = os.environ.get(TOOLS[name])
     if env:
@@ -152,7 +187,8 @@ def find_tool(name: str, *, cache: Path | None = None, build_missing: bool = Tru
     if built.is_file():
         return built
     if not build_missing:
-        raise Unavailable(f"{name} not found (${TOOLS[name]}, PATH, {built}); not building it")
+        raise Unavailable(f"{name} not found (${TOOLS[name]}, PATH, {built}); not building it "
+                          "(`make llamacpp` builds it)")
     build(cache, [name], jobs=jobs)
     if not built.is_file():
         raise Unavailable(f"the build produced no {built}")
@@ -179,15 +215,90 @@ def convert(src: Path, ckpt: Path, arch: str, outtype: str, out: Path) -> Path:
     return out
 
 
+def needs_imatrix(ftype: str, tensor_types: dict[str, str] | None = None) -> bool:
+    """Whether a file of llama-quantize type `ftype` with these overrides is made with an
+    importance matrix: always for the IQ mixes (as the IQ files users download are; IQ4_NL / IQ4_XS
+    and the IQ3_S of IQ3_M do without one, but llama.cpp's mixes pick other types then) and
+    Q2_K_S, and whenever an override names a type that requires one."""
+    name = ftype.upper()
+    return (name.startswith("IQ") or name == "Q2_K_S"
+            or any(kind.lower() in IMATRIX_TENSOR_TYPES for kind in (tensor_types or {}).values()))
+
+
+# The type given to the layers llama.cpp never runs (glm4_moe's multi-token-prediction layers):
+# llama-imatrix sees no activations there, and llama-quantize refuses an IQ1 / IQ2 / IQ3_XXS
+# tensor without them ("Missing importance matrix ... in a very low-bit quantization"), so files
+# made with a matrix keep such layers in a type that needs none (the engine skips them too).
+UNRUN_LAYER_TYPE = "q8_0"
+
+
+def unrun_layers(ckpt: Path) -> list[int]:
+    """The blocks of checkpoint folder `ckpt` that the converter writes but llama.cpp's graph
+    skips: the multi-token-prediction layers (num_nextn_predict_layers, after the others)."""
+    config = json.loads((ckpt / "config.json").read_text())
+    first = int(config.get("num_hidden_layers") or 0)
+    return list(range(first, first + int(config.get("num_nextn_predict_layers") or 0)))
+
+
+def with_unrun_layers(ftype: str, tensor_types: dict[str, str], layers: list[int]) -> dict[str, str]:
+    """`tensor_types` with a first rule keeping `layers` (unrun_layers()) UNRUN_LAYER_TYPE, where
+    the file is made with an importance matrix (needs_imatrix); the first matching rule wins."""
+    if not layers or not needs_imatrix(ftype, tensor_types):
+        return tensor_types
+    return {rf"^blk\.({'|'.join(map(str, layers))})\.": UNRUN_LAYER_TYPE, **tensor_types}
+
+
+def imatrix_path(model: Path) -> Path:
+    """Where the importance matrix of GGUF `model` is cached: beside it."""
+    return model.with_name(model.name.removesuffix(".gguf") + ".imatrix.gguf")
+
+
+def make_imatrix(binary: Path, model: Path, out: Path, *, threads: int = 0) -> Path:
+    """llama-imatrix on `model` (an unquantised GGUF, or the converter's own) over
+    CALIBRATION_TEXT -> `out` (GGUF format, written atomically, the text and a log beside it).
+    A second to a minute: the text is a few chunks of IMATRIX_CONTEXT tokens."""
+    text = out.with_name(out.name + ".txt")
+    text.write_text(CALIBRATION_TEXT)
+    log = out.with_name(out.name + ".log")
+    tmp = out.with_name(out.name + ".partial")
+    ctx = str(IMATRIX_CONTEXT)
+    # Run in the folder with names relative to it: the text's name is recorded in the matrix as its
+    # dataset, and from there in every file quantised with it.
+    cmd = [str(binary.resolve()), "-m", str(model.resolve()), "-f", text.name, "-o", tmp.name, "--output-format",
+           "gguf", "-c", ctx, "-b", ctx, "-t", str(threads or all_threads()), "--no-ppl"]
+    with log.open("w") as f:
+        done = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, cwd=out.parent)
+    if done.returncode != 0 or not tmp.is_file():
+        tmp.unlink(missing_ok=True)
+        lines = [ln for ln in log.read_text(errors="replace").splitlines() if ln.strip()]
+        why = next((ln for ln in reversed(lines) if "error" in ln.lower() or "fail" in ln.lower()),
+                   lines[-1] if lines else "(no output)")
+        raise Unavailable(f"llama-imatrix could not make {out.name}: {why.strip()[:200]}")
+    tmp.rename(out)
+    return out
+
+
+def ensure_imatrix(model: Path, *, cache: Path | None = None, build_missing: bool = False, threads: int = 0,
+                   jobs: int = 0) -> Path:
+    """The importance matrix of `model`, cached beside it (remade when older than it)."""
+    out = imatrix_path(model)
+    if not newer_than(out, model):
+        binary = find_tool("llama-imatrix", cache=cache, build_missing=build_missing, jobs=jobs)
+        make_imatrix(binary, model, out, threads=threads)
+    return out
+
+
 def quantize(binary: Path, source: Path, out: Path, ftype: str, *, tensor_types: dict[str, str] | None = None,
-             threads: int = 0, allow_requantize: bool = False) -> Path:
+             threads: int = 0, allow_requantize: bool = False, imatrix: Path | None = None) -> Path:
     """llama-quantize `source` -> `out` as `ftype` (Q8_0, Q4_K_M, ...), with per-tensor overrides
     (`--tensor-type NAME=TYPE`, as mixed files like unsloth's are made); written atomically.
     allow_requantize: `source` holds quantised tensors (deepseek4's converter writes Q8_0 and
-    MXFP4), which llama-quantize refuses to requantise unless told to."""
+    MXFP4), which llama-quantize refuses to requantise unless told to.  imatrix: an importance
+    matrix of `source` (ensure_imatrix; needs_imatrix says when one is required)."""
     log = out.with_name(out.name + ".log")
     tmp = out.with_name(out.name + ".partial")
     cmd = [str(binary)] + (["--allow-requantize"] if allow_requantize else [])
+    cmd += ["--imatrix", str(imatrix)] if imatrix else []
     for name, kind in (tensor_types or {}).items():
         cmd += ["--tensor-type", f"{name}={kind}"]
     cmd += [str(source), str(tmp), ftype, str(threads or all_threads())]

@@ -5,6 +5,7 @@ downloads are made this way, so the engine is tested on them and not only on fil
     python tools/llamacpp_ggufs.py --arch glm4_moe --out DIR --build   # build llama-quantize if missing
     python tools/llamacpp_ggufs.py --arch deepseek_v4 --out DIR
     python tools/llamacpp_ggufs.py --arch glm4_moe --ragged --out DIR --variants lowbit,Q5_K_M
+    python tools/llamacpp_ggufs.py --arch glm4_moe --out DIR --variants IQ2_XXS,udiq
 
 The checkpoint is converted once by llama.cpp's convert_hf_to_gguf.py, then llama-quantize makes
 each variant from that file:
@@ -25,6 +26,41 @@ each variant from that file:
   lowbit   Q2_K with `--tensor-type` overrides, as the low-bit dynamic files of MoE models keep the
            experts' down projection wider: routed experts' down Q5_K, shared expert's down Q4_1
            (the rest as Q2_K)
+The codebook ("IQ") variants are made with an importance matrix, as every IQ file users download
+is: llama-quantize refuses IQ1_S, IQ1_M, IQ2_XXS, IQ2_XS, IQ2_S and IQ3_XXS tensors (and Q2_K_S
+files) without one.  llama-imatrix makes it from the converted file over a few hundred tokens of
+built-in text (llamacpp.CALIBRATION_TEXT, chunks of 64; under a second here), cached beside it
+(`<checkpoint>.f32.imatrix.gguf`).  glm4_moe's multi-token-prediction layer (blk.3 here) is
+written by the converter but never run by llama.cpp, so the matrix has nothing for it and
+llama-quantize would bail out ("Missing importance matrix ... in a very low-bit quantization"):
+the IQ files keep that layer Q8_0 (llamacpp.UNRUN_LAYER_TYPE; the engine skips it too).
+What llama.cpp's own mixes hold (gguf-py's census of the tiny qwen3_moe files; named types on
+top of the one the mix is named after, which the experts and the rest take):
+  IQ2_XXS  Q4_K attn_v, Q2_K token_embd, Q5_K output
+  IQ2_XS   the same
+  IQ2_S    IQ2_XS (sic: the IQ2_S mix is IQ2_XS with wider attention), IQ3_S attn_output and
+           token_embd, Q4_K attn_v, Q5_K output
+  IQ2_M    IQ2_S, IQ3_S attn_output and token_embd, Q4_K attn_v, Q5_K output
+  IQ3_XXS  IQ2_S attn_q / attn_k, IQ3_S attn_output and token_embd, Q5_K output
+  IQ3_M    IQ3_S, Q4_K attn_output / attn_v, Q6_K output
+  IQ1_S    IQ2_XXS attn_output, Q4_K attn_v, Q2_K token_embd, Q5_K output
+  IQ1_M    the same with IQ1_M
+glm4_moe's (8 experts) differ in attention: attn_output Q5_K, attn_k / attn_v Q4_K (Q8_0 in
+IQ3_XXS and IQ3_M), IQ3_M's last ffn_down Q4_K; its dense layer follows the experts' type.
+And two mixes of our own:
+  udiq     in the manner of unsloth's UD-IQ2_XXS files (IQ2_XXS with `--tensor-type` overrides,
+           UDIQ): routed experts' gate IQ2_XXS, up IQ2_XS, down IQ3_XXS; shared expert Q4_K;
+           dense FFN IQ4_XS; attn_q / attn_output IQ3_S, attn_k / attn_v IQ4_XS; embedding Q4_K,
+           output Q6_K
+  udiq1    as UD-IQ1_M / IQ1_S (IQ1_M with overrides, UDIQ1): experts' gate IQ1_M, up IQ1_S, down
+           IQ2_S; shared expert Q4_K; dense FFN IQ3_S; attn_q / attn_output IQ3_XXS, attn_k /
+           attn_v IQ4_XS; embedding Q4_K, output Q6_K
+Together they hold every codebook type the engine reads.  The IQ quantisers search their
+codebooks: on one core of this machine IQ2_XXS takes ~3 s for qwen3_moe, udiq ~6 s for glm4_moe,
+and IQ1_S / IQ1_M / udiq1 13-18 s (IQ1 the most); Q4_K_M well under a second.  The udiq mixes
+exist for qwen3_moe and glm4_moe only (UD_ARCHS).  With --ragged the down projections' 384-wide
+rows fall back to IQ4_NL from any IQ type (llama-quantize's rule below; seen in an IQ2_XXS file).
+
 Made unless others are named: Q8_0, Q4_K_M and mixed (DEFAULT_VARIANTS).
 K-quants need rows that are a multiple of 256 values, so CHECKPOINT_OVERRIDES widens the tiny
 models to 256 (llama.cpp would otherwise fall back to Q5_0/Q8_0 silently, and the test would
@@ -73,9 +109,9 @@ src/llama-quant.cpp):
   * an override to the type a tensor already has copies it: the mixed file's gate experts are
     the release's FP4 codes unchanged.
 
-Products are cached next to the checkpoint and remade when older than it.  Sources and the
-quantizer come from tools/llamacpp.py; nothing is downloaded or built unless asked (--build), so a
-test on a machine without them says so and is skipped.
+Products are cached next to the checkpoint and remade when older than it.  Sources, the
+quantizer and the importance matrix come from tools/llamacpp.py; nothing is downloaded or built
+unless asked (--build), so a test on a machine without them says so and is skipped.
 """
 from __future__ import annotations
 
@@ -144,17 +180,43 @@ MIXED: dict[str, dict[str, str]] = {
 # expert's in Q4_1, which no fallback gives (see the docstring).
 LOWBIT = {"ffn_down_exps": "q5_k", "ffn_down_shexp": "q4_1"}
 
-# variant -> llama-quantize's type (its own names)
+# Overrides of the udiq variant (llama.cpp's IQ2_XXS mix underneath), in the manner of unsloth's
+# UD-IQ2_XXS files of MoE models: the routed experts, the bulk of the file, in the 2-bit codebooks
+# with their down projection wider (IQ3_XXS); what every token reads stays wider: the shared
+# expert Q4_K, the dense layer's FFN IQ4_XS, attention IQ3_S (q, output) and IQ4_XS (k, v);
+# embedding Q4_K, output Q6_K.
+UDIQ = {"ffn_down_exps": "iq3_xxs", "ffn_up_exps": "iq2_xs", "ffn_gate_exps": "iq2_xxs", "_shexp": "q4_k",
+        r"ffn_(gate|up|down)\.": "iq4_xs", "attn_(q|output)": "iq3_s", "attn_(k|v)": "iq4_xs",
+        "token_embd": "q4_k", r"^output\.weight$": "q6_k"}
+# Overrides of the udiq1 variant (llama.cpp's IQ1_M mix underneath), as unsloth's UD-IQ1_M / IQ1_S
+# files: the routed experts' gate IQ1_M, up IQ1_S, down IQ2_S; shared expert Q4_K, the dense
+# layer's FFN IQ3_S, attention IQ3_XXS (q, output) and IQ4_XS (k, v); embedding Q4_K, output Q6_K.
+UDIQ1 = {"ffn_down_exps": "iq2_s", "ffn_up_exps": "iq1_s", "ffn_gate_exps": "iq1_m", "_shexp": "q4_k",
+         r"ffn_(gate|up|down)\.": "iq3_s", "attn_(q|output)": "iq3_xxs", "attn_(k|v)": "iq4_xs",
+         "token_embd": "q4_k", r"^output\.weight$": "q6_k"}
+# The archs whose tensor names those rules are written for.
+UD_ARCHS = ("qwen3_moe", "glm4_moe")
+
+# variant -> llama-quantize's type (its own names).  The IQ ones are made with an importance matrix
+# (llamacpp.needs_imatrix; see the docstring).
 VARIANTS: dict[str, str] = {"Q8_0": "Q8_0", "Q4_K_M": "Q4_K_M", "mixed": "Q4_K_M",
-                            "Q2_K": "Q2_K", "Q3_K_M": "Q3_K_M", "Q5_K_M": "Q5_K_M", "lowbit": "Q2_K"}
+                            "Q2_K": "Q2_K", "Q3_K_M": "Q3_K_M", "Q5_K_M": "Q5_K_M", "lowbit": "Q2_K",
+                            "IQ2_XXS": "IQ2_XXS", "IQ2_XS": "IQ2_XS", "IQ2_S": "IQ2_S", "IQ2_M": "IQ2_M",
+                            "IQ3_XXS": "IQ3_XXS", "IQ3_M": "IQ3_M", "IQ1_S": "IQ1_S", "IQ1_M": "IQ1_M",
+                            "udiq": "IQ2_XXS", "udiq1": "IQ1_M"}
 # The ones made unless others are asked for (every arch's tests use these; the low-bit ones are
 # asked for by name)
 DEFAULT_VARIANTS = ("Q8_0", "Q4_K_M", "mixed")
 
 
-def overrides(arch: str, variant: str) -> dict[str, str]:
-    """The `--tensor-type` overrides of one variant of one arch."""
-    return MIXED[arch] if variant == "mixed" else LOWBIT if variant == "lowbit" else {}
+def overrides(arch: str, variant: str, unrun_layers: list[int] | tuple[int, ...] = ()) -> dict[str, str]:
+    """The `--tensor-type` overrides of one variant of one arch; unrun_layers: the blocks llama.cpp
+    never runs (llamacpp.unrun_layers), kept Q8_0 where the file needs an importance matrix."""
+    if variant in ("udiq", "udiq1") and arch not in UD_ARCHS:
+        raise ValueError(f"no {variant} mix for {arch} (only {', '.join(UD_ARCHS)})")
+    rules = (MIXED[arch] if variant == "mixed" else LOWBIT if variant == "lowbit" else UDIQ if variant == "udiq"
+             else UDIQ1 if variant == "udiq1" else {})
+    return llamacpp.with_unrun_layers(VARIANTS[variant], rules, list(unrun_layers))
 
 
 def checkpoint_name(arch: str, ragged: bool = False) -> str:
@@ -193,9 +255,13 @@ def make_ggufs(ckpt: Path, arch: str, variants: list[str] | None = None, *, buil
     made = {}
     for name in variants or DEFAULT_VARIANTS:
         out = ckpt.parent / f"{ckpt.name}.{name}.gguf"
-        if not llamacpp.newer_than(out, base):
-            llamacpp.quantize(quantizer, base, out, VARIANTS[name], tensor_types=overrides(arch, name), threads=1,
-                              allow_requantize=arch in REQUANTIZE)
+        rules = overrides(arch, name, llamacpp.unrun_layers(ckpt))
+        imatrix = None
+        if llamacpp.needs_imatrix(VARIANTS[name], rules):
+            imatrix = llamacpp.ensure_imatrix(base, cache=cache, build_missing=build_missing, threads=1)
+        if not llamacpp.newer_than(out, base, *([imatrix] if imatrix else [])):
+            llamacpp.quantize(quantizer, base, out, VARIANTS[name], tensor_types=rules, threads=1,
+                              allow_requantize=arch in REQUANTIZE, imatrix=imatrix)
         made[name] = out
     return made
 
@@ -209,12 +275,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--ragged", action="store_true",
                    help=f"expert rows not whole 256-blocks ({', '.join(f'{a}: {o}' for a, o in RAGGED.items())})")
     p.add_argument("--build", action="store_true", help="download llama.cpp's sources and build llama-quantize "
-                   "into the cache folder if missing")
+                   "(and llama-imatrix, for the IQ variants) into the cache folder if missing")
     opts = p.parse_args(argv)
     variants = [v for v in opts.variants.split(",") if v]
     unknown = [v for v in variants if v not in VARIANTS]
     if unknown:
         p.error(f"unknown variant(s) {', '.join(unknown)} (known: {', '.join(VARIANTS)})")
+    misfit = [v for v in variants if v in ("udiq", "udiq1") and opts.arch not in UD_ARCHS]
+    if misfit:
+        p.error(f"{', '.join(misfit)}: only for {', '.join(UD_ARCHS)}")
     if opts.ragged and opts.arch not in RAGGED:
         p.error(f"--ragged: no such checkpoint of {opts.arch} (only {', '.join(RAGGED)})")
     out = Path(opts.out)
