@@ -699,8 +699,11 @@ void mg_avx2_linear_q8(const mg_matrix *w, const mg_q8_act *xq, int64_t n_tok, f
     const mg_format f = w->format;
     rows_fn *group = ROWS[f].group, *one = ROWS[f].one;
     const int n = ROWS[f].n;
-    if (!group) { /* a block format without rows here: the scalar twin (mg_format_has_q8_path) */
-        mg_scalar_linear_q8(w, xq, n_tok, y, y_stride, r0, r1);
+    if (!group) { /* the grid formats' rows (q8_iq_avx2.c), else the scalar twin (mg_format_has_q8_path) */
+        if (mg_avx2_q8_iq_takes(f))
+            mg_avx2_linear_q8_iq(w, xq, n_tok, y, y_stride, r0, r1);
+        else
+            mg_scalar_linear_q8(w, xq, n_tok, y, y_stride, r0, r1);
         return;
     }
     int64_t e, bytes;
