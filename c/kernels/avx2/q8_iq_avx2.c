@@ -42,6 +42,7 @@ INLINE uint64_t ld64(const void *p) {
     return v;
 }
 INLINE __m256i load32(const void *p) { return _mm256_loadu_si256((const __m256i *)p); }
+INLINE float f16_at(const uint8_t *p) { return _cvtsh_ss(ld16(p)); } /* vcvtph2ps: exact, denormals too */
 INLINE __m256 cvt_i32(__m256i v) { return _mm256_cvtepi32_ps(v); }
 
 INLINE size_t rows_ahead(size_t group) {
@@ -90,10 +91,43 @@ INLINE __m256i signed_x(__m256i x, uint32_t bits) {
     return _mm256_sub_epi8(_mm256_xor_si256(x, m), m);
 }
 
-/* The sign bytes of 4 groups of 8 from 4 7-bit fields (bits 7l.. of aux), as one u32. */
-INLINE uint32_t ksigns4(uint32_t aux) {
-    return (uint32_t)mg_iq2_ksigns[aux & 127] | (uint32_t)mg_iq2_ksigns[(aux >> 7) & 127] << 8 |
-           (uint32_t)mg_iq2_ksigns[(aux >> 14) & 127] << 16 | (uint32_t)mg_iq2_ksigns[(aux >> 21) & 127] << 24;
+/* IQ1_M's d (mg_ggml_iq1_m_d) through vcvtph2ps. */
+INLINE float iq1_m_d(const uint8_t *b) {
+    const uint64_t w = ld64(b + 48);
+    return _cvtsh_ss((uint16_t)(((w >> 12) & 0x000f) | ((w >> 24) & 0x00f0) | ((w >> 36) & 0x0f00) | ((w >> 48) & 0xf000)));
+}
+
+/* mg_iq2_ksigns of 7-bit values in the low bits of each byte (16-bit lanes for bytes16 = 0 ...):
+ * the value with bit 7 set where its count of set bits is odd.  The shifts of the parity fold
+ * carry bits in from the neighbouring byte, but bit 0 of each byte only ever sees its own. */
+INLINE __m256i even_parity8(__m256i v) {
+    __m256i p = _mm256_xor_si256(v, _mm256_srli_epi32(v, 1));
+    p = _mm256_xor_si256(p, _mm256_srli_epi32(p, 2));
+    p = _mm256_xor_si256(p, _mm256_srli_epi32(p, 4));
+    return _mm256_or_si256(v, _mm256_slli_epi32(_mm256_and_si256(p, _mm256_set1_epi8(1)), 7));
+}
+
+/* The sign bytes of 8 groups (IQ2_XXS, IQ3_XXS: 4 7-bit fields at bits 7l of each u32 lane):
+ * byte l of lane g is mg_iq2_ksigns[field l]. */
+INLINE __m256i ksigns_aux(__m256i aux) {
+    const __m256i v = _mm256_or_si256(
+        _mm256_or_si256(_mm256_and_si256(aux, _mm256_set1_epi32(0x7f)), _mm256_and_si256(_mm256_slli_epi32(aux, 1), _mm256_set1_epi32(0x7f00))),
+        _mm256_or_si256(_mm256_and_si256(_mm256_slli_epi32(aux, 2), _mm256_set1_epi32(0x7f0000)),
+                        _mm256_and_si256(_mm256_slli_epi32(aux, 3), _mm256_set1_epi32(0x7f000000))));
+    return even_parity8(v);
+}
+
+/* IQ2_XXS: the u32 aux of each group (at 6 + 8g) in group order. */
+INLINE __m256i iq2_xxs_aux(const uint8_t *b) {
+    const __m256i v0 = load32(b + 2), v1 = load32(b + 34); /* groups 0-3, 4-7: aux in the odd dwords */
+    const __m256i a = _mm256_castps_si256(_mm256_shuffle_ps(_mm256_castsi256_ps(v0), _mm256_castsi256_ps(v1), 0xdd));
+    return _mm256_permutevar8x32_epi32(a, _mm256_setr_epi32(0, 1, 4, 5, 2, 3, 6, 7));
+}
+
+/* IQ2_XS: the sign bytes of the 32 codes (mg_iq2_ksigns[code >> 9]), in code order. */
+INLINE __m256i iq2_xs_signs(const uint8_t *b) {
+    const __m256i s0 = even_parity8(_mm256_srli_epi16(load32(b + 2), 9)), s1 = even_parity8(_mm256_srli_epi16(load32(b + 34), 9));
+    return _mm256_permute4x64_epi64(_mm256_packus_epi16(s0, s1), 0xd8);
 }
 
 /* Four 8-byte grid entries, element order. */
@@ -142,18 +176,17 @@ INLINE void add_group(__m256i pairs, __m256i k, float f, int g, __m256 *acc, __m
 
 /* Group g of one block b of format f: the unsigned grid bytes (IQ1: the signed entries) and the
  * 32 sign bits (IQ1: 0). */
-INLINE __m256i group_codes(mg_format f, const uint8_t *b, int g, uint32_t *signs) {
+INLINE __m256i group_codes(mg_format f, const uint8_t *b, int g, const uint32_t *sg, uint32_t *signs) {
     switch (f) {
     case MG_IQ2_XXS: {
         const uint8_t *q = b + 2 + 8 * g;
-        *signs = ksigns4(ld32(q + 4));
+        *signs = sg[g];
         return grid8x4(mg_iq2xxs_grid[q[0]], mg_iq2xxs_grid[q[1]], mg_iq2xxs_grid[q[2]], mg_iq2xxs_grid[q[3]]);
     }
     case MG_IQ2_XS: {
         uint16_t c[4];
         memcpy(c, b + 2 + 8 * g, 8);
-        *signs = (uint32_t)mg_iq2_ksigns[c[0] >> 9] | (uint32_t)mg_iq2_ksigns[c[1] >> 9] << 8 |
-                 (uint32_t)mg_iq2_ksigns[c[2] >> 9] << 16 | (uint32_t)mg_iq2_ksigns[c[3] >> 9] << 24;
+        *signs = sg[g];
         return grid8x4(mg_iq2xs_grid[c[0] & 511], mg_iq2xs_grid[c[1] & 511], mg_iq2xs_grid[c[2] & 511],
                        mg_iq2xs_grid[c[3] & 511]);
     }
@@ -166,7 +199,7 @@ INLINE __m256i group_codes(mg_format f, const uint8_t *b, int g, uint32_t *signs
     }
     case MG_IQ3_XXS: {
         const uint8_t *qs = b + 2 + 8 * g;
-        *signs = ksigns4(ld32(b + 66 + 4 * g));
+        *signs = sg[g];
         const int i[8] = {qs[0], qs[1], qs[2], qs[3], qs[4], qs[5], qs[6], qs[7]};
         return grid4x8(mg_iq3xxs_grid, i);
     }
@@ -201,26 +234,23 @@ INLINE __m256 factors32(mg_format f, const uint8_t *b, __m256 dxv) {
     __m256i s;
     float dc;
     switch (f) {
-    case MG_IQ2_XXS: { /* aux's top nibbles, the u32 at 6 + 8g */
-        const __m256i v0 = load32(b + 2), v1 = load32(b + 34); /* groups 0-3, 4-7: aux in the odd dwords */
-        const __m256i a = _mm256_castps_si256(_mm256_shuffle_ps(_mm256_castsi256_ps(v0), _mm256_castsi256_ps(v1), 0xdd));
-        s = _mm256_permutevar8x32_epi32(_mm256_srli_epi32(a, 28), _mm256_setr_epi32(0, 1, 4, 5, 2, 3, 6, 7));
-        dc = mg_ggml_f16_at(b) * 0.125f;
+    case MG_IQ2_XXS: /* aux's top nibbles */
+        s = _mm256_srli_epi32(iq2_xxs_aux(b), 28);
+        dc = f16_at(b) * 0.125f;
         break;
-    }
     case MG_IQ3_XXS:
         s = _mm256_srli_epi32(load32(b + 66), 28);
-        dc = mg_ggml_f16_at(b) * 0.25f;
+        dc = f16_at(b) * 0.25f;
         break;
     case MG_IQ3_S:
         s = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32((int)ld32(b + 106)), _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28)),
                              _mm256_set1_epi32(15));
-        dc = mg_ggml_f16_at(b);
+        dc = f16_at(b);
         break;
     default: /* IQ1_S: bits 12-14 of the u16 at 34 + 2g */
         s = _mm256_and_si256(_mm256_srli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(b + 34))), 12),
                              _mm256_set1_epi32(7));
-        dc = mg_ggml_f16_at(b);
+        dc = f16_at(b);
         break;
     }
     const __m256 k = cvt_i32(_mm256_or_si256(_mm256_slli_epi32(s, 1), _mm256_set1_epi32(1)));
@@ -274,7 +304,7 @@ INLINE void rows_iq(const int R, mg_format f, const uint8_t *p, size_t rb, int64
             __m256i k16 = ones16;
             if (f == MG_IQ1_M) {
                 k16 = iq1_m_k16(b);
-                const __m256 f8 = _mm256_mul_ps(_mm256_set1_ps(mg_ggml_iq1_m_d(b)), dxv); /* 8 * wd * dx */
+                const __m256 f8 = _mm256_mul_ps(_mm256_set1_ps(iq1_m_d(b)), dxv); /* 8 * wd * dx */
                 _mm256_store_ps(fv, f8);
                 const __m256 f1 = _mm256_mul_ps(f8, _mm256_set1_ps(0.125f));
                 const __m256 fa = _mm256_permutevar8x32_ps(f1, _mm256_setr_epi32(0, 0, 1, 1, 4, 4, 5, 5));
@@ -282,7 +312,7 @@ INLINE void rows_iq(const int R, mg_format f, const uint8_t *p, size_t rb, int64
                 acc2[r] = iq1_m_delta(b, k16, x->xs8 + 32 * i, fa, fb, acc2[r]);
             } else if (per16) {
                 k16 = k16_nibbles(b + (f == MG_IQ2_S ? 74 : 66));
-                _mm256_store_ps(fv, _mm256_mul_ps(_mm256_set1_ps(mg_ggml_f16_at(b) * 0.125f), dxv));
+                _mm256_store_ps(fv, _mm256_mul_ps(_mm256_set1_ps(f16_at(b) * 0.125f), dxv));
             } else {
                 const __m256 fk = factors32(f, b, dxv);
                 _mm256_store_ps(fv, fk);
@@ -293,10 +323,14 @@ INLINE void rows_iq(const int R, mg_format f, const uint8_t *p, size_t rb, int64
                     acc2[r] = _mm256_fmadd_ps(_mm256_mul_ps(fk, _mm256_set1_ps(0.125f)), cvt_i32(dsum), acc2[r]);
                 }
             }
+            uint32_t sg[8] __attribute__((aligned(32))); /* the sign bits of each group, where computed per block */
+            if (f == MG_IQ2_XXS || f == MG_IQ3_XXS)
+                _mm256_store_si256((__m256i *)sg, ksigns_aux(f == MG_IQ2_XXS ? iq2_xxs_aux(b) : load32(b + 66)));
+            if (f == MG_IQ2_XS) _mm256_store_si256((__m256i *)sg, iq2_xs_signs(b));
 #pragma GCC unroll 8
             for (int g = 0; g < 8; g++) {
                 uint32_t signs;
-                const __m256i u = group_codes(f, b, g, &signs);
+                const __m256i u = group_codes(f, b, g, sg, &signs);
                 const __m256i xv = load32(xq + 32 * g);
                 const __m256i pairs = iq1 ? _mm256_maddubs_epi16(ones8, _mm256_sign_epi8(xv, u))
                                           : _mm256_maddubs_epi16(u, signed_x(xv, signs));
