@@ -549,8 +549,11 @@ static void linear_q8(const mg_matrix *w, const mg_q8_act *xq, int64_t n_tok, fl
     case MG_Q2_K: linear_rows(w, xq, n_tok, y, y_stride, r0, r1, rows4_q2_k, rows1_q2_k); return;
     case MG_Q3_K: linear_rows(w, xq, n_tok, y, y_stride, r0, r1, rows4_q3_k, rows1_q3_k); return;
     case MG_IQ4_XS: break;
-    default: /* a block format without rows here: the scalar twin (mg_format_has_q8_path) */
-        mg_scalar_linear_q8(w, xq, n_tok, y, y_stride, r0, r1);
+    default: /* the grid formats' rows (q8_iq_avx512vnni.c), else the scalar twin (mg_format_has_q8_path) */
+        if (mg_avx512vnni_q8_iq_takes(w->format))
+            mg_avx512vnni_linear_q8_iq(w, xq, n_tok, y, y_stride, r0, r1);
+        else
+            mg_scalar_linear_q8(w, xq, n_tok, y, y_stride, r0, r1);
         return;
     }
     /* IQ4_XS: one row at a time */
