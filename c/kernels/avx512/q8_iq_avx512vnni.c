@@ -12,8 +12,9 @@
  *  - the per-16 factors d * c * k * dx (k = 2s + 1, folded into the float factor as the VNNI
  *    Q2_K / Q3_K loops do; IQ1: c = 1, the codes' 8 in it, the deltas times 1/8 of it) are one
  *    16-lane vector per row and block, spread over each zmm's lanes by one vpermps.
- * Rows four per pass (x loaded once for four), the group ahead prefetched, each row reduced
- * alone (its result does not depend on the row range).  The sums are exact (|4 products| <=
+ * Rows two per pass (x loaded once for both; one, two and four measured alike from L3, two a
+ * little ahead on IQ3), the group ahead prefetched, each row reduced alone (its result does not
+ * depend on the row range).  The sums are exact (|4 products| <=
  * 4 * 62 * 127), so the results differ from the twin's only in the rounding of the factors and
  * the order of the fp32 additions. */
 #include <string.h>
@@ -167,10 +168,15 @@ INLINE void rows_iq(const int R, mg_format f, const uint8_t *p, size_t rb, int64
     for (int r = 0; r < R; r++) out[r] += _mm512_reduce_add_ps(acc[r]);
 }
 
+/* Rows per pass (measured, docs/KERNELS.md); MG_VNNI_Q8_IQ_GROUP overrides it, for measuring. */
+#ifndef MG_VNNI_Q8_IQ_GROUP
+#define MG_VNNI_Q8_IQ_GROUP 2
+#endif
+enum { GROUP = MG_VNNI_Q8_IQ_GROUP };
 typedef void rows_fn(const uint8_t *p, size_t rb, int64_t nb, const prep_x *x, float *out);
 #define ROWS_FNS(NAME, FMT)                                                                                            \
-    static void rows4_##NAME(const uint8_t *p, size_t rb, int64_t nb, const prep_x *x, float *o) {                   \
-        rows_iq(4, FMT, p, rb, nb, x, o);                                                                              \
+    static void rowsg_##NAME(const uint8_t *p, size_t rb, int64_t nb, const prep_x *x, float *o) {                   \
+        rows_iq(GROUP, FMT, p, rb, nb, x, o);                                                                          \
     }                                                                                                                  \
     static void rows1_##NAME(const uint8_t *p, size_t rb, int64_t nb, const prep_x *x, float *o) {                   \
         rows_iq(1, FMT, p, rb, nb, x, o);                                                                              \
@@ -184,19 +190,19 @@ ROWS_FNS(iq1_s, MG_IQ1_S)
 ROWS_FNS(iq1_m, MG_IQ1_M)
 
 static const struct {
-    rows_fn *four, *one;
+    rows_fn *group, *one;
 } ROWS[MG_FORMAT_COUNT] = {
-    [MG_IQ2_XXS] = {rows4_iq2_xxs, rows1_iq2_xxs}, [MG_IQ2_XS] = {rows4_iq2_xs, rows1_iq2_xs},
-    [MG_IQ2_S] = {rows4_iq2_s, rows1_iq2_s},       [MG_IQ3_XXS] = {rows4_iq3_xxs, rows1_iq3_xxs},
-    [MG_IQ3_S] = {rows4_iq3_s, rows1_iq3_s},       [MG_IQ1_S] = {rows4_iq1_s, rows1_iq1_s},
-    [MG_IQ1_M] = {rows4_iq1_m, rows1_iq1_m}};
+    [MG_IQ2_XXS] = {rowsg_iq2_xxs, rows1_iq2_xxs}, [MG_IQ2_XS] = {rowsg_iq2_xs, rows1_iq2_xs},
+    [MG_IQ2_S] = {rowsg_iq2_s, rows1_iq2_s},       [MG_IQ3_XXS] = {rowsg_iq3_xxs, rows1_iq3_xxs},
+    [MG_IQ3_S] = {rowsg_iq3_s, rows1_iq3_s},       [MG_IQ1_S] = {rowsg_iq1_s, rows1_iq1_s},
+    [MG_IQ1_M] = {rowsg_iq1_m, rows1_iq1_m}};
 
-int mg_avx512vnni_q8_iq_takes(mg_format f) { return (unsigned)f < MG_FORMAT_COUNT && ROWS[f].four != NULL; }
+int mg_avx512vnni_q8_iq_takes(mg_format f) { return (unsigned)f < MG_FORMAT_COUNT && ROWS[f].group != NULL; }
 
 void mg_avx512vnni_linear_q8_iq(const mg_matrix *w, const mg_q8_act *xq, int64_t n_tok, float *y, int64_t y_stride,
                                 int64_t r0, int64_t r1) {
     const mg_format f = w->format;
-    rows_fn *four = ROWS[f].four, *one = ROWS[f].one;
+    rows_fn *group = ROWS[f].group, *one = ROWS[f].one;
     int64_t e, bytes;
     mg_format_block(f, &e, &bytes);
     const size_t rb = mg_matrix_row_bytes(w);
@@ -210,7 +216,7 @@ void mg_avx512vnni_linear_q8_iq(const mg_matrix *w, const mg_q8_act *xq, int64_t
             prep(f, xq->q + t * xq->cols + c0, xq->d + t * groups + c0 / 32, kc, &x);
             const uint8_t *base = (const uint8_t *)w->data + (size_t)(c0 / e * bytes);
             int64_t r = r0;
-            for (; r + 4 <= r1; r += 4) four(base + (size_t)r * rb, rb, kc / e, &x, yt + r);
+            for (; r + GROUP <= r1; r += GROUP) group(base + (size_t)r * rb, rb, kc / e, &x, yt + r);
             for (; r < r1; r++) one(base + (size_t)r * rb, rb, kc / e, &x, yt + r);
         }
     }
