@@ -2,12 +2,13 @@
 (core/q8_act.h, docs/KERNELS.md) against the default fp32 path on the same file.
 
 Tiny qwen3_moe models (hidden 256) from tools/ckpt/gguf_file.py, as a Q8_0 file, as a
-Q4_K_M-like mix of the older block formats, and as a low-bit mix (Q2_K, Q3_K, Q4_1, Q5_1);
+Q4_K_M-like mix of the older block formats, as a low-bit mix (Q2_K, Q3_K, Q4_1, Q5_1) and as a
+mix of the seven IQ grid formats (IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ1_S, IQ1_M);
 tokens decoded one at a time (the int8 path is decode's); per step, max |int8 - f32| / max |f32|
 of the logits.  Measured on these seeds (avx512 table): per-step errors 0.016-0.028 (Q8_0 file,
-median 0.022), 0.009-0.020 (mixed, median 0.015) and about 0.006-0.016 (lowbit, median about
-0.01), except a step whose top-2 expert choice flips (a router near a tie: a property of MoE,
-not of the kernels), which gave 0.51.  So the test bounds the MEDIAN step by
+median 0.022), 0.009-0.020 (mixed, median 0.015), about 0.006-0.016 (lowbit, median about
+0.01) and 0.004-0.007 (iq, median 0.006), except a step whose top-2 expert choice flips (a
+router near a tie: a property of MoE, not of the kernels), which gave 0.51.  So the test bounds the MEDIAN step by
 MEDIAN_TOLERANCE = 0.06 (about 3x the measured medians) and allows at most MAX_FLIPS steps
 above it; a wrong kernel (a swapped sub-block scale, a lost min) gives O(1) on every step.
 The best table and the scalar twin, both int8, differ only in fp32 summation order: median
@@ -46,8 +47,17 @@ LOWBIT = {
     "blk.*.attn_q.weight": "Q4_1", "blk.*.attn_k.weight": "Q5_1", "blk.*.attn_v.weight": "Q3_K",
     "blk.*.attn_output.weight": "Q2_K", "token_embd.weight": "Q8_0", "output.weight": "Q3_K",
 }
+# The codebook formats of UD-IQ1 / IQ2 / IQ3 files, all seven (random blocks with sane scales:
+# tools/ckpt/gguf_file.py cannot quantise them, which does not matter for int8 against f32 on
+# the same file).
+IQ = {
+    "blk.*.ffn_gate_exps.weight": "IQ2_XXS", "blk.*.ffn_up_exps.weight": "IQ2_XS",
+    "blk.*.ffn_down_exps.weight": "IQ3_XXS",
+    "blk.*.attn_q.weight": "IQ3_S", "blk.*.attn_k.weight": "IQ2_S", "blk.*.attn_v.weight": "IQ1_S",
+    "blk.*.attn_output.weight": "IQ1_M", "token_embd.weight": "Q8_0", "output.weight": "IQ2_S",
+}
 CASES = {"q8_0": {"default": "Q8_0"}, "mixed": {"types": MIXED, "default": "Q5_0"},
-         "lowbit": {"types": LOWBIT, "default": "Q4_1"}}
+         "lowbit": {"types": LOWBIT, "default": "Q4_1"}, "iq": {"types": IQ, "default": "IQ3_S"}}
 
 
 @pytest.fixture(scope="module")

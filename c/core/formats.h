@@ -51,10 +51,10 @@ static inline void mg_format_block(mg_format f, int64_t *elems, int64_t *bytes) 
 /* 1 for the ggml block formats (rows are whole blocks; cols a multiple of the block). */
 static inline int mg_format_is_ggml_block(mg_format f) { return f >= MG_Q8_0 && f < MG_FORMAT_COUNT; }
 
-/* The formats with int8-activation kernels (core/q8_act.h) in every table: the block formats
- * up to Q3_K; the others (the IQ grid formats too, for now) keep fp32 activations under
- * --activations int8 (linear_q8 NULL). */
-static inline int mg_format_has_q8_path(mg_format f) { return f >= MG_Q8_0 && f <= MG_Q3_K; }
+/* The formats with int8-activation kernels (core/q8_act.h) in every table: every block format,
+ * the IQ grid formats included; the others keep fp32 activations under --activations int8
+ * (linear_q8 NULL). */
+static inline int mg_format_has_q8_path(mg_format f) { return mg_format_is_ggml_block(f); }
 
 /* How a quantised matrix is scaled.  Values are multiplied by the scale (never divided),
  * even for tensors named weight_scale_inv, as transformers' fine-grained FP8 does. */

@@ -48,7 +48,8 @@ static void random_blocks(mg_format f, uint8_t *data, int64_t rows, int64_t cols
     int64_t e, b;
     mg_format_block(f, &e, &b);
     const int64_t nb = rows * cols / e;
-    /* the f16 fields: d (or MXFP4's e8m0 byte, set below) and the min or dmin */
+    /* the f16 fields: d (or MXFP4's e8m0 byte, set below; IQ1_M's d is spread over 4 nibbles)
+     * and the min or dmin; the grid formats' d is at 0 */
     const int off0 = f == MG_Q6_K ? 208 : f == MG_Q2_K ? 80 : f == MG_Q3_K ? 108 : f == MG_MXFP4 ? -1 : 0;
     const int off1 = f == MG_Q4_K || f == MG_Q5_K || f == MG_Q4_1 || f == MG_Q5_1 ? 2 : f == MG_Q2_K ? 82 : -1;
     for (int64_t i = 0; i < nb * b; i++) data[i] = (uint8_t)(rnd() >> 24);
@@ -58,14 +59,20 @@ static void random_blocks(mg_format f, uint8_t *data, int64_t rows, int64_t cols
         for (int j = 0; j < 2; j++)
             if (offs[j] >= 0) {
                 const uint16_t h = (uint16_t)((rnd() & 0x8000u) | (uint16_t)((rnd() % 20) << 10) | (rnd() & 0x3ffu));
-                memcpy(p + offs[j], &h, 2);
+                if (f == MG_IQ1_M) { /* d in the top nibbles of the 4 scale words at 48 (nibble i in word i) */
+                    for (int i = 0; i < 4; i++) p[49 + 2 * i] = (uint8_t)((p[49 + 2 * i] & 0x0f) | (((h >> (4 * i)) & 15) << 4));
+                } else {
+                    memcpy(p + offs[j], &h, 2);
+                }
             }
         if (f == MG_MXFP4) p[0] = k % 7 == 3 ? (uint8_t)(k & 1) : (uint8_t)(110 + rnd() % 30);
     }
 }
 
-static const mg_format FORMATS[] = {MG_Q8_0, MG_Q4_0, MG_Q5_0, MG_Q4_K, MG_Q5_K, MG_Q6_K, MG_MXFP4,
-                                    MG_IQ4_NL, MG_IQ4_XS, MG_Q4_1, MG_Q5_1, MG_Q2_K, MG_Q3_K};
+static const mg_format FORMATS[] = {MG_Q8_0,  MG_Q4_0,    MG_Q5_0,   MG_Q4_K,   MG_Q5_K,    MG_Q6_K,
+                                    MG_MXFP4, MG_IQ4_NL,  MG_IQ4_XS, MG_Q4_1,   MG_Q5_1,    MG_Q2_K,
+                                    MG_Q3_K,  MG_IQ2_XXS, MG_IQ2_XS, MG_IQ2_S,  MG_IQ3_XXS, MG_IQ3_S,
+                                    MG_IQ1_S, MG_IQ1_M};
 enum { N_FORMATS = sizeof FORMATS / sizeof *FORMATS };
 
 typedef struct {

@@ -207,6 +207,11 @@ mg_avx2_prefill_fn mg_avx2_prefill_ggml;
  * token, rows four per pass: the table uses it for decode, see core/linear.c). */
 void mg_avx2_linear_q8(const mg_matrix *w, const mg_q8_act *xq, int64_t n_tok, float *y, int64_t y_stride, int64_t r0,
                        int64_t r1);
+/* q8_iq_avx2.c: the IQ grid formats' int8 rows, which mg_avx2_linear_q8 hands over (for the
+ * formats mg_avx2_q8_iq_takes). */
+int mg_avx2_q8_iq_takes(mg_format f);
+void mg_avx2_linear_q8_iq(const mg_matrix *w, const mg_q8_act *xq, int64_t n_tok, float *y, int64_t y_stride, int64_t r0,
+                          int64_t r1);
 
 /* vector_avx2.c: the vector ops of mg_kernels. */
 MG_VECTOR_OPS_DECLARE(mg_avx2)

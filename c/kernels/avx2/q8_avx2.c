@@ -16,6 +16,7 @@
 
 #if defined(__x86_64__) && defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #include "kernels/avx2/avx2.h"
+#include "kernels/scalar/scalar.h"
 #include "core/ggml_blocks.h"
 
 /* Prefetch distance (at least this many bytes on, a whole number of row groups), hint, and
@@ -698,6 +699,13 @@ void mg_avx2_linear_q8(const mg_matrix *w, const mg_q8_act *xq, int64_t n_tok, f
     const mg_format f = w->format;
     rows_fn *group = ROWS[f].group, *one = ROWS[f].one;
     const int n = ROWS[f].n;
+    if (!group) { /* the grid formats' rows (q8_iq_avx2.c), else the scalar twin (mg_format_has_q8_path) */
+        if (mg_avx2_q8_iq_takes(f))
+            mg_avx2_linear_q8_iq(w, xq, n_tok, y, y_stride, r0, r1);
+        else
+            mg_scalar_linear_q8(w, xq, n_tok, y, y_stride, r0, r1);
+        return;
+    }
     int64_t e, bytes;
     mg_format_block(f, &e, &bytes);
     const size_t rb = mg_matrix_row_bytes(w);

@@ -19,6 +19,7 @@
 #if defined(__x86_64__) && defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && \
     defined(__AVX512DQ__) && defined(__AVX512VNNI__) && defined(__F16C__)
 #include "kernels/avx512/avx512.h"
+#include "kernels/scalar/scalar.h"
 #include "core/ggml_blocks.h"
 
 INLINE float f16_at(const uint8_t *p) {
@@ -547,7 +548,13 @@ static void linear_q8(const mg_matrix *w, const mg_q8_act *xq, int64_t n_tok, fl
     case MG_Q5_1: linear_rows(w, xq, n_tok, y, y_stride, r0, r1, rows4_q5_1, rows1_q5_1); return;
     case MG_Q2_K: linear_rows(w, xq, n_tok, y, y_stride, r0, r1, rows4_q2_k, rows1_q2_k); return;
     case MG_Q3_K: linear_rows(w, xq, n_tok, y, y_stride, r0, r1, rows4_q3_k, rows1_q3_k); return;
-    default: break;
+    case MG_IQ4_XS: break;
+    default: /* the grid formats' rows (q8_iq_avx512vnni.c), else the scalar twin (mg_format_has_q8_path) */
+        if (mg_avx512vnni_q8_iq_takes(w->format))
+            mg_avx512vnni_linear_q8_iq(w, xq, n_tok, y, y_stride, r0, r1);
+        else
+            mg_scalar_linear_q8(w, xq, n_tok, y, y_stride, r0, r1);
+        return;
     }
     /* IQ4_XS: one row at a time */
     const size_t rb = mg_matrix_row_bytes(w);

@@ -12,6 +12,7 @@
 
 #if defined(__aarch64__) && defined(__ARM_NEON)
 #include "kernels/neon/neon.h"
+#include "kernels/scalar/scalar.h"
 #include "core/ggml_blocks.h"
 
 static const int8_t Q4_0_VALUES[16] = {-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7};
@@ -597,7 +598,10 @@ void mg_neon_linear_q8(const mg_matrix *w, const mg_q8_act *xq, int64_t n_tok, f
     case MG_Q5_1: row = q8_row_q5_1; break;
     case MG_Q2_K: row = q8_row_q2_k; break;
     case MG_Q3_K: row = q8_row_q3_k; break;
-    default: row = q8_row_iq4_xs; break;
+    case MG_IQ4_XS: row = q8_row_iq4_xs; break;
+    default: /* the grid formats (IQ1 / IQ2 / IQ3): the scalar twin */
+        mg_scalar_linear_q8(w, xq, n_tok, y, y_stride, r0, r1);
+        return;
     }
     int64_t e, bytes;
     mg_format_block(w->format, &e, &bytes);

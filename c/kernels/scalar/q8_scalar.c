@@ -16,7 +16,13 @@
  *     Q3_K: q in -4..3, k = the halves' 6-bit scales minus 32, wd = d, wm = 0;
  *     Q2_K: the unsigned code (0..3), k = the halves' scale nibbles, wd = d, wm = 0; its mins
  *         are per 16 columns, finer than sx: km = the halves' min nibbles, wmk = dmin;
- *     IQ4_XS: the table value, k = 1, wd = d*(s-32) (exact), wm = 0.
+ *     IQ4_XS: the table value, k = 1, wd = d*(s-32) (exact), wm = 0;
+ *     the grid formats (IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ1_S, IQ1_M): the grid byte with
+ *         its sign (IQ2: +-8/25/43, IQ3_XXS: +-4..62, IQ3_S: +-1..15), IQ1's entry g (-1/0/1)
+ *         and delta +-1/8 as the integer 8g +- 1; k = 2s + 1 for the sub-scale s of each 16
+ *         (per-32 scales give both halves the same k); wd = d/8 (IQ2, IQ1), d/4 (IQ3_XXS), d
+ *         (IQ3_S), exact: the decoders' d * (0.5 + s) * 0.25, d * (0.5 + s) * 0.5, d * (1 + 2s)
+ *         and d * (2s + 1) * (g +- 1/8) are these products; wm = 0.
  * isum and imin are exact (|isum| < 2^24, so (float)isum is too); every table computes the same
  * factors wd*dx, wm*sx and wmk*dx up to the rounding of its own products (the VNNI loops fold a
  * per-16 k into the float factor), and otherwise differs only in the order in which the
@@ -68,6 +74,96 @@ static int codes_q2_k_q3_k(mg_format f, const uint8_t *b, int codes[256], block_
     return 8;
 }
 
+/* The grid formats: codes = the signed grid entries (IQ1: 8g +- 1), k[j] = 2s + 1 per 16, one wd
+ * per block (ggml_blocks.h's decoders read the same fields; the comments there give the
+ * layouts). */
+static void sign8(int *c, const uint8_t *g, uint8_t signs) {
+    for (int j = 0; j < 8; j++) c[j] = (signs >> j) & 1 ? -(int)g[j] : (int)g[j];
+}
+
+static int codes_iq(mg_format f, const uint8_t *b, int codes[256], block_factors *bf) {
+    int s16[16]; /* the sub-scale s of each 16 columns */
+    float wd;
+    switch (f) {
+    case MG_IQ2_XXS:
+    case MG_IQ3_XXS: {
+        const int iq3 = f == MG_IQ3_XXS;
+        wd = mg_ggml_f16_at(b) * (iq3 ? 0.25f : 0.125f);
+        for (int ib = 0; ib < 8; ib++) {
+            uint32_t aux;
+            memcpy(&aux, b + (iq3 ? 66 + 4 * ib : 2 + 8 * ib + 4), 4);
+            s16[2 * ib] = s16[2 * ib + 1] = (int)(aux >> 28);
+            for (int l = 0; l < 4; l++) {
+                const uint8_t signs = mg_iq2_ksigns[(aux >> (7 * l)) & 127];
+                uint8_t g[8];
+                if (iq3) {
+                    memcpy(g, mg_iq3xxs_grid[b[2 + 8 * ib + 2 * l]], 4);
+                    memcpy(g + 4, mg_iq3xxs_grid[b[2 + 8 * ib + 2 * l + 1]], 4);
+                } else {
+                    memcpy(g, mg_iq2xxs_grid[b[2 + 8 * ib + l]], 8);
+                }
+                sign8(codes + 32 * ib + 8 * l, g, signs);
+            }
+        }
+        break;
+    }
+    case MG_IQ2_XS:
+    case MG_IQ2_S: {
+        const int s2 = f == MG_IQ2_S;
+        const uint8_t *sc = b + (s2 ? 74 : 66);
+        wd = mg_ggml_f16_at(b) * 0.125f;
+        for (int k = 0; k < 32; k++) {
+            if (s2) {
+                const int idx = b[2 + k] | (((b[66 + k / 4] >> (2 * (k % 4))) & 3) << 8);
+                sign8(codes + 8 * k, mg_iq2s_grid[idx], b[34 + k]);
+            } else {
+                uint16_t code;
+                memcpy(&code, b + 2 + 2 * k, 2);
+                sign8(codes + 8 * k, mg_iq2xs_grid[code & 511], mg_iq2_ksigns[code >> 9]);
+            }
+        }
+        for (int j = 0; j < 16; j++) s16[j] = (sc[j / 2] >> (4 * (j & 1))) & 15;
+        break;
+    }
+    case MG_IQ3_S: {
+        wd = mg_ggml_f16_at(b);
+        for (int k = 0; k < 64; k++) {
+            const uint8_t *g = mg_iq3s_grid[b[2 + k] | (((b[66 + k / 8] >> (k % 8)) & 1) << 8)];
+            for (int j = 0; j < 4; j++) {
+                const int e = 4 * k + j;
+                codes[e] = (b[74 + e / 8] >> (e % 8)) & 1 ? -(int)g[j] : (int)g[j];
+            }
+        }
+        for (int j = 0; j < 16; j++) s16[j] = (b[106 + j / 4] >> (4 * ((j / 2) & 1))) & 15;
+        break;
+    }
+    case MG_IQ1_S:
+    case MG_IQ1_M: {
+        const int m = f == MG_IQ1_M;
+        uint16_t w[8];
+        memcpy(w, b + (m ? 48 : 34), m ? 8 : 16);
+        wd = (m ? mg_ggml_iq1_m_d(b) : mg_ggml_f16_at(b)) * 0.125f;
+        for (int k = 0; k < 32; k++) {
+            int idx, neg;
+            if (m) {
+                const int nib = (b[32 + k / 2] >> (4 * (k % 2))) & 15;
+                idx = b[k] | ((nib & 7) << 8), neg = nib >> 3;
+            } else {
+                const uint16_t qh = w[k / 4];
+                idx = b[2 + k] | (((qh >> (3 * (k % 4))) & 7) << 8), neg = qh >> 15;
+            }
+            for (int j = 0; j < 8; j++) codes[8 * k + j] = 8 * mg_iq1s_grid[idx][j] + (neg ? -1 : 1);
+        }
+        for (int j = 0; j < 16; j++) s16[j] = m ? (w[j / 4] >> (3 * (j % 4))) & 7 : (w[j / 2] >> 12) & 7;
+        break;
+    }
+    default: return 0;
+    }
+    for (int j = 0; j < 16; j++) bf->k[j] = 2 * s16[j] + 1;
+    for (int g = 0; g < 8; g++) bf->wd[g] = wd;
+    return 8;
+}
+
 /* One block's integer codes (element order) and factors; returns the number of 32-groups (1 or
  * 8). */
 static int block_codes(mg_format f, const uint8_t *b, int codes[256], block_factors *bf) {
@@ -80,6 +176,13 @@ static int block_codes(mg_format f, const uint8_t *b, int codes[256], block_fact
     case MG_Q5_1: return codes_q4_1_q5_1(f, b, codes, bf);
     case MG_Q2_K:
     case MG_Q3_K: return codes_q2_k_q3_k(f, b, codes, bf);
+    case MG_IQ2_XXS:
+    case MG_IQ2_XS:
+    case MG_IQ2_S:
+    case MG_IQ3_XXS:
+    case MG_IQ3_S:
+    case MG_IQ1_S:
+    case MG_IQ1_M: return codes_iq(f, b, codes, bf);
     case MG_Q8_0:
         wd[0] = mg_ggml_f16_at(b);
         for (int i = 0; i < 32; i++) codes[i] = (int8_t)b[2 + i];
