@@ -221,9 +221,13 @@ static float row_dot_iq3_s(const uint8_t *p, int64_t nb, const float *x, const f
     return hsum8(_mm256_add_ps(acc0, acc1));
 }
 
+/* The IQ1 delta for its sign bit: +1/8 (clear) or -1/8, loaded (IQ1_M: by a broadcast load)
+ * rather than selected, which the compiler makes a branch the random signs mispredict. */
+static const float IQ1_DELTAS[2] = {MG_IQ1_DELTA, -MG_IQ1_DELTA};
+
 /* IQ1_S (50 bytes): per 32 elements 4 index bytes and a u16 with 3 more index bits per group,
  * the scale s and the delta's sign; dl * (entry . x) + dl * delta * xs[block of 32], xs the sums
- * of x per 32 columns (ggml_avx2.c's decode makes them), delta = +-1/8 applied at the end. */
+ * of x per 32 columns (ggml_avx2.c's decode makes them). */
 static float row_dot_iq1_s(const uint8_t *p, int64_t nb, const float *x, const float *xs) {
     __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
     float m0 = 0, m1 = 0;
@@ -240,18 +244,15 @@ static float row_dot_iq1_s(const uint8_t *p, int64_t nb, const float *x, const f
             s0 = _mm256_fmadd_ps(entry8s(mg_iq1s_grid[q[2] | ((h << 2) & 0x700)]), _mm256_loadu_ps(xb + 16), s0);
             s1 = _mm256_fmadd_ps(entry8s(mg_iq1s_grid[q[3] | ((h >> 1) & 0x700)]), _mm256_loadu_ps(xb + 24), s1);
             const float dl = d * (float)(2 * ((h >> 12) & 7) + 1);
-            const float dm = (h & 0x8000 ? -dl : dl) * xs[ib];
+            const float dm = IQ1_DELTAS[h >> 15] * dl * xs[ib]; /* a table, not a branch: random signs */
             if (ib & 1)
                 acc1 = _mm256_fmadd_ps(_mm256_set1_ps(dl), _mm256_add_ps(s0, s1), acc1), m1 += dm;
             else
                 acc0 = _mm256_fmadd_ps(_mm256_set1_ps(dl), _mm256_add_ps(s0, s1), acc0), m0 += dm;
         }
     }
-    return hsum8(_mm256_add_ps(acc0, acc1)) + MG_IQ1_DELTA * (m0 + m1);
+    return hsum8(_mm256_add_ps(acc0, acc1)) + (m0 + m1);
 }
-
-/* IQ1_M's delta per group of 8: +1/8 (bit clear) or -1/8, read by a broadcast load. */
-static const float IQ1_DELTAS[2] = {MG_IQ1_DELTA, -MG_IQ1_DELTA};
 
 /* IQ1_M (56 bytes): per 16 elements (2 groups) 2 index bytes, one qh byte (a nibble per group: 3
  * index bits and the delta's sign) and a 3-bit scale s; factor d * (2s + 1), d from the scale
@@ -366,7 +367,7 @@ static void dequant_iq1_s(const uint8_t *p, float *out) {
         uint16_t qh;
         memcpy(&qh, p + 34 + 2 * ib, 2);
         const float dl = d * (float)(2 * ((qh >> 12) & 7) + 1);
-        const float delta = qh & 0x8000 ? -MG_IQ1_DELTA : MG_IQ1_DELTA;
+        const float delta = IQ1_DELTAS[qh >> 15];
         for (int l = 0; l < 4; l++) emit8_iq1(dl, mg_iq1s_grid[p[2 + 4 * ib + l] | (((qh >> (3 * l)) & 7) << 8)], delta, out + 32 * ib + 8 * l);
     }
 }
@@ -377,7 +378,7 @@ static void dequant_iq1_m(const uint8_t *p, float *out) {
     memcpy(w, p + 48, 8);
     for (int k = 0; k < 32; k++) {
         const int nib = (p[32 + k / 2] >> (4 * (k % 2))) & 15, s = (w[k / 8] >> (3 * ((k / 2) % 4))) & 7;
-        emit8_iq1(d * (float)(2 * s + 1), mg_iq1s_grid[p[k] | ((nib & 7) << 8)], nib & 8 ? -MG_IQ1_DELTA : MG_IQ1_DELTA, out + 8 * k);
+        emit8_iq1(d * (float)(2 * s + 1), mg_iq1s_grid[p[k] | ((nib & 7) << 8)], IQ1_DELTAS[nib >> 3], out + 8 * k);
     }
 }
 
