@@ -96,6 +96,35 @@ INLINE __m256 odd_factors(__m256i s, float d) {
     return _mm256_mul_ps(_mm256_cvtepi32_ps(odd), _mm256_set1_ps(d));
 }
 
+/* IQ2_XS / IQ2_S: the factors d * (2s + 1) of the 8 scale bytes at sc, fl[ib] from the low nibble
+ * (groups 0, 1 of ib), fh[ib] from the high one (groups 2, 3). */
+INLINE void iq2_xs_factors(const uint8_t *sc, float d, float fl[8], float fh[8]) {
+    const __m256i b = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)sc));
+    _mm256_store_ps(fl, odd_factors(_mm256_and_si256(b, _mm256_set1_epi32(15)), d));
+    _mm256_store_ps(fh, odd_factors(_mm256_srli_epi32(b, 4), d));
+}
+
+/* IQ3_S: the factors d * (2s + 1) of its 8 scale nibbles (nibble ib % 2 of byte 106 + ib / 2). */
+INLINE void iq3_s_factors(const uint8_t *p, float d, float f[8]) {
+    uint32_t sc;
+    memcpy(&sc, p + 106, 4);
+    const __m256i b = _mm256_permutevar8x32_epi32(_mm256_cvtepu8_epi32(_mm_cvtsi32_si128((int)sc)),
+                                                  _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3));
+    const __m256i s = _mm256_and_si256(_mm256_srlv_epi32(b, _mm256_setr_epi32(0, 4, 0, 4, 0, 4, 0, 4)), _mm256_set1_epi32(15));
+    _mm256_store_ps(f, odd_factors(s, d));
+}
+
+/* IQ1_M's 16 factors d * (2s + 1), f[j] for elements 16j .. 16j + 15: s is bits 3 (j % 4) .. of
+ * the u16 word j / 4 (4 words at 48, whose top nibbles make d). */
+INLINE void iq1_m_factors(const uint8_t *p, float d, float f[16]) {
+    const __m256i w = _mm256_cvtepu16_epi32(_mm_loadl_epi64((const __m128i *)(p + 48)));
+    const __m256i shift = _mm256_setr_epi32(0, 3, 6, 9, 0, 3, 6, 9), m7 = _mm256_set1_epi32(7);
+    const __m256i a = _mm256_permutevar8x32_epi32(w, _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1));
+    const __m256i b = _mm256_permutevar8x32_epi32(w, _mm256_setr_epi32(2, 2, 2, 2, 3, 3, 3, 3));
+    _mm256_store_ps(f, odd_factors(_mm256_and_si256(_mm256_srlv_epi32(a, shift), m7), d));
+    _mm256_store_ps(f + 8, odd_factors(_mm256_and_si256(_mm256_srlv_epi32(b, shift), m7), d));
+}
+
 /* ---- decode: one row's dot product with x over nb blocks of 256 ------------------------------ */
 
 /* x[0..8) with the signs of row s, times entry g. */
@@ -141,10 +170,7 @@ INLINE float row_dot_iq2_xs_s(const uint8_t *p, int64_t nb, const float *x, int 
     __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
     float fl[8] __attribute__((aligned(32))), fh[8] __attribute__((aligned(32)));
     for (int64_t i = 0; i < nb; i++, p += bytes, x += 256) {
-        const float d = f16_at(p);
-        const __m256i sc = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(p + (s2 ? 74 : 66))));
-        _mm256_store_ps(fl, odd_factors(_mm256_and_si256(sc, _mm256_set1_epi32(15)), d));
-        _mm256_store_ps(fh, odd_factors(_mm256_srli_epi32(sc, 4), d));
+        iq2_xs_factors(p + (s2 ? 74 : 66), f16_at(p), fl, fh);
         for (int ib = 0; ib < 8; ib++) {
             const float *xb = x + 32 * ib;
             __m256 g[4];
@@ -214,12 +240,8 @@ static float row_dot_iq3_s(const uint8_t *p, int64_t nb, const float *x, const f
     (void)xs;
     __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
     float f[8] __attribute__((aligned(32)));
-    const __m256i spread = _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3), shift = _mm256_setr_epi32(0, 4, 0, 4, 0, 4, 0, 4);
     for (int64_t i = 0; i < nb; i++, p += 110, x += 256) {
-        uint32_t sc;
-        memcpy(&sc, p + 106, 4);
-        const __m256i b = _mm256_permutevar8x32_epi32(_mm256_cvtepu8_epi32(_mm_cvtsi32_si128((int)sc)), spread);
-        _mm256_store_ps(f, odd_factors(_mm256_and_si256(_mm256_srlv_epi32(b, shift), _mm256_set1_epi32(15)), f16_at(p)));
+        iq3_s_factors(p, f16_at(p), f);
         for (int ib = 0; ib < 8; ib++) {
             const uint8_t *q = p + 2 + 8 * ib, *signs = p + 74 + 4 * ib;
             const unsigned qh = p[66 + ib];
@@ -273,17 +295,6 @@ static float row_dot_iq1_s(const uint8_t *p, int64_t nb, const float *x, const f
         }
     }
     return hsum8(_mm256_add_ps(acc0, acc1)) + MG_IQ1_DELTA * hsum8(accd);
-}
-
-/* IQ1_M's 16 factors d * (2s + 1), f[j] for elements 16j .. 16j + 15: s is bits 3 (j % 4) .. of
- * the u16 word j / 4 (4 words at 48, whose top nibbles make d). */
-INLINE void iq1_m_factors(const uint8_t *p, float d, float f[16]) {
-    const __m256i w = _mm256_cvtepu16_epi32(_mm_loadl_epi64((const __m128i *)(p + 48)));
-    const __m256i shift = _mm256_setr_epi32(0, 3, 6, 9, 0, 3, 6, 9), m7 = _mm256_set1_epi32(7);
-    const __m256i a = _mm256_permutevar8x32_epi32(w, _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1));
-    const __m256i b = _mm256_permutevar8x32_epi32(w, _mm256_setr_epi32(2, 2, 2, 2, 3, 3, 3, 3));
-    _mm256_store_ps(f, odd_factors(_mm256_and_si256(_mm256_srlv_epi32(a, shift), m7), d));
-    _mm256_store_ps(f + 8, odd_factors(_mm256_and_si256(_mm256_srlv_epi32(b, shift), m7), d));
 }
 
 /* IQ1_M (56 bytes): per 16 elements (2 groups) 2 index bytes, one qh byte (a nibble per group: 3
@@ -342,12 +353,14 @@ static void dequant_iq2_xxs(const uint8_t *p, float *out) {
     }
 }
 
+/* The factors as decode makes them: d * (2s + 1) is the scalar's exact d * (0.5 + s) doubled, so
+ * (d * (2s + 1)) * 0.125 equals its (d * (0.5 + s)) * 0.25 (no rounding in either: an f16 d times
+ * 5 bits, and powers of two that stay above fp32's normal minimum). */
 static void dequant_iq2_xs_s(const uint8_t *p, int s2, float *out) {
-    const float d = f16_at(p);
-    const uint8_t *sc = p + (s2 ? 74 : 66);
+    float fl[8] __attribute__((aligned(32))), fh[8] __attribute__((aligned(32)));
+    iq2_xs_factors(p + (s2 ? 74 : 66), f16_at(p), fl, fh);
     for (int k = 0; k < 32; k++) {
-        const int s = (sc[k / 4] >> (4 * ((k / 2) & 1))) & 15;
-        const __m256 db = _mm256_set1_ps(d * (0.5f + (float)s) * 0.25f);
+        const __m256 db = _mm256_mul_ps(_mm256_broadcast_ss((k & 2 ? fh : fl) + k / 4), _mm256_set1_ps(0.125f));
         if (s2) {
             const int idx = p[2 + k] | (((p[66 + k / 4] >> (2 * (k % 4))) & 3) << 8);
             emit8(db, entry8u(mg_iq2s_grid[idx]), SIGN_MASKS[p[34 + k]], out + 8 * k);
@@ -374,13 +387,13 @@ static void dequant_iq3_xxs(const uint8_t *p, float *out) {
 }
 
 static void dequant_iq3_s(const uint8_t *p, float *out) {
-    const float d = f16_at(p);
+    float f[8] __attribute__((aligned(32))); /* d * (1 + 2s), the scalar's product */
+    iq3_s_factors(p, f16_at(p), f);
     for (int m = 0; m < 32; m++) { /* elements 8m .. 8m + 7: entries 2m, 2m + 1, sign byte m */
         const int k0 = 2 * m, k1 = 2 * m + 1;
         const int i0 = p[2 + k0] | (((p[66 + k0 / 8] >> (k0 % 8)) & 1) << 8);
         const int i1 = p[2 + k1] | (((p[66 + k1 / 8] >> (k1 % 8)) & 1) << 8);
-        const int s = (p[106 + k0 / 16] >> (4 * ((k0 / 8) & 1))) & 15;
-        emit8(_mm256_set1_ps(d * (float)(1 + 2 * s)), entry4x2(mg_iq3s_grid[i0], mg_iq3s_grid[i1]), SIGN_MASKS[p[74 + m]], out + 8 * m);
+        emit8(_mm256_broadcast_ss(f + m / 4), entry4x2(mg_iq3s_grid[i0], mg_iq3s_grid[i1]), SIGN_MASKS[p[74 + m]], out + 8 * m);
     }
 }
 
@@ -401,12 +414,11 @@ static void dequant_iq1_s(const uint8_t *p, float *out) {
 }
 
 static void dequant_iq1_m(const uint8_t *p, float *out) {
-    const float d = mg_ggml_iq1_m_d(p);
-    uint16_t w[4];
-    memcpy(w, p + 48, 8);
+    float f[16] __attribute__((aligned(32))); /* d * (2s + 1), the scalar's product */
+    iq1_m_factors(p, mg_ggml_iq1_m_d(p), f);
     for (int k = 0; k < 32; k++) {
-        const int nib = (p[32 + k / 2] >> (4 * (k % 2))) & 15, s = (w[k / 8] >> (3 * ((k / 2) % 4))) & 7;
-        emit8_iq1(d * (float)(2 * s + 1), mg_iq1s_grid[p[k] | ((nib & 7) << 8)], IQ1_DELTAS[nib >> 3], out + 8 * k);
+        const int nib = (p[32 + k / 2] >> (4 * (k % 2))) & 15;
+        emit8_iq1(f[k / 2], mg_iq1s_grid[p[k] | ((nib & 7) << 8)], IQ1_DELTAS[nib >> 3], out + 8 * k);
     }
 }
 
