@@ -13,11 +13,14 @@
  * select a sign needs otherwise.  IQ2_XXS, IQ2_XS and IQ3_XXS store 7 sign bits whose eighth is
  * their parity (mg_iq2_ksigns): KSIGN_MASKS is keyed by the 7 bits directly, so no ksigns load.
  * The per-group products are summed per sub-scale (16 or 32 elements) and multiplied by its
- * factor once; IQ2's * 0.25 and IQ3_XXS's * 0.5 (exact powers of two) by the row's sum once.
- * IQ1's value dl * (entry + delta) splits as dl * (entry . x) + dl * delta * sum(x): IQ1_S has
- * one delta per 32 elements, whose sums of x ggml_avx2.c's decode makes once per call (xs);
- * IQ1_M's delta changes every 8, and it is added to the converted entry (one vaddps from a
- * broadcast load) instead.
+ * factor once (see "sub-scale factors" below); a power of two common to a format's factors
+ * multiplies the row's sum once.  IQ1's value dl * (entry + delta) splits as dl * (entry . x) +
+ * dl * delta * sum(x): IQ1_S has one delta per 32 elements, whose sums of x ggml_avx2.c's decode
+ * makes once per call (xs); IQ1_M's delta changes every 8, and it is added to the converted entry
+ * (one vaddps from a broadcast load) instead.
+ * Measured A/B and not kept (docs/KERNELS.md, IQ section): vpgatherdd of a sub-block's 8 IQ3
+ * entries (2.3x slower on Zen 5), IQ3_XXS's codebook as fp32 and IQ3_S's indices built in
+ * vector lanes (no change).
  *
  * Dequantisation (prefill's tiles): equal to the scalar decoder bit for bit.  There, every value
  * is (factor * entry) * (+-1) (IQ1: factor * (entry + delta), entry + delta exact) with the
