@@ -1,5 +1,5 @@
-/* The ggml block-format kernels (Q8_0, Q4_0, Q5_0, Q4_K, Q5_K, Q6_K, MXFP4, IQ4_NL, IQ4_XS) of
- * every SIMD table this build has and this CPU runs, against the scalar table (whose decoder,
+/* The ggml block-format kernels (Q8_0 ... IQ4_XS, Q4_1, Q5_1, Q2_K, Q3_K, the IQ1 / IQ2 / IQ3 grid
+ * formats) of every SIMD table this build has and this CPU runs, against the scalar table (whose decoder,
  * core/ggml_blocks.h, tests/test_ggml_dequant.py checks bit for bit against gguf-py):
  *  1. y = W x on random blocks, odd row counts, 32-element rows that are not multiples of 256,
  *     token counts 1, 2, 3, 5, 13, 17, 26, row ranges [r0, r1) inside the matrix, padded x / y strides:
@@ -190,6 +190,16 @@ static void case_e8m0_table(void) {
     }
 }
 
+/* The x86 SIMD tables take every block format with their own entry (the decode and tile loops
+ * of ggml_avx2.c / iq_avx2.c, and avx512's prefill), not the scalar table's: otherwise the
+ * comparisons below would compare the scalar loop with itself. */
+static void case_x86_entries(const mg_kernels *k) {
+    if (strncmp(k->name, "avx", 3)) return;
+    for (int fi = 0; fi < N_FORMATS; fi++)
+        CHECK(k->linear[FORMATS[fi]] != mg_kernels_scalar()->linear[FORMATS[fi]], "%s takes %s with the scalar entry",
+              k->name, mg_format_name(FORMATS[fi]));
+}
+
 int main(void) {
     case_e8m0_table();
     static const char *const names[] = {"scalar", "avx2", "avx512", "avx512bf16", "neon"};
@@ -198,6 +208,7 @@ int main(void) {
     for (int i = 0; i < 5; i++) {
         const mg_kernels *k = mg_kernels_named(names[i]);
         if (k) tables[n++] = k;
+        if (k) case_x86_entries(k);
     }
     /* 13 and 26: two and three token blocks of the avx512 prefill micro-kernel (<= 12 tokens each) */
     static const int64_t toks[] = {1, 2, 3, 5, 13, 17, 26};

@@ -196,10 +196,18 @@ mg_avx2_prefill_fn mg_avx2_prefill_f32, mg_avx2_prefill_bf16, mg_avx2_prefill_f1
     mg_avx2_prefill_fp4;
 /* Its tiles (mg_avx2_prefill_tile): kernels/avx2/prefill_tile.h. */
 
-/* ggml_avx2.c: the ggml block formats (MG_Q8_0 ... MG_IQ4_XS, scale kind none).  decode_ggml: n_tok
+/* ggml_avx2.c: the ggml block formats (MG_Q8_0 ... MG_IQ1_M, scale kind none).  decode_ggml: n_tok
  * == 1, rows [r0, r1); ggml_dequant_block: the exact values of one block of format f at p into out
  * (equal to core/ggml_blocks.h's), for prefill_avx2.c's tiles (mg_avx2_prefill_ggml). */
 mg_avx2_decode_fn mg_avx2_decode_ggml;
+/* One row's dot product with x over nb blocks at p, before any row scale; xs: the sums of x per
+ * 16 or 32 columns of the row's columns (the formats that need them, ggml_avx2.c's xs_group). */
+typedef float mg_avx2_row_dot_fn(const uint8_t *p, int64_t nb, const float *x, const float *xs);
+/* iq_avx2.c: the grid formats MG_IQ2_XXS ... MG_IQ1_M, for ggml_avx2.c's dispatch.  row_dot:
+ * NULL for other formats (IQ1_S reads xs per 32 columns); dequant_block: one block's exact values
+ * (as core/ggml_blocks.h's), 0 having written nothing for other formats. */
+mg_avx2_row_dot_fn *mg_avx2_iq_row_dot(mg_format f);
+int mg_avx2_iq_dequant_block(mg_format f, const uint8_t *p, float *out);
 int mg_avx2_ggml_takes(mg_format f); /* the formats the two above implement (others: the parent's entry) */
 void mg_avx2_ggml_dequant_block(mg_format f, const uint8_t *p, float *out);
 mg_avx2_prefill_fn mg_avx2_prefill_ggml;

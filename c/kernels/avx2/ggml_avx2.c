@@ -1,5 +1,6 @@
 /* AVX2 kernels for the ggml block formats (GGUF weights: Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K,
- * Q3_K, Q4_K, Q5_K, Q6_K, MXFP4, IQ4_NL, IQ4_XS; layouts in c/core/ggml_blocks.h, the scalar twin).  Activations stay
+ * Q3_K, Q4_K, Q5_K, Q6_K, MXFP4, IQ4_NL, IQ4_XS; layouts in c/core/ggml_blocks.h, the scalar twin;
+ * the grid formats IQ2_XXS ... IQ1_M are iq_avx2.c's, reached through the same dispatch).  Activations stay
  * fp32: codes are widened to fp32 in registers and multiplied with x; x is never quantised.
  *
  * Decode (n_tok == 1), one row at a time, each row streamed once.  The codes (the integers a
@@ -414,7 +415,7 @@ static float row_dot_iq4_xs(const uint8_t *p, int64_t nb, const float *x, const 
     return hsum8(_mm256_add_ps(acc0, acc1));
 }
 
-typedef float row_dot_fn(const uint8_t *p, int64_t nb, const float *x, const float *xs);
+typedef mg_avx2_row_dot_fn row_dot_fn;
 
 static row_dot_fn *row_dot_of(mg_format f) {
     switch (f) {
@@ -431,7 +432,7 @@ static row_dot_fn *row_dot_of(mg_format f) {
     case MG_Q5_1: return row_dot_q5_1;
     case MG_Q2_K: return row_dot_q2_k;
     case MG_Q3_K: return row_dot_q3_k;
-    default: return NULL;
+    default: return mg_avx2_iq_row_dot(f); /* the grid formats (iq_avx2.c), NULL for others */
     }
 }
 
@@ -442,13 +443,14 @@ int mg_avx2_ggml_takes(mg_format f) { return row_dot_of(f) != NULL; }
 enum { GGML_PASS_COLS = 65536 };
 
 /* The columns each sum of x in xs covers for format f: 32 for the mins of Q4_1, Q5_1, Q4_K and
- * Q5_K; 16 for Q2_K's (sub-blocks of 16); 0: no mins. */
+ * Q5_K and IQ1_S's deltas; 16 for Q2_K's (sub-blocks of 16); 0: no mins. */
 static int xs_group(mg_format f) {
     switch (f) {
     case MG_Q4_1:
     case MG_Q5_1:
     case MG_Q4_K:
-    case MG_Q5_K: return 32;
+    case MG_Q5_K:
+    case MG_IQ1_S: return 32; /* IQ1_S: its delta per 32 */
     case MG_Q2_K: return 16;
     default: return 0;
     }
@@ -566,7 +568,7 @@ void mg_avx2_ggml_dequant_block(mg_format f, const uint8_t *p, float *out) {
         for (int j = 0; j < 8; j++) emit32(_mm256_shuffle_epi8(lut, nibbles16(p + 8 + 16 * j)), _mm256_set1_ps(dl[j]), out + 32 * j);
         break;
     }
-    default: break;
+    default: mg_avx2_iq_dequant_block(f, p, out); break; /* the grid formats: iq_avx2.c */
     }
 }
 #endif

@@ -42,6 +42,14 @@ LINEAR_GGML(linear_q4_1, MG_Q4_1)
 LINEAR_GGML(linear_q5_1, MG_Q5_1)
 LINEAR_GGML(linear_q2_k, MG_Q2_K)
 LINEAR_GGML(linear_q3_k, MG_Q3_K)
+/* The grid formats the same way (decode: iq_avx2.c's loops; tiles: its exact dequantisation). */
+LINEAR_GGML(linear_iq2_xxs, MG_IQ2_XXS)
+LINEAR_GGML(linear_iq2_xs, MG_IQ2_XS)
+LINEAR_GGML(linear_iq2_s, MG_IQ2_S)
+LINEAR_GGML(linear_iq3_xxs, MG_IQ3_XXS)
+LINEAR_GGML(linear_iq3_s, MG_IQ3_S)
+LINEAR_GGML(linear_iq1_s, MG_IQ1_S)
+LINEAR_GGML(linear_iq1_m, MG_IQ1_M)
 
 /* The vector ops stay the parent's (avx2): they are not bandwidth bound at these sizes. */
 int mg_kernels_override_avx512(mg_kernels *k, const mg_cpu_features *f) {
@@ -51,6 +59,9 @@ int mg_kernels_override_avx512(mg_kernels *k, const mg_cpu_features *f) {
     k->linear[MG_MXFP4] = linear_mxfp4, k->linear[MG_IQ4_NL] = linear_iq4_nl, k->linear[MG_IQ4_XS] = linear_iq4_xs;
     k->linear[MG_Q4_1] = linear_q4_1, k->linear[MG_Q5_1] = linear_q5_1;
     k->linear[MG_Q2_K] = linear_q2_k, k->linear[MG_Q3_K] = linear_q3_k;
+    k->linear[MG_IQ2_XXS] = linear_iq2_xxs, k->linear[MG_IQ2_XS] = linear_iq2_xs, k->linear[MG_IQ2_S] = linear_iq2_s;
+    k->linear[MG_IQ3_XXS] = linear_iq3_xxs, k->linear[MG_IQ3_S] = linear_iq3_s;
+    k->linear[MG_IQ1_S] = linear_iq1_s, k->linear[MG_IQ1_M] = linear_iq1_m;
     k->read_sum = mg_avx512_read_sum;
     /* int8 activations: vpdpbusd kernels (q8_avx512vnni.c) when the CPU has AVX512_VNNI: the
      * one table entry chosen by a feature beyond the table's own (a separate table would sit
