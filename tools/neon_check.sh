@@ -43,16 +43,24 @@ while IFS= read -r src; do
     objs+=("$obj")
 done < <(find c -name '*.c' -not -path 'c/bindings/*' | sort)
 
-# A probe that fails unless the NEON table is what an arm64 CPU selects: otherwise the kernel
-# test would silently compare scalar against scalar.
+# A probe that fails unless the NEON table is what an arm64 CPU selects, and unless it has its
+# own fp32 entry for every ggml block format: otherwise the kernel tests would silently compare
+# scalar against scalar.
 cat >"$OUT/probe.c" <<'EOF'
 #include <stdio.h>
 #include <string.h>
 #include "core/cpu.h"
+#include "core/kernels.h"
 int main(void) {
-    const mg_kernels *k = mg_kernels_best();
+    const mg_kernels *k = mg_kernels_best(), *s = mg_kernels_scalar();
     printf("neon_check: best kernel table on arm64: %s\n", k->name);
-    return strcmp(k->name, "neon") != 0;
+    int bad = strcmp(k->name, "neon") != 0;
+    for (int f = 0; f < MG_FORMAT_COUNT; f++)
+        if (mg_format_is_ggml_block((mg_format)f) && k->linear[f] == s->linear[f]) {
+            printf("neon_check: %s keeps the scalar fp32 linear entry\n", mg_format_name((mg_format)f));
+            bad = 1;
+        }
+    return bad;
 }
 EOF
 

@@ -6,7 +6,8 @@
  * mins (Q4_K, Q5_K, Q4_1, Q5_1 per 32 columns, Q2_K per 16) go through sums of x computed once
  * per call; prefill's blocks are dequantised exactly (bit-equal to the scalar decoder: each value
  * is one rounding of an exact product, and ds*q - dm or d*q + m one FMA with an exact product) by
- * mg_neon_ggml_dequant_block, which linear_neon.c's tiles call. */
+ * mg_neon_ggml_dequant_block, which linear_neon.c's tiles call.  The IQ1 / IQ2 / IQ3 codebook
+ * formats have their own file (iq_neon.c), reached through row_dot_of and the dequant switch. */
 #include <string.h>
 #include "kernels/tables.h"
 
@@ -16,17 +17,6 @@
 #include "core/ggml_blocks.h"
 
 static const int8_t Q4_0_VALUES[16] = {-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7};
-
-ALWAYS_INLINE float f16_at(const uint8_t *p) {
-    float16_t h;
-    memcpy(&h, p, 2);
-    return (float)h; /* fcvt: exact */
-}
-
-/* 32 signed codes in element order: v[0] elements 0..15, v[1] 16..31. */
-typedef struct {
-    int8x16_t v[2];
-} codes32;
 
 /* Q4_0-ordered nibbles (element i: low nibble of byte i, element 16 + i its high nibble) through
  * a 16-entry value table. */
@@ -121,26 +111,6 @@ ALWAYS_INLINE codes32 codes_q3_k(const uint8_t *p, int g) {
     }
     return c;
 }
-
-/* 16 signed codes as 4 fp32 vectors. */
-ALWAYS_INLINE void widen16(int8x16_t q, float32x4_t f[4]) {
-    const int16x8_t a = vmovl_s8(vget_low_s8(q)), b = vmovl_high_s8(q);
-    f[0] = vcvtq_f32_s32(vmovl_s16(vget_low_s16(a)));
-    f[1] = vcvtq_f32_s32(vmovl_high_s16(a));
-    f[2] = vcvtq_f32_s32(vmovl_s16(vget_low_s16(b)));
-    f[3] = vcvtq_f32_s32(vmovl_high_s16(b));
-}
-
-/* sum_l q[l] * x[l] over 16 elements, as 4 partial sums. */
-ALWAYS_INLINE float32x4_t dot16(int8x16_t q, const float *x) {
-    float32x4_t f[4];
-    widen16(q, f);
-    const float32x4_t a = vfmaq_f32(vmulq_f32(f[0], vld1q_f32(x)), f[1], vld1q_f32(x + 4));
-    const float32x4_t b = vfmaq_f32(vmulq_f32(f[2], vld1q_f32(x + 8)), f[3], vld1q_f32(x + 12));
-    return vaddq_f32(a, b);
-}
-
-ALWAYS_INLINE float32x4_t dot32(codes32 c, const float *x) { return vaddq_f32(dot16(c.v[0], x), dot16(c.v[1], x + 16)); }
 
 ALWAYS_INLINE void k4_scales(const uint8_t *s, float d, float dmin, float ds[8], float dm[8]) {
     for (int j = 0; j < 8; j++) {
@@ -292,7 +262,7 @@ ROW_DOT_FOR(row_dot_q5_1, MG_Q5_1)
 ROW_DOT_FOR(row_dot_q2_k, MG_Q2_K)
 ROW_DOT_FOR(row_dot_q3_k, MG_Q3_K)
 
-typedef float row_dot_fn(const uint8_t *p, int64_t nb, const float *x, const float *xs);
+typedef mg_neon_row_dot_fn row_dot_fn;
 
 static row_dot_fn *row_dot_of(mg_format f) {
     static row_dot_fn *const fns[MG_FORMAT_COUNT] = {
@@ -300,7 +270,11 @@ static row_dot_fn *row_dot_of(mg_format f) {
         [MG_Q4_K] = row_dot_q4_k, [MG_Q5_K] = row_dot_q5_k,   [MG_Q6_K] = row_dot_q6_k,
         [MG_MXFP4] = row_dot_mxfp4, [MG_IQ4_NL] = row_dot_iq4_nl, [MG_IQ4_XS] = row_dot_iq4_xs,
         [MG_Q4_1] = row_dot_q4_1, [MG_Q5_1] = row_dot_q5_1,   [MG_Q2_K] = row_dot_q2_k,
-        [MG_Q3_K] = row_dot_q3_k};
+        [MG_Q3_K] = row_dot_q3_k,
+        /* the codebook formats: iq_neon.c */
+        [MG_IQ2_XXS] = mg_neon_row_dot_iq2_xxs, [MG_IQ2_XS] = mg_neon_row_dot_iq2_xs, [MG_IQ2_S] = mg_neon_row_dot_iq2_s,
+        [MG_IQ3_XXS] = mg_neon_row_dot_iq3_xxs, [MG_IQ3_S] = mg_neon_row_dot_iq3_s, [MG_IQ1_S] = mg_neon_row_dot_iq1_s,
+        [MG_IQ1_M] = mg_neon_row_dot_iq1_m};
     return (unsigned)f < MG_FORMAT_COUNT ? fns[f] : NULL;
 }
 
@@ -343,19 +317,6 @@ void mg_neon_decode_ggml(const mg_matrix *w, const float *x, float *y, int64_t r
 }
 
 /* ---- exact dequantisation of one block (prefill) -------------------------------------------- */
-
-/* out[0..16) = q * s, or q * s + *add in one FMA (exact product: one rounding, as the scalar
- * ds * q - dm and d * q + m) when add is given (the negated min of the K-quants). */
-ALWAYS_INLINE void emit16(int8x16_t q, float s, const float *add, float *out) {
-    float32x4_t f[4];
-    widen16(q, f);
-    for (int k = 0; k < 4; k++) vst1q_f32(out + 4 * k, add ? vfmaq_n_f32(vdupq_n_f32(*add), f[k], s) : vmulq_n_f32(f[k], s));
-}
-
-ALWAYS_INLINE void emit32(codes32 c, float s, const float *add, float *out) {
-    emit16(c.v[0], s, add, out);
-    emit16(c.v[1], s, add, out + 16);
-}
 
 void mg_neon_ggml_dequant_block(mg_format f, const uint8_t *p, float *out) {
     switch (f) {
@@ -419,7 +380,7 @@ void mg_neon_ggml_dequant_block(mg_format f, const uint8_t *p, float *out) {
         for (int j = 0; j < 8; j++) emit32(nib_lut(p + 8 + 16 * j, MG_IQ4NL_VALUES), dl[j], NULL, out + 32 * j);
         break;
     }
-    default: break;
+    default: mg_neon_iq_dequant_block(f, p, out); break; /* the codebook formats: iq_neon.c */
     }
 }
 /* ---- int8 activations (core/q8_act.h; arithmetic and scalar twin: kernels/scalar/q8_scalar.c)
