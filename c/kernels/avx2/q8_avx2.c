@@ -17,6 +17,7 @@
 #if defined(__x86_64__) && defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #include "kernels/avx2/avx2.h"
 #include "kernels/scalar/scalar.h"
+#include "kernels/q8_rows.h"
 #include "core/ggml_blocks.h"
 
 /* Prefetch distance (at least this many bytes on, a whole number of row groups), hint, and
@@ -627,11 +628,15 @@ INLINE void rows_iq4_xs(const int R, const uint8_t *p, size_t rb, int64_t nb, co
 #endif
 #define ROWS_FNS(NAME, G, CALLG, CALL1)                                                                \
     enum { G_##NAME = GROUP(G) };                                                                       \
-    static void rowsg_##NAME(const uint8_t *p, size_t rb, int64_t nb, const prep_x *x, float *o) {   \
+    static void rowsg_##NAME(const uint8_t *p, size_t rb, int64_t nb, const void *vx, float *o) {    \
         const int R = G_##NAME;                                                                        \
+        const prep_x *x = vx;                                                                          \
         CALLG;                                                                                         \
     }                                                                                                  \
-    static void rows1_##NAME(const uint8_t *p, size_t rb, int64_t nb, const prep_x *x, float *o) { CALL1; }
+    static void rows1_##NAME(const uint8_t *p, size_t rb, int64_t nb, const void *vx, float *o) {    \
+        const prep_x *x = vx;                                                                          \
+        CALL1;                                                                                         \
+    }
 ROWS_FNS(q8_0, 4, rows_q8_0(R, p, rb, nb, x, o), rows_q8_0(1, p, rb, nb, x, o))
 ROWS_FNS(q4_0, 4, rows_nib(R, MG_Q4_0, p, rb, nb, x, o), rows_nib(1, MG_Q4_0, p, rb, nb, x, o))
 ROWS_FNS(q5_0, 4, rows_nib(R, MG_Q5_0, p, rb, nb, x, o), rows_nib(1, MG_Q5_0, p, rb, nb, x, o))
@@ -646,10 +651,9 @@ ROWS_FNS(q5_1, 4, rows_nib(R, MG_Q5_1, p, rb, nb, x, o), rows_nib(1, MG_Q5_1, p,
 ROWS_FNS(q2_k, 2, rows_k23(R, p, rb, nb, x, 0, o), rows_k23(1, p, rb, nb, x, 0, o))
 ROWS_FNS(q3_k, 2, rows_k23(R, p, rb, nb, x, 1, o), rows_k23(1, p, rb, nb, x, 1, o))
 
-typedef void rows_fn(const uint8_t *p, size_t rb, int64_t nb, const prep_x *x, float *out);
-
-/* x's codes q, scales dx and sums sx of kc columns, prepared for format f into *x. */
-static void prep(mg_format f, const int8_t *q, const float *dx, const float *sx, int64_t kc, prep_x *x) {
+/* x's codes q, scales dx and sums sx of kc columns, prepared for format f into *x (mg_q8_prep_fn). */
+static void prep(mg_format f, const int8_t *q, const float *dx, const float *sx, int64_t kc, void *vx) {
+    prep_x *x = vx;
     x->q = q, x->qa = q, x->dx = dx, x->sx = sx;
     switch (f) {
     case MG_Q4_0:
@@ -681,7 +685,7 @@ static void prep(mg_format f, const int8_t *q, const float *dx, const float *sx,
 }
 
 static const struct {
-    rows_fn *group, *one;
+    mg_q8_rows_fn *group, *one;
     int n; /* rows per group */
 } ROWS[MG_FORMAT_COUNT] = {
     [MG_Q8_0] = {rowsg_q8_0, rows1_q8_0, G_q8_0},       [MG_Q4_0] = {rowsg_q4_0, rows1_q4_0, G_q4_0},
@@ -697,31 +701,14 @@ static const struct {
 void mg_avx2_linear_q8(const mg_matrix *w, const mg_q8_act *xq, int64_t n_tok, float *y, int64_t y_stride, int64_t r0,
                        int64_t r1) {
     const mg_format f = w->format;
-    rows_fn *group = ROWS[f].group, *one = ROWS[f].one;
-    const int n = ROWS[f].n;
-    if (!group) { /* the grid formats' rows (q8_iq_avx2.c), else the scalar twin (mg_format_has_q8_path) */
+    if (!ROWS[f].group) { /* the grid formats' rows (q8_iq_avx2.c), else the scalar twin (mg_format_has_q8_path) */
         if (mg_avx2_q8_iq_takes(f))
             mg_avx2_linear_q8_iq(w, xq, n_tok, y, y_stride, r0, r1);
         else
             mg_scalar_linear_q8(w, xq, n_tok, y, y_stride, r0, r1);
         return;
     }
-    int64_t e, bytes;
-    mg_format_block(f, &e, &bytes);
-    const size_t rb = mg_matrix_row_bytes(w);
-    const int64_t groups = w->cols / 32;
     prep_x x;
-    for (int64_t t = 0; t < n_tok; t++) {
-        float *yt = y + t * y_stride;
-        for (int64_t r = r0; r < r1; r++) yt[r] = 0.0f;
-        for (int64_t c0 = 0; c0 < w->cols; c0 += XP_MAX) {
-            const int64_t kc = w->cols - c0 < XP_MAX ? w->cols - c0 : XP_MAX;
-            prep(f, xq->q + t * xq->cols + c0, xq->d + t * groups + c0 / 32, xq->s + t * groups + c0 / 32, kc, &x);
-            const uint8_t *base = (const uint8_t *)w->data + (size_t)(c0 / e * bytes);
-            int64_t r = r0;
-            for (; r + n <= r1; r += n) group(base + (size_t)r * rb, rb, kc / e, &x, yt + r);
-            for (; r < r1; r++) one(base + (size_t)r * rb, rb, kc / e, &x, yt + r);
-        }
-    }
+    mg_q8_drive_rows(w, xq, n_tok, y, y_stride, r0, r1, XP_MAX, prep, &x, ROWS[f].group, ROWS[f].n, ROWS[f].one);
 }
 #endif

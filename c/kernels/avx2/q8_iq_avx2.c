@@ -21,6 +21,7 @@
 
 #if defined(__x86_64__) && defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #include "kernels/avx2/avx2.h"
+#include "kernels/q8_rows.h"
 #include "kernels/avx2/iq_codes.h"
 
 /* As q8_avx2.c (docs/KERNELS.md: AVX2 int8 rows). */
@@ -46,7 +47,9 @@ typedef struct {
 
 /* IQ1_M's sums per 8 columns, per block in the lane order of iq1_m_delta: the 8-groups
  * [0..7 | 16..23] then [8..15 | 24..31]. */
-static void prep(mg_format f, const int8_t *q, const float *dx, int64_t kc, prep_x *x) {
+static void prep(mg_format f, const int8_t *q, const float *dx, const float *sx, int64_t kc, void *vx) {
+    prep_x *x = vx;
+    (void)sx; /* IQ1 takes its own sums: per 32 and per 8, in integers */
     x->q = q, x->dx = dx;
     if (f == MG_IQ1_S)
         for (int64_t g = 0; g < kc / 32; g++) {
@@ -220,13 +223,12 @@ INLINE void rows_iq(const int R, mg_format f, const uint8_t *p, size_t rb, int64
 #else
 #define GROUP(n) n
 #endif
-typedef void rows_fn(const uint8_t *p, size_t rb, int64_t nb, const prep_x *x, float *out);
 #define ROWS_FNS(NAME, FMT, G)                                                                                           \
     enum { G_##NAME = GROUP(G) };                                                                                     \
-    static void rowsg_##NAME(const uint8_t *p, size_t rb, int64_t nb, const prep_x *x, float *o) {                   \
+    static void rowsg_##NAME(const uint8_t *p, size_t rb, int64_t nb, const void *x, float *o) {                     \
         rows_iq(G_##NAME, FMT, p, rb, nb, x, o);                                                                       \
     }                                                                                                                  \
-    static void rows1_##NAME(const uint8_t *p, size_t rb, int64_t nb, const prep_x *x, float *o) {                   \
+    static void rows1_##NAME(const uint8_t *p, size_t rb, int64_t nb, const void *x, float *o) {                     \
         rows_iq(1, FMT, p, rb, nb, x, o);                                                                              \
     }
 ROWS_FNS(iq2_xxs, MG_IQ2_XXS, 2)
@@ -238,7 +240,7 @@ ROWS_FNS(iq1_s, MG_IQ1_S, 2)
 ROWS_FNS(iq1_m, MG_IQ1_M, 2)
 
 static const struct {
-    rows_fn *group, *one;
+    mg_q8_rows_fn *group, *one;
     int n;
 } ROWS[MG_FORMAT_COUNT] = {
     [MG_IQ2_XXS] = {rowsg_iq2_xxs, rows1_iq2_xxs, G_iq2_xxs}, [MG_IQ2_XS] = {rowsg_iq2_xs, rows1_iq2_xs, G_iq2_xs},
@@ -251,24 +253,7 @@ int mg_avx2_q8_iq_takes(mg_format f) { return (unsigned)f < MG_FORMAT_COUNT && R
 void mg_avx2_linear_q8_iq(const mg_matrix *w, const mg_q8_act *xq, int64_t n_tok, float *y, int64_t y_stride, int64_t r0,
                           int64_t r1) {
     const mg_format f = w->format;
-    rows_fn *group = ROWS[f].group, *one = ROWS[f].one;
-    const int n = ROWS[f].n;
-    int64_t e, bytes;
-    mg_format_block(f, &e, &bytes);
-    const size_t rb = mg_matrix_row_bytes(w);
-    const int64_t groups = w->cols / 32;
     prep_x x;
-    for (int64_t t = 0; t < n_tok; t++) {
-        float *yt = y + t * y_stride;
-        for (int64_t r = r0; r < r1; r++) yt[r] = 0.0f;
-        for (int64_t c0 = 0; c0 < w->cols; c0 += XP_MAX) {
-            const int64_t kc = w->cols - c0 < XP_MAX ? w->cols - c0 : XP_MAX;
-            prep(f, xq->q + t * xq->cols + c0, xq->d + t * groups + c0 / 32, kc, &x);
-            const uint8_t *base = (const uint8_t *)w->data + (size_t)(c0 / e * bytes);
-            int64_t r = r0;
-            for (; r + n <= r1; r += n) group(base + (size_t)r * rb, rb, kc / e, &x, yt + r);
-            for (; r < r1; r++) one(base + (size_t)r * rb, rb, kc / e, &x, yt + r);
-        }
-    }
+    mg_q8_drive_rows(w, xq, n_tok, y, y_stride, r0, r1, XP_MAX, prep, &x, ROWS[f].group, ROWS[f].n, ROWS[f].one);
 }
 #endif

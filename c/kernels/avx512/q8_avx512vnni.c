@@ -20,6 +20,7 @@
     defined(__AVX512DQ__) && defined(__AVX512VNNI__) && defined(__F16C__)
 #include "kernels/avx512/avx512.h"
 #include "kernels/scalar/scalar.h"
+#include "kernels/q8_rows.h"
 #include "core/ggml_blocks.h"
 
 INLINE float f16_at(const uint8_t *p) {
@@ -483,8 +484,14 @@ static float row_iq4_xs(const uint8_t *p, int64_t nb, const int8_t *q, const flo
 }
 
 #define ROWS_FNS(NAME, CALL4, CALL1)                                                                     \
-    static void rows4_##NAME(const uint8_t *p, size_t rb, int64_t nb, const prep_x *x, float *o) { CALL4; } \
-    static void rows1_##NAME(const uint8_t *p, size_t rb, int64_t nb, const prep_x *x, float *o) { CALL1; }
+    static void rows4_##NAME(const uint8_t *p, size_t rb, int64_t nb, const void *vx, float *o) {     \
+        const prep_x *x = vx;                                                                          \
+        CALL4;                                                                                         \
+    }                                                                                                  \
+    static void rows1_##NAME(const uint8_t *p, size_t rb, int64_t nb, const void *vx, float *o) {     \
+        const prep_x *x = vx;                                                                          \
+        CALL1;                                                                                         \
+    }
 ROWS_FNS(q4_k, rows_k4(4, p, rb, nb, x, 0, o), rows_k4(1, p, rb, nb, x, 0, o))
 ROWS_FNS(q5_k, rows_k4(4, p, rb, nb, x, 1, o), rows_k4(1, p, rb, nb, x, 1, o))
 ROWS_FNS(q6_k, rows_q6_k(4, p, rb, nb, x, o), rows_q6_k(1, p, rb, nb, x, o))
@@ -498,39 +505,25 @@ ROWS_FNS(q5_1, rows_32(4, MG_Q5_1, p, rb, nb, x, o), rows_32(1, MG_Q5_1, p, rb, 
 ROWS_FNS(q2_k, rows_k23(4, p, rb, nb, x, 0, o), rows_k23(1, p, rb, nb, x, 0, o))
 ROWS_FNS(q3_k, rows_k23(4, p, rb, nb, x, 1, o), rows_k23(1, p, rb, nb, x, 1, o))
 
-typedef void rows_fn(const uint8_t *p, size_t rb, int64_t nb, const prep_x *x, float *out);
+/* x's codes q, scales dx and sums sx of kc columns, prepared for format f (mg_q8_prep_fn). */
+static void prep(mg_format f, const int8_t *q, const float *dx, const float *sx, int64_t kc, void *vx) {
+    prep_x *x = vx;
+    if (f == MG_Q6_K)
+        prep_q6(q, dx, kc, x);
+    else if (f == MG_Q4_K || f == MG_Q5_K)
+        prep_k4(q, dx, sx, kc, x);
+    else if (f == MG_Q2_K || f == MG_Q3_K)
+        prep_k23(q, dx, kc, f == MG_Q3_K, x);
+    else
+        prep_32(q, dx, sx, kc, x);
+}
 
 /* Per token and column pass, x prepared once; then the rows four at a time (the last 0-3 one
  * by one). */
 static void linear_rows(const mg_matrix *w, const mg_q8_act *xq, int64_t n_tok, float *y, int64_t y_stride, int64_t r0,
-                        int64_t r1, rows_fn *four, rows_fn *one) {
-    const mg_format f = w->format;
-    int64_t e, bytes;
-    mg_format_block(f, &e, &bytes);
-    const size_t rb = mg_matrix_row_bytes(w);
-    const int64_t groups = w->cols / 32;
+                        int64_t r1, mg_q8_rows_fn *four, mg_q8_rows_fn *one) {
     prep_x x;
-    for (int64_t t = 0; t < n_tok; t++) {
-        float *yt = y + t * y_stride;
-        for (int64_t r = r0; r < r1; r++) yt[r] = 0.0f;
-        for (int64_t c0 = 0; c0 < w->cols; c0 += XP_MAX) {
-            const int64_t kc = w->cols - c0 < XP_MAX ? w->cols - c0 : XP_MAX;
-            const int8_t *q = xq->q + t * xq->cols + c0;
-            const float *dx = xq->d + t * groups + c0 / 32, *sx = xq->s + t * groups + c0 / 32;
-            if (f == MG_Q6_K)
-                prep_q6(q, dx, kc, &x);
-            else if (f == MG_Q4_K || f == MG_Q5_K)
-                prep_k4(q, dx, sx, kc, &x);
-            else if (f == MG_Q2_K || f == MG_Q3_K)
-                prep_k23(q, dx, kc, f == MG_Q3_K, &x);
-            else
-                prep_32(q, dx, sx, kc, &x);
-            const uint8_t *base = (const uint8_t *)w->data + (size_t)(c0 / e * bytes);
-            int64_t r = r0;
-            for (; r + 4 <= r1; r += 4) four(base + (size_t)r * rb, rb, kc / e, &x, yt + r);
-            for (; r < r1; r++) one(base + (size_t)r * rb, rb, kc / e, &x, yt + r);
-        }
-    }
+    mg_q8_drive_rows(w, xq, n_tok, y, y_stride, r0, r1, XP_MAX, prep, &x, four, 4, one);
 }
 
 static void linear_q8(const mg_matrix *w, const mg_q8_act *xq, int64_t n_tok, float *y, int64_t y_stride, int64_t r0,

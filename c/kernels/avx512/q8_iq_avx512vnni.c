@@ -24,6 +24,7 @@
     defined(__AVX512DQ__) && defined(__AVX512VNNI__) && defined(__F16C__)
 #include "kernels/avx512/avx512.h"
 #include "kernels/avx2/iq_codes.h"
+#include "kernels/q8_rows.h"
 
 /* Widest column pass: the prepared x lives on the stack (wider rows add the passes' sums). */
 enum { XP_MAX = 8192 };
@@ -40,7 +41,9 @@ INLINE void prefetch_step(const uint8_t *pf, size_t n) {
     for (size_t l = 0; l < n; l += 64) _mm_prefetch((const char *)pf + l, _MM_HINT_T0);
 }
 
-static void prep(mg_format f, const int8_t *q, const float *dx, int64_t cols, prep_x *x) {
+static void prep(mg_format f, const int8_t *q, const float *dx, const float *sx, int64_t cols, void *vx) {
+    prep_x *x = vx;
+    (void)sx; /* IQ1 takes its own sums: per 16 and per 8, in integers */
     const __m512i twice = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
     x->q = q;
     for (int64_t b = 0; b < cols; b += 256)
@@ -173,12 +176,11 @@ INLINE void rows_iq(const int R, mg_format f, const uint8_t *p, size_t rb, int64
 #define MG_VNNI_Q8_IQ_GROUP 2
 #endif
 enum { GROUP = MG_VNNI_Q8_IQ_GROUP };
-typedef void rows_fn(const uint8_t *p, size_t rb, int64_t nb, const prep_x *x, float *out);
 #define ROWS_FNS(NAME, FMT)                                                                                            \
-    static void rowsg_##NAME(const uint8_t *p, size_t rb, int64_t nb, const prep_x *x, float *o) {                   \
+    static void rowsg_##NAME(const uint8_t *p, size_t rb, int64_t nb, const void *x, float *o) {                     \
         rows_iq(GROUP, FMT, p, rb, nb, x, o);                                                                          \
     }                                                                                                                  \
-    static void rows1_##NAME(const uint8_t *p, size_t rb, int64_t nb, const prep_x *x, float *o) {                   \
+    static void rows1_##NAME(const uint8_t *p, size_t rb, int64_t nb, const void *x, float *o) {                     \
         rows_iq(1, FMT, p, rb, nb, x, o);                                                                              \
     }
 ROWS_FNS(iq2_xxs, MG_IQ2_XXS)
@@ -190,7 +192,7 @@ ROWS_FNS(iq1_s, MG_IQ1_S)
 ROWS_FNS(iq1_m, MG_IQ1_M)
 
 static const struct {
-    rows_fn *group, *one;
+    mg_q8_rows_fn *group, *one;
 } ROWS[MG_FORMAT_COUNT] = {
     [MG_IQ2_XXS] = {rowsg_iq2_xxs, rows1_iq2_xxs}, [MG_IQ2_XS] = {rowsg_iq2_xs, rows1_iq2_xs},
     [MG_IQ2_S] = {rowsg_iq2_s, rows1_iq2_s},       [MG_IQ3_XXS] = {rowsg_iq3_xxs, rows1_iq3_xxs},
@@ -202,23 +204,7 @@ int mg_avx512vnni_q8_iq_takes(mg_format f) { return (unsigned)f < MG_FORMAT_COUN
 void mg_avx512vnni_linear_q8_iq(const mg_matrix *w, const mg_q8_act *xq, int64_t n_tok, float *y, int64_t y_stride,
                                 int64_t r0, int64_t r1) {
     const mg_format f = w->format;
-    rows_fn *group = ROWS[f].group, *one = ROWS[f].one;
-    int64_t e, bytes;
-    mg_format_block(f, &e, &bytes);
-    const size_t rb = mg_matrix_row_bytes(w);
-    const int64_t groups = w->cols / 32;
     prep_x x;
-    for (int64_t t = 0; t < n_tok; t++) {
-        float *yt = y + t * y_stride;
-        for (int64_t r = r0; r < r1; r++) yt[r] = 0.0f;
-        for (int64_t c0 = 0; c0 < w->cols; c0 += XP_MAX) {
-            const int64_t kc = w->cols - c0 < XP_MAX ? w->cols - c0 : XP_MAX;
-            prep(f, xq->q + t * xq->cols + c0, xq->d + t * groups + c0 / 32, kc, &x);
-            const uint8_t *base = (const uint8_t *)w->data + (size_t)(c0 / e * bytes);
-            int64_t r = r0;
-            for (; r + GROUP <= r1; r += GROUP) group(base + (size_t)r * rb, rb, kc / e, &x, yt + r);
-            for (; r < r1; r++) one(base + (size_t)r * rb, rb, kc / e, &x, yt + r);
-        }
-    }
+    mg_q8_drive_rows(w, xq, n_tok, y, y_stride, r0, r1, XP_MAX, prep, &x, ROWS[f].group, GROUP, ROWS[f].one);
 }
 #endif

@@ -1,0 +1,42 @@
+/* The driver the SIMD int8-activation files share (kernels/avx2/q8_avx2.c, q8_iq_avx2.c,
+ * kernels/avx512/q8_avx512vnni.c, q8_iq_avx512vnni.c): per token, and per pass of at most xp_max
+ * columns, x is prepared once in the file's own layout (prep), then the rows run n at a time
+ * (group) and the last ones singly (one).  A row's result does not depend on its grouping. */
+#ifndef MG_Q8_ROWS_H
+#define MG_Q8_ROWS_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include "core/matrix.h"
+#include "core/q8_act.h"
+
+/* x's codes q, scales dx and sums sx (per 32) of kc columns, prepared for format f into x (the
+ * calling file's prep_x). */
+typedef void mg_q8_prep_fn(mg_format f, const int8_t *q, const float *dx, const float *sx, int64_t kc, void *x);
+/* Rows at p, rb bytes apart, nb blocks each, against the prepared x: their sums added to out[]. */
+typedef void mg_q8_rows_fn(const uint8_t *p, size_t rb, int64_t nb, const void *x, float *out);
+
+static inline __attribute__((always_inline)) void
+mg_q8_drive_rows(const mg_matrix *w, const mg_q8_act *xq, int64_t n_tok, float *y, int64_t y_stride, int64_t r0,
+                 int64_t r1, int64_t xp_max, mg_q8_prep_fn *prep, void *x, mg_q8_rows_fn *group, int n,
+                 mg_q8_rows_fn *one) {
+    int64_t e, bytes;
+    mg_format_block(w->format, &e, &bytes);
+    const size_t rb = mg_matrix_row_bytes(w);
+    const int64_t groups = w->cols / 32;
+    for (int64_t t = 0; t < n_tok; t++) {
+        float *yt = y + t * y_stride;
+        for (int64_t r = r0; r < r1; r++) yt[r] = 0.0f;
+        for (int64_t c0 = 0; c0 < w->cols; c0 += xp_max) {
+            const int64_t kc = w->cols - c0 < xp_max ? w->cols - c0 : xp_max;
+            prep(w->format, xq->q + t * xq->cols + c0, xq->d + t * groups + c0 / 32, xq->s + t * groups + c0 / 32, kc,
+                 x);
+            const uint8_t *base = (const uint8_t *)w->data + (size_t)(c0 / e * bytes);
+            int64_t r = r0;
+            for (; r + n <= r1; r += n) group(base + (size_t)r * rb, rb, kc / e, x, yt + r);
+            for (; r < r1; r++) one(base + (size_t)r * rb, rb, kc / e, x, yt + r);
+        }
+    }
+}
+
+#endif
