@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as Q
 from gguf.quants import dequantize
+from tools.ckpt.gguf_file import put_iq1_m_d
 
 from gateway import _core
-from tools.ckpt.gguf_file import put_iq1_m_d
 from test_kernels import TABLES
 
 # name -> (gguf type, elements per block, bytes per block, byte offsets of the f16 scale fields)
