@@ -8,6 +8,7 @@
  * is one rounding of an exact product, and ds*q - dm or d*q + m one FMA with an exact product) by
  * mg_neon_ggml_dequant_block, which linear_neon.c's tiles call.  The IQ1 / IQ2 / IQ3 codebook
  * formats have their own file (iq_neon.c), reached through row_dot_of and the dequant switch. */
+#include <stdlib.h>
 #include <string.h>
 #include "kernels/tables.h"
 
@@ -543,6 +544,26 @@ Q8_ROW_FOR(q8_row_q5_1, MG_Q5_1)
 Q8_ROW_FOR(q8_row_q2_k, MG_Q2_K)
 Q8_ROW_FOR(q8_row_q3_k, MG_Q3_K)
 
+/* The grid formats (IQ1 / IQ2 / IQ3) have no int8 rows here: their fp32 rows (iq_neon.c) run on x
+ * as the int8 path sees it, code * d per element, which is what the scalar twin multiplies too
+ * (same products, another summation order), at the fp32 rows' speed instead of the twin's
+ * (13-28x slower on x86).  Formats without fp32 rows, or no memory for x, take the twin. */
+static void q8_by_fp32_rows(const mg_matrix *w, const mg_q8_act *xq, int64_t n_tok, float *y, int64_t y_stride,
+                            int64_t r0, int64_t r1) {
+    float *xf = mg_neon_ggml_takes(w->format) ? malloc(sizeof(float) * (size_t)xq->cols) : NULL;
+    if (!xf) {
+        mg_scalar_linear_q8(w, xq, n_tok, y, y_stride, r0, r1);
+        return;
+    }
+    for (int64_t t = 0; t < n_tok; t++) {
+        const int8_t *q = xq->q + t * xq->cols;
+        const float *d = xq->d + t * (xq->cols / 32);
+        for (int64_t c = 0; c < xq->cols; c++) xf[c] = (float)q[c] * d[c / 32];
+        mg_neon_linear_ggml(w, xf, xq->cols, 1, y + t * y_stride, y_stride, r0, r1);
+    }
+    free(xf);
+}
+
 void mg_neon_linear_q8(const mg_matrix *w, const mg_q8_act *xq, int64_t n_tok, float *y, int64_t y_stride, int64_t r0,
                        int64_t r1) {
     float (*row)(const uint8_t *, int64_t, const int8_t *, const float *, const float *);
@@ -560,8 +581,8 @@ void mg_neon_linear_q8(const mg_matrix *w, const mg_q8_act *xq, int64_t n_tok, f
     case MG_Q2_K: row = q8_row_q2_k; break;
     case MG_Q3_K: row = q8_row_q3_k; break;
     case MG_IQ4_XS: row = q8_row_iq4_xs; break;
-    default: /* the grid formats (IQ1 / IQ2 / IQ3): the scalar twin */
-        mg_scalar_linear_q8(w, xq, n_tok, y, y_stride, r0, r1);
+    default:
+        q8_by_fp32_rows(w, xq, n_tok, y, y_stride, r0, r1);
         return;
     }
     int64_t e, bytes;
