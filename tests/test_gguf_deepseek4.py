@@ -333,12 +333,51 @@ def test_quantized_cached_run_is_bitwise_resident(quantized: tuple[Path, dict[st
     assert_cached_run_is_resident(quantized[1]["mixed"])
 
 
+# The codebook types of unsloth's UD-IQ1 / IQ2 / IQ3 DeepSeek-V4-Flash files, every one of them
+# somewhere: (GGUF name pattern, type); the first pattern that matches a matrix names its type.
+IQ_TYPES = [
+    (r"ffn_gate_exps", "IQ2_XXS"), (r"ffn_up_exps", "IQ2_XS"), (r"ffn_down_exps", "IQ3_XXS"),
+    (r"_shexp", "IQ2_S"), (r"attn_q", "IQ3_S"), (r"attn_kv|attn_output", "IQ1_M"), (r"indexer", "IQ1_S"),
+]
+
+
+@pytest.fixture(scope="module")
+def iq_gguf(quantized: tuple[Path, dict[str, Path]], root: Path) -> Path:
+    """llama-quantize's Q8_0 file of the widened checkpoint with its matrices rewritten in the
+    seven codebook types (random blocks, tools/ckpt/gguf_file.random_blocks): llama.cpp's own
+    IQ quantisers need an importance matrix, which llama-imatrix cannot make here (the pinned
+    llama.cpp loads DeepSeek-V4 compression ratios 0, 4 and 128 only; the tiny model uses 8)."""
+    import gguf
+    from tools.ckpt.gguf_file import random_blocks
+
+    rng = np.random.default_rng(11)
+    blocks: dict[str, tuple[np.ndarray, Any]] = {}
+    for t in gguf.GGUFReader(str(quantized[1]["Q8_0"])).tensors:
+        kind = next((k for pattern, k in IQ_TYPES if re.search(pattern, t.name)), None)
+        if kind is None or t.tensor_type != gguf.GGMLQuantizationType.Q8_0:
+            continue
+        shape = tuple(int(n) for n in reversed(t.shape))
+        blocks[t.name] = (random_blocks(kind, shape, rng), gguf.GGMLQuantizationType[kind])
+    assert {kind.name for _, kind in blocks.values()} == {k for _, k in IQ_TYPES}, "a codebook type matched nothing"
+    return rewrite(quantized[1]["Q8_0"], root / "iq.gguf", blocks=blocks)
+
+
+def test_iq_file_matches_transformers(quantized: tuple[Path, dict[str, Path]], iq_gguf: Path) -> None:
+    assert_matches_transformers(iq_gguf, quantized[0])
+
+
+def test_iq_cached_run_is_bitwise_resident(iq_gguf: Path) -> None:
+    """IQ2_XXS / IQ2_XS / IQ3_XXS routed experts read as slices of the stacked tensors under a budget."""
+    assert_cached_run_is_resident(iq_gguf)
+
+
 # ---- errors ---------------------------------------------------------------------------------
 
 
 def rewrite(source: Path, out: Path, *, drop_keys: tuple[str, ...] = (), drop_tensors: tuple[str, ...] = (),
-            tensors: dict[str, np.ndarray] | None = None) -> Path:
-    """A copy of a GGUF file without some keys and with some tensors replaced (F32 values).
+            tensors: dict[str, np.ndarray] | None = None, blocks: dict[str, tuple[np.ndarray, Any]] | None = None) -> Path:
+    """A copy of a GGUF file without some keys and with some tensors replaced: `tensors` by F32
+    values, `blocks` by raw block bytes of a ggml type ((bytes [..., row bytes], type)).
     The tokenizer keys are left out: the engine reads none, and copying a 129k-token
     vocabulary through the gguf package's reader takes most of ten seconds."""
     import gguf
@@ -357,6 +396,10 @@ def rewrite(source: Path, out: Path, *, drop_keys: tuple[str, ...] = (), drop_te
             continue
         if tensors and t.name in tensors:
             out_writer.add_tensor(t.name, tensors[t.name].astype(np.float32))
+            continue
+        if blocks and t.name in blocks:
+            raw, kind = blocks[t.name]
+            out_writer.add_tensor(t.name, raw, raw_dtype=kind)
             continue
         shape = [int(n) for n in reversed(t.shape)]
         data = np.array(t.data)
