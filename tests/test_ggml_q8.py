@@ -137,5 +137,7 @@ def test_cli_and_startup_summary(gguf) -> None:
             summary = startup_summary(state, "http://127.0.0.1:8000")
             assert state.engine.info["activations"] == activations
             assert re.search(rf"SIMD +\S+ +activations {activations} ", summary), summary
+            # the exact default on a block-format file says where the faster decode is
+            assert ("--activations int8" in summary) == (activations == "f32"), summary
         finally:
             state.engine.close()

@@ -248,6 +248,20 @@ def _gguf_summary(path: str) -> str:
     return f"GGUF v{parts[0]['version']}, {shown}{split}, tensors {types}"
 
 
+# Weight formats that are not GGUF block formats: --activations int8 leaves them in fp32.
+_UNBLOCKED_FORMATS = {"f32", "bf16", "f16", "fp8_e4m3", "fp4_e2m1"}
+
+
+def _activations_hint(info: dict) -> str:
+    """Where the exact default leaves speed on the table: GGUF block formats decoded with fp32
+    activations (int8 activations decode them faster, as llama.cpp does; docs/KERNELS.md)."""
+    weights = info.get("weights") or {}
+    blocks = isinstance(weights, dict) and any(name not in _UNBLOCKED_FORMATS for name in weights)
+    if info.get("activations", "f32") != "f32" or not blocks:
+        return ""
+    return "   (--activations int8: faster decode of the block formats, not bit-exact)"
+
+
 def startup_summary(state: ServerState, url: str) -> str:
     info = state.engine.info
     formats = info.get("weights") or info.get("formats") or {}
@@ -261,7 +275,8 @@ def startup_summary(state: ServerState, url: str) -> str:
         f"  weights    {formats}",
         *([f"  file       {_gguf_summary(state.model_path)}"] if is_gguf(state.model_path) else []),
         f"  memory     {_memory_summary(state)}",
-        f"  SIMD       {info.get('simd')}   activations {info.get('activations', 'f32')}   threads {info.get('threads')}",
+        f"  SIMD       {info.get('simd')}   activations {info.get('activations', 'f32')}   threads {info.get('threads')}"
+        + _activations_hint(info),
         f"  context    {state.max_ctx} tokens   chat format {state.chat.format}",
         f"  KV cache   {_kv_summary(info, state.max_ctx)}",
         f"  snapshots  {_snapshot_summary(state)}",
