@@ -259,21 +259,34 @@ def make_imatrix(binary: Path, model: Path, out: Path, *, threads: int = 0) -> P
     A second to a minute: the text is a few chunks of IMATRIX_CONTEXT tokens."""
     text = out.with_name(out.name + ".txt")
     text.write_text(CALIBRATION_TEXT)
-    log = out.with_name(out.name + ".log")
-    tmp = out.with_name(out.name + ".partial")
+    tmp = partial_path(out)
     ctx = str(IMATRIX_CONTEXT)
     # Run in the folder with names relative to it: the text's name is recorded in the matrix as its
     # dataset, and from there in every file quantised with it.
     cmd = [str(binary.resolve()), "-m", str(model.resolve()), "-f", text.name, "-o", tmp.name, "--output-format",
            "gguf", "-c", ctx, "-b", ctx, "-t", str(threads or all_threads()), "--no-ppl"]
+    return run_to_file("llama-imatrix", cmd, out, cwd=out.parent)
+
+
+def partial_path(out: Path) -> Path:
+    """Where a llama.cpp tool writes `out` before it is complete (run_to_file renames it)."""
+    return out.with_name(out.name + ".partial")
+
+
+def run_to_file(tool: str, cmd: list[str], out: Path, *, cwd: Path | None = None) -> Path:
+    """Runs a llama.cpp tool that writes partial_path(out), its output logged beside `out`; on
+    success renames the file to `out` (so `out` is never half written), else raises Unavailable
+    with the log's last error line."""
+    log = out.with_name(out.name + ".log")
+    tmp = partial_path(out)
     with log.open("w") as f:
-        done = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, cwd=out.parent)
+        done = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, cwd=cwd)
     if done.returncode != 0 or not tmp.is_file():
         tmp.unlink(missing_ok=True)
         lines = [ln for ln in log.read_text(errors="replace").splitlines() if ln.strip()]
         why = next((ln for ln in reversed(lines) if "error" in ln.lower() or "fail" in ln.lower()),
                    lines[-1] if lines else "(no output)")
-        raise Unavailable(f"llama-imatrix could not make {out.name}: {why.strip()[:200]}")
+        raise Unavailable(f"{tool} could not make {out.name}: {why.strip()[:200]}")
     tmp.rename(out)
     return out
 
@@ -295,23 +308,12 @@ def quantize(binary: Path, source: Path, out: Path, ftype: str, *, tensor_types:
     allow_requantize: `source` holds quantised tensors (deepseek4's converter writes Q8_0 and
     MXFP4), which llama-quantize refuses to requantise unless told to.  imatrix: an importance
     matrix of `source` (ensure_imatrix; needs_imatrix says when one is required)."""
-    log = out.with_name(out.name + ".log")
-    tmp = out.with_name(out.name + ".partial")
     cmd = [str(binary)] + (["--allow-requantize"] if allow_requantize else [])
     cmd += ["--imatrix", str(imatrix)] if imatrix else []
     for name, kind in (tensor_types or {}).items():
         cmd += ["--tensor-type", f"{name}={kind}"]
-    cmd += [str(source), str(tmp), ftype, str(threads or all_threads())]
-    with log.open("w") as f:
-        done = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT)
-    if done.returncode != 0 or not tmp.is_file():
-        tmp.unlink(missing_ok=True)
-        lines = [ln for ln in log.read_text(errors="replace").splitlines() if ln.strip()]
-        why = next((ln for ln in reversed(lines) if "error" in ln.lower() or "fail" in ln.lower()),
-                   lines[-1] if lines else "(no output)")
-        raise Unavailable(f"llama-quantize could not make {out.name}: {why.strip()[:200]}")
-    tmp.rename(out)
-    return out
+    cmd += [str(source), str(partial_path(out)), ftype, str(threads or all_threads())]
+    return run_to_file("llama-quantize", cmd, out)
 
 
 def newer_than(out: Path, *sources: Path) -> bool:
