@@ -9,28 +9,14 @@
 #include <immintrin.h>
 #include <string.h>
 #include "core/ggml_blocks.h"
+#include "kernels/unaligned.h"
 
 #ifndef INLINE
 #define INLINE static inline __attribute__((always_inline))
 #endif
 
-INLINE uint32_t ld32(const uint8_t *p) {
-    uint32_t v;
-    memcpy(&v, p, 4);
-    return v;
-}
-INLINE uint16_t ld16(const uint8_t *p) {
-    uint16_t v;
-    memcpy(&v, p, 2);
-    return v;
-}
-INLINE uint64_t ld64(const void *p) {
-    uint64_t v;
-    memcpy(&v, p, 8);
-    return v;
-}
 INLINE __m256i iq_load32(const void *p) { return _mm256_loadu_si256((const __m256i *)p); }
-INLINE float f16_at(const uint8_t *p) { return _cvtsh_ss(ld16(p)); } /* vcvtph2ps: exact, denormals too */
+INLINE float f16_at(const uint8_t *p) { return _cvtsh_ss((unsigned short)mg_ld16(p)); } /* vcvtph2ps: exact, denormals too */
 
 /* x with the signs of the 32 weights of a group applied: bit e of bits set negates element e. */
 INLINE __m256i signed_x(__m256i x, uint32_t bits) {
@@ -43,7 +29,7 @@ INLINE __m256i signed_x(__m256i x, uint32_t bits) {
 
 /* IQ1_M's d (mg_ggml_iq1_m_d) through vcvtph2ps. */
 INLINE float iq1_m_d(const uint8_t *b) {
-    const uint64_t w = ld64(b + 48);
+    const uint64_t w = mg_ld64(b + 48);
     return _cvtsh_ss((uint16_t)(((w >> 12) & 0x000f) | ((w >> 24) & 0x00f0) | ((w >> 36) & 0x0f00) | ((w >> 48) & 0xf000)));
 }
 
@@ -82,12 +68,12 @@ INLINE __m256i iq2_xs_signs(const uint8_t *b) {
 
 /* Four 8-byte grid entries, element order. */
 INLINE __m256i grid8x4(const void *a, const void *b, const void *c, const void *d) {
-    return _mm256_set_epi64x((long long)ld64(d), (long long)ld64(c), (long long)ld64(b), (long long)ld64(a));
+    return _mm256_set_epi64x((long long)mg_ld64(d), (long long)mg_ld64(c), (long long)mg_ld64(b), (long long)mg_ld64(a));
 }
 /* Eight 4-byte grid entries (IQ3), element order. */
 INLINE __m256i grid4x8(const uint8_t (*grid)[4], const int *i) {
-    return _mm256_set_epi32((int)ld32(grid[i[7]]), (int)ld32(grid[i[6]]), (int)ld32(grid[i[5]]), (int)ld32(grid[i[4]]),
-                            (int)ld32(grid[i[3]]), (int)ld32(grid[i[2]]), (int)ld32(grid[i[1]]), (int)ld32(grid[i[0]]));
+    return _mm256_set_epi32((int)mg_ld32(grid[i[7]]), (int)mg_ld32(grid[i[6]]), (int)mg_ld32(grid[i[5]]), (int)mg_ld32(grid[i[4]]),
+                            (int)mg_ld32(grid[i[3]]), (int)mg_ld32(grid[i[2]]), (int)mg_ld32(grid[i[1]]), (int)mg_ld32(grid[i[0]]));
 }
 
 /* Group g of one block b of format f: the unsigned grid bytes (IQ1: the signed entries) and the
@@ -110,7 +96,7 @@ INLINE __m256i group_codes(mg_format f, const uint8_t *b, int g, const uint32_t 
     case MG_IQ2_S: {
         const uint8_t *qs = b + 2 + 4 * g;
         const unsigned qh = b[66 + g];
-        *signs = ld32(b + 34 + 4 * g);
+        *signs = mg_ld32(b + 34 + 4 * g);
         return grid8x4(mg_iq2s_grid[qs[0] | (qh & 3) << 8], mg_iq2s_grid[qs[1] | (qh & 12) << 6],
                        mg_iq2s_grid[qs[2] | (qh & 48) << 4], mg_iq2s_grid[qs[3] | (qh & 192) << 2]);
     }
@@ -123,21 +109,21 @@ INLINE __m256i group_codes(mg_format f, const uint8_t *b, int g, const uint32_t 
     case MG_IQ3_S: {
         const uint8_t *qs = b + 2 + 8 * g;
         const unsigned qh = b[66 + g];
-        *signs = ld32(b + 74 + 4 * g);
+        *signs = mg_ld32(b + 74 + 4 * g);
         int i[8];
         for (int l = 0; l < 8; l++) i[l] = qs[l] | ((qh << (8 - l)) & 256);
         return grid4x8(mg_iq3s_grid, i);
     }
     case MG_IQ1_S: {
         const uint8_t *qs = b + 2 + 4 * g;
-        const unsigned qh = ld16(b + 34 + 2 * g);
+        const unsigned qh = mg_ld16(b + 34 + 2 * g);
         *signs = 0;
         return grid8x4(mg_iq1s_grid[qs[0] | (qh & 7) << 8], mg_iq1s_grid[qs[1] | (qh & 56) << 5],
                        mg_iq1s_grid[qs[2] | (qh & 448) << 2], mg_iq1s_grid[qs[3] | (qh & 3584) >> 1]);
     }
     default: { /* IQ1_M */
         const uint8_t *qs = b + 4 * g;
-        const unsigned qh = ld16(b + 32 + 2 * g);
+        const unsigned qh = mg_ld16(b + 32 + 2 * g);
         *signs = 0;
         return grid8x4(mg_iq1s_grid[qs[0] | (qh & 7) << 8], mg_iq1s_grid[qs[1] | (qh & 0x70) << 4],
                        mg_iq1s_grid[qs[2] | (qh & 0x700)], mg_iq1s_grid[qs[3] | (qh & 0x7000) >> 4]);

@@ -18,6 +18,7 @@
 #include "kernels/avx2/avx2.h"
 #include "kernels/scalar/scalar.h"
 #include "kernels/q8_rows.h"
+#include "kernels/unaligned.h"
 #include "core/ggml_blocks.h"
 
 /* Prefetch distance (at least this many bytes on, a whole number of row groups), hint, and
@@ -33,16 +34,6 @@
 #define MG_AVX2_Q8_PREFETCH 1
 #endif
 
-INLINE uint64_t ld16(const uint8_t *p) {
-    uint16_t h;
-    memcpy(&h, p, 2);
-    return h;
-}
-INLINE uint64_t ld32(const uint8_t *p) {
-    uint32_t v;
-    memcpy(&v, p, 4);
-    return v;
-}
 INLINE __m256i load32(const void *p) { return _mm256_loadu_si256((const __m256i *)p); }
 INLINE __m256i ones16(void) { return _mm256_set1_epi16(1); }
 INLINE __m256 cvt_i32(__m256i v) { return _mm256_cvtepi32_ps(v); }
@@ -74,7 +65,7 @@ INLINE void store_sums(const int R, const __m256 *acc, float *out) {
 /* The f16 at p of R rows (rb bytes apart) as the 16-bit fields of one word, row r in field r. */
 INLINE uint64_t gather16(const int R, const uint8_t *p, size_t rb) {
     uint64_t h = 0;
-    for (int r = 0; r < R; r++) h |= ld16(p + (size_t)r * rb) << (16 * r);
+    for (int r = 0; r < R; r++) h |= mg_ld16(p + (size_t)r * rb) << (16 * r);
     return h;
 }
 
@@ -221,7 +212,7 @@ INLINE __m256i nibbles2(const uint8_t *p, size_t bytes, size_t off, int one) {
 /* Q5_0 / Q5_1: 0x10 in the bytes of [low | high] nibble ymms whose fifth bit is set (qh, 32
  * bits at offset qo of each block: bit i for element i). */
 INLINE void q5_0_bits(const uint8_t *p, size_t bytes, size_t qo, int one, __m256i *lo, __m256i *hi) {
-    const uint64_t qh = ld32(p + qo) | (one ? 0 : ld32(p + bytes + qo) << 32);
+    const uint64_t qh = mg_ld32(p + qo) | (one ? 0 : mg_ld32(p + bytes + qo) << 32);
     const __m256i v = _mm256_set1_epi64x((long long)qh); /* [qh0 qh1 qh0 qh1 | ...] */
     const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ull), k10 = _mm256_set1_epi8(0x10);
     /* low nibbles: bytes 0, 1 of block g's qh (lane 0), of g + 1's (lane 1); high: bytes 2, 3 */
@@ -358,10 +349,10 @@ INLINE void rows_k4(const int R, const uint8_t *p, size_t rb, int64_t nb, const 
         const int8_t *xq = x->q + 256 * i;
         const __m256 dxv = _mm256_loadu_ps(x->dx + 8 * i), sxv = _mm256_loadu_ps(x->sx + 8 * i);
         /* d, dmin of the R rows: [d0 dmin0 d1 dmin1 ...] */
-        uint64_t w01 = ld32(p), w23 = 0;
-        if (R > 1) w01 |= ld32(p + rb) << 32;
-        if (R > 2) w23 = ld32(p + 2 * rb);
-        if (R > 3) w23 |= ld32(p + 3 * rb) << 32;
+        uint64_t w01 = mg_ld32(p), w23 = 0;
+        if (R > 1) w01 |= mg_ld32(p + rb) << 32;
+        if (R > 2) w23 = mg_ld32(p + 2 * rb);
+        if (R > 3) w23 |= mg_ld32(p + 3 * rb) << 32;
         float dm[8] __attribute__((aligned(32)));
         _mm256_store_ps(dm, _mm256_cvtph_ps(_mm_set_epi64x((long long)w23, (long long)w01)));
         float f[4][8] __attribute__((aligned(32)));
@@ -485,7 +476,7 @@ INLINE void rows_q6_k(const int R, const uint8_t *p, size_t rb, int64_t nb, cons
 INLINE __m256i q3_k_scales16(const uint8_t *s) {
     const __m128i a = _mm_loadl_epi64((const __m128i *)s);
     const __m128i lo = _mm_and_si128(_mm_unpacklo_epi64(a, _mm_srli_epi16(a, 4)), _mm_set1_epi8(15));
-    const __m128i c = _mm_set1_epi32((int)ld32(s + 8));
+    const __m128i c = _mm_set1_epi32((int)mg_ld32(s + 8));
     const __m128i hi = _mm_and_si128(_mm_srlv_epi32(c, _mm_setr_epi32(0, 2, 4, 6)), _mm_set1_epi8(3));
     return _mm256_cvtepi8_epi16(_mm_sub_epi8(_mm_or_si128(lo, _mm_slli_epi16(hi, 4)), _mm_set1_epi8(32)));
 }

@@ -118,7 +118,7 @@ INLINE __m256 factors32(mg_format f, const uint8_t *b, __m256 dxv) {
         dc = f16_at(b) * 0.25f;
         break;
     case MG_IQ3_S:
-        s = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32((int)ld32(b + 106)), _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28)),
+        s = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32((int)mg_ld32(b + 106)), _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28)),
                              _mm256_set1_epi32(15));
         dc = f16_at(b);
         break;
@@ -134,7 +134,7 @@ INLINE __m256 factors32(mg_format f, const uint8_t *b, __m256 dxv) {
 
 /* IQ1_M's 16 k = 2s + 1 (3 bits each: bits 3(j % 4).. of word j / 4 of the 4 u16 at 48) as i16. */
 INLINE __m256i iq1_m_k16(const uint8_t *b) {
-    const __m256i w = _mm256_set1_epi64x((long long)ld64(b + 48));
+    const __m256i w = _mm256_set1_epi64x((long long)mg_ld64(b + 48));
     const __m256i spread = _mm256_setr_epi8(0, 1, 0, 1, 0, 1, 0, 1, 2, 3, 2, 3, 2, 3, 2, 3, 4, 5, 4, 5, 4, 5, 4, 5, 6, 7, 6,
                                             7, 6, 7, 6, 7);
     /* move bits 3i .. 3i + 2 (i = j % 4) to the top by multiplying by 2^(13 - 3i), then down */

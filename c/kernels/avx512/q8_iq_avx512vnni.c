@@ -79,7 +79,7 @@ INLINE __m512i scales16(mg_format f, const uint8_t *b, float *dc) {
     case MG_IQ3_XXS: *dc = f16_at(b) * 0.25f; return dup8(_mm256_srli_epi32(iq_load32(b + 66), 28));
     case MG_IQ3_S:
         *dc = f16_at(b);
-        return dup8(_mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32((int)ld32(b + 106)), _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28)),
+        return dup8(_mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32((int)mg_ld32(b + 106)), _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28)),
                                      _mm256_set1_epi32(15)));
     case MG_IQ2_XS:
     case MG_IQ2_S: {
