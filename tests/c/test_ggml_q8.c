@@ -31,6 +31,7 @@
 #include "core/matrix.h"
 #include "core/q8_act.h"
 #include "model/blocks.h"
+#include "kernels/q8_gemm.h"
 #include "check.h"
 
 static uint64_t g_rng = 0x2545F4914F6CDD1Dull;
@@ -254,6 +255,53 @@ static void case_dispatch(const mg_kernels *k, mg_pool *pool) {
     unmake(&a), unmake(&b);
 }
 
+/* 5. The int8 GEMM's block decoders (kernels/q8_gemm.h): the scalar one gives back the
+ * dequantised weights (fac * code - mn per group, to fp32 rounding), and every SIMD one equals it
+ * bit for bit on random blocks, 1 to 17 of them. */
+#if defined(__x86_64__)
+mg_q8_decode_fn *mg_avx2_q8_decoder_k(mg_format f);
+mg_q8_decode_fn *mg_avx2_q8_decoder_iq(mg_format f);
+#endif
+static void case_decoders(int have_avx2) {
+    static const int64_t counts[] = {1, 2, 3, 7, 17};
+    for (int fi = 0; fi < N_FORMATS; fi++) {
+        const mg_format f = FORMATS[fi];
+        int64_t e, bytes;
+        mg_format_block(f, &e, &bytes);
+        const int G = mg_q8_gemm_group(f), mins = mg_q8_gemm_has_mins(f);
+        for (int ci = 0; ci < 5; ci++) {
+            const int64_t nb = counts[ci], cols = nb * e, ng = cols / G;
+            bmat b;
+            make(&b, f, 1, cols);
+            int8_t *codes = malloc((size_t)cols), *codes2 = malloc((size_t)cols);
+            float *fac = malloc((size_t)ng * 4), *mn = calloc((size_t)ng, 4), *fac2 = malloc((size_t)ng * 4),
+                  *mn2 = calloc((size_t)ng, 4);
+            mg_scalar_q8_decode(f, b.data, nb, codes, fac, mn);
+            int bad = 0;
+            for (int64_t c = 0; c < cols; c++) {
+                const double w = (double)fac[c / G] * codes[c] - (double)mn[c / G];
+                bad += !(fabs(w - (double)b.dense[c]) <= 1e-6 * (fabs((double)b.dense[c]) + 2.0 * b.mins[c]) + 1e-30);
+            }
+            CHECK(!bad, "scalar q8 decoder %s nb=%ld: %d weights differ from the dequantised ones",
+                  mg_format_name(f), (long)nb, bad);
+#if defined(__x86_64__)
+            mg_q8_decode_fn *dec = have_avx2 ? mg_avx2_q8_decoder_k(f) : NULL;
+            if (have_avx2 && !dec) dec = mg_avx2_q8_decoder_iq(f);
+            if (dec) {
+                memset(codes2, 0x55, (size_t)cols);
+                for (int64_t g = 0; g < ng; g++) fac2[g] = -1.0f;
+                dec(f, b.data, nb, codes2, fac2, mn2);
+                CHECK(!memcmp(codes, codes2, (size_t)cols) && !memcmp(fac, fac2, (size_t)ng * 4) &&
+                          (!mins || !memcmp(mn, mn2, (size_t)ng * 4)),
+                      "avx2 q8 decoder %s nb=%ld differs from the scalar one", mg_format_name(f), (long)nb);
+            }
+#endif
+            free(codes), free(codes2), free(fac), free(mn), free(fac2), free(mn2);
+            unmake(&b);
+        }
+    }
+}
+
 typedef struct {
     const mg_kernels *k;
     mg_pool *pool;
@@ -274,6 +322,7 @@ int main(void) {
         if (k) tables[n++] = k;
     }
     case_quantize();
+    case_decoders(mg_kernels_named("avx2") != NULL);
     for (int k = 0; k < n; k++) {
         for (int f = 0; f < MG_FORMAT_COUNT; f++)
             CHECK(!tables[k]->linear_q8[f] == !mg_format_is_ggml_block((mg_format)f), "%s: linear_q8[%s] %s",

@@ -31,6 +31,7 @@
 #include <string.h>
 #include "kernels/scalar/scalar.h"
 #include "core/ggml_blocks.h"
+#include "kernels/q8_gemm.h"
 
 /* The per-block factors of the contract above (k, km per 16 columns; wd, wm, wmk per 32). */
 typedef struct {
@@ -288,6 +289,24 @@ void mg_scalar_linear_q8(const mg_matrix *w, const mg_q8_act *xq, int64_t n_tok,
                 }
             }
             y[t * y_stride + r] = acc;
+        }
+    }
+}
+
+void mg_scalar_q8_decode(mg_format f, const uint8_t *p, int64_t nb, int8_t *codes, float *fac, float *mn) {
+    int64_t e, bytes;
+    mg_format_block(f, &e, &bytes);
+    const int G = mg_q8_gemm_group(f), per = (int)(e / G), mins = mg_q8_gemm_has_mins(f);
+    for (int64_t i = 0; i < nb; i++) {
+        int c[256];
+        block_factors bf;
+        block_codes(f, p + i * bytes, c, &bf);
+        for (int l = 0; l < e; l++) codes[i * e + l] = (int8_t)c[l];
+        for (int g = 0; g < per; g++) {
+            /* the group's 32 (G = 32: k is the same in both halves) or 16 columns */
+            const int h = G == 32 ? 2 * g : g, g32 = G == 32 ? g : g / 2;
+            fac[i * per + g] = bf.wd[g32] * (float)bf.k[h];
+            if (mins) mn[i * per + g] = G == 32 ? bf.wm[g32] : bf.wmk[g32] * (float)bf.km[h];
         }
     }
 }

@@ -1,0 +1,45 @@
+/* The int8-activation GEMM (prefill with --activations int8): weight rows are decoded once per
+ * call into int8 codes and per-group float factors, then multiplied with many tokens' int8 x at
+ * once (kernels/avx512/q8_gemm_avx512vnni.c), instead of re-decoding every row for every token
+ * as the row entries do.  The arithmetic is the row entries' contract (kernels/scalar/q8_scalar.c)
+ * with the per-16 integer scale k folded into the float factor:
+ *     per group g of G columns (G = mg_q8_gemm_group(f), 16 or 32):
+ *       y += (fac[g] * dx[g]) * (float)(sum over the group of code * qx)  -  mn[g] * sx_g
+ *     fac = wd * k (exact: k is an integer of at most 8 bits, wd has at most 16 significant bits),
+ *     mn  = wm (G = 32) or wmk * km (Q2_K, G = 16), sx_g = dx * (sum of the group's qx).
+ * Every format whose contract has a per-16 k that can differ between a group's halves decodes
+ * with G = 16; the others with G = 32. */
+#ifndef MG_KERNELS_Q8_GEMM_H
+#define MG_KERNELS_Q8_GEMM_H
+
+#include <stdint.h>
+#include "core/formats.h"
+
+/* Columns per group of the decoded factors. */
+static inline int mg_q8_gemm_group(mg_format f) {
+    switch (f) {
+    case MG_Q6_K:
+    case MG_Q3_K:
+    case MG_Q2_K:
+    case MG_IQ2_XS:
+    case MG_IQ2_S:
+    case MG_IQ1_M: return 16;
+    default: return 32;
+    }
+}
+
+/* Whether the format has mins (mn), i.e. a term against the sum of x per group. */
+static inline int mg_q8_gemm_has_mins(mg_format f) {
+    return f == MG_Q4_1 || f == MG_Q5_1 || f == MG_Q4_K || f == MG_Q5_K || f == MG_Q2_K;
+}
+
+/* Decodes nb consecutive blocks of format f at p (one row's): codes[nb * e] the contract's
+ * integer codes in element order (all within [-128, 127]), fac[nb * e / G] and, when the format
+ * has mins, mn[nb * e / G] (untouched otherwise).  Every decoder gives the scalar one's
+ * (mg_scalar_q8_decode) output bit for bit. */
+typedef void mg_q8_decode_fn(mg_format f, const uint8_t *p, int64_t nb, int8_t *codes, float *fac, float *mn);
+
+/* The reference decoder, on the scalar twin's block_codes (kernels/scalar/q8_scalar.c). */
+mg_q8_decode_fn mg_scalar_q8_decode;
+
+#endif
