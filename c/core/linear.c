@@ -2,12 +2,11 @@
 #include <stdlib.h>
 #include "core/linear.h"
 
-/* Token counts up to which the int8 path runs (its entries loop over the tokens of each row;
- * above, prefill's fp32 tiles, which decode each weight row once for many tokens, stay). */
-enum { Q8_MAX_TOK = 1 };
-
+/* Token counts up to which the int8 path runs: any with an int8 GEMM; else decode only (entries
+ * that loop over the tokens of each row lose to prefill's fp32 tiles, which decode each weight
+ * row once for many tokens). */
 int mg_linear_q8_applies(const mg_compute *c, const mg_matrix *w, int64_t n_tok) {
-    return c->act_int8 && c->k->linear_q8[w->format] && n_tok >= 1 && n_tok <= Q8_MAX_TOK &&
+    return c->act_int8 && c->k->linear_q8[w->format] && n_tok >= 1 && (n_tok == 1 || c->k->linear_q8_gemm) &&
            w->cols % MG_Q8_BLOCK == 0;
 }
 

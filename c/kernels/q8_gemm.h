@@ -42,4 +42,10 @@ typedef void mg_q8_decode_fn(mg_format f, const uint8_t *p, int64_t nb, int8_t *
 /* The reference decoder, on the scalar twin's block_codes (kernels/scalar/q8_scalar.c). */
 mg_q8_decode_fn mg_scalar_q8_decode;
 
+/* The AVX2 decoders: kernels/avx2/q8_decode_avx2.c (the 32-element formats, the K-quants and
+ * IQ4_XS) and q8_decode_iq_avx2.c (the grid formats); NULL for the formats a file does not
+ * decode, or in a build without AVX2. */
+mg_q8_decode_fn *mg_avx2_q8_decoder_k(mg_format f);
+mg_q8_decode_fn *mg_avx2_q8_decoder_iq(mg_format f);
+
 #endif

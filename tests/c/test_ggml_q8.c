@@ -4,7 +4,7 @@
  *     sum(q), all-zero blocks give d = 0, a NaN makes the block's scale NaN.
  *  2. Each SIMD table's linear_q8 against the scalar twin on random blocks, odd row counts (and
  *     counts leaving 0-3 rows after groups of four), odd block counts, rows not multiples of
- *     256, token counts 1, 2, 3, 5, row ranges inside the matrix, padded y strides, rows wider
+ *     256, token counts 1, 2, 3, 5 (and 12, 25: the int8 GEMM's token tiles), row ranges inside the matrix, padded y strides, rows wider
  *     than a kernel's stack copy of x (8192 columns, also with an odd last pass): |y - y_scalar|
  *     <= 1e-5 * mag, mag = sum_c |w_c xq_c| (+ 2 |min_c| |xq_c| for Q4_K / Q5_K / Q2_K (dmin*m)
  *     and Q4_1 / Q5_1 (m), whose mins are a separate sum): both compute the same exact integer
@@ -246,6 +246,10 @@ static void case_dispatch(const mg_kernels *k, mg_pool *pool) {
     CHECK(!memcmp(ya, want_a, sizeof ya) && !memcmp(ya2, want_a, sizeof ya) && !memcmp(yb, want_b2, sizeof yb) &&
               !memcmp(yf, want_f, sizeof yf),
           "%s: mg_linear_jobs with int8 activations differs from the entries", k->name);
+    /* several tokens: the int8 entry only in a table with an int8 GEMM (linear_q8_gemm) */
+    CHECK(mg_linear_q8_applies(&c, &a.m, 3) == (k->linear_q8_gemm != 0) && mg_linear_q8_applies(&c, &a.m, 1) &&
+              !mg_linear_q8_applies(&c, &f, 1),
+          "%s: the int8 path applies to the wrong token counts or formats", k->name);
     /* flag clear: the fp32 entries, bit for bit */
     c.act_int8 = 0;
     k->linear[MG_Q4_K](&a.m, x, 512, 1, want_a, 45, 0, 45);
@@ -258,10 +262,6 @@ static void case_dispatch(const mg_kernels *k, mg_pool *pool) {
 /* 5. The int8 GEMM's block decoders (kernels/q8_gemm.h): the scalar one gives back the
  * dequantised weights (fac * code - mn per group, to fp32 rounding), and every SIMD one equals it
  * bit for bit on random blocks, 1 to 17 of them. */
-#if defined(__x86_64__)
-mg_q8_decode_fn *mg_avx2_q8_decoder_k(mg_format f);
-mg_q8_decode_fn *mg_avx2_q8_decoder_iq(mg_format f);
-#endif
 static void case_decoders(int have_avx2) {
     static const int64_t counts[] = {1, 2, 3, 7, 17};
     for (int fi = 0; fi < N_FORMATS; fi++) {
@@ -366,6 +366,16 @@ int main(void) {
             for (int k = 1; k < n; k++) case_linear(tables[k], &b, 1, 0, 5), case_linear(tables[k], &b, 2, 1, 5);
             unmake(&b);
         }
+    }
+    /* the GEMM's token tiles (12 tokens; 25 as three of 8-9) over several 16-row panels and
+     * column chunks (1024) with a partial last one, from a row range that starts inside a panel */
+    for (int fi = 0; fi < N_FORMATS; fi++) {
+        int64_t e, bytes;
+        mg_format_block(FORMATS[fi], &e, &bytes);
+        bmat b;
+        make(&b, FORMATS[fi], 37, e == 32 ? 1376 : 1280);
+        for (int k = 1; k < n; k++) case_linear(tables[k], &b, 12, 0, 37), case_linear(tables[k], &b, 25, 3, 37);
+        unmake(&b);
     }
     mg_error err = {0};
     mg_pool *pool = mg_pool_create(2, &err);

@@ -20,7 +20,6 @@
 #include <string.h>
 #include "kernels/tables.h"
 #include "kernels/avx2/prefill_tile.h"
-#include "kernels/q8_gemm.h"
 
 #define INLINE static inline __attribute__((always_inline))
 
@@ -216,11 +215,6 @@ mg_avx2_prefill_fn mg_avx2_prefill_ggml;
  * token, rows four per pass: the table uses it for decode, see core/linear.c). */
 void mg_avx2_linear_q8(const mg_matrix *w, const mg_q8_act *xq, int64_t n_tok, float *y, int64_t y_stride, int64_t r0,
                        int64_t r1);
-/* q8_decode_avx2.c (the 32-element formats and the K-quants) and q8_decode_iq_avx2.c (the grid
- * formats): the int8 GEMM's block decoders (kernels/q8_gemm.h), NULL for the formats a file does
- * not decode (or in a build without AVX2). */
-mg_q8_decode_fn *mg_avx2_q8_decoder_k(mg_format f);
-mg_q8_decode_fn *mg_avx2_q8_decoder_iq(mg_format f);
 /* q8_iq_avx2.c: the IQ grid formats' int8 rows, which mg_avx2_linear_q8 hands over (for the
  * formats mg_avx2_q8_iq_takes). */
 int mg_avx2_q8_iq_takes(mg_format f);

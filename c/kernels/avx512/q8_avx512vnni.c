@@ -526,8 +526,16 @@ static void linear_rows(const mg_matrix *w, const mg_q8_act *xq, int64_t n_tok, 
     mg_q8_drive_rows(w, xq, n_tok, y, y_stride, r0, r1, XP_MAX, prep, &x, four, 4, one);
 }
 
+/* Token counts from which the GEMM (q8_gemm_avx512vnni.c), which decodes each row once for all
+ * tokens, beats the rows, which decode it again per token (docs/KERNELS.md). */
+enum { GEMM_MIN_TOK = 2 };
+
 static void linear_q8(const mg_matrix *w, const mg_q8_act *xq, int64_t n_tok, float *y, int64_t y_stride, int64_t r0,
                       int64_t r1) {
+    if (n_tok >= GEMM_MIN_TOK) {
+        mg_avx512vnni_gemm_q8(w, xq, n_tok, y, y_stride, r0, r1);
+        return;
+    }
     switch (w->format) {
     case MG_Q4_K: linear_rows(w, xq, n_tok, y, y_stride, r0, r1, rows4_q4_k, rows1_q4_k); return;
     case MG_Q5_K: linear_rows(w, xq, n_tok, y, y_stride, r0, r1, rows4_q5_k, rows1_q5_k); return;
