@@ -10,7 +10,9 @@
  * Factors, per block: wd (an f16 times 1/8, 1/4 or 1, exact, as the twin) times k = 2s + 1,
  * with the 8 (per-32 formats) or 2 x 8 (per-16: IQ2_XS, IQ2_S, IQ1_M) sub-scales s shifted out
  * of their fields in 32-bit lanes, converted and multiplied as 8 floats at once: the twin's one
- * product wd * (float)k per factor, so equal to it. */
+ * product wd * (float)k per factor, so equal to it.
+ * Measured slower (Zen 4): IQ2_S / IQ3_S indices for the whole block by vector ops (store, reload)
+ * and vpgatherdd for IQ3_S's entries; the scalar index arithmetic overlaps the loads better. */
 #include "kernels/tables.h"
 #include "kernels/q8_gemm.h"
 
@@ -20,7 +22,8 @@
 
 /* wd * (2s + 1) for 8 sub-scales: s = (words[idx[j]] >> shift[j]) & mask, words as u32 lanes. */
 INLINE void store_factors(float *fac, float wd, __m256i words, __m256i idx, __m256i shift, int mask) {
-    const __m256i s = _mm256_and_si256(_mm256_srlv_epi32(_mm256_permutevar8x32_epi32(words, idx), shift), _mm256_set1_epi32(mask));
+    const __m256i field = _mm256_srlv_epi32(_mm256_permutevar8x32_epi32(words, idx), shift);
+    const __m256i s = _mm256_and_si256(field, _mm256_set1_epi32(mask));
     const __m256 k = _mm256_cvtepi32_ps(_mm256_or_si256(_mm256_slli_epi32(s, 1), _mm256_set1_epi32(1)));
     _mm256_storeu_ps(fac, _mm256_mul_ps(_mm256_set1_ps(wd), k));
 }
@@ -63,17 +66,17 @@ INLINE void block_factors(mg_format f, const uint8_t *b, float *fac) {
 }
 
 /* IQ1's deltas of group g as bytes +1 / -1: IQ1_S one sign (bit 15 of the u16 at 34 + 2g) for
- * the 32; IQ1_M one per 8 columns (bit 3 of each nibble of the u16 at 32 + 2g, low first). */
+ * the 32; IQ1_M one per 8 columns (bit 3 of each nibble of the u16 at 32 + 2g, low first), moved
+ * to bit 15 of the 8 columns' 16-bit lanes by a multiply, then spread over the lane. */
 INLINE __m256i iq1_delta(mg_format f, const uint8_t *b, int g) {
-    __m256i neg;
+    __m256i w;
     if (f == MG_IQ1_S) {
-        neg = _mm256_srai_epi16(_mm256_set1_epi16((short)mg_ld16(b + 34 + 2 * g)), 15);
+        w = _mm256_set1_epi16((short)mg_ld16(b + 34 + 2 * g));
     } else {
-        const __m256i bit = _mm256_setr_epi16(8, 8, 8, 8, 0x80, 0x80, 0x80, 0x80, 0x800, 0x800, 0x800, 0x800, (short)0x8000,
-                                              (short)0x8000, (short)0x8000, (short)0x8000);
-        neg = _mm256_cmpeq_epi16(_mm256_and_si256(_mm256_set1_epi16((short)mg_ld16(b + 32 + 2 * g)), bit), bit);
+        const __m256i up = _mm256_setr_epi16(4096, 4096, 4096, 4096, 256, 256, 256, 256, 16, 16, 16, 16, 1, 1, 1, 1);
+        w = _mm256_mullo_epi16(_mm256_set1_epi16((short)mg_ld16(b + 32 + 2 * g)), up);
     }
-    return _mm256_or_si256(neg, _mm256_set1_epi8(1));
+    return _mm256_or_si256(_mm256_srai_epi16(w, 15), _mm256_set1_epi8(1));
 }
 
 INLINE void decode_iq(mg_format f, const uint8_t *p, int64_t nb, int8_t *codes, float *fac) {
