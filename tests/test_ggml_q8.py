@@ -4,7 +4,7 @@
 Tiny qwen3_moe models (hidden 256) from tools/ckpt/gguf_file.py, as a Q8_0 file, as a
 Q4_K_M-like mix of the older block formats, as a low-bit mix (Q2_K, Q3_K, Q4_1, Q5_1) and as a
 mix of the seven IQ grid formats (IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ1_S, IQ1_M);
-tokens decoded one at a time (the int8 path is decode's); per step, max |int8 - f32| / max |f32|
+tokens decoded one at a time; per step, max |int8 - f32| / max |f32|
 of the logits.  Measured on these seeds (avx512 table): per-step errors 0.016-0.028 (Q8_0 file,
 median 0.022), 0.009-0.020 (mixed, median 0.015), about 0.006-0.016 (lowbit, median about
 0.01) and 0.004-0.007 (iq, median 0.006), except a step whose top-2 expert choice flips (a
@@ -102,6 +102,32 @@ def test_int8_activations_close_to_f32(case: str, gguf) -> None:
     twin = decode_logits(path, tokens, activations="int8", kernels="scalar")
     twin_errs = step_errors(int8, twin)
     assert float(np.median(twin_errs)) < TWIN_TOLERANCE and float(np.max(twin_errs)) < MEDIAN_TOLERANCE, twin_errs
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_int8_prefill_matches_int8_decode(case: str, gguf) -> None:
+    """The int8 GEMM (kernels/q8_gemm.h) in a whole model: the tokens evaluated in one prefill
+    give the logits of the same tokens decoded one at a time, as close as the twin's (each
+    token's x is quantised the same way and the integer sums are the same; the GEMM folds the
+    per-16 k into its float factor and adds in another order).  Where the kernels have no int8
+    GEMM, prefill runs f32 and is only as close as int8 is to f32."""
+    path = gguf(case)
+    engine = Engine(path, max_ctx=64, activations="int8")
+    try:
+        vocab, gemm = engine.vocab_size, engine.info["int8_prefill"]
+        tokens = [int(t) for t in np.random.default_rng(7).integers(0, vocab, N_STEPS)]
+        prefill = np.asarray(engine.eval(tokens))
+    finally:
+        engine.close()
+    errs = step_errors(prefill, decode_logits(path, tokens, activations="int8"))
+    bound = TWIN_TOLERANCE if gemm else MEDIAN_TOLERANCE
+    assert float(np.median(errs)) < bound and float(np.max(errs)) < MEDIAN_TOLERANCE, (gemm, errs)
+    if gemm:  # and it is not the f32 prefill: that is as far from int8 as the rounding of x
+        f32 = Engine(path, max_ctx=64)
+        try:
+            assert float(np.median(step_errors(prefill, np.asarray(f32.eval(tokens))))) > 10 * TWIN_TOLERANCE
+        finally:
+            f32.close()
 
 
 def test_activations_reported_and_default_f32(gguf) -> None:

@@ -149,6 +149,7 @@ class Model {
         d["weight_bytes"] = weight_bytes;
         d["simd"] = mg_model_kernels(m_);
         d["activations"] = mg_model_activations(m_);
+        d["int8_prefill"] = mg_model_int8_prefill(m_) != 0;
         d["threads"] = mg_model_threads(m_);
         d["max_ctx"] = mg_model_max_ctx(m_);
         d["model_bytes"] = mg_model_checkpoint_bytes(m_);

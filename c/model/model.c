@@ -196,6 +196,7 @@ const char *mg_model_arch(const mg_model *m) { return m->arch->name; }
 const char *mg_model_kernels(const mg_model *m) { return m->compute.k->name; }
 int mg_model_threads(const mg_model *m) { return mg_pool_threads(m->pool); }
 const char *mg_model_activations(const mg_model *m) { return m->compute.act_int8 ? "int8" : "f32"; }
+int mg_model_int8_prefill(const mg_model *m) { return m->compute.act_int8 && m->compute.k->linear_q8_gemm; }
 const char *mg_model_kv_dtype(const mg_model *m) { return mg_kv_type_name((mg_kv_type)m->info.kv_type); }
 uint64_t mg_model_kv_bytes_per_token(const mg_model *m) { return m->info.kv_bytes_per_token; }
 

@@ -65,6 +65,8 @@ const char *mg_model_kernels(const mg_model *m);
 int mg_model_threads(const mg_model *m);
 const char *mg_model_kv_dtype(const mg_model *m);        /* "f32" or "bf16" */
 const char *mg_model_activations(const mg_model *m);     /* "f32" or "int8" */
+/* 1: int8 activations in prefill too (the kernels have an int8 GEMM); 0: decode only, or f32. */
+int mg_model_int8_prefill(const mg_model *m);
 uint64_t mg_model_kv_bytes_per_token(const mg_model *m); /* KV state bytes per position */
 
 /* Keeps the first n tokens: evaluating after this gives the same logits as a fresh run. */

@@ -102,10 +102,11 @@ class Engine:
         prefill_window: tokens a prefill evaluates layer by layer at once (each routed expert is
         fetched once per layer per window; rounded up to the architecture's chunk); None: sized
         from ram_gb (a fixed default without it).  info["prefill_window"] is the one in use.
-        activations: "f32" (default: exact) or "int8": the GGUF block-format weights' decode
-        quantises each input row to int8 once per linear and dots in integers (faster; logits
-        differ from f32's by the activation rounding).  Other weight formats keep f32.
-        info["activations"] is the one in use.
+        activations: "f32" (default: exact) or "int8": the GGUF block-format weights' linears
+        quantise each input row to int8 once and dot in integers (faster; logits differ from
+        f32's by the activation rounding).  Decode always; prefill too where the kernels have an
+        int8 GEMM (AVX512_VNNI; info["int8_prefill"]), else prefill keeps f32.  Other weight
+        formats keep f32.  info["activations"] is the one in use.
         emulate_disk_gbps: rehearsals only (tools/rehearse.py), with ram_gb: the expert store's
         reads complete no sooner than on a single-queue disk of this many GB/s (the bytes still
         come from the files; reads that come back faster, as a sparse file's holes do, are held).

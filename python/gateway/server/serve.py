@@ -257,9 +257,11 @@ def _activations_hint(info: dict) -> str:
     activations (int8 activations decode them faster, as llama.cpp does; docs/KERNELS.md)."""
     weights = info.get("weights") or {}
     blocks = isinstance(weights, dict) and any(name not in _UNBLOCKED_FORMATS for name in weights)
-    if info.get("activations", "f32") != "f32" or not blocks:
+    if not blocks:
         return ""
-    return "   (--activations int8: faster decode of the block formats, not bit-exact)"
+    if info.get("activations", "f32") != "f32":
+        return "" if info.get("int8_prefill", True) else "   (prefill stays f32: this CPU has no int8 GEMM)"
+    return "   (--activations int8: faster block formats, not bit-exact)"
 
 
 def startup_summary(state: ServerState, url: str) -> str:
