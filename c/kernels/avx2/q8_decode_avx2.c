@@ -12,8 +12,13 @@
  * Factors: the K-quants' 8 or 16 per block are vector products of the block's f16 d (vcvtph2ps,
  * exact) and its integer sub-scales widened to i32 and converted: the scalar decoder's wd * k
  * (where its k is 1 and the sub-scale is in wd, times 1 changes nothing).  The 32-element
- * formats have one factor per block: 8 blocks' f16 scales go through one vcvtph2ps (the last
- * < 8 blocks one by one); MXFP4's e8m0 scale is MG_E8M0_HALF's value. */
+ * formats have one factor per block: 8 blocks' f16 scales go through one vcvtph2ps (Q4_1 / Q5_1:
+ * their d, m pairs loaded 32 bits a block and split by vpshufb; the last < 8 blocks one by
+ * one); MXFP4's e8m0 scale is MG_E8M0_HALF's value (exact, denormals too).
+ *
+ * Every load stays inside its block (a row's last block may end the mapping).  Throughput on
+ * one row of 7168 columns (Zen 5, AVX2): ~50 Gweights/s (Q5_0, Q5_1) to ~100 (Q8_0, Q4_K), 17-100x
+ * the scalar decoder. */
 #include "kernels/tables.h"
 #include "kernels/q8_gemm.h"
 
@@ -39,8 +44,8 @@ INLINE __m256i nibbles32(const uint8_t *q) {
 /* Q5_0 / Q5_1: 0xff in byte i where bit i of qh is set (one byte of qh per 8 bytes, then the
  * byte's own bit selected). */
 INLINE __m256i qh_mask32(uint32_t qh) {
-    const __m256i spread = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3,
-                                            3, 3, 3, 3, 3, 3);
+    const __m256i spread = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,  /* low lane */
+                                            2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3); /* high lane */
     const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ull);
     const __m256i b = _mm256_and_si256(_mm256_shuffle_epi8(_mm256_set1_epi32((int)qh), spread), bit);
     return _mm256_cmpeq_epi8(b, bit);
@@ -94,10 +99,11 @@ INLINE __m256 f16x8(const uint8_t *p, size_t bytes) {
  * as d (the low 64 bits of each 4-block half, after one vpshufb) and m (the high 64). */
 INLINE void f16_pairs8(const uint8_t *p, size_t bytes, __m256 *d, __m256 *m) {
     const __m128i split = _mm_setr_epi8(0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15);
-    const __m128i a = _mm_shuffle_epi8(_mm_setr_epi32((int)mg_ld32(p), (int)mg_ld32(p + bytes), (int)mg_ld32(p + 2 * bytes),
-                                                      (int)mg_ld32(p + 3 * bytes)), split);
-    const __m128i b = _mm_shuffle_epi8(_mm_setr_epi32((int)mg_ld32(p + 4 * bytes), (int)mg_ld32(p + 5 * bytes),
-                                                      (int)mg_ld32(p + 6 * bytes), (int)mg_ld32(p + 7 * bytes)), split);
+    const uint8_t *q = p + 4 * bytes;
+    const __m128i a = _mm_shuffle_epi8(_mm_setr_epi32((int)mg_ld32(p), (int)mg_ld32(p + bytes),
+                                                      (int)mg_ld32(p + 2 * bytes), (int)mg_ld32(p + 3 * bytes)), split);
+    const __m128i b = _mm_shuffle_epi8(_mm_setr_epi32((int)mg_ld32(q), (int)mg_ld32(q + bytes),
+                                                      (int)mg_ld32(q + 2 * bytes), (int)mg_ld32(q + 3 * bytes)), split);
     *d = _mm256_cvtph_ps(_mm_unpacklo_epi64(a, b)), *m = _mm256_cvtph_ps(_mm_unpackhi_epi64(a, b));
 }
 
@@ -134,7 +140,7 @@ INLINE void small_blocks(const mg_format f, const uint8_t *p, int64_t nb, int8_t
  * high nibbles; Q5_K's fifth bit of group j is bit j of qh[l], moved to bit 4 by one 16-bit
  * shift.  fac = d * sc_j, mn = dmin * m_j. */
 INLINE void block_k4(const int q5, const uint8_t *b, int8_t *codes, float *fac, float *mn) {
-    const __m256i m4 = _mm256_set1_epi8(15), m10 = _mm256_set1_epi8(16);
+    const __m256i m4 = _mm256_set1_epi8(15), bit4 = _mm256_set1_epi8(16);
     const uint8_t *qs = b + (q5 ? 48 : 16);
     const __m256i qh = q5 ? load32(b + 16) : _mm256_setzero_si256();
 #pragma GCC unroll 4
@@ -145,7 +151,7 @@ INLINE void block_k4(const int q5, const uint8_t *b, int8_t *codes, float *fac, 
             const int j = 2 * c; /* bits j, j + 1 to bit 4 */
             const __m256i hl = j < 4 ? _mm256_slli_epi16(qh, 4 - j) : _mm256_srli_epi16(qh, j - 4);
             const __m256i hh = j + 1 < 4 ? _mm256_slli_epi16(qh, 3 - j) : _mm256_srli_epi16(qh, j - 3);
-            lo = _mm256_or_si256(lo, _mm256_and_si256(hl, m10)), hi = _mm256_or_si256(hi, _mm256_and_si256(hh, m10));
+            lo = _mm256_or_si256(lo, _mm256_and_si256(hl, bit4)), hi = _mm256_or_si256(hi, _mm256_and_si256(hh, bit4));
         }
         store32(codes + 64 * c, lo), store32(codes + 64 * c + 32, hi);
     }
@@ -198,22 +204,21 @@ INLINE void block_k23(const int q3, const uint8_t *b, int8_t *codes, float *fac,
             store32(codes + 32 * (4 * h + s), c);
         }
     }
-    __m128i k; /* the 16 integer scales */
-    if (q3) {
+    if (q3) { /* fac = d * the 16 scales k */
         /* mg_ggml_q3_k_scale: the low nibbles of scales 0-7 then 8-15 are bytes 0-7's low then
          * high nibbles; the top 2 bits of scale 4j + c are bits 2j.. of byte 8 + c, i.e. byte c
          * of dword lane j of those 4 bytes shifted right by 2j.  Reads the 12 bytes only. */
         const __m128i a = _mm_loadl_epi64((const __m128i *)(b + 96));
         const __m128i lo = _mm_and_si128(_mm_unpacklo_epi64(a, _mm_srli_epi16(a, 4)), _mm_set1_epi8(15));
-        const __m128i hi = _mm_and_si128(_mm_srlv_epi32(_mm_set1_epi32((int)mg_ld32(b + 104)), _mm_setr_epi32(0, 2, 4, 6)),
-                                         _mm_set1_epi8(3));
-        k = _mm_sub_epi8(_mm_or_si128(lo, _mm_slli_epi16(hi, 4)), _mm_set1_epi8(32));
+        const __m128i top = _mm_srlv_epi32(_mm_set1_epi32((int)mg_ld32(b + 104)), _mm_setr_epi32(0, 2, 4, 6));
+        const __m128i hi = _mm_and_si128(top, _mm_set1_epi8(3));
+        const __m128i k = _mm_sub_epi8(_mm_or_si128(lo, _mm_slli_epi16(hi, 4)), _mm_set1_epi8(32));
         const __m256 d = f16_bcast(b + 108);
         _mm256_storeu_ps(fac, _mm256_mul_ps(d, s8_ps(k)));
         _mm256_storeu_ps(fac + 8, _mm256_mul_ps(d, s8_ps(_mm_srli_si128(k, 8))));
-    } else {
+    } else { /* fac = d * the scale nibbles k, mn = dmin * the min nibbles km */
         const __m128i sc = _mm_loadu_si128((const __m128i *)b), m = _mm_set1_epi8(15);
-        k = _mm_and_si128(sc, m);
+        const __m128i k = _mm_and_si128(sc, m);
         const __m128i km = _mm_and_si128(_mm_srli_epi16(sc, 4), m);
         const __m256 d = f16_bcast(b + 80), dmin = f16_bcast(b + 82);
         _mm256_storeu_ps(fac, _mm256_mul_ps(d, u8_ps(k)));
@@ -230,8 +235,9 @@ INLINE void block_iq4_xs(const uint8_t *b, int8_t *codes, float *fac) {
     const __m256i tbl = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)MG_IQ4NL_VALUES));
 #pragma GCC unroll 8
     for (int j = 0; j < 8; j++) store32(codes + 32 * j, _mm256_shuffle_epi8(tbl, nibbles32(b + 8 + 16 * j)));
-    const __m256i sl = _mm256_srlv_epi32(_mm256_set1_epi32((int)mg_ld32(b + 4)), _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28));
-    const __m256i sh = _mm256_srlv_epi32(_mm256_set1_epi32((int)mg_ld16(b + 2)), _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14));
+    const __m256i j = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    const __m256i sl = _mm256_srlv_epi32(_mm256_set1_epi32((int)mg_ld32(b + 4)), _mm256_slli_epi32(j, 2));
+    const __m256i sh = _mm256_srlv_epi32(_mm256_set1_epi32((int)mg_ld16(b + 2)), _mm256_slli_epi32(j, 1));
     const __m256i s = _mm256_or_si256(_mm256_and_si256(sl, _mm256_set1_epi32(15)),
                                       _mm256_slli_epi32(_mm256_and_si256(sh, _mm256_set1_epi32(3)), 4));
     _mm256_storeu_ps(fac, _mm256_mul_ps(f16_bcast(b), _mm256_cvtepi32_ps(_mm256_sub_epi32(s, _mm256_set1_epi32(32)))));
