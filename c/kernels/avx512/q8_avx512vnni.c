@@ -526,13 +526,19 @@ static void linear_rows(const mg_matrix *w, const mg_q8_act *xq, int64_t n_tok, 
     mg_q8_drive_rows(w, xq, n_tok, y, y_stride, r0, r1, XP_MAX, prep, &x, four, 4, one);
 }
 
-/* Token counts from which the GEMM (q8_gemm_avx512vnni.c), which decodes each row once for all
- * tokens, beats the rows, which decode it again per token (docs/KERNELS.md). */
-enum { GEMM_MIN_TOK = 2 };
+/* The token count from which the GEMM (q8_gemm_avx512vnni.c), which decodes each row once for
+ * all tokens, beats these rows, which decode it again per token, as measured (Zen 5, docs/
+ * KERNELS.md): the grid formats' and IQ4_XS's rows are slow (decoding dominates them), the
+ * K-quants' rows are the fastest (they beat the GEMM up to 3-4 tokens). */
+static int64_t gemm_min_tok(mg_format f) {
+    if (f >= MG_IQ2_XXS || f == MG_IQ4_XS) return 2;
+    if (f == MG_Q2_K || f == MG_Q3_K || f == MG_Q4_K || f == MG_Q5_K || f == MG_Q6_K) return 5;
+    return 3;
+}
 
 static void linear_q8(const mg_matrix *w, const mg_q8_act *xq, int64_t n_tok, float *y, int64_t y_stride, int64_t r0,
                       int64_t r1) {
-    if (n_tok >= GEMM_MIN_TOK) {
+    if (n_tok >= gemm_min_tok(w->format)) {
         mg_avx512vnni_gemm_q8(w, xq, n_tok, y, y_stride, r0, r1);
         return;
     }
