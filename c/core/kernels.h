@@ -36,6 +36,8 @@ typedef struct mg_kernels {
      * table on a CPU with AVX512_VNNI), so that prefill takes them too; 0: they loop over the
      * tokens of each row, and only decode (one token) takes them (core/linear.c). */
     int linear_q8_gemm;
+    /* int8 activations: one row quantised (core/q8_act.h), bit for bit mg_q8_quantize_row. */
+    mg_q8_row_fn *q8_quantize_row;
     float (*dot)(const float *a, const float *b, int64_t n);
     void (*axpy)(float *y, float a, const float *x, int64_t n); /* y += a * x */
     void (*scale)(float *y, float a, int64_t n);                /* y *= a */

@@ -103,7 +103,7 @@ void mg_linear_multi(const mg_compute *c, int n, const mg_matrix *const *ws, con
         int q8 = 0;
         for (int i = 0; i < job.n; i++) q8 |= mg_linear_q8_applies(c, ws[b + i], n_tok);
         if (q8 && (mem = mg_q8_buffer(mg_q8_act_bytes(n_tok, ws[b]->cols)))) {
-            mg_q8_quantize(x, ws[b]->cols, n_tok, ws[b]->cols, mem, &xq);
+            mg_q8_quantize(x, ws[b]->cols, n_tok, ws[b]->cols, mem, &xq, c->k->q8_quantize_row);
             job.xq = &xq;
         }
         if (c->traffic) {

@@ -1,6 +1,7 @@
-/* Quantisation of activation rows to int8 blocks of 32 (layout and rounding: q8_act.h).  Plain C
- * shared by every kernel table, so all of them see the very same codes: the SIMD int8 kernels
- * then differ from the scalar twin only in the order of their float sums. */
+/* Quantisation of activation rows to int8 blocks of 32 (layout and rounding: q8_act.h).  The
+ * plain C row here is the reference; every table's q8_quantize_row gives its very bits, so all
+ * tables see the same codes and the SIMD int8 kernels differ from the scalar twin only in the
+ * order of their float sums. */
 #include <math.h>
 #include "core/q8_act.h"
 
@@ -38,13 +39,15 @@ void mg_q8_quantize_row(const float *x, int64_t cols, int8_t *q, float *d, float
     }
 }
 
-void mg_q8_quantize(const float *x, int64_t x_stride, int64_t n_tok, int64_t cols, void *mem, mg_q8_act *out) {
+void mg_q8_quantize(const float *x, int64_t x_stride, int64_t n_tok, int64_t cols, void *mem, mg_q8_act *out,
+                    mg_q8_row_fn *row) {
+    if (!row) row = mg_q8_quantize_row;
     const size_t n = (size_t)n_tok * (size_t)cols, nb = n / MG_Q8_BLOCK;
     int8_t *q = mem;
     float *d = (float *)((char *)mem + align64(n));
     float *s = (float *)((char *)d + align64(nb * sizeof(float)));
     for (int64_t t = 0; t < n_tok; t++)
-        mg_q8_quantize_row(x + t * x_stride, cols, q + t * cols, d + t * (cols / MG_Q8_BLOCK),
+        row(x + t * x_stride, cols, q + t * cols, d + t * (cols / MG_Q8_BLOCK),
                            s + t * (cols / MG_Q8_BLOCK));
     out->q = q, out->d = d, out->s = s, out->cols = cols;
 }

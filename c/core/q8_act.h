@@ -39,11 +39,15 @@ typedef struct mg_q8_act {
 /* Bytes of n_tok quantised rows of cols elements (the codes first, 64-byte aligned parts). */
 size_t mg_q8_act_bytes(int64_t n_tok, int64_t cols);
 
-/* Quantises n_tok rows of x (x_stride floats apart, cols a multiple of 32) into mem (at least
- * mg_q8_act_bytes, 64-byte aligned) and describes them in *out. */
-void mg_q8_quantize(const float *x, int64_t x_stride, int64_t n_tok, int64_t cols, void *mem, mg_q8_act *out);
+/* One row: q[cols], d[cols / 32], s[cols / 32].  mg_q8_quantize_row is the plain C one; the
+ * kernel tables' q8_quantize_row entries (core/kernels.h) give the same bits faster. */
+typedef void mg_q8_row_fn(const float *x, int64_t cols, int8_t *q, float *d, float *s);
+mg_q8_row_fn mg_q8_quantize_row;
 
-/* One row: q[cols], d[cols / 32], s[cols / 32]. */
-void mg_q8_quantize_row(const float *x, int64_t cols, int8_t *q, float *d, float *s);
+/* Quantises n_tok rows of x (x_stride floats apart, cols a multiple of 32) into mem (at least
+ * mg_q8_act_bytes, 64-byte aligned) with row (NULL: mg_q8_quantize_row) and describes them in
+ * *out. */
+void mg_q8_quantize(const float *x, int64_t x_stride, int64_t n_tok, int64_t cols, void *mem, mg_q8_act *out,
+                    mg_q8_row_fn *row);
 
 #endif

@@ -426,7 +426,8 @@ static const mg_q8_act *const *quantize_inputs(const mg_compute *c, int n_jobs, 
         for (int j = 0; j < i && !xq[i]; j++)
             if (xq[j] && same_input(&jobs[i], &jobs[j])) xq[i] = xq[j];
         if (xq[i]) continue;
-        mg_q8_quantize(jobs[i].x, jobs[i].x_stride, jobs[i].n_tok, jobs[i].w->cols, data, &acts[i]);
+        mg_q8_quantize(jobs[i].x, jobs[i].x_stride, jobs[i].n_tok, jobs[i].w->cols, data, &acts[i],
+                       c->k->q8_quantize_row);
         xq[i] = &acts[i];
         data += (mg_q8_act_bytes(jobs[i].n_tok, jobs[i].w->cols) + 63) & ~(size_t)63;
     }

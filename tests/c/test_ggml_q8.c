@@ -148,6 +148,31 @@ static void case_quantize(void) {
     CHECK(isnan(d[0]) && !isnan(d[1]), "quantiser: a NaN makes (only) its block's scale NaN");
 }
 
+/* 1b. Each table's q8_quantize_row gives the C quantiser's bits: random rows of several scales,
+ * all-zero blocks, denormals, values whose scaled code is a tie (k + 0.5: rounding to even), an
+ * element at exactly amax, and NaN / inf blocks. */
+static void case_quantize_table(const mg_kernels *k) {
+    enum { N = 32 * 40 };
+    float x[N];
+    for (int i = 0; i < N; i++) x[i] = rnd_sym() * (i % 5 == 0 ? 1e-3f : i % 7 == 0 ? 3e4f : 1.0f);
+    for (int i = 64; i < 96; i++) x[i] = 0.0f;
+    for (int i = 96; i < 128; i++) x[i] = rnd_sym() * 1e-40f; /* denormals */
+    for (int i = 128; i < 160; i++) x[i] = (float)((i % 11) - 5) + 0.5f; /* amax 5.5: x * 127 / 5.5 */
+    for (int i = 160; i < 192; i++) x[i] = 0.5f * (float)(i - 176); /* amax 8: codes 127 * j / 16 */
+    x[200] = NAN, x[260] = INFINITY, x[300] = -INFINITY;
+    int8_t q[N], q2[N];
+    float d[N / 32], s[N / 32], d2[N / 32], s2[N / 32];
+    mg_q8_quantize_row(x, N, q, d, s);
+    memset(q2, 0x55, sizeof q2);
+    k->q8_quantize_row(x, N, q2, d2, s2);
+    int bad = 0;
+    for (int g = 0; g < N / 32; g++) {
+        bad += memcmp(q + 32 * g, q2 + 32 * g, 32) != 0;
+        bad += isnan(d[g]) ? !isnan(d2[g]) || !isnan(s2[g]) : memcmp(&d[g], &d2[g], 4) || memcmp(&s[g], &s2[g], 4);
+    }
+    CHECK(!bad, "%s: q8_quantize_row differs from the C quantiser in %d blocks", k->name, bad);
+}
+
 /* 2 and 3: one table's linear_q8 on n_tok tokens, rows [r0, r1). */
 static void case_linear(const mg_kernels *k, const bmat *b, int64_t n_tok, int64_t r0, int64_t r1) {
     const int64_t rows = b->m.rows, cols = b->m.cols, ys = rows + 5;
@@ -157,7 +182,7 @@ static void case_linear(const mg_kernels *k, const bmat *b, int64_t n_tok, int64
     for (int64_t i = 0; i < n_tok * cols; i++) x[i] = rnd_sym() * (i % 97 == 5 ? 20.0f : 1.0f); /* some outliers */
     void *mem = aligned_alloc(64, (mg_q8_act_bytes(n_tok, cols) + 63) & ~(size_t)63);
     mg_q8_act xq;
-    mg_q8_quantize(x, cols, n_tok, cols, mem, &xq);
+    mg_q8_quantize(x, cols, n_tok, cols, mem, &xq, NULL);
     for (int64_t i = 0; i < n_tok * ys; i++) y[i] = y_ref[i] = SENTINEL;
     k->linear_q8[b->m.format](&b->m, &xq, n_tok, y, ys, r0, r1);
     mg_kernels_scalar()->linear_q8[b->m.format](&b->m, &xq, n_tok, y_ref, ys, r0, r1);
@@ -202,7 +227,7 @@ static void case_range_independent(const mg_kernels *k) {
         for (int i = 0; i < 512; i++) x[i] = rnd_sym();
         void *mem = aligned_alloc(64, mg_q8_act_bytes(1, 512) + 64);
         mg_q8_act xq;
-        mg_q8_quantize(x, 512, 1, 512, mem, &xq);
+        mg_q8_quantize(x, 512, 1, 512, mem, &xq, NULL);
         k->linear_q8[b.m.format](&b.m, &xq, 1, y, 11, 0, 11);
         for (int64_t r = 0; r < 11; r++) k->linear_q8[b.m.format](&b.m, &xq, 1, y1, 11, r, r + 1);
         bad += memcmp(y, y1, sizeof y) != 0;
@@ -225,7 +250,7 @@ static void case_dispatch(const mg_kernels *k, mg_pool *pool) {
     for (int i = 0; i < 512; i++) x[i] = rnd_sym(), x2[i] = rnd_sym();
     void *mem = aligned_alloc(64, mg_q8_act_bytes(1, 512) + 64);
     mg_q8_act xq;
-    mg_q8_quantize(x, 512, 1, 512, mem, &xq);
+    mg_q8_quantize(x, 512, 1, 512, mem, &xq, NULL);
     float want_a[45], want_b[29], want_f[23], ya[45], yb[29], yf[23];
     k->linear_q8[MG_Q4_K](&a.m, &xq, 1, want_a, 45, 0, 45);
     k->linear_q8[MG_Q8_0](&b.m, &xq, 1, want_b, 29, 0, 29);
@@ -238,7 +263,7 @@ static void case_dispatch(const mg_kernels *k, mg_pool *pool) {
           "%s: mg_linear_multi with int8 activations differs from the entries", k->name);
     /* jobs with two different inputs (x for a, x2 for b; the same x for a twice) */
     float want_b2[29], ya2[45];
-    mg_q8_quantize(x2, 512, 1, 512, mem, &xq);
+    mg_q8_quantize(x2, 512, 1, 512, mem, &xq, NULL);
     k->linear_q8[MG_Q8_0](&b.m, &xq, 1, want_b2, 29, 0, 29);
     const mg_linear_job jobs[4] = {{&a.m, x, 512, ya, 45, 1}, {&b.m, x2, 512, yb, 29, 1}, {&f, x, 512, yf, 23, 1},
                                    {&a.m, x, 512, ya2, 45, 1}};
@@ -324,6 +349,7 @@ int main(void) {
     case_quantize();
     case_decoders(mg_kernels_named("avx2") != NULL);
     for (int k = 0; k < n; k++) {
+        case_quantize_table(tables[k]);
         for (int f = 0; f < MG_FORMAT_COUNT; f++)
             CHECK(!tables[k]->linear_q8[f] == !mg_format_is_ggml_block((mg_format)f), "%s: linear_q8[%s] %s",
                   tables[k]->name, mg_format_name((mg_format)f), tables[k]->linear_q8[f] ? "set" : "missing");

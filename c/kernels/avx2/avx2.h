@@ -215,6 +215,8 @@ mg_avx2_prefill_fn mg_avx2_prefill_ggml;
  * token, rows four per pass: the table uses it for decode, see core/linear.c). */
 void mg_avx2_linear_q8(const mg_matrix *w, const mg_q8_act *xq, int64_t n_tok, float *y, int64_t y_stride, int64_t r0,
                        int64_t r1);
+/* q8_act_avx2.c: activation rows quantised to int8 (core/q8_act.h), bit for bit the C one. */
+mg_q8_row_fn mg_avx2_q8_quantize_row;
 /* q8_iq_avx2.c: the IQ grid formats' int8 rows, which mg_avx2_linear_q8 hands over (for the
  * formats mg_avx2_q8_iq_takes). */
 int mg_avx2_q8_iq_takes(mg_format f);

@@ -38,6 +38,7 @@ int mg_kernels_override_avx2(mg_kernels *k, const mg_cpu_features *f) {
         if (mg_avx2_ggml_takes((mg_format)fmt)) k->linear[fmt] = linear_ggml;
         if (mg_format_has_q8_path((mg_format)fmt)) k->linear_q8[fmt] = mg_avx2_linear_q8;
     }
+    k->q8_quantize_row = mg_avx2_q8_quantize_row; /* q8_act_avx2.c */
     MG_VECTOR_OPS_SET(k, mg_avx2);
     k->attn_scores = mg_avx2_attn_scores, k->attn_values = mg_avx2_attn_values; /* attn_avx2.c */
     return 1;

@@ -7,6 +7,7 @@ int mg_kernels_override_scalar(mg_kernels *k, const mg_cpu_features *f) {
     /* int8 activations: the block formats only (the others keep fp32, linear_q8 NULL) */
     for (int f = MG_Q8_0; f < MG_FORMAT_COUNT; f++)
         if (mg_format_has_q8_path((mg_format)f)) k->linear_q8[f] = mg_scalar_linear_q8;
+    k->q8_quantize_row = mg_q8_quantize_row;
     MG_VECTOR_OPS_SET(k, mg_scalar);
     k->attn_scores = mg_scalar_attn_scores, k->attn_values = mg_scalar_attn_values;
     return 1;
