@@ -2,8 +2,9 @@
 
 Every C source is compiled for the baseline of the target (x86-64 or arm64) with the flags of
 c/flags.mk, the file the Makefile's C-test builds include too. Files named *_avx2.c hold the
-AVX2/FMA/F16C kernels, *_avx512.c the AVX-512 (F/BW/VL/DQ) ones, *_avx512vnni.c and *_avx512bf16.c
-those that also use AVX512_VNNI / AVX512_BF16; only they get those instruction-set flags, and the runtime dispatcher
+AVX2/FMA/F16C kernels, *_avxvnni.c those that also use AVX-VNNI (ymm vpdpbusd), *_avx512.c the
+AVX-512 (F/BW/VL/DQ) ones, *_avx512vnni.c and *_avx512bf16.c those that also use AVX512_VNNI /
+AVX512_BF16; only they get those instruction-set flags, and the runtime dispatcher
 (c/core/cpu.c) picks them only on a CPU that has the features. This keeps one shipped binary
 that runs on any x86-64.
 """
@@ -32,7 +33,7 @@ def _read_flags(path: Path) -> dict[str, list[str]]:
 
 
 FLAGS = _read_flags(C_DIR / "flags.mk")
-ISA_FLAGS = {f"_{isa}.c": FLAGS[f"ISA_{isa}"] for isa in ("avx2", "avx512", "avx512vnni", "avx512bf16")}
+ISA_FLAGS = {f"_{isa}.c": FLAGS[f"ISA_{isa}"] for isa in ("avx2", "avxvnni", "avx512", "avx512vnni", "avx512bf16")}
 OPTIONAL_FLAGS = set(FLAGS["ISA_OPTIONAL"])
 COMMON_C_FLAGS = FLAGS["C_FLAGS"]
 

@@ -1,13 +1,14 @@
 # C compiler flags, in one place: the Makefile includes this file (C tests, sanitize builds) and
 # setup.py parses it (the extension), so both compile the same code the same way.
-# Only files whose name ends in _avx2.c, _avx512.c, _avx512vnni.c or _avx512bf16.c get that ISA's flags: the
+# Only files whose name ends in _avx2.c, _avxvnni.c, _avx512.c, _avx512vnni.c or _avx512bf16.c get that ISA's flags: the
 # runtime dispatcher (c/core/cpu.c) picks their tables only on a CPU with the features, so the
 # shipped binary runs on any x86-64.  On other machines (arm64: NEON is baseline) no ISA flags.
 C_FLAGS := -std=c11 -O3 -fno-math-errno -Wall -Wextra -Wno-unused-parameter
 ISA_avx2 := -mavx2 -mfma -mf16c
+ISA_avxvnni := -mavx2 -mfma -mf16c -mavxvnni
 ISA_avx512 := -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx2 -mfma -mf16c
 ISA_avx512vnni := -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx512vnni -mavx2 -mfma -mf16c
 ISA_avx512bf16 := -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx512bf16 -mavx2 -mfma -mf16c
-# Flags an older compiler may not know (GCC < 10): dropped where the compiler rejects them; the
-# file then builds as its stub, whose table reports itself unavailable.
-ISA_OPTIONAL := -mavx512bf16 -mavx512vnni
+# Flags an older compiler may not know (GCC < 10; -mavxvnni: GCC < 11): dropped where the compiler
+# rejects them; the file then builds as its stub, whose table (or entry) reports itself unavailable.
+ISA_OPTIONAL := -mavx512bf16 -mavx512vnni -mavxvnni

@@ -218,6 +218,8 @@ void register_kernels(py::module_ &m) {
         d["avx512f"] = (bool)f.avx512f;
         d["avx512"] = (bool)f.avx512;  // F+BW+VL+DQ with ZMM state enabled: the avx512 table runs
         d["avx512bf16"] = (bool)f.avx512bf16;  // and vdpbf16ps: the avx512bf16 table runs
+        d["avx512vnni"] = (bool)f.avx512vnni;  // and zmm vpdpbusd: the avx512 table's int8 entries
+        d["avxvnni"] = (bool)f.avxvnni;  // ymm vpdpbusd (no AVX-512 needed): the avx2 table's int8 GEMM
         d["neon"] = (bool)f.neon;
         return d;
     });

@@ -28,7 +28,11 @@ mg_cpu_features mg_cpu_detect(void) {
         f.avx512f = ((b >> 16) & 1) && zmm_ok;
         f.avx512 = f.avx512f && ((b >> 17) & 1) /* DQ */ && ((b >> 30) & 1) /* BW */ && ((b >> 31) & 1) /* VL */;
         f.avx512vnni = f.avx512 && ((c >> 11) & 1);
-        if (f.avx512 && a >= 1 && __get_cpuid_count(7, 1, &a, &b, &c, &d)) f.avx512bf16 = (a >> 5) & 1;
+        /* subleaf 1 (a: the highest subleaf): EAX bit 4 AVX-VNNI (YMM state, checked above), bit 5 AVX512_BF16 */
+        if (a >= 1 && __get_cpuid_count(7, 1, &a, &b, &c, &d)) {
+            f.avxvnni = f.avx2 && ((a >> 4) & 1);
+            f.avx512bf16 = f.avx512 && ((a >> 5) & 1);
+        }
     }
     return f;
 }

@@ -12,6 +12,9 @@ typedef struct mg_cpu_features {
     int avx512bf16;
     /* AVX512_VNNI (vpdpbusd) on top of avx512: the avx512 table's int8-activation entries */
     int avx512vnni;
+    /* AVX-VNNI (the VEX, ymm vpdpbusd; Intel client CPUs from Alder Lake) on top of avx2: the
+     * avx2 table's int8 GEMM */
+    int avxvnni;
 } mg_cpu_features;
 
 mg_cpu_features mg_cpu_detect(void);

@@ -20,8 +20,9 @@
  * cache lines of certain scale kinds; avx512bf16 takes fp4 whose x splits into bf16 parts)
  * hands the others to the same entry of its table's parent (mg_kernels.parent), so a case
  * always runs the most specialised code that accepts it.  The int8-activation entries
- * (linear_q8) inherit the same way; one exception to "a table's entries depend only on the
- * build": the avx512 table takes the VNNI ones only on a CPU with AVX512_VNNI (table_avx512.c).
+ * (linear_q8) inherit the same way; the exceptions to "a table's entries depend only on the
+ * build": the avx2 table takes its int8 GEMM only on a CPU with AVX-VNNI (table_avx2.c), the
+ * avx512 table the VNNI entries only on a CPU with AVX512_VNNI (table_avx512.c).
  * Include only from c/kernels and the C tests. */
 #ifndef MG_KERNELS_TABLES_H
 #define MG_KERNELS_TABLES_H

@@ -583,7 +583,10 @@ static void test_inheritance(tally *t) {
  * with their instruction set's flags, and on an AVX2-only CPU calling the avx512 one faulted
  * while the tables were built.  mg_kernels_build for CPUs other than this one: no features gives
  * the scalar table alone; AVX2 alone, no AVX-512 table; this CPU's features, the process's own
- * tables; and AVX-512 without VNNI keeps the avx2 int8 entries. */
+ * tables; and AVX-512 without VNNI keeps the avx2 int8 entries.  The int8 GEMM flag follows the
+ * CPU too: the avx2 table has it with AVX-VNNI (where the build has q8_gemm_avxvnni.c's entry),
+ * the avx512 table inherits it without AVX512_VNNI. */
+mg_linear_q8_fn mg_avxvnni_linear_q8(void); /* kernels/avx2/avx2.h: NULL in a build without -mavxvnni */
 static void test_tables_follow_the_cpu(tally *t) {
     mg_kernels out[MG_KERNEL_TABLES];
     const mg_kernels *const own[MG_KERNEL_TABLES] = {mg_kernels_scalar(), mg_kernels_avx2(), mg_kernels_avx512(),
@@ -602,6 +605,15 @@ static void test_tables_follow_the_cpu(tally *t) {
         check(t, (out[1].name != NULL) == (own[1] != NULL) && !out[2].name && !out[3].name && !out[4].name,
               "tables for an AVX2-only CPU", "no avx512", "", 0, 0, 0, 0, 0);
         check(t, !out[1].name || out[1].parent == &out[0], "built parent", "avx2", "", 0, 0, 0, 0, 0);
+        /* the int8 GEMM only with AVX-VNNI: without it the int8 entries loop over the tokens */
+        check(t, !out[1].name || !out[1].linear_q8_gemm, "no int8 GEMM without AVX-VNNI", "avx2", "", 0, 0, 0, 0, 0);
+        if (detected.avxvnni && own[1] && mg_avxvnni_linear_q8()) {
+            const mg_linear_q8_fn rows = out[1].linear_q8[MG_Q8_0];
+            avx2.avxvnni = 1;
+            mg_kernels_build(&avx2, out);
+            check(t, out[1].linear_q8_gemm && out[1].linear_q8[MG_Q8_0] != rows, "int8 GEMM with AVX-VNNI", "avx2",
+                  "", 0, 0, 0, 0, 0);
+        }
     }
 
     mg_kernels_build(&detected, out);
@@ -616,6 +628,14 @@ static void test_tables_follow_the_cpu(tally *t) {
         check(t, out[2].name && out[2].linear_q8[MG_Q8_0] == out[1].linear_q8[MG_Q8_0] &&
                      own[2]->linear_q8[MG_Q8_0] != own[1]->linear_q8[MG_Q8_0],
               "int8 entries without VNNI", "avx512", "avx2's", 0, 0, 0, 0, 0);
+        /* AVX-VNNI but not AVX512_VNNI (unusual, possible): the avx2 table's ymm GEMM, flag and all */
+        const int ymm_gemm = detected.avxvnni && mg_avxvnni_linear_q8();
+        check(t, out[2].linear_q8_gemm == out[1].linear_q8_gemm && out[1].linear_q8_gemm == ymm_gemm,
+              "int8 GEMM without AVX512_VNNI", "avx512", "avx2's", 0, 0, 0, 0, 0);
+        plain.avxvnni = 0;
+        mg_kernels_build(&plain, out);
+        check(t, out[2].name && !out[2].linear_q8_gemm && out[2].linear_q8[MG_Q8_0] == out[1].linear_q8[MG_Q8_0],
+              "no int8 GEMM without either VNNI", "avx512", "avx2's rows", 0, 0, 0, 0, 0);
     }
 }
 

@@ -217,6 +217,12 @@ void mg_avx2_linear_q8(const mg_matrix *w, const mg_q8_act *xq, int64_t n_tok, f
                        int64_t r1);
 /* q8_act_avx2.c: activation rows quantised to int8 (core/q8_act.h), bit for bit the C one. */
 mg_q8_row_fn mg_avx2_q8_quantize_row;
+/* q8_gemm_avxvnni.c (compiled with AVX-VNNI as well): the int8 GEMM on ymm vpdpbusd, and the
+ * int8 entry that the avx2 table takes on a CPU with AVX-VNNI (the GEMM from a measured token
+ * count per format, mg_avx2_linear_q8 below it); NULL in a build without -mavxvnni. */
+void mg_avxvnni_gemm_q8(const mg_matrix *w, const mg_q8_act *xq, int64_t n_tok, float *y, int64_t y_stride,
+                        int64_t r0, int64_t r1);
+mg_linear_q8_fn mg_avxvnni_linear_q8(void);
 /* q8_iq_avx2.c: the IQ grid formats' int8 rows, which mg_avx2_linear_q8 hands over (for the
  * formats mg_avx2_q8_iq_takes). */
 int mg_avx2_q8_iq_takes(mg_format f);

@@ -34,11 +34,17 @@ LINEAR_FN(linear_ggml, mg_avx2_decode_ggml, mg_avx2_prefill_ggml) /* ggml_avx2.c
 
 int mg_kernels_override_avx2(mg_kernels *k, const mg_cpu_features *f) {
     MG_LINEAR_SET(k, linear);
+    /* int8 activations: the maddubs rows (q8_avx2.c), which loop over the tokens; on a CPU with
+     * AVX-VNNI an entry with an int8 GEMM for several tokens (q8_gemm_avxvnni.c), so that prefill
+     * takes the int8 path too (linear_q8_gemm).  The avx512 table inherits both, and replaces
+     * them with its own where the CPU has AVX512_VNNI. */
+    const mg_linear_q8_fn vnni = f->avxvnni ? mg_avxvnni_linear_q8() : NULL;
     for (int fmt = MG_Q8_0; fmt < MG_FORMAT_COUNT; fmt++) { /* a format ggml_avx2.c lacks keeps the parent's */
         if (mg_avx2_ggml_takes((mg_format)fmt)) k->linear[fmt] = linear_ggml;
-        if (mg_format_has_q8_path((mg_format)fmt)) k->linear_q8[fmt] = mg_avx2_linear_q8;
+        if (mg_format_has_q8_path((mg_format)fmt)) k->linear_q8[fmt] = vnni ? vnni : mg_avx2_linear_q8;
     }
     k->q8_quantize_row = mg_avx2_q8_quantize_row; /* q8_act_avx2.c */
+    k->linear_q8_gemm = vnni != NULL;
     MG_VECTOR_OPS_SET(k, mg_avx2);
     k->attn_scores = mg_avx2_attn_scores, k->attn_values = mg_avx2_attn_values; /* attn_avx2.c */
     return 1;

@@ -15,16 +15,15 @@
  * The bias adds 128 * (sum of the group's x codes), which the accumulator starts at minus (comp,
  * prepared once per call).  The group sums are exact in int32 (|sum| <= 32 * 255 * 127 + 2^12).
  * The panel is decoded per column chunk of KC, so that it (16 KiB) and the token tile's x codes
- * stay in L1 while every token tile runs over it; the chunks' partial sums meet in y. */
-#include <stdlib.h>
-#include <string.h>
+ * stay in L1 while every token tile runs over it; the chunks' partial sums meet in y.
+ * Those loops, x's tile layout and the decoder lookup are kernels/q8_gemm_driver.h's, shared with
+ * the AVX-VNNI (ymm, 8-row panels) GEMM avx2/q8_gemm_avxvnni.c; this file is the panel and tile. */
 #include "kernels/tables.h"
-#include "kernels/q8_gemm.h"
+#include "kernels/q8_gemm_driver.h"
 
 #if defined(__x86_64__) && defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && \
     defined(__AVX512DQ__) && defined(__AVX512VNNI__) && defined(__F16C__)
 #include "kernels/avx512/avx512.h"
-#include "kernels/unaligned.h"
 
 enum {
     ROWS = 16,   /* rows per panel: the 16 int32 lanes of a zmm */
@@ -66,23 +65,11 @@ INLINE void transpose16(__m512i r[16]) {
 }
 
 /* Decodes rows [r, r + nr) of w, columns [c0, c0 + kc), into the panel (rows nr.. as zeros). */
-static void pack(const mg_matrix *w, mg_q8_decode_fn *dec, int64_t r, int nr, int64_t c0, int64_t kc, panel *p) {
-    int64_t e, bytes;
-    mg_format_block(w->format, &e, &bytes);
-    const int G = mg_q8_gemm_group(w->format), mins = mg_q8_gemm_has_mins(w->format);
-    const size_t rb = mg_matrix_row_bytes(w);
-    const int64_t ng = kc / G, kc64 = (kc + 63) / 64 * 64;
-    for (int i = 0; i < ROWS; i++) {
-        if (i < nr) {
-            dec(w->format, (const uint8_t *)w->data + (size_t)(r + i) * rb + (size_t)(c0 / e * bytes), kc / e, p->codes[i],
-                p->rfac[i], p->rmn[i]);
-            memset(p->codes[i] + kc, 0, (size_t)(kc64 - kc));
-        } else {
-            memset(p->codes[i], 0, (size_t)kc64);
-            memset(p->rfac[i], 0, (size_t)ng * sizeof(float));
-            memset(p->rmn[i], 0, (size_t)ng * sizeof(float));
-        }
-    }
+static void pack(const mg_matrix *w, mg_q8_decode_fn *dec, int64_t r, int nr, int64_t c0, int64_t kc, void *vp) {
+    panel *p = vp;
+    const int64_t kc64 = (kc + 63) / 64 * 64;
+    mg_q8_gemm_decode_rows(w, dec, r, nr, ROWS, c0, kc, kc64, p->codes[0], KC, p->rfac[0], p->rmn[0], KC / 16,
+                           p->fac[0], p->mn[0]);
     const __m512i bias = _mm512_set1_epi8((char)0x80);
     for (int64_t j = 0; j < kc64 / 64; j++) {
         __m512i v[16];
@@ -90,26 +77,11 @@ static void pack(const mg_matrix *w, mg_q8_decode_fn *dec, int64_t r, int nr, in
         transpose16(v);
         for (int s = 0; s < 16; s++) _mm512_store_si512(p->line[16 * j + s], _mm512_xor_si512(v[s], bias));
     }
-    for (int64_t g = 0; g < ng; g++)
-        for (int i = 0; i < ROWS; i++) {
-            p->fac[g][i] = p->rfac[i][g];
-            if (mins) p->mn[g][i] = p->rmn[i][g];
-        }
 }
-
-/* A token tile's x for one column chunk, laid out so that a tile reads everything at constant
- * offsets from one pointer per array: step s's 4 codes of token t at q[s * T + t], group g's
- * values of token t at [g * T + t]. */
-typedef struct {
-    const int32_t *q;    /* 4 codes per int32 */
-    const int32_t *comp; /* -128 * (sum of the group's codes): the bias of the unsigned weights */
-    const float *dx;     /* the scale of the group's 32 columns */
-    const float *sx;     /* dx * (sum of the group's codes) (formats with mins) */
-} tile_x;
 
 /* T tokens against the panel of a chunk of kc columns: y[t][0 .. 16) (mask m) gains the chunk's
  * sums (first: y is overwritten). */
-INLINE void tile(const int T, const int G, const panel *p, const tile_x *x, int mins, int64_t kc, float *y,
+INLINE void tile(const int T, const int G, const panel *p, const mg_q8_tile_x *x, int mins, int64_t kc, float *y,
                  int64_t y_stride, __mmask16 m, int first) {
     __m512 acc[TILE];
     for (int t = 0; t < T; t++) acc[t] = first ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(m, y + t * y_stride);
@@ -124,7 +96,8 @@ INLINE void tile(const int T, const int G, const panel *p, const tile_x *x, int 
         }
         const __m512 f = _mm512_load_ps(p->fac[g]);
         for (int t = 0; t < T; t++)
-            acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s[t]), _mm512_mul_ps(f, _mm512_set1_ps(x->dx[g * T + t])), acc[t]);
+            acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s[t]), _mm512_mul_ps(f, _mm512_set1_ps(x->dx[g * T + t])),
+                                     acc[t]);
         if (mins) {
             const __m512 mv = _mm512_load_ps(p->mn[g]);
             for (int t = 0; t < T; t++) acc[t] = _mm512_fnmadd_ps(mv, _mm512_set1_ps(x->sx[g * T + t]), acc[t]);
@@ -133,95 +106,42 @@ INLINE void tile(const int T, const int G, const panel *p, const tile_x *x, int 
     for (int t = 0; t < T; t++) _mm512_mask_storeu_ps(y + t * y_stride, m, acc[t]);
 }
 
-#define TILE_CASES(G)                                                                           \
-    switch (T) {                                                                                \
-    case 1: tile(1, G, p, x, mins, kc, y, y_stride, m, first); break;                   \
-    case 2: tile(2, G, p, x, mins, kc, y, y_stride, m, first); break;                   \
-    case 3: tile(3, G, p, x, mins, kc, y, y_stride, m, first); break;                   \
-    case 4: tile(4, G, p, x, mins, kc, y, y_stride, m, first); break;                   \
-    case 5: tile(5, G, p, x, mins, kc, y, y_stride, m, first); break;                   \
-    case 6: tile(6, G, p, x, mins, kc, y, y_stride, m, first); break;                   \
-    case 7: tile(7, G, p, x, mins, kc, y, y_stride, m, first); break;                   \
-    case 8: tile(8, G, p, x, mins, kc, y, y_stride, m, first); break;                   \
-    case 9: tile(9, G, p, x, mins, kc, y, y_stride, m, first); break;                   \
-    case 10: tile(10, G, p, x, mins, kc, y, y_stride, m, first); break;                 \
-    case 11: tile(11, G, p, x, mins, kc, y, y_stride, m, first); break;                 \
-    default: tile(TILE, G, p, x, mins, kc, y, y_stride, m, first); break;               \
+#define TILE_CASES(G)                                                                               \
+    switch (T) {                                                                                    \
+    case 1: tile(1, G, p, x, mins, kc, y, y_stride, m, first); break;                               \
+    case 2: tile(2, G, p, x, mins, kc, y, y_stride, m, first); break;                               \
+    case 3: tile(3, G, p, x, mins, kc, y, y_stride, m, first); break;                               \
+    case 4: tile(4, G, p, x, mins, kc, y, y_stride, m, first); break;                               \
+    case 5: tile(5, G, p, x, mins, kc, y, y_stride, m, first); break;                               \
+    case 6: tile(6, G, p, x, mins, kc, y, y_stride, m, first); break;                               \
+    case 7: tile(7, G, p, x, mins, kc, y, y_stride, m, first); break;                               \
+    case 8: tile(8, G, p, x, mins, kc, y, y_stride, m, first); break;                               \
+    case 9: tile(9, G, p, x, mins, kc, y, y_stride, m, first); break;                               \
+    case 10: tile(10, G, p, x, mins, kc, y, y_stride, m, first); break;                             \
+    case 11: tile(11, G, p, x, mins, kc, y, y_stride, m, first); break;                             \
+    default: tile(TILE, G, p, x, mins, kc, y, y_stride, m, first); break;                           \
     }
 
-static void tile16(int T, const panel *p, const tile_x *x, int mins, int64_t kc, float *y, int64_t y_stride,
-                   __mmask16 m, int first) {
-    TILE_CASES(16)
-}
-static void tile32(int T, const panel *p, const tile_x *x, int mins, int64_t kc, float *y, int64_t y_stride,
-                   __mmask16 m, int first) {
-    TILE_CASES(32)
+/* The driver's tile: G and T as constants of the loops. */
+static void tile_any(int T, int G, const void *vp, const mg_q8_tile_x *x, int mins, int64_t kc, float *y,
+                     int64_t y_stride, int nr, int first) {
+    const panel *p = vp;
+    const __mmask16 m = (__mmask16)((1u << nr) - 1);
+    if (G == 16) {
+        TILE_CASES(16)
+    } else {
+        TILE_CASES(32)
+    }
 }
 
-/* Tokens [t0, t0 + T), columns [c0, c0 + kc), in a tile's layout at q (kc / 4 * T int32) and
- * v (ng * T each of comp, dx, sx; ng = kc / G). */
-static void prep_tile(const mg_q8_act *xq, int64_t t0, int T, int64_t c0, int64_t kc, int G, int mins, int32_t *q,
-                      int32_t *comp, float *dx, float *sx) {
-    const int64_t cols = xq->cols;
-    for (int t = 0; t < T; t++) {
-        const int8_t *xt = xq->q + (t0 + t) * cols + c0;
-        const float *dt = xq->d + (t0 + t) * (cols / 32) + c0 / 32;
-        for (int64_t s = 0; s < kc / 4; s++) q[s * T + t] = (int32_t)mg_ld32(xt + 4 * s);
-        for (int64_t g = 0; g < kc / G; g++) {
-            int32_t sum = 0;
-            for (int i = 0; i < G; i++) sum += xt[g * G + i];
-            comp[g * T + t] = -128 * sum;
-            dx[g * T + t] = dt[g * G / 32];
-            if (mins) sx[g * T + t] = G == 32 ? xq->s[(t0 + t) * (cols / 32) + c0 / 32 + g] : dt[g / 2] * (float)sum;
-        }
-    }
+static void rows_entry(const mg_matrix *w, const mg_q8_act *xq, int64_t n_tok, float *y, int64_t y_stride,
+                       int64_t r0, int64_t r1) {
+    mg_avx512vnni_linear_q8()(w, xq, n_tok, y, y_stride, r0, r1);
 }
 
 void mg_avx512vnni_gemm_q8(const mg_matrix *w, const mg_q8_act *xq, int64_t n_tok, float *y, int64_t y_stride,
                            int64_t r0, int64_t r1) {
-    const mg_format f = w->format;
-    const int G = mg_q8_gemm_group(f), mins = mg_q8_gemm_has_mins(f);
-    mg_q8_decode_fn *dec = mg_avx2_q8_decoder_k(f);
-    if (!dec) dec = mg_avx2_q8_decoder_iq(f);
-    if (!dec) dec = mg_scalar_q8_decode;
-    /* one chunk's x of all tokens in the tiles' layout, and the panel */
-    const int64_t ngc = KC / G;
-    int32_t *xbuf = aligned_alloc(64, (size_t)n_tok * (KC + 3 * 4 * ngc));
-    panel *p = aligned_alloc(64, sizeof(panel));
-    if (!xbuf || !p) { /* out of memory: the row entries need none */
-        free(xbuf), free(p);
-        for (int64_t t = 0; t < n_tok; t++) {
-            const mg_q8_act one = {xq->q + t * xq->cols, xq->d + t * (xq->cols / 32), xq->s + t * (xq->cols / 32), xq->cols};
-            mg_avx512vnni_linear_q8()(w, &one, 1, y + t * y_stride, y_stride, r0, r1);
-        }
-        return;
-    }
-    int32_t *xcomp = xbuf + n_tok * (KC / 4);
-    float *xdx = (float *)(xcomp + n_tok * ngc), *xsx = xdx + n_tok * ngc;
-    /* tiles of equal size, at most TILE tokens each */
-    const int64_t n_tiles = (n_tok + TILE - 1) / TILE;
-    for (int64_t c0 = 0; c0 < w->cols; c0 += KC) {
-        const int64_t kc = w->cols - c0 < KC ? w->cols - c0 : KC;
-        for (int64_t i = 0, t0 = 0; i < n_tiles; i++) {
-            const int T = (int)((n_tok * (i + 1)) / n_tiles - t0);
-            prep_tile(xq, t0, T, c0, kc, G, mins, xbuf + t0 * (KC / 4), xcomp + t0 * ngc, xdx + t0 * ngc, xsx + t0 * ngc);
-            t0 += T;
-        }
-        for (int64_t r = r0; r < r1; r += ROWS) {
-            const int nr = r1 - r < ROWS ? (int)(r1 - r) : ROWS;
-            const __mmask16 m = (__mmask16)((1u << nr) - 1);
-            pack(w, dec, r, nr, c0, kc, p);
-            for (int64_t i = 0, t0 = 0; i < n_tiles; i++) {
-                const int T = (int)((n_tok * (i + 1)) / n_tiles - t0);
-                const tile_x x = {xbuf + t0 * (KC / 4), xcomp + t0 * ngc, xdx + t0 * ngc, xsx + t0 * ngc};
-                if (G == 16)
-                    tile16(T, p, &x, mins, kc, y + t0 * y_stride + r, y_stride, m, c0 == 0);
-                else
-                    tile32(T, p, &x, mins, kc, y + t0 * y_stride + r, y_stride, m, c0 == 0);
-                t0 += T;
-            }
-        }
-    }
-    free(xbuf), free(p);
+    static const mg_q8_gemm_isa isa = {ROWS, TILE, KC, sizeof(panel), pack, tile_any, rows_entry};
+    mg_q8_gemm_drive(&isa, w, xq, n_tok, y, y_stride, r0, r1);
 }
 #endif

@@ -66,7 +66,8 @@ int mg_kernels_override_avx512(mg_kernels *k, const mg_cpu_features *f) {
     /* int8 activations: vpdpbusd kernels (q8_avx512vnni.c) when the CPU has AVX512_VNNI: the
      * one table entry chosen by a feature beyond the table's own (a separate table would sit
      * between avx512 and avx512bf16 and make the bf16 table require VNNI); without it the avx2
-     * table's int8 entries stay. */
+     * table's int8 entries and linear_q8_gemm stay: on a CPU with AVX-VNNI but not AVX512_VNNI
+     * (possible, if unusual) its ymm GEMM (q8_gemm_avxvnni.c), else its rows. */
     const mg_linear_q8_fn vnni = mg_avx512vnni_linear_q8();
     if (vnni && f->avx512vnni) {
         for (int fmt = MG_Q8_0; fmt < MG_FORMAT_COUNT; fmt++)
