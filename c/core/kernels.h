@@ -51,12 +51,18 @@ typedef struct mg_kernels {
      * heads of one kv group share every key and value row they load):
      *   attn_scores: s[i * s_stride + j] = scale * dot(q_i, k_j)          i < m, j < n
      *   attn_values: o_i += sum over j = 0 .. n-1 of p[i * p_stride + j] * v_j   (j ascending)
-     * q_i = q + i * q_stride, k_j = k + j * k_stride, o_i, v_j likewise; dim floats each.  NULL
-     * in a table whose dot and axpy serve (the caller then loops over those). */
+     * q_i = q + i * q_stride, k_j = k + j * k_stride, o_i, v_j likewise; dim floats each.  Row i's
+     * results are bit for bit those of a call with that row alone (attention cuts a group's heads
+     * into slices by thread count, and must not change with it).  NULL in a table whose dot and
+     * axpy serve (the caller then loops over those). */
     void (*attn_scores)(const float *q, int64_t q_stride, int m, const float *k, int64_t k_stride, int64_t n,
                         int64_t dim, float scale, float *s, int64_t s_stride);
     void (*attn_values)(float *o, int64_t o_stride, int m, const float *p, int64_t p_stride, const float *v,
                         int64_t v_stride, int64_t n, int64_t dim);
+    /* Between them, in place: x_j = e^(x_j - mx) / (e^(sink - mx) + sum_j e^(x_j - mx)), mx the
+     * largest of the x_j and sink (-INFINITY: no sink).  The scalar entry takes expf; the SIMD
+     * ones a polynomial within 2 ulp of it, and sum in their own order. */
+    void (*softmax)(float *x, int64_t n, float sink);
 } mg_kernels;
 
 /* The tables (built once, on first use from any thread); NULL when the build does not contain

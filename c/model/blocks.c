@@ -290,18 +290,7 @@ static void attn_group(const mg_attn_args *a, const mg_kernels *kern, int64_t t,
         attn_scores(kern, q, dk, nh, rows, stride, nb, dk, a->scale, s + j0, s_row);
     }
     for (int i = 0; i < nh; i++) {
-        float *si = s + i * s_row;
-        float mx = -INFINITY;
-        for (int64_t j = 0; j < n; j++) mx = si[j] > mx ? si[j] : mx;
-        float sink = a->sinks ? a->sinks[h0 + i] : -INFINITY;
-        if (sink > mx) mx = sink;
-        float sum = a->sinks ? expf(sink - mx) : 0.0f;
-        for (int64_t j = 0; j < n; j++) {
-            si[j] = expf(si[j] - mx);
-            sum += si[j];
-        }
-        float inv = 1.0f / sum;
-        for (int64_t j = 0; j < n; j++) si[j] *= inv;
+        kern->softmax(s + i * s_row, n, a->sinks ? a->sinks[h0 + i] : -INFINITY);
         memset(out + (int64_t)i * dv, 0, sizeof(float) * (size_t)dv);
     }
     for (int64_t j0 = 0; j0 < n; j0 += KV_BLOCK) {

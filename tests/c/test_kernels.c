@@ -6,7 +6,7 @@
  *     and mg_kernels_named accepts here) against the scalar table, for every weight format and
  *     scale kind, odd shapes, decode and prefill token counts, sub-ranges of rows and padded
  *     strides; then the vector ops (dot, axpy, scale, rmsnorm, swiglu, read_sum) and the
- *     attention block products (attn_scores, attn_values).
+ *     attention block products (attn_scores, attn_values) and the softmax between them.
  * Linear tolerance: |y - y_ref| <= 1e-5 * sum_c |w[r,c] * x[t,c]| (fp32 reordering only). */
 #include <math.h>
 #include <stdio.h>
@@ -511,12 +511,14 @@ static void test_vector_ops(tally *t, const mg_kernels *k, const mg_kernels *ref
 
 /* The attention block products against the scalar twin, on odd head counts, key counts and
  * widths (tile tails in every direction), with row strides wider than the rows.  A table without
- * them (NULL: its caller loops over dot and axpy) is skipped. */
+ * them (NULL: its caller loops over dot and axpy) is skipped.  Bit for bit: each row's results
+ * those of a call with that row alone, and the values a loop of the table's own axpy (per output
+ * lane the FMAs in row order), both core/kernels.h's contract. */
 static void test_attn_blocks(tally *t, const mg_kernels *k, const mg_kernels *ref, rng *g) {
     if (!k->attn_scores || !k->attn_values) return;
-    static const int ms[] = {1, 2, 3, 5, 8};
-    static const int64_t ns[] = {1, 3, 4, 5, 9, 32, 37};
-    static const int64_t dims[] = {1, 7, 8, 13, 32, 40, 64, 127, 128, 200};
+    static const int ms[] = {1, 2, 3, 4, 5, 7, 8};
+    static const int64_t ns[] = {1, 3, 4, 5, 9, 17, 32, 37};
+    static const int64_t dims[] = {1, 7, 8, 13, 17, 32, 40, 64, 127, 128, 192, 200, 512};
     for (size_t mi = 0; mi < sizeof ms / sizeof *ms; mi++)
         for (size_t ni = 0; ni < sizeof ns / sizeof *ns; ni++)
             for (size_t di = 0; di < sizeof dims / sizeof *dims; di++) {
@@ -535,11 +537,19 @@ static void test_attn_blocks(tally *t, const mg_kernels *k, const mg_kernels *re
                         ok &= fabsf(s1[i * ss + j] - s2[i * ss + j]) <= 1e-6 * 0.125 * mag + 1e-30; /* j >= n: untouched */
                     }
                 check(t, ok, "attn_scores", k->name, "", (long)m, (long)n, (long)dim, 0, 0);
+                /* each row as a call of its own: bit for bit (core/kernels.h) */
+                for (int i = 0; i < m; i++) k->attn_scores(q + i * qs, qs, 1, kv, ks, n, dim, 0.125f, s2 + i * ss, ss);
+                check(t, !memcmp(s1, s2, (size_t)(m * ss) * sizeof(float)), "attn_scores = one row a call", k->name,
+                      "", (long)m, (long)n, (long)dim, 0, 0);
+                ref->attn_scores(q, qs, m, kv, ks, n, dim, 0.125f, s2, ss);
 
                 /* values: p rows of n probabilities ss apart; outputs dim + 1 apart, their gap untouched */
                 const int64_t os = dim + 1;
                 float *o1 = rand_vec(m * os, 1.0f, g), *o2 = malloc((size_t)(m * os) * sizeof(float));
+                float *o3 = malloc((size_t)(m * os) * sizeof(float)), *o4 = malloc((size_t)(m * os) * sizeof(float));
                 memcpy(o2, o1, (size_t)(m * os) * sizeof(float));
+                memcpy(o3, o1, (size_t)(m * os) * sizeof(float));
+                memcpy(o4, o1, (size_t)(m * os) * sizeof(float));
                 k->attn_values(o1, os, m, s2, ss, kv, ks, n, dim);
                 ref->attn_values(o2, os, m, s2, ss, kv, ks, n, dim);
                 ok = 1;
@@ -550,8 +560,74 @@ static void test_attn_blocks(tally *t, const mg_kernels *k, const mg_kernels *re
                         ok &= fabsf(o1[i * os + c] - o2[i * os + c]) <= 1e-6 * mag + 1e-30;
                     }
                 check(t, ok, "attn_values", k->name, "", (long)m, (long)n, (long)dim, 0, 0);
-                free(q), free(kv), free(s1), free(s2), free(o1), free(o2);
+                /* per output lane the table's own axpy order (row order): bit for bit its loop */
+                for (int i = 0; i < m; i++)
+                    for (int64_t j = 0; j < n; j++) k->axpy(o3 + i * os, s2[i * ss + j], kv + j * ks, dim);
+                check(t, !memcmp(o1, o3, (size_t)(m * os) * sizeof(float)), "attn_values = axpy loop", k->name, "",
+                      (long)m, (long)n, (long)dim, 0, 0);
+                for (int i = 0; i < m; i++) k->attn_values(o4 + i * os, os, 1, s2 + i * ss, ss, kv, ks, n, dim);
+                check(t, !memcmp(o1, o4, (size_t)(m * os) * sizeof(float)), "attn_values = one row a call", k->name,
+                      "", (long)m, (long)n, (long)dim, 0, 0);
+                free(q), free(kv), free(s1), free(s2), free(o1), free(o2), free(o3), free(o4);
             }
+}
+
+/* Distance in units in the last place (of b's binade; subnormals: 2^-149). */
+static double ulps(float a, float b) {
+    if (a == b) return 0;
+    if (isnan(a) || isnan(b) || isinf(a) || isinf(b)) return INFINITY;
+    int e;
+    frexpf(b, &e);
+    return fabs((double)a - b) / ldexp(1.0, (e - 24 > -149 ? e - 24 : -149));
+}
+
+/* The softmax entry against expf (exp_poly.h promises 2 ulp) and against the scalar twin.  A row
+ * [v] with sink 0, v <= 0, gives e^v / (1 + e^v): below -17 the sum rounds to 1 and the result is
+ * the entry's e^v itself; above, e^v's error reaches the result and 1 / sum at most once more.
+ * v: a sweep of [-120, 0], 0, -0, -inf, tiny magnitudes and the subnormal results (-87.3 ..
+ * -103.9).  Then rows of every tail length, some -inf entries, with and without a sink, against
+ * the twin (which sums in another order): within 3 ulp plus the sum's reordering, n ulp at
+ * most; elements past n untouched. */
+static void test_softmax(tally *t, const mg_kernels *k, const mg_kernels *ref, rng *g) {
+    enum { SWEEP = 200000 };
+    static const float special[] = {0.0f, -0.0f, -INFINITY, -1e-30f, -1e-45f, -1e-7f, -0.5f, -0.3465736f, -0.3465737f,
+                                    -17.0f, -87.33654f, -87.33655f, -100.0f, -103.2789f, -103.9721f, -103.98f, -104.0f};
+    const int n_special = (int)(sizeof special / sizeof *special);
+    int ok = 1;
+    double worst = 0;
+    float worst_v = 0;
+    for (int i = 0; i < SWEEP + n_special; i++) {
+        const float v = i < n_special ? special[i] : -120.0f * rng_uniform(g);
+        float x = v;
+        k->softmax(&x, 1, 0.0f);
+        const float want = v < -17.0f ? expf(v) : expf(v) / (1.0f + expf(v));
+        const double e = ulps(x, want);
+        if (e > worst) worst = e, worst_v = v;
+        ok &= e <= (v < -17.0f ? 2.0 : 3.5);
+    }
+    check(t, ok, "softmax e^x vs expf (ulps)", k->name, "", 0, 0, 0, worst, worst_v);
+
+    static const int64_t ns[] = {1, 2, 7, 8, 9, 15, 16, 17, 31, 33, 100, 1000};
+    for (size_t ni = 0; ni < sizeof ns / sizeof *ns; ni++)
+        for (int sk = 0; sk < 2; sk++) {
+            const int64_t n = ns[ni];
+            float *x1 = rand_vec(n + 1, 30.0f, g), *x2 = malloc((size_t)(n + 1) * sizeof(float));
+            for (int64_t j = 0; j < n; j += 5) x1[j] = j % 3 == 2 ? -INFINITY : x1[j]; /* masked scores */
+            if (n > 1) x1[n / 2] = 0.0f;
+            memcpy(x2, x1, (size_t)(n + 1) * sizeof(float));
+            const float sink = sk ? 2.0f * rng_sym(g) : -INFINITY;
+            k->softmax(x1, n, sink);
+            ref->softmax(x2, n, sink);
+            int row_ok = x1[n] == x2[n];
+            double row_worst = 0;
+            for (int64_t j = 0; j < n; j++) {
+                const double e = ulps(x1[j], x2[j]);
+                row_worst = e > row_worst ? e : row_worst;
+                row_ok &= e <= 3.5 + (double)n;
+            }
+            check(t, row_ok, "softmax rows (ulps)", k->name, sk ? "sink" : "", (long)n, 0, 0, row_worst, 0);
+            free(x1), free(x2);
+        }
 }
 
 /* Every table this build has and this CPU runs: its parent is the one tables.h
@@ -566,7 +642,7 @@ static void test_inheritance(tally *t) {
     for (int k = 0; k < n_tables; k++) {
         const mg_kernels *tb = tables[k];
         if (!tb) continue; /* not in this build, or not on this CPU */
-        int ok = tb->dot && tb->axpy && tb->scale && tb->rmsnorm && tb->swiglu && tb->read_sum;
+        int ok = tb->dot && tb->axpy && tb->scale && tb->rmsnorm && tb->swiglu && tb->read_sum && tb->softmax;
         for (int f = 0; f < MG_FORMAT_COUNT; f++) ok = ok && tb->linear[f];
         check(t, ok, "table entries set", tb->name, "", 0, 0, 0, 0, 0);
         const char *want = NULL;
@@ -663,6 +739,7 @@ int main(void) {
     test_linear_fp8_huge_scale(&t, tables, n, &g);
     for (int i = 0; i < n; i++) test_vector_ops(&t, tables[i], tables[0], &g);
     for (int i = 0; i < n; i++) test_attn_blocks(&t, tables[i], tables[0], &g);
+    for (int i = 0; i < n; i++) test_softmax(&t, tables[i], tables[0], &g);
     printf("%d passed, %d failed\n", t.passed, t.failed);
     return t.failed ? 1 : 0;
 }

@@ -4,7 +4,10 @@
  * 2 per FMA), and the eight sums are reduced together; the values keep two output rows x 32
  * columns in registers across the whole block of rows, where an axpy per row loads and stores
  * its output for every value row.  Per output lane the values' FMAs run in row order, exactly
- * as a loop of mg_avx2_axpy does. */
+ * as a loop of mg_avx2_axpy does.  The softmax between them takes e^x from a polynomial
+ * (kernels/exp_poly.h), eight lanes at a time: expf calls cost as much as the zmm products. */
+#include <math.h>
+#include "kernels/exp_poly.h"
 #include "kernels/tables.h"
 
 #if defined(__x86_64__) && defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
@@ -126,5 +129,62 @@ void mg_avx2_attn_values(float *o, int64_t o_stride, int m, const float *p, int6
         values_rows(o + i * o_stride, o + (i + 1) * o_stride, p + i * p_stride, p + (i + 1) * p_stride, v, v_stride,
                     n, dim, 1);
     if (i < m) values_rows(o + i * o_stride, NULL, p + i * p_stride, NULL, v, v_stride, n, dim, 0);
+}
+
+/* e^x per lane (kernels/exp_poly.h), within 2 ulp of expf. */
+static inline __m256 exp8(__m256 x) {
+    x = _mm256_min_ps(_mm256_set1_ps(MG_EXP_HI), _mm256_max_ps(_mm256_set1_ps(MG_EXP_LO), x)); /* NaN stays */
+    const __m256 n =
+        _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(MG_EXP_LOG2E)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(MG_EXP_LN2_HI), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(MG_EXP_LN2_LO), r);
+    __m256 p = _mm256_set1_ps(MG_EXP_P0);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(MG_EXP_P1));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(MG_EXP_P2));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(MG_EXP_P3));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(MG_EXP_P4));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(MG_EXP_P5));
+    p = _mm256_add_ps(_mm256_fmadd_ps(p, _mm256_mul_ps(r, r), r), _mm256_set1_ps(1.0f));
+    const __m256i k = _mm256_cvtps_epi32(n), k1 = _mm256_srai_epi32(k, 1), k2 = _mm256_sub_epi32(k, k1),
+                  bias = _mm256_set1_epi32(127);
+    const __m256 s1 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(k1, bias), 23)),
+                 s2 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(k2, bias), 23));
+    return _mm256_mul_ps(_mm256_mul_ps(p, s1), s2);
+}
+
+/* Three passes over the row (in L1): the max, e^(x_j - max) stored and summed per lane, the
+ * scaling by 1 / sum.  The avx512 table keeps this one: after the zmm products it is a tenth of
+ * attention (docs/KERNELS.md). */
+void mg_avx2_softmax(float *x, int64_t n, float sink) {
+    const int64_t nf = n & ~(int64_t)7;
+    const __m256i tail = lane_mask(n - nf);
+    const __m256 tailf = _mm256_castsi256_ps(tail);
+    const __m256 none = _mm256_set1_ps(-INFINITY);
+    __m256 mv = _mm256_set1_ps(sink);
+    /* max(x_j, m): x_j > m ? x_j : m, so that a NaN x_j is skipped as in the scalar loop */
+    for (int64_t j = 0; j < nf; j += 8) mv = _mm256_max_ps(_mm256_loadu_ps(x + j), mv);
+    if (nf < n) mv = _mm256_max_ps(_mm256_blendv_ps(none, _mm256_maskload_ps(x + nf, tail), tailf), mv);
+    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(mv), _mm256_extractf128_ps(mv, 1));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+    const __m256 mx = _mm256_broadcastss_ps(m4);
+    /* the sink's term in lane 0 (0 without a sink) */
+    __m256 sum = _mm256_and_ps(exp8(_mm256_sub_ps(_mm256_set1_ps(sink), mx)), _mm256_castsi256_ps(lane_mask(1)));
+    for (int64_t j = 0; j < nf; j += 8) {
+        const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(x + j), mx));
+        _mm256_storeu_ps(x + j, e);
+        sum = _mm256_add_ps(sum, e);
+    }
+    if (nf < n) {
+        const __m256 e = _mm256_and_ps(exp8(_mm256_sub_ps(_mm256_maskload_ps(x + nf, tail), mx)), tailf);
+        _mm256_maskstore_ps(x + nf, tail, e);
+        sum = _mm256_add_ps(sum, e);
+    }
+    __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(sum), _mm256_extractf128_ps(sum, 1));
+    s4 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+    s4 = _mm_add_ss(s4, _mm_movehdup_ps(s4));
+    const __m256 inv = _mm256_set1_ps(1.0f / _mm_cvtss_f32(s4));
+    for (int64_t j = 0; j < nf; j += 8) _mm256_storeu_ps(x + j, _mm256_mul_ps(_mm256_loadu_ps(x + j), inv));
+    if (nf < n) _mm256_maskstore_ps(x + nf, tail, _mm256_mul_ps(_mm256_maskload_ps(x + nf, tail), inv));
 }
 #endif

@@ -233,10 +233,11 @@ void mg_avx2_linear_q8_iq(const mg_matrix *w, const mg_q8_act *xq, int64_t n_tok
 MG_VECTOR_OPS_DECLARE(mg_avx2)
 
 /* attn_avx2.c: the attention block products (core/kernels.h): scores two query rows x four key
- * rows per tile, values two output rows x 32 columns per tile. */
+ * rows per tile, values two output rows x 32 columns per tile; the softmax by a polynomial e^x. */
 void mg_avx2_attn_scores(const float *q, int64_t q_stride, int m, const float *k, int64_t k_stride, int64_t n,
                          int64_t dim, float scale, float *s, int64_t s_stride);
 void mg_avx2_attn_values(float *o, int64_t o_stride, int m, const float *p, int64_t p_stride, const float *v,
                          int64_t v_stride, int64_t n, int64_t dim);
+void mg_avx2_softmax(float *x, int64_t n, float sink);
 
 #endif

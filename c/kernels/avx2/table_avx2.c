@@ -47,6 +47,7 @@ int mg_kernels_override_avx2(mg_kernels *k, const mg_cpu_features *f) {
     k->linear_q8_gemm = vnni != NULL;
     MG_VECTOR_OPS_SET(k, mg_avx2);
     k->attn_scores = mg_avx2_attn_scores, k->attn_values = mg_avx2_attn_values; /* attn_avx2.c */
+    k->softmax = mg_avx2_softmax;
     return 1;
 }
 #else

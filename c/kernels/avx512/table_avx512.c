@@ -1,7 +1,7 @@
 /* The avx512 table (parent: avx2, see c/kernels/tables.h): the linear entries' decode and
- * prefill and read_sum are overridden; the other vector ops stay the parent's (they are not
- * bandwidth bound at these sizes).  A new op family is a <family>_avx512.c file whose entry
- * points avx512.h declares and whose entries are set here. */
+ * prefill, read_sum and the attention block products are overridden; the other vector ops stay
+ * the parent's (they are not bandwidth bound at these sizes).  A new op family is a
+ * <family>_avx512.c file whose entry points avx512.h declares and whose entries are set here. */
 #include "kernels/tables.h"
 
 #if defined(__x86_64__) && defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && \
@@ -63,6 +63,7 @@ int mg_kernels_override_avx512(mg_kernels *k, const mg_cpu_features *f) {
     k->linear[MG_IQ3_XXS] = linear_iq3_xxs, k->linear[MG_IQ3_S] = linear_iq3_s;
     k->linear[MG_IQ1_S] = linear_iq1_s, k->linear[MG_IQ1_M] = linear_iq1_m;
     k->read_sum = mg_avx512_read_sum;
+    k->attn_scores = mg_avx512_attn_scores, k->attn_values = mg_avx512_attn_values; /* attn_avx512.c */
     /* int8 activations: vpdpbusd kernels (q8_avx512vnni.c) when the CPU has AVX512_VNNI: the
      * one table entry chosen by a feature beyond the table's own (a separate table would sit
      * between avx512 and avx512bf16 and make the bf16 table require VNNI); without it the avx2

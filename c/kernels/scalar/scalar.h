@@ -16,10 +16,12 @@ void mg_scalar_linear_q8(const mg_matrix *w, const mg_q8_act *xq, int64_t n_tok,
 
 /* vector_scalar.c */
 MG_VECTOR_OPS_DECLARE(mg_scalar)
-/* attn_scalar.c: the attention block products as loops of the scalar dot and axpy. */
+/* attn_scalar.c: the attention block products as loops of the scalar dot and axpy; the softmax
+ * by expf. */
 void mg_scalar_attn_scores(const float *q, int64_t q_stride, int m, const float *k, int64_t k_stride, int64_t n,
                            int64_t dim, float scale, float *s, int64_t s_stride);
 void mg_scalar_attn_values(float *o, int64_t o_stride, int m, const float *p, int64_t p_stride, const float *v,
                            int64_t v_stride, int64_t n, int64_t dim);
+void mg_scalar_softmax(float *x, int64_t n, float sink);
 
 #endif
