@@ -66,6 +66,15 @@ INLINE __m256i iq2_xs_signs(const uint8_t *b) {
     return _mm256_permute4x64_epi64(_mm256_packus_epi16(s0, s1), 0xd8);
 }
 
+/* The sign bytes of a block's eight groups, for the formats that compute them per block (IQ2_XXS,
+ * IQ3_XXS from their aux words, IQ2_XS from its codes) into sg; the other formats leave sg as it
+ * is (group_codes reads theirs per group). */
+INLINE void iq_block_signs(mg_format f, const uint8_t *b, uint32_t sg[8]) {
+    if (f == MG_IQ2_XXS || f == MG_IQ3_XXS)
+        _mm256_store_si256((__m256i *)sg, ksigns_aux(f == MG_IQ2_XXS ? iq2_xxs_aux(b) : iq_load32(b + 66)));
+    if (f == MG_IQ2_XS) _mm256_store_si256((__m256i *)sg, iq2_xs_signs(b));
+}
+
 /* Four 8-byte grid entries, element order. */
 INLINE __m256i grid8x4(const void *a, const void *b, const void *c, const void *d) {
     return _mm256_set_epi64x((long long)mg_ld64(d), (long long)mg_ld64(c), (long long)mg_ld64(b), (long long)mg_ld64(a));

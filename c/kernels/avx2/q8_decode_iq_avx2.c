@@ -85,9 +85,7 @@ INLINE void decode_iq(mg_format f, const uint8_t *p, int64_t nb, int8_t *codes, 
     const int per = (int)e / mg_q8_gemm_group(f);
     for (int64_t i = 0; i < nb; i++, p += bytes, codes += e, fac += per) {
         uint32_t sg[8] __attribute__((aligned(32))); /* the sign bits of each group, where computed per block */
-        if (f == MG_IQ2_XXS || f == MG_IQ3_XXS)
-            _mm256_store_si256((__m256i *)sg, ksigns_aux(f == MG_IQ2_XXS ? iq2_xxs_aux(p) : iq_load32(p + 66)));
-        if (f == MG_IQ2_XS) _mm256_store_si256((__m256i *)sg, iq2_xs_signs(p));
+        iq_block_signs(f, p, sg);
 #pragma GCC unroll 8
         for (int g = 0; g < 8; g++) {
             uint32_t signs;

@@ -199,9 +199,7 @@ INLINE void rows_iq(const int R, mg_format f, const uint8_t *p, size_t rb, int64
                 }
             }
             uint32_t sg[8] __attribute__((aligned(32))); /* the sign bits of each group, where computed per block */
-            if (f == MG_IQ2_XXS || f == MG_IQ3_XXS)
-                _mm256_store_si256((__m256i *)sg, ksigns_aux(f == MG_IQ2_XXS ? iq2_xxs_aux(b) : load32(b + 66)));
-            if (f == MG_IQ2_XS) _mm256_store_si256((__m256i *)sg, iq2_xs_signs(b));
+            iq_block_signs(f, b, sg);
 #pragma GCC unroll 8
             for (int g = 0; g < 8; g++) {
                 uint32_t signs;

@@ -142,11 +142,8 @@ INLINE void rows_iq(const int R, mg_format f, const uint8_t *p, size_t rb, int64
             const __m512 fk = _mm512_mul_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(k), _mm512_set1_ps(dc)), dx16);
             if (iq1) acc[r] = _mm512_fmadd_ps(_mm512_mul_ps(fk, _mm512_set1_ps(0.125f)), _mm512_cvtepi32_ps(iq1_deltas(f, b, x, i)), acc[r]);
             uint64_t sg[4] __attribute__((aligned(32))); /* the sign bits of each 64 columns */
-            if (f == MG_IQ2_XXS || f == MG_IQ3_XXS)
-                _mm256_store_si256((__m256i *)sg, ksigns_aux(f == MG_IQ2_XXS ? iq2_xxs_aux(b) : iq_load32(b + 66)));
-            else if (f == MG_IQ2_XS)
-                _mm256_store_si256((__m256i *)sg, iq2_xs_signs(b));
-            else if (f == MG_IQ2_S || f == MG_IQ3_S)
+            iq_block_signs(f, b, (uint32_t *)sg);
+            if (f == MG_IQ2_S || f == MG_IQ3_S)
                 memcpy(sg, b + (f == MG_IQ2_S ? 34 : 74), 32);
 #pragma GCC unroll 4
             for (int h = 0; h < 4; h++) {
