@@ -18,6 +18,7 @@
  * (< L tokens, no head) — so any prefix can be reused, and the gateway's prefix cache only
  * needs truncate + eval. */
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -441,6 +442,8 @@ fail:
 
 /* ---- attention ----------------------------------------------------------------------------- */
 
+#define KV_BLOCK 32 /* rows materialised per step: a block stays in L1 while every head of a slice reads it */
+
 typedef struct attn_ctx {
     const state *s;
     const layer *L;
@@ -451,50 +454,97 @@ typedef struct attn_ctx {
     const int *sel;        /* CSA: [m, topk] selected compressed rows */
     const int *n_sel;      /* CSA: [m] */
     float *scratch;
-    int64_t per_worker;
+    int64_t per_worker;    /* heads_per_item score rows of s_row floats, then KV_BLOCK rows of D */
+    int64_t s_row;         /* the most rows a token sees */
+    int heads_per_item;    /* query heads one work item covers (a slice of the token's H) */
+    int items_per_token;
 } attn_ctx;
 
-static void attn_one(const attn_ctx *a, int64_t t, int h, float *sc) {
+/* The table's block products, or loops of its dot and axpy where it has none (core/kernels.h). */
+static void attn_scores_blk(const mg_kernels *k, const float *q, int64_t q_stride, int m, const float *kr,
+                            int64_t n, int64_t dim, float scale, float *s, int64_t s_stride) {
+    if (k->attn_scores) {
+        k->attn_scores(q, q_stride, m, kr, dim, n, dim, scale, s, s_stride);
+        return;
+    }
+    for (int i = 0; i < m; i++)
+        for (int64_t j = 0; j < n; j++) s[i * s_stride + j] = k->dot(q + i * q_stride, kr + j * dim, dim) * scale;
+}
+
+static void attn_values_blk(const mg_kernels *k, float *o, int64_t o_stride, int m, const float *p,
+                            int64_t p_stride, const float *v, int64_t n, int64_t dim) {
+    if (k->attn_values) {
+        k->attn_values(o, o_stride, m, p, p_stride, v, dim, n, dim);
+        return;
+    }
+    for (int i = 0; i < m; i++)
+        for (int64_t j = 0; j < n; j++) k->axpy(o + i * o_stride, p[i * p_stride + j], v + j * dim, dim);
+}
+
+/* Rows [j0, j0 + nb) of what token t sees (window rows from lo, n_win of them, then its compressed
+ * rows: sel's, or all in order) as nb consecutive fp32 rows of D: in place when an fp32 cache
+ * holds them consecutively, else gathered (bf16: converted) into buf. */
+static const float *attn_rows(const attn_ctx *a, int64_t lo, int64_t n_win, const int *sel, int64_t j0, int64_t nb,
+                              float *buf) {
+    const int64_t D = a->s->c.D;
+    const float *src[KV_BLOCK] = {NULL}; /* nb >= 1; the initialiser quiets -Wmaybe-uninitialized */
+    int contiguous = 1;
+    for (int64_t r = 0; r < nb; r++) {
+        const int64_t j = j0 + r;
+        float *dst = buf + r * D;
+        src[r] = j < n_win ? dsv4_rows_get(&a->s->rows, a->li, lo + j, dst)
+                           : dsv4_comp_row(&a->L->comp, sel ? sel[j - n_win] : j - n_win, dst);
+        contiguous &= (uintptr_t)src[r] == (uintptr_t)src[0] + (uintptr_t)(r * D) * sizeof(float);
+    }
+    if (contiguous) return src[0];
+    for (int64_t r = 0; r < nb; r++)
+        if (src[r] != buf + r * D) memcpy(buf + r * D, src[r], sizeof(float) * (size_t)D);
+    return buf;
+}
+
+/* Query heads [h0, h1) of token t.  Every head reads the same rows (one K=V head): keys, then
+ * values, go by blocks of KV_BLOCK rows materialised once for the whole slice; per head the
+ * scaled scores, the softmax entry with the head's sink (its e^(sink - max) joins the sum, the
+ * sink itself gets no value), then the probabilities' sum of rows in order (window, compressed). */
+static void attn_slice(const attn_ctx *a, int64_t t, int h0, int h1, float *sc) {
     const state *s = a->s;
     const dcfg *c = &s->c;
     const mg_kernels *k = s->comp->k;
-    const int64_t D = c->D, p = a->pos + t;
-    const float *q = a->q + t * c->H * D + h * D;
-    const dsv4_rows *kv = &s->rows;
-    float *row = sc + a->per_worker - D; /* a bf16 row read back as fp32 */
+    const int64_t D = c->D, p = a->pos + t, s_row = a->s_row;
+    const int nh = h1 - h0;
+    const float *q = a->q + t * c->H * D + h0 * D;
+    float *o = a->out + t * c->H * D + h0 * D;
+    float *buf = sc + (int64_t)a->heads_per_item * s_row;
     const int64_t lo = p - c->W + 1 > 0 ? p - c->W + 1 : 0, n_win = p - lo + 1;
-    const dsv4_compressor *cp = &a->L->comp;
     int64_t n_comp = 0;
     const int *sel = NULL;
     if (a->L->kind == ATTN_HCA) n_comp = (p + 1) / a->L->ratio;
     else if (a->L->kind == ATTN_CSA) { n_comp = a->n_sel[t]; sel = a->sel + t * c->topk; }
+    const int64_t n = n_win + n_comp;
     const float scale = 1.0f / sqrtf((float)D);
-    float top = a->L->sink[h];
-    for (int64_t j = 0; j < n_win; j++) {
-        sc[j] = k->dot(q, dsv4_rows_get(kv, a->li, lo + j, row), D) * scale;
-        top = sc[j] > top ? sc[j] : top;
+    for (int64_t j0 = 0; j0 < n; j0 += KV_BLOCK) {
+        const int64_t nb = n - j0 < KV_BLOCK ? n - j0 : KV_BLOCK;
+        attn_scores_blk(k, q, D, nh, attn_rows(a, lo, n_win, sel, j0, nb, buf), nb, D, scale, sc + j0, s_row);
     }
-    for (int64_t j = 0; j < n_comp; j++) {
-        int64_t r = sel ? sel[j] : j;
-        float v = k->dot(q, dsv4_comp_row(cp, r, row), D) * scale;
-        sc[n_win + j] = v;
-        top = v > top ? v : top;
+    for (int i = 0; i < nh; i++) k->softmax(sc + i * s_row, n, a->L->sink[h0 + i]);
+    memset(o, 0, sizeof(float) * (size_t)(nh * D));
+    for (int64_t j0 = 0; j0 < n; j0 += KV_BLOCK) {
+        const int64_t nb = n - j0 < KV_BLOCK ? n - j0 : KV_BLOCK;
+        attn_values_blk(k, o, D, nh, sc + j0, s_row, attn_rows(a, lo, n_win, sel, j0, nb, buf), nb, D);
     }
-    float sum = expf(a->L->sink[h] - top);
-    for (int64_t j = 0; j < n_win + n_comp; j++) { sc[j] = expf(sc[j] - top); sum += sc[j]; }
-    float *o = a->out + t * c->H * D + h * D;
-    memset(o, 0, sizeof(float) * (size_t)D);
-    for (int64_t j = 0; j < n_win; j++) k->axpy(o, sc[j] / sum, dsv4_rows_get(kv, a->li, lo + j, row), D);
-    for (int64_t j = 0; j < n_comp; j++) k->axpy(o, sc[n_win + j] / sum, dsv4_comp_row(cp, sel ? sel[j] : j, row), D);
 }
 
 static void attn_task(void *ctx, int worker, int n_workers) {
     const attn_ctx *a = ctx;
-    const int64_t H = a->s->c.H;
+    const int H = (int)a->s->c.H, per = a->items_per_token;
     int64_t begin, end;
-    mg_split_range(a->m * H, 1, worker, n_workers, &begin, &end);
+    mg_split_range(a->m * per, 1, worker, n_workers, &begin, &end);
     float *sc = a->scratch + worker * a->per_worker;
-    for (int64_t i = begin; i < end; i++) attn_one(a, i / H, (int)(i % H), sc);
+    for (int64_t i = begin; i < end; i++) {
+        const int h0 = (int)(i % per) * a->heads_per_item;
+        const int h1 = h0 + a->heads_per_item < H ? h0 + a->heads_per_item : H;
+        if (h0 < h1) attn_slice(a, i / per, h0, h1, sc);
+    }
 }
 
 /* Lightning indexer scores (dsv4-arch §4.5): score[t, r] = sum_h w[t, h] * relu(q[t, h] . k[r]) for
@@ -633,19 +683,27 @@ static int attention_block(state *s, int li, const float *h, int64_t m, int64_t 
         if (indexer_select(s, L, iq, iw, m, pos, rr->cos_c, rr->sin_c, sel, n_sel, err))
             return -1;
     }
-    /* attention over window + compressed rows, per (token, head) on the pool */
+    /* attention over window + compressed rows, per (token, slice of heads) on the pool: a token's
+     * heads are cut into slices so that there are at least as many items as workers (decode uses
+     * them all); a head's results do not depend on the slice it is in (core/kernels.h), so neither
+     * on the thread count */
     const int64_t max_keys = c->W + (L->kind == ATTN_HCA ? L->comp.n_rows : L->kind == ATTN_CSA ? c->topk : 0) + 1;
-    const int nw = mg_pool_threads(comp->pool);
-    if (max_keys + D > s->attn_scratch_per_worker) { /* scores, then one fp32 row (bf16 reads) */
+    const int nw = mg_pool_threads(comp->pool), H = (int)c->H;
+    int per = m >= nw ? 1 : (int)((nw + m - 1) / m);
+    if (per > H) per = H;
+    const int hpi = (H + per - 1) / per;
+    const int64_t need = hpi * max_keys + KV_BLOCK * D;
+    if (need > s->attn_scratch_per_worker) { /* score rows, then one block of fp32 rows */
         free(s->attn_scratch);
-        s->attn_scratch_per_worker = (max_keys + D) * 2;
+        s->attn_scratch_per_worker = need * 2;
         s->attn_scratch = malloc(sizeof(float) * (size_t)(s->attn_scratch_per_worker * nw));
         if (!s->attn_scratch) {
             s->attn_scratch_per_worker = 0;
             return mg_fail(err, "out of memory (attention scores)");
         }
     }
-    attn_ctx a = {s, L, li, q, att, m, pos, sel, n_sel, s->attn_scratch, s->attn_scratch_per_worker};
+    attn_ctx a = {s, L, li, q, att, m, pos, sel, n_sel, s->attn_scratch, s->attn_scratch_per_worker, max_keys,
+                  hpi, (H + hpi - 1) / hpi};
     mg_pool_run(comp->pool, attn_task, &a);
     /* values carried their rotation: undo it at the query position */
     mg_rope_rows(rope, att, m, HD, (int)c->H, (int)D, cos_t, sin_t, 1);
