@@ -234,10 +234,8 @@ typedef struct {
     int items_per_group;
 } attn_job;
 
-/* Scores of m query rows against n key rows, and values into m output rows: the table's block
- * products, or loops of its dot and axpy where it has none (core/kernels.h). */
-static void attn_scores(const mg_kernels *k, const float *q, int64_t q_stride, int m, const float *kr,
-                        int64_t k_stride, int64_t n, int64_t dim, float scale, float *s, int64_t s_stride) {
+void mg_attn_scores(const mg_kernels *k, const float *q, int64_t q_stride, int m, const float *kr,
+                    int64_t k_stride, int64_t n, int64_t dim, float scale, float *s, int64_t s_stride) {
     if (k->attn_scores) {
         k->attn_scores(q, q_stride, m, kr, k_stride, n, dim, scale, s, s_stride);
         return;
@@ -246,8 +244,8 @@ static void attn_scores(const mg_kernels *k, const float *q, int64_t q_stride, i
         for (int64_t j = 0; j < n; j++) s[i * s_stride + j] = k->dot(q + i * q_stride, kr + j * k_stride, dim) * scale;
 }
 
-static void attn_values(const mg_kernels *k, float *o, int64_t o_stride, int m, const float *p, int64_t p_stride,
-                        const float *v, int64_t v_stride, int64_t n, int64_t dim) {
+void mg_attn_values(const mg_kernels *k, float *o, int64_t o_stride, int m, const float *p, int64_t p_stride,
+                    const float *v, int64_t v_stride, int64_t n, int64_t dim) {
     if (k->attn_values) {
         k->attn_values(o, o_stride, m, p, p_stride, v, v_stride, n, dim);
         return;
@@ -287,7 +285,7 @@ static void attn_group(const mg_attn_args *a, const mg_kernels *kern, int64_t t,
         const int64_t nb = n - j0 < KV_BLOCK ? n - j0 : KV_BLOCK;
         int64_t stride;
         const float *rows = kv_rows(a->kv_type, a->k, a->k_stride, g, dk, lo + j0, nb, buf, &stride);
-        attn_scores(kern, q, dk, nh, rows, stride, nb, dk, a->scale, s + j0, s_row);
+        mg_attn_scores(kern, q, dk, nh, rows, stride, nb, dk, a->scale, s + j0, s_row);
     }
     for (int i = 0; i < nh; i++) {
         kern->softmax(s + i * s_row, n, a->sinks ? a->sinks[h0 + i] : -INFINITY);
@@ -297,7 +295,7 @@ static void attn_group(const mg_attn_args *a, const mg_kernels *kern, int64_t t,
         const int64_t nb = n - j0 < KV_BLOCK ? n - j0 : KV_BLOCK;
         int64_t stride;
         const float *rows = kv_rows(a->kv_type, a->v, a->v_stride, g, dv, lo + j0, nb, buf, &stride);
-        attn_values(kern, out, dv, nh, s + j0, s_row, rows, stride, nb, dv);
+        mg_attn_values(kern, out, dv, nh, s + j0, s_row, rows, stride, nb, dv);
     }
 }
 

@@ -167,6 +167,14 @@ typedef struct mg_attn_args {
     mg_kv_type kv_type;                    /* storage of k and v (0: fp32) */
 } mg_attn_args;
 
+/* Scores of m query rows against n key rows, and values into m output rows: the table's block
+ * products, or loops of its dot and axpy where it has none (core/kernels.h; DeepSeek-V4's
+ * attention calls them too). */
+void mg_attn_scores(const mg_kernels *k, const float *q, int64_t q_stride, int m, const float *kr, int64_t k_stride,
+                    int64_t n, int64_t dim, float scale, float *s, int64_t s_stride);
+void mg_attn_values(const mg_kernels *k, float *o, int64_t o_stride, int m, const float *p, int64_t p_stride,
+                    const float *v, int64_t v_stride, int64_t n, int64_t dim);
+
 /* scratch: at least mg_attention_scratch(c, a) floats. */
 size_t mg_attention_scratch(const mg_compute *c, const mg_attn_args *a);
 void mg_attention(const mg_compute *c, const mg_attn_args *a, float *scratch);

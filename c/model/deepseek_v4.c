@@ -460,27 +460,6 @@ typedef struct attn_ctx {
     int items_per_token;
 } attn_ctx;
 
-/* The table's block products, or loops of its dot and axpy where it has none (core/kernels.h). */
-static void attn_scores_blk(const mg_kernels *k, const float *q, int64_t q_stride, int m, const float *kr,
-                            int64_t n, int64_t dim, float scale, float *s, int64_t s_stride) {
-    if (k->attn_scores) {
-        k->attn_scores(q, q_stride, m, kr, dim, n, dim, scale, s, s_stride);
-        return;
-    }
-    for (int i = 0; i < m; i++)
-        for (int64_t j = 0; j < n; j++) s[i * s_stride + j] = k->dot(q + i * q_stride, kr + j * dim, dim) * scale;
-}
-
-static void attn_values_blk(const mg_kernels *k, float *o, int64_t o_stride, int m, const float *p,
-                            int64_t p_stride, const float *v, int64_t n, int64_t dim) {
-    if (k->attn_values) {
-        k->attn_values(o, o_stride, m, p, p_stride, v, dim, n, dim);
-        return;
-    }
-    for (int i = 0; i < m; i++)
-        for (int64_t j = 0; j < n; j++) k->axpy(o + i * o_stride, p[i * p_stride + j], v + j * dim, dim);
-}
-
 /* Rows [j0, j0 + nb) of what token t sees (window rows from lo, n_win of them, then its compressed
  * rows: sel's, or all in order) as nb consecutive fp32 rows of D: in place when an fp32 cache
  * holds them consecutively, else gathered (bf16: converted) into buf. */
@@ -524,13 +503,13 @@ static void attn_slice(const attn_ctx *a, int64_t t, int h0, int h1, float *sc) 
     const float scale = 1.0f / sqrtf((float)D);
     for (int64_t j0 = 0; j0 < n; j0 += KV_BLOCK) {
         const int64_t nb = n - j0 < KV_BLOCK ? n - j0 : KV_BLOCK;
-        attn_scores_blk(k, q, D, nh, attn_rows(a, lo, n_win, sel, j0, nb, buf), nb, D, scale, sc + j0, s_row);
+        mg_attn_scores(k, q, D, nh, attn_rows(a, lo, n_win, sel, j0, nb, buf), D, nb, D, scale, sc + j0, s_row);
     }
     for (int i = 0; i < nh; i++) k->softmax(sc + i * s_row, n, a->L->sink[h0 + i]);
     memset(o, 0, sizeof(float) * (size_t)(nh * D));
     for (int64_t j0 = 0; j0 < n; j0 += KV_BLOCK) {
         const int64_t nb = n - j0 < KV_BLOCK ? n - j0 : KV_BLOCK;
-        attn_values_blk(k, o, D, nh, sc + j0, s_row, attn_rows(a, lo, n_win, sel, j0, nb, buf), nb, D);
+        mg_attn_values(k, o, D, nh, sc + j0, s_row, attn_rows(a, lo, n_win, sel, j0, nb, buf), D, nb, D);
     }
 }
 
