@@ -17,7 +17,7 @@
     defined(__AVX512DQ__) && defined(__AVX512BF16__) && defined(__FMA__) && defined(__F16C__)
 #include <stdlib.h>
 #include "kernels/avx512/avx512.h"
-#include "kernels/avx2/prefill_tile.h"
+#include "kernels/avx2/prefill_tile.h" /* the tile shape, shared with the fp32 tiles */
 #include "kernels/avx512bf16/avx512bf16.h"
 
 enum { TR = MG_PREFILL_TILE_ROWS, TC = MG_PREFILL_TILE_COLS, TP = TC / 2, MICRO_TOK = 12 };
@@ -30,18 +30,56 @@ static int takes(const mg_matrix *w) {
     return 0;
 }
 
-/* The fp32 tile's columns [0, kc) as bf16 pairs: pair p holds columns 2p (low half of each lane)
- * and 2p + 1 (high half); an odd kc's last pair has a zero high half.  The values are exact in
- * bf16 (takes), so dropping the low 16 bits loses nothing. */
-static void tile_pairs(const float *tile, int64_t kc, __m512i *pairs) {
-    const __m512i hi = _mm512_set1_epi32((int)0xFFFF0000u);
-    int64_t p = 0;
-    for (; 2 * p + 1 < kc; p++) {
-        const __m512i a = _mm512_castps_si512(_mm512_load_ps(tile + 2 * p * TR));
-        const __m512i b = _mm512_castps_si512(_mm512_load_ps(tile + (2 * p + 1) * TR));
-        _mm512_store_si512(pairs + p, _mm512_or_si512(_mm512_srli_epi32(a, 16), _mm512_and_si512(b, hi)));
+/* 32 columns of one row as 16 bf16 pairs (lane j: columns 2j, 2j + 1), exactly: bf16 rows are
+ * the pairs as stored; an fp8 byte s.eeee.mmm becomes, by a shift and a mask, the fp32 of its
+ * value times 2^-120 (eeee = 0, the subnormals, land in the fp32 denormals, still exact), which
+ * one multiply by 2^120 and one by the block's scale make the weight (s120, s: 1 for unscaled
+ * and row-scaled weights, whose row scale multiplies the sums).  vcvtne2ps2bf16 of two exact
+ * vectors of 16 columns is then the pairs of the 32, in order. */
+INLINE __m512i row_pairs_fp8(const uint8_t *p, __m512 s) {
+    const __m512i m = _mm512_set1_epi32(0x87F0 << 16), two120 = _mm512_set1_epi32((127 + 120) << 23);
+    const __m512i a = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p));
+    const __m512i b = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(p + 16)));
+    /* sign-extended byte << 20, then >> 4 arithmetic keeps s in bit 31 and eeeemmm at 20..26 */
+    const __m512 fa = _mm512_castsi512_ps(_mm512_and_si512(_mm512_slli_epi32(a, 24 - 4), m));
+    const __m512 fb = _mm512_castsi512_ps(_mm512_and_si512(_mm512_slli_epi32(b, 24 - 4), m));
+    const __m512 k = _mm512_castsi512_ps(two120);
+    return (__m512i)_mm512_cvtne2ps_pbh(_mm512_mul_ps(_mm512_mul_ps(fb, k), s), _mm512_mul_ps(_mm512_mul_ps(fa, k), s));
+}
+
+/* Rows [r, r + nr) (nr <= 16; lanes past nr repeat the last row) x columns [c0, c0 + kc) of w as
+ * bf16 pairs: pairs[p] lane i = row r + i's columns c0 + 2p, c0 + 2p + 1; an odd kc's last pair
+ * has a zero high half.  Each row's columns first, in one sequential run (16 rows read 32
+ * columns at a time, 16 short interleaved runs, were slower), then 16 x 16 transposes. */
+static void tile_pairs(const mg_matrix *w, int64_t r, int64_t nr, int64_t c0, int64_t kc, __m512i *pairs) {
+    const size_t rb = mg_matrix_row_bytes(w);
+    const int fp8 = w->format == MG_FP8_E4M3, block = fp8 && w->scale_kind == MG_SCALE_E8M0_BLOCK128;
+    __m512i buf[TR][TP / 16]; /* row-major: row i's pairs, 16 per vector */
+    for (int i = 0; i < TR; i++) { /* each row's bytes in one sequential run */
+        const int64_t ri = r + (i < nr ? i : nr - 1);
+        const uint8_t *row = (const uint8_t *)w->data + (size_t)ri * rb;
+        for (int64_t j = 0; j < kc; j += 32) {
+            const int64_t n = kc - j < 32 ? kc - j : 32, c = c0 + j;
+            /* a row range may start anywhere, so the 16 rows can straddle a 128-row scale block */
+            const __m512 s = _mm512_set1_ps(
+                block ? mg_e8m0_to_f32(((const uint8_t *)w->scale)[(size_t)(ri / 128) * (size_t)w->scale_cols + (size_t)(c / 128)])
+                      : 1.0f);
+            if (n == 32) {
+                buf[i][j / 32] = fp8 ? row_pairs_fp8(row + c, s) : _mm512_loadu_si512(row + 2 * c);
+            } else { /* the last, partial step: through a zero-padded copy of the row's columns */
+                uint8_t tmp[64] = {0};
+                memcpy(tmp, row + (fp8 ? (size_t)c : 2 * (size_t)c), (size_t)(fp8 ? n : 2 * n));
+                buf[i][j / 32] = fp8 ? row_pairs_fp8(tmp, s) : _mm512_loadu_si512(tmp);
+            }
+        }
     }
-    if (2 * p < kc) _mm512_store_si512(pairs + p, _mm512_srli_epi32(_mm512_castps_si512(_mm512_load_ps(tile + 2 * p * TR)), 16));
+    for (int64_t j = 0; j < kc; j += 32) {
+        __m512 v[16];
+        for (int i = 0; i < TR; i++) v[i] = _mm512_castsi512_ps(buf[i][j / 32]);
+        transpose16_ps(v);
+        const int64_t n = kc - j < 32 ? kc - j : 32;
+        for (int q = 0; q < (n + 1) / 2; q++) pairs[j / 2 + q] = _mm512_castps_si512(v[q]);
+    }
 }
 
 /* y[t][r + 16h + i] (+)= sum over pairs of tile_h's pair . x[t]'s pair, for T tokens and H (1, 2)
@@ -123,7 +161,6 @@ void mg_avx512bf16_prefill_bf16x(const mg_matrix *w, const float *x, int64_t x_s
         return;
     }
     x_pairs(x, x_stride, n_tok, cols, xb, xs);
-    float tile[TR * TC] __attribute__((aligned(64)));
     __m512i pairs[2][TP];
     const int64_t nb = (n_tok + MICRO_TOK - 1) / MICRO_TOK, base = n_tok / nb, extra = n_tok % nb;
     for (int64_t r = r0; r < r1; r += 2 * TR) {
@@ -138,12 +175,8 @@ void mg_avx512bf16_prefill_bf16x(const mg_matrix *w, const float *x, int64_t x_s
         }
         for (int64_t c0 = 0; c0 < cols; c0 += TC) {
             const int64_t kc = cols - c0 < TC ? cols - c0 : TC, np = (kc + 1) / 2;
-            mg_avx2_prefill_tile(w, r, H == 2 ? TR : nr, c0, kc, tile);
-            tile_pairs(tile, kc, pairs[0]);
-            if (H == 2) {
-                mg_avx2_prefill_tile(w, r + TR, nr - TR, c0, kc, tile);
-                tile_pairs(tile, kc, pairs[1]);
-            }
+            tile_pairs(w, r, H == 2 ? TR : nr, c0, kc, pairs[0]);
+            if (H == 2) tile_pairs(w, r + TR, nr - TR, c0, kc, pairs[1]);
             const __m512 *rs = c0 + kc == cols && w->scale_kind == MG_SCALE_F32_ROW ? rsv : NULL;
             for (int64_t b = 0, t = 0; b < nb; b++) { /* tokens in even blocks of at most MICRO_TOK */
                 const int T = (int)(base + (b < extra));
