@@ -36,6 +36,10 @@ ifeq ($(ARCH),x86_64)
 ISA_UNKNOWN := $(foreach f,$(ISA_OPTIONAL),$(shell $(CC) $(f) -x c -c /dev/null -o /dev/null 2>/dev/null || echo $(f)))
 isa_flags = $(filter-out $(ISA_UNKNOWN),$(if $(findstring _avx2.c,$(1)),$(ISA_avx2))$(if $(findstring _avxvnni.c,$(1)),$(ISA_avxvnni))$(if $(findstring _avx512.c,$(1)),$(ISA_avx512))$(if $(findstring _avx512vnni.c,$(1)),$(ISA_avx512vnni))$(if $(findstring _avx512bf16.c,$(1)),$(ISA_avx512bf16)))
 endif
+ifneq ($(filter aarch64 arm64,$(ARCH)),)
+ISA_UNKNOWN := $(foreach f,$(ISA_OPTIONAL_ARM),$(shell $(CC) $(f) -x c -c /dev/null -o /dev/null 2>/dev/null || echo $(f)))
+isa_flags = $(filter-out $(ISA_UNKNOWN),$(if $(findstring _neondot.c,$(1)),$(ISA_neondot)))
+endif
 
 .SECONDARY:
 

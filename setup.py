@@ -6,7 +6,8 @@ AVX2/FMA/F16C kernels, *_avxvnni.c those that also use AVX-VNNI (ymm vpdpbusd), 
 AVX-512 (F/BW/VL/DQ) ones, *_avx512vnni.c and *_avx512bf16.c those that also use AVX512_VNNI /
 AVX512_BF16; only they get those instruction-set flags, and the runtime dispatcher
 (c/core/cpu.c) picks them only on a CPU that has the features. This keeps one shipped binary
-that runs on any x86-64.
+that runs on any x86-64. On arm64 the same holds for *_neondot.c (the dot-product extension,
+sdot): NEON itself is baseline there.
 """
 from __future__ import annotations
 
@@ -35,11 +36,17 @@ def _read_flags(path: Path) -> dict[str, list[str]]:
 FLAGS = _read_flags(C_DIR / "flags.mk")
 ISA_FLAGS = {f"_{isa}.c": FLAGS[f"ISA_{isa}"] for isa in ("avx2", "avxvnni", "avx512", "avx512vnni", "avx512bf16")}
 OPTIONAL_FLAGS = set(FLAGS["ISA_OPTIONAL"])
+ISA_FLAGS_ARM = {"_neondot.c": FLAGS["ISA_neondot"]}
+OPTIONAL_FLAGS_ARM = set(FLAGS["ISA_OPTIONAL_ARM"])
 COMMON_C_FLAGS = FLAGS["C_FLAGS"]
 
 
 def _is_x86() -> bool:
     return platform.machine().lower() in ("x86_64", "amd64", "i686", "x86")
+
+
+def _is_arm64() -> bool:
+    return platform.machine().lower() in ("aarch64", "arm64")
 
 
 def _sanitize_flags() -> list[str]:
@@ -72,11 +79,15 @@ class BuildCore(build_ext):
         ext.depends = list(ext.depends) + c_files
         objects = []
         san = _sanitize_flags()
-        unknown = {f for f in OPTIONAL_FLAGS if _is_x86() and not _compiler_accepts(self.compiler, f, self.build_temp)}
+        # the instruction-set files of the machine built for (none elsewhere), and the flags of
+        # theirs this compiler does not know (dropped: such a file builds as its stub)
+        isa_flags = ISA_FLAGS if _is_x86() else ISA_FLAGS_ARM if _is_arm64() else {}
+        optional = OPTIONAL_FLAGS if _is_x86() else OPTIONAL_FLAGS_ARM if _is_arm64() else set()
+        unknown = {f for f in optional if not _compiler_accepts(self.compiler, f, self.build_temp)}
         for src in c_files:
             flags = list(COMMON_C_FLAGS) + san
-            for suffix, isa in ISA_FLAGS.items():
-                if src.endswith(suffix) and _is_x86():
+            for suffix, isa in isa_flags.items():
+                if src.endswith(suffix):
                     flags += [f for f in isa if f not in unknown]
             objects += self.compiler.compile(
                 [src], output_dir=self.build_temp, include_dirs=ext.include_dirs,

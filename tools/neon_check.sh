@@ -6,7 +6,9 @@
 #   tools/neon_check.sh test_kernels    only the named tests
 #
 # Environment: CROSS_CC (default aarch64-linux-gnu-gcc), QEMU (default qemu-aarch64),
-# NEON_BUILD (default build/neon), NEON_INSTALL=0 to never install the toolchain.
+# NEON_BUILD (default build/neon), NEON_INSTALL=0 to never install the toolchain, QEMU_CPU (read
+# by qemu itself; default "max", which has the dot-product extension): e.g. QEMU_CPU=cortex-a53
+# runs everything on a CPU without it, where the neon table keeps its int8 rows and no GEMM.
 # Exit status: 0 all passed, 1 a build or test failed, 2 the toolchain is missing.
 set -euo pipefail
 
@@ -15,6 +17,8 @@ CROSS_CC=${CROSS_CC:-aarch64-linux-gnu-gcc}
 QEMU=${QEMU:-qemu-aarch64}
 OUT=${NEON_BUILD:-build/neon}
 CFLAGS=(-std=c11 -O2 -g -Wall -Wextra -Wno-unused-parameter -Ic)
+# files named *_neondot.c get the dot-product flags, as in the Makefile and setup.py (c/flags.mk)
+read -r -a NEONDOT_FLAGS <<<"$(sed -n 's/^ISA_neondot := //p' c/flags.mk)"
 
 # ---- toolchain: install with apt when missing and allowed (root, or passwordless sudo) ------
 have_tools() { command -v "$CROSS_CC" >/dev/null && command -v "$QEMU" >/dev/null; }
@@ -39,13 +43,16 @@ mkdir -p "$OUT/obj"
 objs=()
 while IFS= read -r src; do
     obj="$OUT/obj/$(echo "${src#c/}" | tr / _).o"
-    "$CROSS_CC" "${CFLAGS[@]}" -c "$src" -o "$obj"
+    isa=()
+    case "$src" in *_neondot.c) isa=("${NEONDOT_FLAGS[@]}") ;; esac
+    "$CROSS_CC" "${CFLAGS[@]}" "${isa[@]}" -c "$src" -o "$obj"
     objs+=("$obj")
 done < <(find c -name '*.c' -not -path 'c/bindings/*' | sort)
 
-# A probe that fails unless the NEON table is what an arm64 CPU selects, and unless it has its
-# own fp32 entry for every ggml block format: otherwise the kernel tests would silently compare
-# scalar against scalar.
+# A probe that fails unless the NEON table is what an arm64 CPU selects, unless it has its own
+# fp32 entry for every ggml block format, and unless it has the int8 GEMM exactly when the CPU has
+# the dot-product extension: otherwise the kernel tests would silently compare scalar against
+# scalar, or the rows against the rows.
 cat >"$OUT/probe.c" <<'EOF'
 #include <stdio.h>
 #include <string.h>
@@ -53,8 +60,10 @@ cat >"$OUT/probe.c" <<'EOF'
 #include "core/kernels.h"
 int main(void) {
     const mg_kernels *k = mg_kernels_best(), *s = mg_kernels_scalar();
-    printf("neon_check: best kernel table on arm64: %s\n", k->name);
-    int bad = strcmp(k->name, "neon") != 0;
+    const mg_cpu_features cpu = mg_cpu_detect();
+    printf("neon_check: best kernel table on arm64: %s; dot product %s, int8 GEMM %s\n", k->name,
+           cpu.neondot ? "yes" : "no", k->linear_q8_gemm ? "yes" : "no");
+    int bad = strcmp(k->name, "neon") != 0 || !k->linear_q8_gemm != !cpu.neondot;
     for (int f = 0; f < MG_FORMAT_COUNT; f++)
         if (mg_format_is_ggml_block((mg_format)f) && k->linear[f] == s->linear[f]) {
             printf("neon_check: %s keeps the scalar fp32 linear entry\n", mg_format_name((mg_format)f));

@@ -221,6 +221,7 @@ void register_kernels(py::module_ &m) {
         d["avx512vnni"] = (bool)f.avx512vnni;  // and zmm vpdpbusd: the avx512 table's int8 entries
         d["avxvnni"] = (bool)f.avxvnni;  // ymm vpdpbusd (no AVX-512 needed): the avx2 table's int8 GEMM
         d["neon"] = (bool)f.neon;
+        d["neondot"] = (bool)f.neondot;  // arm64 sdot: the neon table's int8 GEMM
         return d;
     });
     m.def("linear", &linear, py::arg("table"), py::arg("fmt"), py::arg("scale_kind"), py::arg("data"),

@@ -37,9 +37,34 @@ mg_cpu_features mg_cpu_detect(void) {
     return f;
 }
 #elif defined(__aarch64__)
+#if defined(__linux__)
+#include <sys/auxv.h>
+#ifndef HWCAP_ASIMDDP
+#define HWCAP_ASIMDDP (1UL << 20) /* the kernel's value; older libc headers lack the name */
+#endif
+#elif defined(__APPLE__)
+#include <sys/sysctl.h>
+#endif
+
+/* The dot-product extension: optional from Armv8.2 (Cortex-A55/A75 on, Neoverse N1 on, Apple
+ * M1 on; not Cortex-A53/A72), and its instructions fault where absent, so it is asked of the OS,
+ * never assumed from the build.  Other systems: reported absent. */
+static int has_dotprod(void) {
+#if defined(__linux__)
+    return (getauxval(AT_HWCAP) & HWCAP_ASIMDDP) != 0;
+#elif defined(__APPLE__)
+    int v = 0;
+    size_t n = sizeof v;
+    return sysctlbyname("hw.optional.arm.FEAT_DotProd", &v, &n, NULL, 0) == 0 && v;
+#else
+    return 0;
+#endif
+}
+
 mg_cpu_features mg_cpu_detect(void) {
     mg_cpu_features f = {0};
     f.neon = 1; /* Advanced SIMD is mandatory on AArch64 */
+    f.neondot = has_dotprod();
     return f;
 }
 #else

@@ -15,6 +15,9 @@ typedef struct mg_cpu_features {
     /* AVX-VNNI (the VEX, ymm vpdpbusd; Intel client CPUs from Alder Lake) on top of avx2: the
      * avx2 table's int8 GEMM */
     int avxvnni;
+    /* The dot-product extension (sdot / udot, FEAT_DotProd; Linux HWCAP_ASIMDDP) on top of neon:
+     * the neon table's int8 GEMM */
+    int neondot;
 } mg_cpu_features;
 
 mg_cpu_features mg_cpu_detect(void);

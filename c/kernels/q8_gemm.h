@@ -1,6 +1,6 @@
 /* The int8-activation GEMM (prefill with --activations int8): weight rows are decoded once per
  * call into int8 codes and per-group float factors, then multiplied with many tokens' int8 x at
- * once (kernels/avx512/q8_gemm_avx512vnni.c), instead of re-decoding every row for every token
+ * once (kernels/avx512/q8_gemm_avx512vnni.c, avx2/q8_gemm_avxvnni.c, neon/q8_gemm_neondot.c), instead of re-decoding every row for every token
  * as the row entries do.  The arithmetic is the row entries' contract (kernels/scalar/q8_scalar.c)
  * with the per-16 integer scale k folded into the float factor:
  *     per group g of G columns (G = mg_q8_gemm_group(f), 16 or 32):
@@ -47,5 +47,9 @@ mg_q8_decode_fn mg_scalar_q8_decode;
  * decode, or in a build without AVX2. */
 mg_q8_decode_fn *mg_avx2_q8_decoder_k(mg_format f);
 mg_q8_decode_fn *mg_avx2_q8_decoder_iq(mg_format f);
+
+/* The NEON decoders (kernels/neon/q8_decode_neon.c): every block format; NULL for the others, or
+ * in a build for another architecture. */
+mg_q8_decode_fn *mg_neon_q8_decoder(mg_format f);
 
 #endif

@@ -1,7 +1,8 @@
 /* The parts of the int8 GEMM (kernels/q8_gemm.h) that do not depend on the vector width, shared
- * by kernels/avx512/q8_gemm_avx512vnni.c (zmm, 16-row panels) and kernels/avx2/q8_gemm_avxvnni.c
- * (ymm, 8-row panels): the decoder lookup, x laid out per token tile, and the loops over column
- * chunks, row panels and token tiles.  A GEMM file supplies its panel (pack: decode rows and
+ * by kernels/avx512/q8_gemm_avx512vnni.c (zmm, 16-row panels), kernels/avx2/q8_gemm_avxvnni.c
+ * (ymm, 8-row panels) and kernels/neon/q8_gemm_neondot.c (arm64 sdot, 8-row panels): the
+ * decoder lookup, x laid out per token tile, and the loops over column chunks, row panels and
+ * token tiles.  A GEMM file supplies its panel (pack: decode rows and
  * transpose them into the panel's lines) and its tile (T tokens against one packed panel).
  * Plain C, so that it compiles with any file's flags; include only from the GEMM files. */
 #ifndef MG_KERNELS_Q8_GEMM_DRIVER_H
@@ -13,10 +14,16 @@
 #include "kernels/q8_gemm.h"
 #include "kernels/unaligned.h"
 
-/* The AVX2 decoder of format f where there is one, else the scalar one (same output). */
+/* The decoder of format f for the architecture the GEMM runs on: the NEON one on arm64, the
+ * AVX2 one on x86-64 (every x86 GEMM file runs on a CPU with AVX2); else, or where that set has
+ * none, the scalar one (same output). */
 static inline mg_q8_decode_fn *mg_q8_gemm_decoder(mg_format f) {
+#if defined(__aarch64__)
+    mg_q8_decode_fn *dec = mg_neon_q8_decoder(f);
+#else
     mg_q8_decode_fn *dec = mg_avx2_q8_decoder_k(f);
     if (!dec) dec = mg_avx2_q8_decoder_iq(f);
+#endif
     return dec ? dec : mg_scalar_q8_decode;
 }
 
@@ -26,7 +33,8 @@ static inline mg_q8_decode_fn *mg_q8_gemm_decoder(mg_format f) {
  * copied accumulators between registers: the zmm tile ran at 1.75x the fp32 tiles, not 2.4x.) */
 typedef struct {
     const int32_t *q;    /* 4 codes per int32 */
-    const int32_t *comp; /* -128 * (sum of the group's codes): the bias of the unsigned weights */
+    const int32_t *comp; /* -128 * (sum of the group's codes): the bias of the x86 tiles' unsigned
+                          * weights (NEON's sdot is signed x signed and has none) */
     const float *dx;     /* the scale of the group's 32 columns */
     const float *sx;     /* dx * (sum of the group's codes) (formats with mins) */
 } mg_q8_tile_x;

@@ -22,7 +22,8 @@
  * always runs the most specialised code that accepts it.  The int8-activation entries
  * (linear_q8) inherit the same way; the exceptions to "a table's entries depend only on the
  * build": the avx2 table takes its int8 GEMM only on a CPU with AVX-VNNI (table_avx2.c), the
- * avx512 table the VNNI entries only on a CPU with AVX512_VNNI (table_avx512.c).
+ * avx512 table the VNNI entries only on a CPU with AVX512_VNNI (table_avx512.c), the neon table
+ * its int8 GEMM only on a CPU with the dot-product extension (table_neon.c).
  * Include only from c/kernels and the C tests. */
 #ifndef MG_KERNELS_TABLES_H
 #define MG_KERNELS_TABLES_H

@@ -4,12 +4,14 @@
  *     sum(q), all-zero blocks give d = 0, a NaN makes the block's scale NaN.
  *  2. Each SIMD table's linear_q8 against the scalar twin on random blocks, odd row counts (and
  *     counts leaving 0-3 rows after groups of four), odd block counts, rows not multiples of
- *     256, token counts 1, 2, 3, 5 (and 12, 25: the int8 GEMM's token tiles), row ranges inside the matrix, padded y strides, rows wider
- *     than a kernel's stack copy of x (8192 columns, also with an odd last pass): |y - y_scalar|
+ *     256, token counts 1, 2, 3, 5 (and 8, 12, 25: the int8 GEMMs' token tiles; on arm64 the
+ *     NEON GEMM also called directly at 1 and 4), row ranges inside the matrix, padded y
+ *     strides, rows wider than a kernel's stack copy of x (8192 columns, also with an odd last
+ *     pass): |y - y_scalar|
  *     <= 1e-5 * mag, mag = sum_c |w_c xq_c| (+ 2 |min_c| |xq_c| for Q4_K / Q5_K / Q2_K (dmin*m)
  *     and Q4_1 / Q5_1 (m), whose mins are a separate sum): both compute the same exact integer
- *     sums and the same float factors (up to the VNNI loops' per-16 factors d*k*dx, one more
- *     rounding), and differ otherwise only in the order of the fp32 additions.  Rows
+ *     sums and the same float factors (up to the VNNI loops' and the GEMMs' per-16 factors
+ *     d*k*dx, one more rounding), and differ otherwise only in the order of the fp32 additions.  Rows
  *     outside the range stay untouched.  The avx2 table's rows do not depend on the row range
  *     at all (bit for bit: each row is reduced alone, whether in a group of four or not).
  *  3. Against the fp32 path (the linear entry on the unquantised x): |y_q8 - y_f32| <=
@@ -18,7 +20,9 @@
  *     mg_linear_jobs run the int8 entry for block formats (bit-equal to calling it on the
  *     quantised x) and the fp32 entry for other formats; with it clear, the fp32 entry.  Also
  *     from a second thread that then exits (its scratch is freed with it: the sanitizer build
- *     reports a leak otherwise). */
+ *     reports a leak otherwise).  Several tokens take the int8 entry only in a table with an int8
+ *     GEMM (linear_q8_gemm): on arm64, the neon table on a CPU with the dot product.
+ *  5. The int8 GEMM's block decoders (below). */
 #include <math.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -32,6 +36,13 @@
 #include "core/q8_act.h"
 #include "model/blocks.h"
 #include "kernels/q8_gemm.h"
+#include "kernels/q8_gemm_driver.h"
+
+/* kernels/neon/neon.h (arm64 only): the int8 GEMM on sdot and the entry that takes it; NULL in a
+ * build without the dot product */
+void mg_neondot_gemm_q8(const mg_matrix *w, const mg_q8_act *xq, int64_t n_tok, float *y, int64_t y_stride,
+                        int64_t r0, int64_t r1);
+mg_linear_q8_fn mg_neondot_linear_q8(void);
 #include "check.h"
 
 static uint64_t g_rng = 0x2545F4914F6CDD1Dull;
@@ -285,46 +296,67 @@ static void case_dispatch(const mg_kernels *k, mg_pool *pool) {
 }
 
 /* 5. The int8 GEMM's block decoders (kernels/q8_gemm.h): the scalar one gives back the
- * dequantised weights (fac * code - mn per group, to fp32 rounding), and every SIMD one equals it
- * bit for bit on random blocks, 1 to 17 of them. */
+ * dequantised weights (fac * code - mn per group, to fp32 rounding), and every SIMD one this
+ * build has (AVX2 where the CPU runs it; NEON on arm64) equals it bit for bit on random blocks, 1
+ * to 17 of them.  The NEON decoders must cover every format (the GEMM's lookup takes them), and
+ * the lookup must return them. */
+static int decoder_matches(const char *isa, mg_q8_decode_fn *dec, mg_format f, const uint8_t *data, int64_t nb,
+                           const int8_t *codes, const float *fac, const float *mn) {
+    int64_t e, bytes;
+    mg_format_block(f, &e, &bytes);
+    const int64_t cols = nb * e, ng = cols / mg_q8_gemm_group(f);
+    int8_t *codes2 = malloc((size_t)cols);
+    float *fac2 = malloc((size_t)ng * 4), *mn2 = calloc((size_t)ng, 4);
+    memset(codes2, 0x55, (size_t)cols);
+    for (int64_t g = 0; g < ng; g++) fac2[g] = -1.0f;
+    dec(f, data, nb, codes2, fac2, mn2);
+    const int ok = !memcmp(codes, codes2, (size_t)cols) && !memcmp(fac, fac2, (size_t)ng * 4) &&
+                   (!mg_q8_gemm_has_mins(f) || !memcmp(mn, mn2, (size_t)ng * 4));
+    CHECK(ok, "%s q8 decoder %s nb=%ld differs from the scalar one", isa, mg_format_name(f), (long)nb);
+    free(codes2), free(fac2), free(mn2);
+    return ok;
+}
+
 static void case_decoders(int have_avx2) {
     static const int64_t counts[] = {1, 2, 3, 7, 17};
+    int simd_checked = 0;
     for (int fi = 0; fi < N_FORMATS; fi++) {
         const mg_format f = FORMATS[fi];
         int64_t e, bytes;
         mg_format_block(f, &e, &bytes);
-        const int G = mg_q8_gemm_group(f), mins = mg_q8_gemm_has_mins(f);
+        const int G = mg_q8_gemm_group(f);
         for (int ci = 0; ci < 5; ci++) {
             const int64_t nb = counts[ci], cols = nb * e, ng = cols / G;
             bmat b;
             make(&b, f, 1, cols);
-            int8_t *codes = malloc((size_t)cols), *codes2 = malloc((size_t)cols);
-            float *fac = malloc((size_t)ng * 4), *mn = calloc((size_t)ng, 4), *fac2 = malloc((size_t)ng * 4),
-                  *mn2 = calloc((size_t)ng, 4);
+            int8_t *codes = malloc((size_t)cols);
+            float *fac = malloc((size_t)ng * 4), *mn = calloc((size_t)ng, 4);
             mg_scalar_q8_decode(f, b.data, nb, codes, fac, mn);
-            int bad = 0;
+            int bad = 0, nonzero = 0;
             for (int64_t c = 0; c < cols; c++) {
                 const double w = (double)fac[c / G] * codes[c] - (double)mn[c / G];
                 bad += !(fabs(w - (double)b.dense[c]) <= 1e-6 * (fabs((double)b.dense[c]) + 2.0 * b.mins[c]) + 1e-30);
+                nonzero += codes[c] != 0;
             }
             CHECK(!bad, "scalar q8 decoder %s nb=%ld: %d weights differ from the dequantised ones",
                   mg_format_name(f), (long)nb, bad);
+            CHECK(nonzero > cols / 4, "q8 decoders %s nb=%ld: random blocks with only %d nonzero codes",
+                  mg_format_name(f), (long)nb, nonzero);
 #if defined(__x86_64__)
             mg_q8_decode_fn *dec = have_avx2 ? mg_avx2_q8_decoder_k(f) : NULL;
             if (have_avx2 && !dec) dec = mg_avx2_q8_decoder_iq(f);
-            if (dec) {
-                memset(codes2, 0x55, (size_t)cols);
-                for (int64_t g = 0; g < ng; g++) fac2[g] = -1.0f;
-                dec(f, b.data, nb, codes2, fac2, mn2);
-                CHECK(!memcmp(codes, codes2, (size_t)cols) && !memcmp(fac, fac2, (size_t)ng * 4) &&
-                          (!mins || !memcmp(mn, mn2, (size_t)ng * 4)),
-                      "avx2 q8 decoder %s nb=%ld differs from the scalar one", mg_format_name(f), (long)nb);
-            }
+            if (dec) simd_checked += decoder_matches("avx2", dec, f, b.data, nb, codes, fac, mn);
+#elif defined(__aarch64__)
+            mg_q8_decode_fn *dec = mg_neon_q8_decoder(f);
+            CHECK(dec && mg_q8_gemm_decoder(f) == dec, "neon q8 decoder %s: %s", mg_format_name(f),
+                  dec ? "not the GEMM's lookup" : "missing");
+            if (dec) simd_checked += decoder_matches("neon", dec, f, b.data, nb, codes, fac, mn);
 #endif
-            free(codes), free(codes2), free(fac), free(mn), free(fac2), free(mn2);
+            free(codes), free(fac), free(mn);
             unmake(&b);
         }
     }
+    printf("test_ggml_q8: %d SIMD block decodes equal to the scalar decoder\n", simd_checked);
 }
 
 typedef struct {
@@ -393,14 +425,31 @@ int main(void) {
             unmake(&b);
         }
     }
-    /* the GEMM's token tiles (12 tokens; 25 as three of 8-9) over several 16-row panels and
-     * column chunks (1024) with a partial last one, from a row range that starts inside a panel */
+    /* the GEMM's token tiles (12 tokens; 25 as three of 8-9 on AVX-512, five of 5 with tiles of
+     * at most 6; 8 as two of 4: a full vector of 4 tokens' x codes on NEON) over several 16-row
+     * (8-row) panels and column chunks (1024) with a partial last one, from row ranges that start
+     * inside a panel.  On arm64 with the dot product, the GEMM is also called directly (a copy of
+     * the neon table whose int8 entries are mg_neondot_gemm_q8) at 1 and 4 tokens, below the
+     * entry's threshold: tiles of 1 and of exactly 4 tokens. */
+    mg_kernels gemm_only = {0};
+#if defined(__aarch64__)
+    const mg_kernels *neon = mg_kernels_named("neon");
+    if (neon && neon->linear_q8_gemm && mg_neondot_linear_q8()) {
+        gemm_only = *neon;
+        gemm_only.name = "neondot GEMM";
+        for (int f = 0; f < MG_FORMAT_COUNT; f++)
+            if (gemm_only.linear_q8[f]) gemm_only.linear_q8[f] = mg_neondot_gemm_q8;
+    }
+#endif
     for (int fi = 0; fi < N_FORMATS; fi++) {
         int64_t e, bytes;
         mg_format_block(FORMATS[fi], &e, &bytes);
         bmat b;
         make(&b, FORMATS[fi], 37, e == 32 ? 1376 : 1280);
-        for (int k = 1; k < n; k++) case_linear(tables[k], &b, 12, 0, 37), case_linear(tables[k], &b, 25, 3, 37);
+        for (int k = 1; k < n; k++)
+            case_linear(tables[k], &b, 12, 0, 37), case_linear(tables[k], &b, 25, 3, 37),
+                case_linear(tables[k], &b, 8, 1, 36);
+        if (gemm_only.name) case_linear(&gemm_only, &b, 1, 0, 37), case_linear(&gemm_only, &b, 4, 5, 31);
         unmake(&b);
     }
     mg_error err = {0};
@@ -415,7 +464,7 @@ int main(void) {
     }
     if (pool) mg_pool_destroy(pool);
     printf("test_ggml_q8: tables");
-    for (int k = 0; k < n; k++) printf(" %s", tables[k]->name);
+    for (int k = 0; k < n; k++) printf(" %s%s", tables[k]->name, tables[k]->linear_q8_gemm ? " (int8 GEMM)" : "");
     printf("; %d passed, %d failed\n", g_pass, g_fail);
     return g_fail ? 1 : 0;
 }

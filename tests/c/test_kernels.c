@@ -769,8 +769,10 @@ static void test_inheritance(tally *t) {
  * the scalar table alone; AVX2 alone, no AVX-512 table; this CPU's features, the process's own
  * tables; and AVX-512 without VNNI keeps the avx2 int8 entries.  The int8 GEMM flag follows the
  * CPU too: the avx2 table has it with AVX-VNNI (where the build has q8_gemm_avxvnni.c's entry),
- * the avx512 table inherits it without AVX512_VNNI. */
+ * the avx512 table inherits it without AVX512_VNNI; the neon table has it with the dot-product
+ * extension (where the build has q8_gemm_neondot.c's entry), its rows without. */
 mg_linear_q8_fn mg_avxvnni_linear_q8(void); /* kernels/avx2/avx2.h: NULL in a build without -mavxvnni */
+mg_linear_q8_fn mg_neondot_linear_q8(void); /* kernels/neon/neon.h: NULL in a build without +dotprod */
 static void test_tables_follow_the_cpu(tally *t) {
     mg_kernels out[MG_KERNEL_TABLES];
     const mg_kernels *const own[MG_KERNEL_TABLES] = {mg_kernels_scalar(), mg_kernels_avx2(), mg_kernels_avx512(),
@@ -798,6 +800,24 @@ static void test_tables_follow_the_cpu(tally *t) {
             check(t, out[1].linear_q8_gemm && out[1].linear_q8[MG_Q8_0] != rows, "int8 GEMM with AVX-VNNI", "avx2",
                   "", 0, 0, 0, 0, 0);
         }
+    }
+
+    if (detected.neon) {
+        mg_cpu_features neon = {0};
+        neon.neon = 1;
+        mg_kernels_build(&neon, out);
+        check(t, out[4].name && !out[4].linear_q8_gemm, "no int8 GEMM without the dot product", "neon", "", 0, 0, 0,
+              0, 0);
+        if (detected.neondot && mg_neondot_linear_q8()) {
+            const mg_linear_q8_fn rows = out[4].linear_q8[MG_Q8_0];
+            neon.neondot = 1;
+            mg_kernels_build(&neon, out);
+            check(t, out[4].linear_q8_gemm && out[4].linear_q8[MG_Q8_0] == mg_neondot_linear_q8() &&
+                         out[4].linear_q8[MG_Q4_K] == mg_neondot_linear_q8() && rows != mg_neondot_linear_q8(),
+                  "int8 GEMM with the dot product", "neon", "", 0, 0, 0, 0, 0);
+        }
+        check(t, !own[4] || !own[4]->linear_q8_gemm == !(detected.neondot && mg_neondot_linear_q8()),
+              "int8 GEMM follows the dot product", "neon", "", 0, 0, 0, 0, 0);
     }
 
     mg_kernels_build(&detected, out);

@@ -8,10 +8,17 @@
 
 int mg_kernels_override_neon(mg_kernels *k, const mg_cpu_features *f) {
     MG_LINEAR_SET(k, mg_neon_linear);
-    for (int f = MG_Q8_0; f < MG_FORMAT_COUNT; f++) { /* ggml_neon.c; a format it lacks keeps the parent's */
-        if (mg_neon_ggml_takes((mg_format)f)) k->linear[f] = mg_neon_linear_ggml;
-        if (mg_format_has_q8_path((mg_format)f)) k->linear_q8[f] = mg_neon_linear_q8;
+    /* int8 activations: the rows (ggml_neon.c), which loop over the tokens; on a CPU with the
+     * dot-product extension an entry with an int8 GEMM for several tokens (q8_gemm_neondot.c), so
+     * that prefill takes the int8 path too (linear_q8_gemm).  Without it the GEMM would multiply
+     * by widening, 4 instructions per 16 products, no better than the fp32 tiles: prefill keeps
+     * those (as on an x86 CPU without VNNI). */
+    const mg_linear_q8_fn dot = f->neondot ? mg_neondot_linear_q8() : NULL;
+    for (int fmt = MG_Q8_0; fmt < MG_FORMAT_COUNT; fmt++) { /* ggml_neon.c; a format it lacks keeps the parent's */
+        if (mg_neon_ggml_takes((mg_format)fmt)) k->linear[fmt] = mg_neon_linear_ggml;
+        if (mg_format_has_q8_path((mg_format)fmt)) k->linear_q8[fmt] = dot ? dot : mg_neon_linear_q8;
     }
+    k->linear_q8_gemm = dot != NULL;
     MG_VECTOR_OPS_SET(k, mg_neon);
     /* attention: the scalar loops would replace NEON's dot and axpy; NULL lets the caller loop
      * over those (core/kernels.h) */
