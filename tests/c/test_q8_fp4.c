@@ -13,7 +13,8 @@
  *     and factors, another order of fp32 additions); rows outside the range untouched.  The
  *     twin against the fp32 entry on the unquantised x: within the quantisation bound
  *     sum_c |w_c| |x_c - xq_c| (+ 1e-5 * mag).
- *  3. A scale byte 255 (ue8m0's NaN) makes its row's result NaN in every table, as on fp32.
+ *  3. A scale byte 255 (ue8m0's NaN) makes its row's result NaN in every table, as on fp32
+ *     (also where x's scale would keep 2^127, the byte's plain reading, finite).
  *  4. The dispatch: mg_linear_q8_applies takes FP4 with ue8m0 scales per 32, and not FP4 without
  *     scales, FP8 or f32; mg_linear_multi and mg_linear_jobs under act_int8 run the int8 entry
  *     for FP4 (bit for bit the entry on the quantised x) next to an FP8 matrix on its fp32
@@ -144,10 +145,12 @@ static void case_nan(const mg_kernels *k) {
     fmat b;
     make(&b, 9, 320, 0);
     b.scale[3 * 10 + 7] = 255; /* row 3, group 7 */
-    float x[2 * 320], y[2 * 9];
-    for (int i = 0; i < 2 * 320; i++) x[i] = rnd_sym();
+    float x[3 * 320], y[3 * 9];
+    /* x tiny in group 7, so that 2^127 (what the byte would give read as a plain exponent) times
+     * its scale stays finite: a kernel without the NaN case gives a finite row */
+    for (int i = 0; i < 3 * 320; i++) x[i] = rnd_sym() * (i % 320 / 32 == 7 ? 1e-30f : 1.0f);
     mg_q8_act xq;
-    for (int n_tok = 1; n_tok <= 2; n_tok++) {
+    for (int n_tok = 1; n_tok <= 3; n_tok++) { /* 3: the GEMM's decoders too */
         void *mem = quantize(x, n_tok, 320, &xq);
         k->linear_q8[MG_FP4_E2M1](&b.m, &xq, n_tok, y, 9, 0, 9);
         int ok = 1;
