@@ -68,3 +68,14 @@ def test_fp4_int8_prefill_matches_int8_decode(native: Path, tokens: list[int]) -
             assert float(np.median(step_errors(prefill, np.asarray(f32.eval(tokens))))) > 10 * TWIN_TOLERANCE
         finally:
             f32.close()
+
+
+def test_startup_hint_counts_fp4_as_int8_capable() -> None:
+    """The server's startup line points f32 runs of FP4 experts at --activations int8 (they have
+    an int8 path now), and stays quiet where every format keeps f32 (FP8, BF16)."""
+    from gateway.server.serve import _activations_hint
+
+    native = {"fp8_e4m3": 50, "bf16": 22, "fp4_e2m1": 288}
+    assert "--activations int8" in _activations_hint({"weights": native, "activations": "f32"})
+    assert _activations_hint({"weights": native, "activations": "int8", "int8_prefill": True}) == ""
+    assert _activations_hint({"weights": {"fp8_e4m3": 50, "bf16": 22}, "activations": "f32"}) == ""
