@@ -80,11 +80,13 @@ INLINE void rows_fp4(const int R, const uint8_t *p, size_t rb, const uint8_t *s,
         const __m256 dx = _mm256_load_ps(x->dx + g);
         __m256 f[4];
         for (int r = 0; r < R; r++) f[r] = _mm256_mul_ps(wd8(scale_bytes8(s + r * sb + g, n)), dx);
-        for (int j = 0; j < n; j += 2) {
+        /* the factor lanes of pair j: [j x 4 | j + 1 x 4], stepped by 2 (an add, not a vector
+         * built from j) */
+        __m256i pick = _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1);
+        for (int j = 0; j < n; j += 2, pick = _mm256_add_epi32(pick, _mm256_set1_epi32(2))) {
             const int8_t *xq = x->q + 32 * (g + j);
             const __m256i x0 = _mm256_load_si256((const __m256i *)xq), x1 = _mm256_load_si256((const __m256i *)(xq + 32));
             const __m256i off = _mm256_load_si256((const __m256i *)(x->off + 8 * (g + j)));
-            const __m256i pick = _mm256_setr_epi32(j, j, j, j, j + 1, j + 1, j + 1, j + 1);
             for (size_t l = 0; l < (size_t)R * 32; l += 64)
                 _mm_prefetch((const char *)p + ahead + 16 * (g + j) * R + l, _MM_HINT_T0);
 #pragma GCC unroll 4

@@ -4,7 +4,7 @@
  *  - x is prepared once per token and column pass in q8_fp4.h's pair layout (per 64 columns:
  *    the even columns of groups g and g + 1, then their odd ones), so that a row's 32 bytes of
  *    groups g, g + 1, broadcast to both 256-bit halves, give the whole zmm of codes by one
- *    16-bit shift (0 in the lower half, 4 in the upper) and one mask: no interleaving;
+ *    masked 16-bit shift (by 4, the upper half only) and one mask: no interleaving;
  *  - codes enter vpdpbusd's unsigned operand as 2 * e2m1 + 128 (a vpshufb table), each sum
  *    started at -128 * (sum of x's 4 codes), prepared with x: exact, |lane| < 2^17;
  *  - the i32 lanes 0-3 and 8-11 are then group g's, 4-7 and 12-15 group g + 1's; their factors
@@ -48,8 +48,11 @@ static void prep(const int8_t *q, const float *dx, int64_t kc, prep_x *x) {
  * as 127 (2^-1), not 0, whose denormal factor would make every multiply with it a microcode
  * assist (their x is 0 anyway). */
 INLINE __m256 factors8(const uint8_t *s, int n, __m256 dx) {
-    const __m256i e = _mm256_cvtepu8_epi32(
-        _mm_mask_loadu_epi8(_mm_set1_epi8(127), (__mmask16)((1u << n) - 1), (const void *)s));
+    /* a plain 8-byte load where all 8 are there: with the masked load every time the streaming
+     * rows ran at ~33 Gweights/s instead of ~55 (Zen 5, docs/KERNELS.md) */
+    const __m128i b = n == 8 ? _mm_loadl_epi64((const __m128i *)s)
+                             : _mm_mask_loadu_epi8(_mm_set1_epi8(127), (__mmask16)((1u << n) - 1), (const void *)s);
+    const __m256i e = _mm256_cvtepu8_epi32(b);
     const __m256i normal = _mm256_slli_epi32(_mm256_sub_epi32(e, _mm256_set1_epi32(1)), 23);
     __m256i v = _mm256_mask_sllv_epi32(normal, _mm256_cmple_epi32_mask(e, _mm256_set1_epi32(1)),
                                        _mm256_set1_epi32(0x00200000), e);
@@ -64,7 +67,6 @@ INLINE void rows_fp4(const int R, const uint8_t *p, size_t rb, const uint8_t *s,
     const __m512i tbl = _mm512_xor_si512(_mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)MG_MXFP4_VALUES2)),
                                          _mm512_set1_epi8((char)0x80)); /* + 128 */
     const __m512i m4 = _mm512_set1_epi8(0x0f);
-    const __m512i shift = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(4), 1);
     const size_t ahead = rows_ahead((size_t)R * rb);
     __m512 acc[4];
     for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_ps();
@@ -73,11 +75,12 @@ INLINE void rows_fp4(const int R, const uint8_t *p, size_t rb, const uint8_t *s,
         const __m256 dx = _mm256_load_ps(x->dx + g);
         __m512 f[4];
         for (int r = 0; r < R; r++) f[r] = _mm512_castps256_ps512(factors8(s + r * sb + g, n, dx));
-        for (int j = 0; j < n; j += 2) {
+        /* the factor lanes of pair j: [j x 4, j + 1 x 4, j x 4, j + 1 x 4], stepped by 2 (an add, not
+         * a vector built from j) */
+        __m512i pick = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1, 1);
+        for (int j = 0; j < n; j += 2, pick = _mm512_add_epi32(pick, _mm512_set1_epi32(2))) {
             const __m512i xv = _mm512_load_si512((const void *)(x->q + 32 * (g + j)));
             const __m512i off = _mm512_load_si512((const void *)(x->off + 8 * (g + j)));
-            const __m512i pick = _mm512_setr_epi32(j, j, j, j, j + 1, j + 1, j + 1, j + 1, j, j, j, j, j + 1, j + 1,
-                                                   j + 1, j + 1);
             for (size_t l = 0; l < (size_t)R * 32; l += 64)
                 _mm_prefetch((const char *)p + ahead + 16 * (g + j) * R + l, _MM_HINT_T0);
 #pragma GCC unroll 4
@@ -86,7 +89,9 @@ INLINE void rows_fp4(const int R, const uint8_t *p, size_t rb, const uint8_t *s,
                 /* an odd last group: 16 bytes (the row may end the mapping), its partner's x is 0 */
                 const __m512i v = j + 1 < n ? _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)b))
                                             : _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)b));
-                const __m512i u = _mm512_shuffle_epi8(tbl, _mm512_and_si512(_mm512_srlv_epi16(v, shift), m4));
+                /* the upper 256 bits' 16-bit words shifted by 4: the high nibbles */
+                const __m512i u =
+                    _mm512_shuffle_epi8(tbl, _mm512_and_si512(_mm512_mask_srli_epi16(v, 0xffff0000u, v, 4), m4));
                 acc[r] = _mm512_fmadd_ps(_mm512_permutexvar_ps(pick, f[r]),
                                          _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(off, u, xv)), acc[r]);
             }
