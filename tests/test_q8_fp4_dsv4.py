@@ -18,10 +18,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_ggml_q8 import MAX_FLIPS, MEDIAN_TOLERANCE, N_STEPS, TWIN_TOLERANCE, decode_logits, step_errors
 from tools.ckpt import deepseek_v4 as writer
 
 from gateway.engine import Engine
+from test_ggml_q8 import MAX_FLIPS, MEDIAN_TOLERANCE, N_STEPS, TWIN_TOLERANCE, decode_logits, step_errors
 
 
 @pytest.fixture(scope="module")
