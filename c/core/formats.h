@@ -51,10 +51,13 @@ static inline void mg_format_block(mg_format f, int64_t *elems, int64_t *bytes) 
 /* 1 for the ggml block formats (rows are whole blocks; cols a multiple of the block). */
 static inline int mg_format_is_ggml_block(mg_format f) { return f >= MG_Q8_0 && f < MG_FORMAT_COUNT; }
 
-/* The formats with int8-activation kernels (core/q8_act.h) in every table: every block format,
- * the IQ grid formats included; the others keep fp32 activations under --activations int8
- * (linear_q8 NULL). */
-static inline int mg_format_has_q8_path(mg_format f) { return mg_format_is_ggml_block(f); }
+/* The formats with int8-activation kernels (core/q8_act.h) in every table (linear_q8 set): every
+ * block format, the IQ grid formats included, and MG_FP4_E2M1, whose values doubled are the small
+ * integers of GGUF's MXFP4 (-12..12), but only with its ue8m0 scales per 32 columns
+ * (MG_SCALE_E8M0_G32, DeepSeek-V4's experts): a format alone does not say whether a matrix runs
+ * int8, mg_matrix_has_q8_path (core/matrix.h) does.  The others keep fp32 activations under
+ * --activations int8 (linear_q8 NULL): FP8's e4m3 values are not small integers. */
+static inline int mg_format_has_q8_path(mg_format f) { return mg_format_is_ggml_block(f) || f == MG_FP4_E2M1; }
 
 /* How a quantised matrix is scaled.  Values are multiplied by the scale (never divided),
  * even for tensors named weight_scale_inv, as transformers' fine-grained FP8 does. */

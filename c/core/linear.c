@@ -6,8 +6,8 @@
  * that loop over the tokens of each row lose to prefill's fp32 tiles, which decode each weight
  * row once for many tokens). */
 int mg_linear_q8_applies(const mg_compute *c, const mg_matrix *w, int64_t n_tok) {
-    return c->act_int8 && c->k->linear_q8[w->format] && n_tok >= 1 && (n_tok == 1 || c->k->linear_q8_gemm) &&
-           w->cols % MG_Q8_BLOCK == 0;
+    return c->act_int8 && mg_matrix_has_q8_path(w) && c->k->linear_q8[w->format] && n_tok >= 1 &&
+           (n_tok == 1 || c->k->linear_q8_gemm) && w->cols % MG_Q8_BLOCK == 0;
 }
 
 void *mg_q8_buffer(size_t bytes) { return aligned_alloc(64, ((bytes ? bytes : 1) + 63) & ~(size_t)63); }
@@ -79,7 +79,10 @@ typedef struct {
 static void linear_rows(void *ctx, int i, int64_t r0, int64_t r1) {
     const linear_job *job = ctx;
     const mg_matrix *w = job->ws[i];
-    mg_linear_rows(job->k, job->act_int8, w, job->x, w->cols, job->xq && job->k->linear_q8[w->format] ? job->xq : NULL, job->n_tok,
+    /* one quantised x serves the call; each matrix takes it only if it has an int8 path (FP4 with
+     * other scales, FP8 and the float formats next to block formats keep fp32) */
+    mg_linear_rows(job->k, job->act_int8, w, job->x, w->cols,
+                   job->xq && mg_matrix_has_q8_path(w) && job->k->linear_q8[w->format] ? job->xq : NULL, job->n_tok,
                    job->ys[i], w->rows, r0, r1);
 }
 

@@ -21,15 +21,17 @@ typedef struct mg_compute {
     mg_traffic *traffic; /* NULL: not counted */
     /* Opt-in int8 activations (core/q8_act.h): 0 keeps fp32 activations everywhere (logits
      * equal transformers' on dequantised weights); 1 quantises each input row once per call and
-     * runs k->linear_q8 for the matrices that have an entry there (the ggml block formats). */
+     * runs k->linear_q8 for the matrices that have a path there (mg_matrix_has_q8_path: the
+     * ggml block formats, and FP4 with ue8m0 scales per 32). */
     int act_int8;
 } mg_compute;
 
 /* Adds one dispatch that reads `bytes` of weights (no-op when c->traffic is NULL). */
 void mg_traffic_add(const mg_compute *c, uint64_t bytes);
 
-/* Whether a call with n_tok tokens runs w through k->linear_q8 (act_int8 set, an entry for w's
- * format, and n_tok within the int8 path's range: see linear.c). */
+/* Whether a call with n_tok tokens runs w through k->linear_q8 (act_int8 set, an int8 path for w
+ * (mg_matrix_has_q8_path) with an entry for its format, and n_tok within the int8 path's range:
+ * see linear.c). */
 int mg_linear_q8_applies(const mg_compute *c, const mg_matrix *w, int64_t n_tok);
 
 /* A buffer for the quantised inputs of one call (at least `bytes`, 64-byte aligned; free() it

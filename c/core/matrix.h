@@ -32,6 +32,14 @@ static inline size_t mg_matrix_row_bytes(const mg_matrix *w) {
     }
 }
 
+/* Whether w runs through the linear_q8 entries under int8 activations (core/q8_act.h): a
+ * block format, or FP4 with its ue8m0 scale per 32 columns (the MXFP4 block with the scale
+ * stored apart; the kernels read it at scale + r * scale_cols + c / 32). */
+static inline int mg_matrix_has_q8_path(const mg_matrix *w) {
+    return mg_format_is_ggml_block(w->format) ||
+           (w->format == MG_FP4_E2M1 && w->scale_kind == MG_SCALE_E8M0_G32);
+}
+
 /* Bytes of values plus scales: what one full pass over the matrix reads. */
 size_t mg_matrix_bytes(const mg_matrix *w);
 

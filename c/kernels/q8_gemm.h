@@ -8,7 +8,7 @@
  *     fac = wd * k (exact: k is an integer of at most 8 bits, wd has at most 16 significant bits),
  *     mn  = wm (G = 32) or wmk * km (Q2_K, G = 16), sx_g = dx * (sum of the group's qx).
  * Every format whose contract has a per-16 k that can differ between a group's halves decodes
- * with G = 16; the others with G = 32. */
+ * with G = 16; the others with G = 32.  Native FP4 (kernels/q8_fp4.h) is MXFP4's case: G = 32. */
 #ifndef MG_KERNELS_Q8_GEMM_H
 #define MG_KERNELS_Q8_GEMM_H
 
@@ -42,11 +42,20 @@ typedef void mg_q8_decode_fn(mg_format f, const uint8_t *p, int64_t nb, int8_t *
 /* The reference decoder, on the scalar twin's block_codes (kernels/scalar/q8_scalar.c). */
 mg_q8_decode_fn mg_scalar_q8_decode;
 
+/* Native FP4 (MG_FP4_E2M1 with MG_SCALE_E8M0_G32, kernels/q8_fp4.h), whose scales are not in the
+ * blocks: ng groups of 32 columns of one row, codes at p (16 bytes a group) and the groups'
+ * ue8m0 bytes at s, into codes[32 * ng] (element order) and fac[ng] (G = 32, no mins).  Every
+ * decoder gives the scalar one's output bit for bit. */
+typedef void mg_q8_decode_fp4_fn(const uint8_t *p, const uint8_t *s, int64_t ng, int8_t *codes, float *fac);
+mg_q8_decode_fp4_fn mg_scalar_q8_decode_fp4;
+
 /* The AVX2 decoders: kernels/avx2/q8_decode_avx2.c (the 32-element formats, the K-quants and
  * IQ4_XS) and q8_decode_iq_avx2.c (the grid formats); NULL for the formats a file does not
  * decode, or in a build without AVX2. */
 mg_q8_decode_fn *mg_avx2_q8_decoder_k(mg_format f);
 mg_q8_decode_fn *mg_avx2_q8_decoder_iq(mg_format f);
+/* kernels/avx2/q8_fp4_avx2.c: the AVX2 native FP4 decoder; NULL in a build without AVX2. */
+mg_q8_decode_fp4_fn *mg_avx2_q8_decoder_fp4(void);
 
 /* The NEON decoders (kernels/neon/q8_decode_neon.c): every block format; NULL for the others, or
  * in a build for another architecture. */

@@ -14,6 +14,13 @@
 #include "kernels/q8_gemm.h"
 #include "kernels/unaligned.h"
 
+/* Native FP4's decoder: the AVX2 one where there is one (x86-64 builds with AVX2), else the
+ * scalar one (same output). */
+static inline mg_q8_decode_fp4_fn *mg_q8_gemm_decoder_fp4(void) {
+    mg_q8_decode_fp4_fn *dec = mg_avx2_q8_decoder_fp4();
+    return dec ? dec : mg_scalar_q8_decode_fp4;
+}
+
 /* The decoder of format f for the architecture the GEMM runs on: the NEON one on arm64, the
  * AVX2 one on x86-64 (every x86 GEMM file runs on a CPU with AVX2); else, or where that set has
  * none, the scalar one (same output). */
@@ -60,9 +67,10 @@ static inline void mg_q8_gemm_prep_tile(const mg_q8_act *xq, int64_t t0, int T, 
 
 /* The first half of a pack: rows [r, r + nr) of w, columns [c0, c0 + kc), decoded row by row
  * (codes of row i at codes + i * cstride, zeros up to kc_pad; its factors at rfac + i * fstride,
- * mins at rmn + i * fstride), then the factors gathered per group for the tile: fac[g * rows + i],
- * mn[g * rows + i].  Rows nr .. rows - 1 are zeros.  The second half, the codes' transpose into
- * the panel's lines, is the GEMM file's. */
+ * mins at rmn + i * fstride) by dec, or for native FP4 (kernels/q8_fp4.h), whose scales a block
+ * pointer does not reach, by mg_q8_gemm_decoder_fp4; then the factors gathered per group for the
+ * tile: fac[g * rows + i], mn[g * rows + i].  Rows nr .. rows - 1 are zeros.  The second half,
+ * the codes' transpose into the panel's lines, is the GEMM file's. */
 static inline void mg_q8_gemm_decode_rows(const mg_matrix *w, mg_q8_decode_fn *dec, int64_t r, int nr, int rows,
                                           int64_t c0, int64_t kc, int64_t kc_pad, int8_t *codes, int64_t cstride,
                                           float *rfac, float *rmn, int64_t fstride, float *fac, float *mn) {
@@ -73,7 +81,12 @@ static inline void mg_q8_gemm_decode_rows(const mg_matrix *w, mg_q8_decode_fn *d
     const int64_t ng = kc / G;
     for (int i = 0; i < rows; i++) {
         int8_t *ci = codes + i * cstride;
-        if (i < nr) {
+        if (i < nr && w->format == MG_FP4_E2M1) { /* native FP4: its scales are an array of their own */
+            mg_q8_gemm_decoder_fp4()((const uint8_t *)w->data + (size_t)(r + i) * rb + (size_t)(c0 / 2),
+                                     (const uint8_t *)w->scale + (size_t)(r + i) * (size_t)w->scale_cols + c0 / 32,
+                                     kc / 32, ci, rfac + i * fstride);
+            memset(ci + kc, 0, (size_t)(kc_pad - kc));
+        } else if (i < nr) {
             dec(w->format, (const uint8_t *)w->data + (size_t)(r + i) * rb + (size_t)(c0 / e * bytes), kc / e, ci,
                 rfac + i * fstride, rmn + i * fstride);
             memset(ci + kc, 0, (size_t)(kc_pad - kc));

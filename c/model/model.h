@@ -18,7 +18,7 @@ typedef struct mg_model_options {
                                from the budget (a fixed default without one) */
     const char *activations; /* NULL / "" / "f32": fp32 activations (the default: logits equal
                                 transformers' on dequantised weights); "int8": the ggml block
-                                formats' decode with int8 activations (core/q8_act.h) */
+                                formats and native FP4 with int8 activations (core/q8_act.h) */
 } mg_model_options;
 
 /* dir: checkpoint folder; config_json: the normalised config (gateway/model_config.py),

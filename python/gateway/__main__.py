@@ -24,7 +24,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--kv-dtype", choices=["bf16", "f32"], default="bf16",
                    help="KV cache storage (default bf16: half the bytes per token of f32; --ram counts it at --ctx)")
     p.add_argument("--activations", choices=["f32", "int8"], default="f32",
-                   help="activations of the GGUF block-format linears: f32 (default, exact) or int8 "
+                   help="activations of the GGUF block-format and native FP4 linears: f32 (default, exact) or int8 "
                         "(each input row quantised once per linear, integer dot products: faster decode, "
                         "llama.cpp-like rounding)")
     p.add_argument("--prefix-cache", type=float, default=None, metavar="GB",

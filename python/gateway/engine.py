@@ -42,9 +42,10 @@ EXPERT_HISTORY_NAME = ".moegate-expert-usage"
 # How the KV state stores its rows: "f32" (exact, what the oracle tests compare) or "bf16"
 # (round-to-nearest-even, read back into fp32 for the dot products: half the bytes per token).
 KV_DTYPES = ("f32", "bf16")
-# Activations of the GGUF block-format linears: f32 (exact; logits equal transformers' on the
-# dequantised weights) or int8 (each input row quantised once per call to blocks of 32, integer
-# dot products: faster decode, ~1e-2 relative error per product, as llama.cpp's).
+# Activations of the GGUF block-format linears and of native FP4 experts (e2m1 with ue8m0 scales
+# per 32: DeepSeek-V4's): f32 (exact; logits equal transformers' on the dequantised weights) or
+# int8 (each input row quantised once per call to blocks of 32, integer dot products: faster
+# decode, ~1e-2 relative error per product, as llama.cpp's).
 ACTIVATIONS = ("f32", "int8")
 
 
@@ -102,11 +103,12 @@ class Engine:
         prefill_window: tokens a prefill evaluates layer by layer at once (each routed expert is
         fetched once per layer per window; rounded up to the architecture's chunk); None: sized
         from ram_gb (a fixed default without it).  info["prefill_window"] is the one in use.
-        activations: "f32" (default: exact) or "int8": the GGUF block-format weights' linears
+        activations: "f32" (default: exact) or "int8": the linears of GGUF block-format weights
+        and of native FP4 ones (e2m1 with ue8m0 scales per 32 columns, DeepSeek-V4's experts)
         quantise each input row to int8 once and dot in integers (faster; logits differ from
         f32's by the activation rounding).  Decode always; prefill too where the kernels have an
-        int8 GEMM (AVX512_VNNI; info["int8_prefill"]), else prefill keeps f32.  Other weight
-        formats keep f32.  info["activations"] is the one in use.
+        int8 GEMM (AVX512_VNNI or AVX-VNNI; info["int8_prefill"]), else prefill keeps f32.  Other
+        weight formats (f32, bf16, f16, FP8) keep f32.  info["activations"] is the one in use.
         emulate_disk_gbps: rehearsals only (tools/rehearse.py), with ram_gb: the expert store's
         reads complete no sooner than on a single-queue disk of this many GB/s (the bytes still
         come from the files; reads that come back faster, as a sparse file's holes do, are held).

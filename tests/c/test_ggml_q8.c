@@ -383,7 +383,7 @@ int main(void) {
     for (int k = 0; k < n; k++) {
         case_quantize_table(tables[k]);
         for (int f = 0; f < MG_FORMAT_COUNT; f++)
-            CHECK(!tables[k]->linear_q8[f] == !mg_format_is_ggml_block((mg_format)f), "%s: linear_q8[%s] %s",
+            CHECK(!tables[k]->linear_q8[f] == !mg_format_has_q8_path((mg_format)f), "%s: linear_q8[%s] %s",
                   tables[k]->name, mg_format_name((mg_format)f), tables[k]->linear_q8[f] ? "set" : "missing");
     }
     static const int64_t toks[] = {1, 2, 3, 5};

@@ -223,6 +223,10 @@ mg_q8_row_fn mg_avx2_q8_quantize_row;
 void mg_avxvnni_gemm_q8(const mg_matrix *w, const mg_q8_act *xq, int64_t n_tok, float *y, int64_t y_stride,
                         int64_t r0, int64_t r1);
 mg_linear_q8_fn mg_avxvnni_linear_q8(void);
+/* q8_fp4_avx2.c: native FP4 (MG_FP4_E2M1 with ue8m0 scales per 32, kernels/q8_fp4.h) with int8
+ * activations, which mg_avx2_linear_q8 hands over (and the int8 GEMM's FP4 decoder). */
+void mg_avx2_linear_q8_fp4(const mg_matrix *w, const mg_q8_act *xq, int64_t n_tok, float *y, int64_t y_stride,
+                           int64_t r0, int64_t r1);
 /* q8_iq_avx2.c: the IQ grid formats' int8 rows, which mg_avx2_linear_q8 hands over (for the
  * formats mg_avx2_q8_iq_takes). */
 int mg_avx2_q8_iq_takes(mg_format f);

@@ -692,6 +692,10 @@ static const struct {
 void mg_avx2_linear_q8(const mg_matrix *w, const mg_q8_act *xq, int64_t n_tok, float *y, int64_t y_stride, int64_t r0,
                        int64_t r1) {
     const mg_format f = w->format;
+    if (f == MG_FP4_E2M1) { /* native FP4, its scales apart (q8_fp4_avx2.c) */
+        mg_avx2_linear_q8_fp4(w, xq, n_tok, y, y_stride, r0, r1);
+        return;
+    }
     if (!ROWS[f].group) { /* the grid formats' rows (q8_iq_avx2.c), else the scalar twin (mg_format_has_q8_path) */
         if (mg_avx2_q8_iq_takes(f))
             mg_avx2_linear_q8_iq(w, xq, n_tok, y, y_stride, r0, r1);

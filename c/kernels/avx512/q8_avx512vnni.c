@@ -543,6 +543,7 @@ static void linear_q8(const mg_matrix *w, const mg_q8_act *xq, int64_t n_tok, fl
         return;
     }
     switch (w->format) {
+    case MG_FP4_E2M1: mg_avx512vnni_linear_q8_fp4(w, xq, n_tok, y, y_stride, r0, r1); return; /* q8_fp4_avx512vnni.c */
     case MG_Q4_K: linear_rows(w, xq, n_tok, y, y_stride, r0, r1, rows4_q4_k, rows1_q4_k); return;
     case MG_Q5_K: linear_rows(w, xq, n_tok, y, y_stride, r0, r1, rows4_q5_k, rows1_q5_k); return;
     case MG_Q6_K: linear_rows(w, xq, n_tok, y, y_stride, r0, r1, rows4_q6_k, rows1_q6_k); return;

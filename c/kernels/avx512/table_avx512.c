@@ -71,7 +71,7 @@ int mg_kernels_override_avx512(mg_kernels *k, const mg_cpu_features *f) {
      * (possible, if unusual) its ymm GEMM (q8_gemm_avxvnni.c), else its rows. */
     const mg_linear_q8_fn vnni = mg_avx512vnni_linear_q8();
     if (vnni && f->avx512vnni) {
-        for (int fmt = MG_Q8_0; fmt < MG_FORMAT_COUNT; fmt++)
+        for (int fmt = 0; fmt < MG_FORMAT_COUNT; fmt++)
             if (mg_format_has_q8_path((mg_format)fmt)) k->linear_q8[fmt] = vnni;
         k->linear_q8_gemm = 1; /* several tokens: q8_gemm_avx512vnni.c */
     }

@@ -1,4 +1,4 @@
-/* Scalar int8-activation linear for the ggml block formats: the twin every SIMD linear_q8 entry
+/* Scalar int8-activation linear for the ggml block formats and native FP4: the twin every SIMD linear_q8 entry
  * is tested against (tests/c/test_ggml_q8.c), written for clarity.
  *
  * The arithmetic every table follows, per group g of 32 columns of a weight row (x quantised
@@ -17,6 +17,8 @@
  *     Q2_K: the unsigned code (0..3), k = the halves' scale nibbles, wd = d, wm = 0; its mins
  *         are per 16 columns, finer than sx: km = the halves' min nibbles, wmk = dmin;
  *     IQ4_XS: the table value, k = 1, wd = d*(s-32) (exact), wm = 0;
+ *     native FP4 (MG_FP4_E2M1 with ue8m0 scales per 32, kernels/q8_fp4.h): MXFP4's, its codes in
+ *         pairs per byte and its scale byte read from w->scale (255: wd NaN);
  *     the grid formats (IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ1_S, IQ1_M): the grid byte with
  *         its sign (IQ2: +-8/25/43, IQ3_XXS: +-4..62, IQ3_S: +-1..15), IQ1's entry g (-1/0/1)
  *         and delta +-1/8 as the integer 8g +- 1; k = 2s + 1 for the sub-scale s of each 16
@@ -32,6 +34,7 @@
 #include "kernels/scalar/scalar.h"
 #include "core/ggml_blocks.h"
 #include "kernels/q8_gemm.h"
+#include "kernels/q8_fp4.h"
 
 /* The per-block factors of the contract above (k, km per 16 columns; wd, wm, wmk per 32). */
 typedef struct {
@@ -257,8 +260,43 @@ static int block_codes(mg_format f, const uint8_t *b, int codes[256], block_fact
     }
 }
 
+/* Native FP4's 32 codes of one group (16 bytes at b, kernels/q8_fp4.h) in element order. */
+static void fp4_group_codes(const uint8_t *b, int codes[32]) {
+    for (int i = 0; i < 16; i++) {
+        codes[2 * i] = MG_MXFP4_VALUES2[b[i] & 15];
+        codes[2 * i + 1] = MG_MXFP4_VALUES2[b[i] >> 4];
+    }
+}
+
+/* Native FP4: the MXFP4 arithmetic with k = 1 and no mins, per group of 32 columns. */
+static void linear_q8_fp4(const mg_matrix *w, const mg_q8_act *xq, int64_t n_tok, float *y, int64_t y_stride,
+                          int64_t r0, int64_t r1) {
+    const int64_t groups = w->cols / 32;
+    for (int64_t r = r0; r < r1; r++) {
+        const uint8_t *row = (const uint8_t *)w->data + (size_t)r * (size_t)(w->cols / 2);
+        const uint8_t *s = (const uint8_t *)w->scale + (size_t)r * (size_t)w->scale_cols;
+        for (int64_t t = 0; t < n_tok; t++) {
+            const int8_t *qx = xq->q + t * xq->cols;
+            const float *dx = xq->d + t * groups;
+            float acc = 0.0f;
+            for (int64_t g = 0; g < groups; g++) {
+                int codes[32];
+                fp4_group_codes(row + 16 * g, codes);
+                int32_t isum = 0;
+                for (int l = 0; l < 32; l++) isum += codes[l] * qx[32 * g + l];
+                acc += (mg_q8_fp4_wd(s[g]) * dx[g]) * (float)isum;
+            }
+            y[t * y_stride + r] = acc;
+        }
+    }
+}
+
 void mg_scalar_linear_q8(const mg_matrix *w, const mg_q8_act *xq, int64_t n_tok, float *y, int64_t y_stride,
                          int64_t r0, int64_t r1) {
+    if (w->format == MG_FP4_E2M1) { /* only with ue8m0 scales per 32 (mg_matrix_has_q8_path) */
+        linear_q8_fp4(w, xq, n_tok, y, y_stride, r0, r1);
+        return;
+    }
     int64_t e, bytes;
     mg_format_block(w->format, &e, &bytes);
     const size_t rb = mg_matrix_row_bytes(w);
@@ -308,5 +346,14 @@ void mg_scalar_q8_decode(mg_format f, const uint8_t *p, int64_t nb, int8_t *code
             fac[i * per + g] = bf.wd[g32] * (float)bf.k[h];
             if (mins) mn[i * per + g] = G == 32 ? bf.wm[g32] : bf.wmk[g32] * (float)bf.km[h];
         }
+    }
+}
+
+void mg_scalar_q8_decode_fp4(const uint8_t *p, const uint8_t *s, int64_t ng, int8_t *codes, float *fac) {
+    for (int64_t g = 0; g < ng; g++) {
+        int c[32];
+        fp4_group_codes(p + 16 * g, c);
+        for (int l = 0; l < 32; l++) codes[32 * g + l] = (int8_t)c[l];
+        fac[g] = mg_q8_fp4_wd(s[g]);
     }
 }

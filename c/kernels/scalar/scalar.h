@@ -10,7 +10,8 @@
 void mg_scalar_linear(const mg_matrix *w, const float *x, int64_t x_stride, int64_t n_tok, float *y, int64_t y_stride,
                       int64_t r0, int64_t r1);
 
-/* q8_scalar.c: the ggml block formats with int8 activations (core/q8_act.h), any n_tok. */
+/* q8_scalar.c: the ggml block formats and native FP4 (kernels/q8_fp4.h) with int8 activations
+ * (core/q8_act.h), any n_tok. */
 void mg_scalar_linear_q8(const mg_matrix *w, const mg_q8_act *xq, int64_t n_tok, float *y, int64_t y_stride,
                          int64_t r0, int64_t r1);
 

@@ -248,15 +248,18 @@ def _gguf_summary(path: str) -> str:
     return f"GGUF v{parts[0]['version']}, {shown}{split}, tensors {types}"
 
 
-# Weight formats that are not GGUF block formats: --activations int8 leaves them in fp32.
-_UNBLOCKED_FORMATS = {"f32", "bf16", "f16", "fp8_e4m3", "fp4_e2m1"}
+# Weight formats that --activations int8 leaves in fp32: every other one (the GGUF block formats,
+# and fp4_e2m1, which checkpoints store with ue8m0 scales per 32: DeepSeek-V4's experts) has an
+# int8 path (mg_matrix_has_q8_path).
+_F32_ONLY_FORMATS = {"f32", "bf16", "f16", "fp8_e4m3"}
 
 
 def _activations_hint(info: dict) -> str:
-    """Where the exact default leaves speed on the table: GGUF block formats decoded with fp32
-    activations (int8 activations decode them faster, as llama.cpp does; docs/KERNELS.md)."""
+    """Where the exact default leaves speed on the table: GGUF block formats or FP4 experts run
+    with fp32 activations (int8 activations decode them faster, as llama.cpp does;
+    docs/KERNELS.md)."""
     weights = info.get("weights") or {}
-    blocks = isinstance(weights, dict) and any(name not in _UNBLOCKED_FORMATS for name in weights)
+    blocks = isinstance(weights, dict) and any(name not in _F32_ONLY_FORMATS for name in weights)
     if not blocks:
         return ""
     if info.get("activations", "f32") != "f32":
