@@ -36,6 +36,11 @@ typedef struct mg_kernels {
      * table on a CPU with AVX512_VNNI), so that prefill takes them too; 0: they loop over the
      * tokens of each row, and only decode (one token) takes them (core/linear.c). */
     int linear_q8_gemm;
+    /* The opt-in fast activations (act_int8) for the formats without linear_q8 entries: prefill
+     * (n_tok > 1) with x rounded to bf16 on weights exact in bf16 (kernels/avx512bf16/
+     * prefill_avx512bf16.c); NULL: fp32 tiles.  An entry passes the matrices it does not take
+     * (their weights not exact in bf16) to the fp32 entry. */
+    mg_linear_fn linear_bf16x[MG_FORMAT_COUNT];
     /* int8 activations: one row quantised (core/q8_act.h), bit for bit mg_q8_quantize_row. */
     mg_q8_row_fn *q8_quantize_row;
     float (*dot)(const float *a, const float *b, int64_t n);

@@ -12,10 +12,12 @@ int mg_linear_q8_applies(const mg_compute *c, const mg_matrix *w, int64_t n_tok)
 
 void *mg_q8_buffer(size_t bytes) { return aligned_alloc(64, ((bytes ? bytes : 1) + 63) & ~(size_t)63); }
 
-void mg_linear_rows(const mg_kernels *k, const mg_matrix *w, const float *x, int64_t x_stride,
+void mg_linear_rows(const mg_kernels *k, int act_int8, const mg_matrix *w, const float *x, int64_t x_stride,
                     const mg_q8_act *xq, int64_t n_tok, float *y, int64_t y_stride, int64_t r0, int64_t r1) {
     if (xq)
         k->linear_q8[w->format](w, xq, n_tok, y, y_stride, r0, r1);
+    else if (act_int8 && n_tok > 1 && k->linear_bf16x[w->format])
+        k->linear_bf16x[w->format](w, x, x_stride, n_tok, y, y_stride, r0, r1);
     else
         k->linear[w->format](w, x, x_stride, n_tok, y, y_stride, r0, r1);
 }
@@ -63,6 +65,7 @@ void mg_cost_split(int n, const mg_matrix *const *ws, const int64_t *row_cost, i
 
 typedef struct {
     const mg_kernels *k;
+    int act_int8;
     int n;
     const mg_matrix *const *ws;
     const float *x;
@@ -78,7 +81,7 @@ static void linear_rows(void *ctx, int i, int64_t r0, int64_t r1) {
     const mg_matrix *w = job->ws[i];
     /* one quantised x serves the call; each matrix takes it only if it has an int8 path (FP4 with
      * other scales, FP8 and the float formats next to block formats keep fp32) */
-    mg_linear_rows(job->k, w, job->x, w->cols,
+    mg_linear_rows(job->k, job->act_int8, w, job->x, w->cols,
                    job->xq && mg_matrix_has_q8_path(w) && job->k->linear_q8[w->format] ? job->xq : NULL, job->n_tok,
                    job->ys[i], w->rows, r0, r1);
 }
@@ -93,7 +96,7 @@ static void linear_task(void *ctx, int share, int n_shares) {
 void mg_linear_multi(const mg_compute *c, int n, const mg_matrix *const *ws, const float *x,
                      int64_t n_tok, float *const *ys) {
     for (int b = 0; b < n; b += MULTI_MAX) { /* more than MULTI_MAX matrices: several dispatches */
-        linear_job job = {c->k, n - b < MULTI_MAX ? n - b : MULTI_MAX, ws + b, x, NULL, n_tok, ys + b, {0}, 0};
+        linear_job job = {c->k, c->act_int8, n - b < MULTI_MAX ? n - b : MULTI_MAX, ws + b, x, NULL, n_tok, ys + b, {0}, 0};
         for (int i = 0; i < job.n; i++) {
             job.cost[i] = mg_linear_row_cost(ws[b + i], n_tok);
             job.total += ws[b + i]->rows * job.cost[i];

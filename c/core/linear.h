@@ -41,8 +41,9 @@ int mg_linear_q8_applies(const mg_compute *c, const mg_matrix *w, int64_t n_tok)
 void *mg_q8_buffer(size_t bytes);
 
 /* Rows [r0, r1) of one matrix with the entry the inputs select: k->linear_q8 on xq when xq is
- * not NULL, else k->linear on x.  The one place that chooses between the two. */
-void mg_linear_rows(const mg_kernels *k, const mg_matrix *w, const float *x, int64_t x_stride,
+ * not NULL; else, with fast activations (act_int8) and several tokens, k->linear_bf16x where the
+ * format has one; else k->linear on x.  The one place that chooses between them. */
+void mg_linear_rows(const mg_kernels *k, int act_int8, const mg_matrix *w, const float *x, int64_t x_stride,
                     const mg_q8_act *xq, int64_t n_tok, float *y, int64_t y_stride, int64_t r0, int64_t r1);
 
 /* x: [n_tok, w->cols] contiguous; y: [n_tok, w->rows] contiguous. */

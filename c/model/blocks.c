@@ -344,6 +344,7 @@ void mg_attention(const mg_compute *c, const mg_attn_args *a, float *scratch) {
 
 typedef struct {
     const mg_kernels *k;
+    int act_int8; /* fast activations (mg_compute.act_int8): chooses the entry per matrix */
     int n;
     const mg_linear_job *jobs;
     int64_t total_cost;
@@ -377,7 +378,7 @@ static void jobs_task(void *ctx, int worker, int n_workers) {
             int64_t r0 = row_at(j, base, c0);
             int64_t r1 = worker == n_workers - 1 ? j->w->rows : row_at(j, base, c1);
             if (r0 < r1)
-                mg_linear_rows(jc->k, j->w, j->x, j->x_stride, jc->xq ? jc->xq[i] : NULL, j->n_tok, j->y, j->y_stride,
+                mg_linear_rows(jc->k, jc->act_int8, j->w, j->x, j->x_stride, jc->xq ? jc->xq[i] : NULL, j->n_tok, j->y, j->y_stride,
                                r0, r1);
         }
         base += cost;
@@ -422,7 +423,7 @@ static const mg_q8_act *const *quantize_inputs(const mg_compute *c, int n_jobs, 
 }
 
 void mg_linear_jobs(const mg_compute *c, int n_jobs, const mg_linear_job *jobs) {
-    jobs_ctx jc = {c->k, n_jobs, jobs, 0, NULL};
+    jobs_ctx jc = {c->k, c->act_int8, n_jobs, jobs, 0, NULL};
     for (int i = 0; i < n_jobs; i++) jc.total_cost += jobs[i].w->rows * row_cost(&jobs[i]);
     if (jc.total_cost == 0) return;
     jc.xq = quantize_inputs(c, n_jobs, jobs);

@@ -24,9 +24,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--kv-dtype", choices=["bf16", "f32"], default="bf16",
                    help="KV cache storage (default bf16: half the bytes per token of f32; --ram counts it at --ctx)")
     p.add_argument("--activations", choices=["f32", "int8"], default="f32",
-                   help="activations of the GGUF block-format and native FP4 linears: f32 (default, exact) or int8 "
-                        "(each input row quantised once per linear, integer dot products: faster decode, "
-                        "llama.cpp-like rounding)")
+                   help="f32 (default, exact) or int8: the GGUF block-format and native FP4 linears quantise "
+                        "each input row once per linear (integer dot products: faster decode, llama.cpp-like "
+                        "rounding), and on CPUs with AVX512_BF16 bf16 / fp8 prefill rounds x to bf16")
     p.add_argument("--prefix-cache", type=float, default=None, metavar="GB",
                    help="RAM for snapshots of conversations the slot leaves, so switching back costs no "
                         "prefill (default: a tenth of --ram up to 2 GB, taken out of --ram; 1 GB without "

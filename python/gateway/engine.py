@@ -45,7 +45,8 @@ KV_DTYPES = ("f32", "bf16")
 # Activations of the GGUF block-format linears and of native FP4 experts (e2m1 with ue8m0 scales
 # per 32: DeepSeek-V4's): f32 (exact; logits equal transformers' on the dequantised weights) or
 # int8 (each input row quantised once per call to blocks of 32, integer dot products: faster
-# decode, ~1e-2 relative error per product, as llama.cpp's).
+# decode, ~1e-2 relative error per product, as llama.cpp's).  Under int8, the prefill of bf16 and
+# fp8 weights (those with power-of-two or row scales) rounds x to bf16 on CPUs with AVX512_BF16.
 ACTIVATIONS = ("f32", "int8")
 
 
@@ -108,7 +109,10 @@ class Engine:
         quantise each input row to int8 once and dot in integers (faster; logits differ from
         f32's by the activation rounding).  Decode always; prefill too where the kernels have an
         int8 GEMM (AVX512_VNNI or AVX-VNNI; info["int8_prefill"]), else prefill keeps f32.  Other
-        weight formats (f32, bf16, f16, FP8) keep f32.  info["activations"] is the one in use.
+        weight formats (f32, bf16, f16, FP8) keep fp32 x, except that on a CPU with AVX512_BF16
+        the prefill of bf16 and FP8 weights exact in bf16 (unscaled, power-of-two block or row
+        scales) rounds x to bf16 (2x the fp32 tiles' multiply-adds per instruction; about 1e-2
+        relative change in the logits, as int8).  info["activations"] is the one in use.
         emulate_disk_gbps: rehearsals only (tools/rehearse.py), with ram_gb: the expert store's
         reads complete no sooner than on a single-queue disk of this many GB/s (the bytes still
         come from the files; reads that come back faster, as a sparse file's holes do, are held).

@@ -630,6 +630,114 @@ static void test_softmax(tally *t, const mg_kernels *k, const mg_kernels *ref, r
         }
 }
 
+/* ---- linear_bf16x: prefill with x rounded to bf16 (fast activations) ---------------------- */
+
+static double bf16_round(float v) { return (double)mg_bf16_to_f32(mg_f32_to_bf16(v)); }
+
+/* Runs k->linear_bf16x[f] over rows [0, rows) in two calls (padded strides, as run_linear) and
+ * checks each output: against the double sum of weight times x rounded to bf16 (nearest even)
+ * within the fp32 sums' error when the weights are exact in bf16, else bit for bit the parent's
+ * fp32 entry (which the entry passes such matrices to). */
+static void run_bf16x(tally *t, const mg_kernels *k, const test_matrix *tm, const float *x, int64_t n_tok) {
+    const mg_matrix *m = &tm->m;
+    const int64_t rows = m->rows, cols = m->cols, xs = cols + 3, ys = rows + 5;
+    const int exact_w = !(m->format == MG_FP8_E4M3 && m->scale_kind == MG_SCALE_F32_BLOCK128);
+    float *xp = malloc((size_t)(n_tok * xs) * sizeof(float));
+    float *yp = malloc((size_t)(n_tok * ys) * sizeof(float)), *yf = malloc((size_t)(n_tok * ys) * sizeof(float));
+    for (int64_t i = 0; i < n_tok; i++) {
+        memcpy(xp + i * xs, x + i * cols, (size_t)cols * sizeof(float));
+        for (int64_t c = cols; c < xs; c++) xp[i * xs + c] = NAN; /* padding must never be read */
+    }
+    for (int64_t i = 0; i < n_tok * ys; i++) yp[i] = yf[i] = -12345.0f;
+    const int64_t split = rows >= 130 ? 126 : rows > 16 ? 16 * ((rows / 2) / 16) : rows / 2;
+    mg_linear_fn fn = k->linear_bf16x[m->format];
+    if (split > 0) fn(m, xp, xs, n_tok, yp, ys, 0, split);
+    fn(m, xp, xs, n_tok, yp, ys, split, rows);
+    if (!exact_w) k->parent->linear[m->format](m, xp, xs, n_tok, yf, ys, 0, rows);
+    int bad = 0;
+    double worst_got = 0, worst_want = 0;
+    for (int64_t i = 0; i < n_tok && !bad; i++) {
+        for (int64_t r = 0; r < rows && !bad; r++) {
+            double mag = 0.0, exact = 0.0;
+            for (int64_t c = 0; c < cols; c++) {
+                const double p = tm->ref[r * cols + c] * bf16_round(x[i * cols + c]);
+                exact += p;
+                mag += fabs(p);
+            }
+            const double got = yp[i * ys + r], want = exact_w ? exact : (double)yf[i * ys + r];
+            if (exact_w ? !(fabs(got - want) <= 4e-5 * mag + 1e-30) : memcmp(&yp[i * ys + r], &yf[i * ys + r], 4))
+                bad = 1, worst_got = got, worst_want = want;
+        }
+        for (int64_t r = rows; r < ys && !bad; r++)
+            if (yp[i * ys + r] != -12345.0f) bad = 1, worst_got = yp[i * ys + r], worst_want = -12345.0;
+    }
+    check(t, !bad, exact_w ? "linear_bf16x" : "linear_bf16x = fp32 entry", mg_format_name(m->format),
+          scale_name(m->scale_kind), (long)rows, (long)cols, (long)n_tok, worst_got, worst_want);
+    free(xp), free(yp), free(yf);
+}
+
+/* Every table's linear_bf16x entries: random weights of every scale kind (fp8's f32 block scales
+ * are not exact in bf16 and must take the fp32 entry), odd row counts, an odd column count (the
+ * last bf16 pair half empty), several 512-column tiles, token counts below, at and past the
+ * micro-kernel's 12; then weights with one 1.0 per row, where y is exactly bf16(x) of that
+ * column: x's rounding (to nearest even, ties included) and the column order, exactly. */
+static void test_linear_bf16x(tally *t, const mg_kernels *const *tables, int n_tables, rng *g) {
+    static const struct {
+        mg_format f;
+        mg_scale_kind k;
+        int64_t rows, cols;
+    } cases[] = {{MG_BF16, MG_SCALE_NONE, 37, 1376}, {MG_BF16, MG_SCALE_NONE, 33, 1375},
+                 {MG_BF16, MG_SCALE_F32_ROW, 19, 520},  {MG_FP8_E4M3, MG_SCALE_NONE, 37, 1376},
+                 {MG_FP8_E4M3, MG_SCALE_E8M0_BLOCK128, 130, 1152}, {MG_FP8_E4M3, MG_SCALE_F32_ROW, 21, 640},
+                 {MG_FP8_E4M3, MG_SCALE_F32_BLOCK128, 37, 640}};
+    static const int64_t toks[] = {2, 5, 12, 13, 25};
+    int any = 0;
+    for (int ti = 0; ti < n_tables; ti++) {
+        const mg_kernels *k = tables[ti];
+        for (size_t ci = 0; ci < sizeof cases / sizeof *cases; ci++) {
+            if (!k->linear_bf16x[cases[ci].f]) continue;
+            any = 1;
+            test_matrix tm;
+            make_matrix(&tm, cases[ci].f, cases[ci].k, cases[ci].rows, cases[ci].cols, g);
+            for (size_t n = 0; n < sizeof toks / sizeof *toks; n++) {
+                float *x = malloc((size_t)(toks[n] * tm.m.cols) * sizeof(float));
+                for (int64_t i = 0; i < toks[n] * tm.m.cols; i++) x[i] = rng_sym(g) * 3.0f;
+                run_bf16x(t, k, &tm, x, toks[n]);
+                free(x);
+            }
+            free_matrix(&tm);
+        }
+        if (!k->linear_bf16x[MG_BF16]) continue;
+        /* one 1.0 per row at column (53 r) mod cols, the last column among them */
+        const int64_t rows = 23, cols = 1031, n_tok = 7;
+        uint16_t *w = calloc((size_t)(rows * cols), 2);
+        for (int64_t r = 0; r < rows; r++) w[r * cols + (r == rows - 1 ? cols - 1 : (53 * r) % cols)] = 0x3F80;
+        const mg_matrix m = {.format = MG_BF16, .scale_kind = MG_SCALE_NONE, .rows = rows, .cols = cols, .data = w};
+        float *x = malloc((size_t)(n_tok * cols) * sizeof(float)), *y = malloc((size_t)(n_tok * rows) * sizeof(float));
+        for (int64_t i = 0; i < n_tok * cols; i++) {
+            float v = rng_sym(g) * 5.0f;
+            uint32_t u;
+            memcpy(&u, &v, 4);
+            if (i % 3 == 0) u = (u & 0xFFFF0000u) | 0x8000u | ((uint32_t)(i % 2) << 16); /* a tie, odd or even */
+            memcpy(&x[i], &u, 4);
+        }
+        k->linear_bf16x[MG_BF16](&m, x, cols, n_tok, y, rows, 0, rows);
+        int bad = 0;
+        for (int64_t i = 0; i < n_tok; i++)
+            for (int64_t r = 0; r < rows; r++) {
+                const int64_t c = r == rows - 1 ? cols - 1 : (53 * r) % cols;
+                bad |= y[i * rows + r] != (float)bf16_round(x[i * cols + c]);
+            }
+        check(t, !bad, "linear_bf16x rounds x to nearest even", k->name, "", rows, cols, n_tok, 0, 0);
+        free(w), free(x), free(y);
+    }
+    /* the entry exists where the CPU has AVX512_BF16 (the avx512bf16 table), nowhere else */
+    const mg_kernels *bf = mg_kernels_avx512bf16();
+    check(t, any == (bf != NULL && bf->linear_bf16x[MG_BF16] != NULL) && !mg_kernels_scalar()->linear_bf16x[MG_BF16] &&
+                 (!mg_kernels_avx512() || !mg_kernels_avx512()->linear_bf16x[MG_FP8_E4M3]),
+          "linear_bf16x only in the avx512bf16 table", "", "", 0, 0, 0, 0, 0);
+}
+
 /* Every table this build has and this CPU runs: its parent is the one tables.h
  * names (avx512bf16 -> avx512 -> avx2 -> scalar; neon -> scalar), every entry is set, and an entry
  * a table does not override is its parent's (checked for avx512's dot). */
@@ -757,6 +865,7 @@ int main(void) {
     test_linear_fp4_x_range(&t, tables, n, &g);
     test_linear_batching(&t, tables, n, &g);
     test_linear_fp8_huge_scale(&t, tables, n, &g);
+    test_linear_bf16x(&t, tables, n, &g);
     for (int i = 0; i < n; i++) test_vector_ops(&t, tables[i], tables[0], &g);
     for (int i = 0; i < n; i++) test_attn_blocks(&t, tables[i], tables[0], &g);
     for (int i = 0; i < n; i++) test_softmax(&t, tables[i], tables[0], &g);

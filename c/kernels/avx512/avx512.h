@@ -87,6 +87,33 @@ INLINE void row_ptrs(const mg_matrix *w, int64_t r, int64_t n, size_t off, const
     for (int64_t j = 0; j < n; j++) p[j] = (const uint8_t *)w->data + (size_t)(r + j) * rb + off;
 }
 
+/* r[0..15] (16 rows x 16 columns) to columns: r[j] becomes column j (lane i = row i).  The prefill
+ * tiles' transpose (prefill_avx512.c, avx512bf16/prefill_avx512bf16.c). */
+INLINE void transpose16_ps(__m512 r[16]) {
+    __m512 t[16];
+    for (int i = 0; i < 8; i++) { /* per 128-bit lane: rows 2i, 2i+1 interleaved, columns 0-1 | 2-3 */
+        t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+        t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+    }
+    for (int i = 0; i < 4; i++) { /* r[4i + k], 128-bit lane L: column 4L + k of rows 4i .. 4i + 3 */
+        r[4 * i + 0] = _mm512_shuffle_ps(t[4 * i], t[4 * i + 2], 0x44);
+        r[4 * i + 1] = _mm512_shuffle_ps(t[4 * i], t[4 * i + 2], 0xEE);
+        r[4 * i + 2] = _mm512_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0x44);
+        r[4 * i + 3] = _mm512_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0xEE);
+    }
+    __m512 o[16];
+    for (int k = 0; k < 4; k++) { /* column 4L + k: lane L of r[k], r[4 + k], r[8 + k], r[12 + k] */
+        const __m512 ab_lo = _mm512_shuffle_f32x4(r[k], r[4 + k], 0x44), ab_hi = _mm512_shuffle_f32x4(r[k], r[4 + k], 0xEE);
+        const __m512 cd_lo = _mm512_shuffle_f32x4(r[8 + k], r[12 + k], 0x44);
+        const __m512 cd_hi = _mm512_shuffle_f32x4(r[8 + k], r[12 + k], 0xEE);
+        o[k] = _mm512_shuffle_f32x4(ab_lo, cd_lo, 0x88);
+        o[4 + k] = _mm512_shuffle_f32x4(ab_lo, cd_lo, 0xDD);
+        o[8 + k] = _mm512_shuffle_f32x4(ab_hi, cd_hi, 0x88);
+        o[12 + k] = _mm512_shuffle_f32x4(ab_hi, cd_hi, 0xDD);
+    }
+    for (int j = 0; j < 16; j++) r[j] = o[j];
+}
+
 /* Runs the R-row loop ROWS(R, <args>, ahead, part) with R the constant n (1..4), so that its row
  * loops unroll, and ahead = rows_ahead(R row strides of rb bytes). */
 #define MG_ROWS_CALL(n, rb, part, ROWS, ...)                                        \

@@ -114,32 +114,6 @@ INLINE void block_q8_0(const uint8_t *p, float *out) {
     _mm512_store_ps(out + 16, _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(p + 18)))), d));
 }
 
-/* r[0..15] (16 rows x 16 columns) to columns: r[j] becomes column j (lane i = row i). */
-INLINE void transpose16(__m512 r[16]) {
-    __m512 t[16];
-    for (int i = 0; i < 8; i++) { /* per 128-bit lane: rows 2i, 2i+1 interleaved, columns 0-1 | 2-3 */
-        t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
-        t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
-    }
-    for (int i = 0; i < 4; i++) { /* r[4i + k], 128-bit lane L: column 4L + k of rows 4i .. 4i + 3 */
-        r[4 * i + 0] = _mm512_shuffle_ps(t[4 * i], t[4 * i + 2], 0x44);
-        r[4 * i + 1] = _mm512_shuffle_ps(t[4 * i], t[4 * i + 2], 0xEE);
-        r[4 * i + 2] = _mm512_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0x44);
-        r[4 * i + 3] = _mm512_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0xEE);
-    }
-    __m512 o[16];
-    for (int k = 0; k < 4; k++) { /* column 4L + k: lane L of r[k], r[4 + k], r[8 + k], r[12 + k] */
-        const __m512 ab_lo = _mm512_shuffle_f32x4(r[k], r[4 + k], 0x44), ab_hi = _mm512_shuffle_f32x4(r[k], r[4 + k], 0xEE);
-        const __m512 cd_lo = _mm512_shuffle_f32x4(r[8 + k], r[12 + k], 0x44);
-        const __m512 cd_hi = _mm512_shuffle_f32x4(r[8 + k], r[12 + k], 0xEE);
-        o[k] = _mm512_shuffle_f32x4(ab_lo, cd_lo, 0x88);
-        o[4 + k] = _mm512_shuffle_f32x4(ab_lo, cd_lo, 0xDD);
-        o[8 + k] = _mm512_shuffle_f32x4(ab_hi, cd_hi, 0x88);
-        o[12 + k] = _mm512_shuffle_f32x4(ab_hi, cd_hi, 0xDD);
-    }
-    for (int j = 0; j < 16; j++) r[j] = o[j];
-}
-
 /* The tile of rows [r, r + nr) x columns [c0, c0 + kc) for Q4_K, Q6_K and Q8_0 (returns 0 for the
  * other formats: mg_avx2_prefill_tile's then).  256 columns of the 16 rows at a time: each row's
  * values into a row-major buffer, then 16 x 16 transposes; lanes past nr repeat the last row. */
@@ -165,7 +139,7 @@ static int tile_ggml(const mg_matrix *w, int64_t r, int64_t nr, int64_t c0, int6
         for (int64_t k = 0; k < n; k += 16) {
             __m512 v[16];
             for (int i = 0; i < 16; i++) v[i] = _mm512_load_ps(buf[i] + k);
-            transpose16(v);
+            transpose16_ps(v);
             for (int j = 0; j < 16; j++) _mm512_store_ps(tile + (b + k + j) * TR, v[j]);
         }
     }

@@ -1,5 +1,6 @@
 /* The avx512bf16 table (parent: avx512, see c/kernels/tables.h): fp4 decode by vdpbf16ps where x
- * splits into two bf16 parts (decode_rows_avx512bf16.c); everything else is the parent's. */
+ * splits into two bf16 parts (decode_rows_avx512bf16.c), and the fast activations' prefill of bf16
+ * and fp8 weights with x rounded to bf16 (prefill_avx512bf16.c); everything else is the parent's. */
 #include "kernels/tables.h"
 
 #if defined(__x86_64__) && defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && \
@@ -16,6 +17,8 @@ static void linear_fp4(const mg_matrix *w, const float *x, int64_t x_stride, int
 /* Everything else is the parent's (avx512). */
 int mg_kernels_override_avx512bf16(mg_kernels *k, const mg_cpu_features *f) {
     k->linear[MG_FP4_E2M1] = linear_fp4;
+    k->linear_bf16x[MG_BF16] = mg_avx512bf16_prefill_bf16x;
+    k->linear_bf16x[MG_FP8_E4M3] = mg_avx512bf16_prefill_bf16x;
     return 1;
 }
 #else

@@ -256,15 +256,19 @@ _F32_ONLY_FORMATS = {"f32", "bf16", "f16", "fp8_e4m3"}
 
 def _activations_hint(info: dict) -> str:
     """Where the exact default leaves speed on the table: GGUF block formats or FP4 experts run
-    with fp32 activations (int8 activations decode them faster, as llama.cpp does;
-    docs/KERNELS.md)."""
+    with fp32 activations (int8 activations decode them faster, as llama.cpp does), or, on a CPU
+    with AVX512_BF16, bf16 / fp8 weights prefill with fp32 activations (the fast path rounds x to
+    bf16 there; docs/KERNELS.md)."""
     weights = info.get("weights") or {}
-    blocks = isinstance(weights, dict) and any(name not in _F32_ONLY_FORMATS for name in weights)
-    if not blocks:
+    if not isinstance(weights, dict):
         return ""
+    blocks = any(name not in _F32_ONLY_FORMATS for name in weights)
+    bf16x = info.get("simd") == "avx512bf16" and any(name in ("bf16", "fp8_e4m3") for name in weights)
     if info.get("activations", "f32") != "f32":
-        return "" if info.get("int8_prefill", True) else "   (prefill stays f32: this CPU has no int8 GEMM)"
-    return "   (--activations int8: faster block formats, not bit-exact)"
+        return "" if not blocks or info.get("int8_prefill", True) else "   (prefill stays f32: this CPU has no int8 GEMM)"
+    if blocks:
+        return "   (--activations int8: faster block formats, not bit-exact)"
+    return "   (--activations int8: faster prefill, not bit-exact)" if bf16x else ""
 
 
 def startup_summary(state: ServerState, url: str) -> str:
