@@ -87,6 +87,27 @@ INLINE void row_ptrs(const mg_matrix *w, int64_t r, int64_t n, size_t off, const
     for (int64_t j = 0; j < n; j++) p[j] = (const uint8_t *)w->data + (size_t)(r + j) * rb + off;
 }
 
+/* The prefill micro-kernels' sums (prefill_avx512.c, avx512bf16/prefill_avx512bf16.c): a[h][t]
+ * holds rows 16h .. 16h + 15 of token t; y[t * ys + 16h + i] gets them (first column chunk) or
+ * adds them, rows past nr untouched, and the last chunk multiplies the F32_ROW row scales rs
+ * (NULL otherwise) into the whole sum. */
+INLINE void prefill_store(const int H, const int T, __m512 (*a)[12], float *y, int64_t ys, int64_t nr, int first,
+                          const __m512 *rs) {
+#pragma GCC unroll 2
+    for (int h = 0; h < H; h++) {
+        const int64_t n = nr - 16 * h;
+        const __mmask16 m = n >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << n) - 1);
+#pragma GCC unroll 12
+        for (int t = 0; t < T; t++) {
+            float *q = y + t * ys + 16 * h;
+            __m512 v = a[h][t];
+            if (!first) v = _mm512_add_ps(_mm512_maskz_loadu_ps(m, q), v);
+            if (rs) v = _mm512_mul_ps(v, rs[h]);
+            _mm512_mask_storeu_ps(q, m, v);
+        }
+    }
+}
+
 /* r[0..15] (16 rows x 16 columns) to columns: r[j] becomes column j (lane i = row i).  The prefill
  * tiles' transpose (prefill_avx512.c, avx512bf16/prefill_avx512bf16.c). */
 INLINE void transpose16_ps(__m512 r[16]) {

@@ -41,19 +41,7 @@ INLINE void micro(const int H, const int T, const float *t0, const float *t1, co
             if (H == 2) a[1][t] = _mm512_fmadd_ps(w1, xb, a[1][t]);
         }
     }
-#pragma GCC unroll 2
-    for (int h = 0; h < H; h++) {
-        const int64_t n = nr - 16 * h;
-        const __mmask16 m = n >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << n) - 1);
-#pragma GCC unroll 12
-        for (int t = 0; t < T; t++) {
-            float *p = y + t * ys + 16 * h;
-            __m512 v = a[h][t];
-            if (!first) v = _mm512_add_ps(_mm512_maskz_loadu_ps(m, p), v);
-            if (rs) v = _mm512_mul_ps(v, rs[h]);
-            _mm512_mask_storeu_ps(p, m, v);
-        }
-    }
+    prefill_store(H, T, a, y, ys, nr, first, rs);
 }
 
 /* ---- tiles of Q4_K, Q6_K and Q8_0 (the Q4_K_M and Q8_0 files' formats) -------------------------

@@ -100,19 +100,7 @@ static inline __attribute__((always_inline)) void micro(const int H, const int T
             if (H == 2) a[1][t] = _mm512_dpbf16_ps(a[1][t], w1, xv);
         }
     }
-#pragma GCC unroll 2
-    for (int h = 0; h < H; h++) {
-        const int64_t n = nr - 16 * h;
-        const __mmask16 m = n >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << n) - 1);
-#pragma GCC unroll 12
-        for (int t = 0; t < T; t++) {
-            float *q = y + t * ys + 16 * h;
-            __m512 v = a[h][t];
-            if (!first) v = _mm512_add_ps(_mm512_maskz_loadu_ps(m, q), v);
-            if (rs) v = _mm512_mul_ps(v, rs[h]);
-            _mm512_mask_storeu_ps(q, m, v);
-        }
-    }
+    prefill_store(H, T, a, y, ys, nr, first, rs);
 }
 
 typedef void micro_fn(const __m512i *t0, const __m512i *t1, const uint32_t *xb, int64_t xs, int64_t np, float *y,
