@@ -37,7 +37,7 @@ static int takes(const mg_matrix *w) {
  * and row-scaled weights, whose row scale multiplies the sums).  vcvtne2ps2bf16 of two exact
  * vectors of 16 columns is then the pairs of the 32, in order. */
 INLINE __m512i row_pairs_fp8(const uint8_t *p, __m512 s) {
-    const __m512i m = _mm512_set1_epi32(0x87F0 << 16), two120 = _mm512_set1_epi32((127 + 120) << 23);
+    const __m512i m = _mm512_set1_epi32((int)0x87F00000u), two120 = _mm512_set1_epi32((127 + 120) << 23);
     const __m512i a = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p));
     const __m512i b = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(p + 16)));
     /* sign-extended byte << 20, then >> 4 arithmetic keeps s in bit 31 and eeeemmm at 20..26 */
