@@ -87,6 +87,15 @@ INLINE void row_ptrs(const mg_matrix *w, int64_t r, int64_t n, size_t off, const
     for (int64_t j = 0; j < n; j++) p[j] = (const uint8_t *)w->data + (size_t)(r + j) * rb + off;
 }
 
+/* The F32_ROW scales of a prefill pass's rows [r, r + nr) (nr <= 32) as two vectors (rows past
+ * nr: 0), for prefill_store. */
+INLINE void prefill_row_scales(const mg_matrix *w, int64_t r, int64_t nr, __m512 rsv[2]) {
+    float rs[32] = {0};
+    for (int64_t i = 0; i < nr; i++) rs[i] = row_scale(w, r + i);
+    rsv[0] = _mm512_loadu_ps(rs);
+    rsv[1] = _mm512_loadu_ps(rs + 16);
+}
+
 /* The prefill micro-kernels' sums (prefill_avx512.c, avx512bf16/prefill_avx512bf16.c): a[h][t]
  * holds rows 16h .. 16h + 15 of token t; y[t * ys + 16h + i] gets them (first column chunk) or
  * adds them, rows past nr untouched, and the last chunk multiplies the F32_ROW row scales rs

@@ -180,12 +180,7 @@ void mg_avx512_prefill(const mg_matrix *w, const float *x, int64_t x_stride, int
         const int64_t nr = r1 - r < 2 * TR ? r1 - r : 2 * TR;
         const int H = nr > TR ? 2 : 1;
         __m512 rsv[2];
-        if (w->scale_kind == MG_SCALE_F32_ROW) {
-            float rs[2 * TR] = {0};
-            for (int64_t i = 0; i < nr; i++) rs[i] = row_scale(w, r + i);
-            rsv[0] = _mm512_loadu_ps(rs);
-            rsv[1] = _mm512_loadu_ps(rs + TR);
-        }
+        if (w->scale_kind == MG_SCALE_F32_ROW) prefill_row_scales(w, r, nr, rsv);
         for (int64_t c0 = 0; c0 < cols; c0 += TC) {
             const int64_t kc = cols - c0 < TC ? cols - c0 : TC;
             build_tile(w, r, H == 2 ? TR : nr, c0, kc, tile[0]);
