@@ -1,5 +1,5 @@
 /* The driver the SIMD int8-activation files share (kernels/avx2/q8_avx2.c, q8_iq_avx2.c,
- * kernels/avx512/q8_avx512vnni.c, q8_iq_avx512vnni.c): per token, and per pass of at most xp_max
+ * q8_fp4_avx2.c, kernels/avx512/q8_avx512vnni.c, q8_iq_avx512vnni.c, q8_fp4_avx512vnni.c): per token, and per pass of at most xp_max
  * columns, x is prepared once in the file's own layout (prep), then the rows run n at a time
  * (group) and the last ones singly (one).  A row's result does not depend on its grouping. */
 #ifndef MG_Q8_ROWS_H
@@ -35,6 +35,34 @@ mg_q8_drive_rows(const mg_matrix *w, const mg_q8_act *xq, int64_t n_tok, float *
             int64_t r = r0;
             for (; r + n <= r1; r += n) group(base + (size_t)r * rb, rb, kc / e, x, yt + r);
             for (; r < r1; r++) one(base + (size_t)r * rb, rb, kc / e, x, yt + r);
+        }
+    }
+}
+
+/* mg_q8_drive_rows for matrices whose scales live in an array of their own (native FP4: one
+ * ue8m0 byte per 32 columns, w->scale, kernels/q8_fp4.h): x prepared from its codes and scales
+ * (prep_s), rows given their scale bytes too (sb apart), ng = groups of 32 per pass. */
+typedef void mg_q8_prep_s_fn(const int8_t *q, const float *dx, int64_t kc, void *x);
+typedef void mg_q8_rows_s_fn(const uint8_t *p, size_t rb, const uint8_t *s, size_t sb, int64_t ng, const void *x,
+                             float *out);
+
+static inline __attribute__((always_inline)) void
+mg_q8_drive_rows_scaled(const mg_matrix *w, const mg_q8_act *xq, int64_t n_tok, float *y, int64_t y_stride,
+                        int64_t r0, int64_t r1, int64_t xp_max, mg_q8_prep_s_fn *prep, void *x,
+                        mg_q8_rows_s_fn *group, int n, mg_q8_rows_s_fn *one) {
+    const size_t rb = mg_matrix_row_bytes(w), sb = (size_t)w->scale_cols;
+    const int64_t groups = w->cols / 32;
+    for (int64_t t = 0; t < n_tok; t++) {
+        float *yt = y + t * y_stride;
+        for (int64_t r = r0; r < r1; r++) yt[r] = 0.0f;
+        for (int64_t c0 = 0; c0 < w->cols; c0 += xp_max) {
+            const int64_t kc = w->cols - c0 < xp_max ? w->cols - c0 : xp_max;
+            prep(xq->q + t * xq->cols + c0, xq->d + t * groups + c0 / 32, kc, x);
+            const uint8_t *p = (const uint8_t *)w->data + (size_t)(c0 * (int64_t)rb / w->cols);
+            const uint8_t *s = (const uint8_t *)w->scale + c0 / 32;
+            int64_t r = r0;
+            for (; r + n <= r1; r += n) group(p + (size_t)r * rb, rb, s + (size_t)r * sb, sb, kc / 32, x, yt + r);
+            for (; r < r1; r++) one(p + (size_t)r * rb, rb, s + (size_t)r * sb, sb, kc / 32, x, yt + r);
         }
     }
 }

@@ -15,6 +15,7 @@
  * same order whatever its group (as q8_avx2.c's).  Checked against the scalar twin by
  * tests/c/test_q8_fp4.c. */
 #include "kernels/tables.h"
+#include "kernels/q8_rows.h"
 #include "kernels/q8_gemm.h"
 
 #if defined(__x86_64__) && defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
@@ -107,23 +108,18 @@ INLINE void rows_fp4(const int R, const uint8_t *p, size_t rb, const uint8_t *s,
     for (int r = 0; r < R; r++) out[r] += hsum8(acc[r]);
 }
 
-void mg_avx2_linear_q8_fp4(const mg_matrix *w, const mg_q8_act *xq, int64_t n_tok, float *y, int64_t y_stride,
-                           int64_t r0, int64_t r1) {
+static void prep_any(const int8_t *q, const float *dx, int64_t kc, void *x) { prep(q, dx, kc, x); }
+static void rows4(const uint8_t *p, size_t rb, const uint8_t *s, size_t sb, int64_t ng, const void *x, float *out) {
+    rows_fp4(4, p, rb, s, sb, ng, x, out);
+}
+static void rows1(const uint8_t *p, size_t rb, const uint8_t *s, size_t sb, int64_t ng, const void *x, float *out) {
+    rows_fp4(1, p, rb, s, sb, ng, x, out);
+}
+
+void mg_avx2_linear_q8_fp4(const mg_matrix *w, const mg_q8_act *xq, int64_t n_tok, float *y, int64_t y_stride, int64_t r0,
+        int64_t r1) {
     prep_x x;
-    const size_t rb = (size_t)w->cols / 2, sb = (size_t)w->scale_cols;
-    const int64_t groups = w->cols / 32;
-    for (int64_t t = 0; t < n_tok; t++) {
-        float *yt = y + t * y_stride;
-        for (int64_t r = r0; r < r1; r++) yt[r] = 0.0f;
-        for (int64_t c0 = 0; c0 < w->cols; c0 += XP_MAX) {
-            const int64_t kc = w->cols - c0 < XP_MAX ? w->cols - c0 : XP_MAX;
-            prep(xq->q + t * xq->cols + c0, xq->d + t * groups + c0 / 32, kc, &x);
-            const uint8_t *p = (const uint8_t *)w->data + c0 / 2, *s = (const uint8_t *)w->scale + c0 / 32;
-            int64_t r = r0;
-            for (; r + 4 <= r1; r += 4) rows_fp4(4, p + r * rb, rb, s + r * sb, sb, kc / 32, &x, yt + r);
-            for (; r < r1; r++) rows_fp4(1, p + r * rb, rb, s + r * sb, sb, kc / 32, &x, yt + r);
-        }
-    }
+    mg_q8_drive_rows_scaled(w, xq, n_tok, y, y_stride, r0, r1, XP_MAX, prep_any, &x, rows4, 4, rows1);
 }
 
 /* The GEMM's decoder: per group, the 16 bytes' low and high nibbles through the value table and
