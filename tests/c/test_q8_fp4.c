@@ -230,8 +230,8 @@ int main(void) {
               "%s: linear_q8 set for fp4, not for fp8 / bf16 / f32", tables[k]->name);
     static const int64_t toks[] = {1, 2, 3, 5};
     static const int64_t rows_list[] = {1, 3, 6, 17, 37};
-    static const int64_t groups[] = {1, 3, 8, 13, 44, 131};
-    for (int gi = 0; gi < 6; gi++)
+    static const int64_t groups[] = {1, 2, 3, 6, 8, 13, 44, 131};
+    for (int gi = 0; gi < 8; gi++)
         for (int ri = 0; ri < 5; ri++) {
             fmat b;
             make(&b, rows_list[ri], 32 * groups[gi], ri & 1 ? 3 : 0);

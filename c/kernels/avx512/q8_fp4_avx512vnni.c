@@ -1,15 +1,17 @@
 /* AVX-512 VNNI rows of native FP4 (MG_FP4_E2M1 with ue8m0 scales per 32 columns: DeepSeek-V4's
  * experts; the contract: kernels/q8_fp4.h) under int8 activations, which q8_avx512vnni.c's entry
  * hands FP4 to below the GEMM's token count.  MXFP4's loop there (rows_32) on another layout:
- *  - x is prepared once per token and column pass in q8_fp4.h's pair layout (per 64 columns:
- *    the even columns of groups g and g + 1, then their odd ones), so that a row's 32 bytes of
- *    groups g, g + 1, broadcast to both 256-bit halves, give the whole zmm of codes by one
- *    masked 16-bit shift (by 4, the upper half only) and one mask: no interleaving;
+ *  - x is prepared once per token and column pass in a quad layout (per 128 columns, groups g ..
+ *    g + 3: the 16 even columns of each group, then the 16 odd ones of each), so that a row's 64
+ *    bytes of those four groups, as low nibbles, are exactly the first 64 bytes and, as high
+ *    nibbles, the next 64: two vpdpbusd into the same lanes, no interleaving;
  *  - codes enter vpdpbusd's unsigned operand as 2 * e2m1 + 128 (a vpshufb table), each sum
- *    started at -128 * (sum of x's 4 codes), prepared with x: exact, |lane| < 2^17;
- *  - the i32 lanes 0-3 and 8-11 are then group g's, 4-7 and 12-15 group g + 1's; their factors
- *    wd * dx (the twin's products) come 8 groups at a time per row from its 8 scale bytes, and
- *    one vpermps spreads a pair of them per step.
+ *    started at -128 * (sum of x's 8 codes of the lane), prepared with x: exact, |lane| < 2^19;
+ *  - i32 lane l then holds 8 of group g + l / 4's products; the factors wd * dx (the twin's
+ *    products) come 8 groups at a time per row from its 8 scale bytes, and one vpermps spreads
+ *    four of them per step (each step: one load, two masks, a shift, two vpshufb, two vpdpbusd,
+ *    one conversion, one permute and one FMA per 64 bytes; the pair layout this replaced, 32 bytes
+ *    broadcast per step, spent twice the conversions, permutes and FMAs: docs/KERNELS.md).
  * Rows go four per pass, sharing x's loads, with prefetch of the group of rows ahead (a row's
  * result does not depend on its group).  Checked against the scalar twin by
  * tests/c/test_q8_fp4.c. */
@@ -22,24 +24,43 @@
 #include "kernels/q8_fp4.h"
 #include "kernels/unaligned.h"
 
-/* Widest column pass: the prepared x lives on the stack (wider rows add the passes' sums). */
+/* Widest column pass (a multiple of 128): the prepared x lives on the stack (wider rows add the
+ * passes' sums). */
 enum { XP_MAX = 8192 };
 
 typedef struct {
-    int8_t q[XP_MAX] __attribute__((aligned(64)));        /* the pair layout (q8_fp4.h) */
-    int32_t off[XP_MAX / 4] __attribute__((aligned(64)));  /* -128 * (sum of each 4 codes) */
+    int8_t q[XP_MAX] __attribute__((aligned(64)));        /* the quad layout, zeros past kc */
+    int32_t off[XP_MAX / 8] __attribute__((aligned(64)));  /* -128 * (sum of each lane's 8 codes) */
     float dx[XP_MAX / 32 + 8] __attribute__((aligned(64))); /* x's scales, zeros up to 8 on */
 } prep_x;
 
+/* kc columns (a multiple of 32) of x's codes q into xp in the quad layout, rounded up to 128
+ * columns with zeros (groups past kc). */
+static void quad_x(const int8_t *q, int64_t kc, int8_t *xp) {
+    /* per 128-bit lane (16 columns): the 8 even columns, then the 8 odd */
+    const __m256i split = _mm256_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15, 0, 2, 4, 6, 8, 10,
+                                           12, 14, 1, 3, 5, 7, 9, 11, 13, 15);
+    const int64_t kc128 = (kc + 127) / 128 * 128;
+    for (int64_t c = 0; c < kc128; c += 32) {
+        const int64_t at = c / 128 * 128 + (c % 128) / 2; /* group k of the block: bytes 16k, 64 + 16k */
+        /* one group as [its 16 even columns | its 16 odd]: quadwords (e0 o0 e1 o1) -> (e0 e1 o0 o1) */
+        const __m256i v = c < kc ? _mm256_permute4x64_epi64(
+                                       _mm256_shuffle_epi8(_mm256_loadu_si256((const __m256i *)(q + c)), split), 0xd8)
+                                 : _mm256_setzero_si256();
+        _mm_store_si128((__m128i *)(xp + at), _mm256_castsi256_si128(v));
+        _mm_store_si128((__m128i *)(xp + at + 64), _mm256_extracti128_si256(v, 1));
+    }
+}
+
 static void prep(const int8_t *q, const float *dx, int64_t kc, prep_x *x) {
-    const int64_t kc64 = (kc + 63) / 64 * 64;
-    mg_q8_fp4_pair_x(q, kc, x->q);
+    const int64_t kc128 = (kc + 127) / 128 * 128;
+    quad_x(q, kc, x->q);
     const __m512i k128 = _mm512_set1_epi8((char)0x80);
-    for (int64_t c = 0; c < kc64; c += 64)
-        _mm512_store_si512((void *)(x->off + c / 4),
-                           _mm512_sub_epi32(_mm512_setzero_si512(),
-                                            _mm512_dpbusd_epi32(_mm512_setzero_si512(), k128,
-                                                                _mm512_load_si512((const void *)(x->q + c)))));
+    for (int64_t c = 0; c < kc128; c += 128) {
+        const __m512i even = _mm512_load_si512((const void *)(x->q + c)), odd = _mm512_load_si512((const void *)(x->q + c + 64));
+        const __m512i sum = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), k128, even), k128, odd);
+        _mm512_store_si512((void *)(x->off + c / 8), _mm512_sub_epi32(_mm512_setzero_si512(), sum));
+    }
     memcpy(x->dx, dx, (size_t)(kc / 32) * sizeof(float));
     memset(x->dx + kc / 32, 0, 8 * sizeof(float));
 }
@@ -68,6 +89,9 @@ INLINE void rows_fp4(const int R, const uint8_t *p, size_t rb, const uint8_t *s,
     const __m512i tbl = _mm512_xor_si512(_mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)MG_MXFP4_VALUES2)),
                                          _mm512_set1_epi8((char)0x80)); /* + 128 */
     const __m512i m4 = _mm512_set1_epi8(0x0f);
+    /* the factor lanes of step j (groups j .. j + 3 of 8): [j x 4, j + 1 x 4, j + 2 x 4, j + 3 x 4] */
+    const __m512i pick0 = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+    const __m512i pick1 = _mm512_add_epi32(pick0, _mm512_set1_epi32(4));
     const size_t ahead = rows_ahead((size_t)R * rb);
     __m512 acc[4];
     for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_ps();
@@ -76,25 +100,24 @@ INLINE void rows_fp4(const int R, const uint8_t *p, size_t rb, const uint8_t *s,
         const __m256 dx = _mm256_load_ps(x->dx + g);
         __m512 f[4];
         for (int r = 0; r < R; r++) f[r] = _mm512_castps256_ps512(factors8(s + r * sb + g, n, dx));
-        /* the factor lanes of pair j: [j x 4, j + 1 x 4, j x 4, j + 1 x 4], stepped by 2 (an add, not
-         * a vector built from j) */
-        __m512i pick = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1, 1);
-        for (int j = 0; j < n; j += 2, pick = _mm512_add_epi32(pick, _mm512_set1_epi32(2))) {
-            const __m512i xv = _mm512_load_si512((const void *)(x->q + 32 * (g + j)));
-            const __m512i off = _mm512_load_si512((const void *)(x->off + 8 * (g + j)));
-            for (size_t l = 0; l < (size_t)R * 32; l += 64)
+        for (int j = 0; j < n; j += 4) {
+            const __m512i xe = _mm512_load_si512((const void *)(x->q + 32 * (g + j)));
+            const __m512i xo = _mm512_load_si512((const void *)(x->q + 32 * (g + j) + 64));
+            const __m512i off = _mm512_load_si512((const void *)(x->off + 4 * (g + j)));
+            const __m512i pick = j ? pick1 : pick0;
+            for (size_t l = 0; l < (size_t)R * 64; l += 64)
                 _mm_prefetch((const char *)p + ahead + 16 * (g + j) * R + l, _MM_HINT_T0);
 #pragma GCC unroll 4
             for (int r = 0; r < R; r++) {
                 const uint8_t *b = p + r * rb + 16 * (g + j);
-                /* an odd last group: 16 bytes (the row may end the mapping), its partner's x is 0 */
-                const __m512i v = j + 1 < n ? _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)b))
-                                            : _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)b));
-                /* the upper 256 bits' 16-bit words shifted by 4: the high nibbles */
-                const __m512i u =
-                    _mm512_shuffle_epi8(tbl, _mm512_and_si512(_mm512_mask_srli_epi16(v, 0xffff0000u, v, 4), m4));
-                acc[r] = _mm512_fmadd_ps(_mm512_permutexvar_ps(pick, f[r]),
-                                         _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(off, u, xv)), acc[r]);
+                /* a last step of 1-3 groups: only their bytes (the row may end the mapping); the
+                 * missing groups' x is 0 */
+                const __m512i v = j + 4 <= n ? _mm512_loadu_si512((const void *)b)
+                                             : _mm512_maskz_loadu_epi8(((__mmask64)1 << (16 * (n - j))) - 1, b);
+                const __m512i lo = _mm512_shuffle_epi8(tbl, _mm512_and_si512(v, m4));
+                const __m512i hi = _mm512_shuffle_epi8(tbl, _mm512_and_si512(_mm512_srli_epi16(v, 4), m4));
+                const __m512i sum = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(off, lo, xe), hi, xo);
+                acc[r] = _mm512_fmadd_ps(_mm512_permutexvar_ps(pick, f[r]), _mm512_cvtepi32_ps(sum), acc[r]);
             }
         }
     }
