@@ -11,11 +11,12 @@
  * on the fp32 path (mg_e8m0_to_f32), where GGUF's MXFP4 reads 2^127.  Group g of a row at data
  * p (cols / 2 bytes) and scales s: codes at p + 16g, scale s[g].
  *
- * The SIMD rows (avx2/q8_fp4_avx2.c, avx512/q8_fp4_avx512vnni.c) take x in the pair layout
- * below, so that the nibbles need no interleaving: per 64 columns (groups g, g + 1) the 16
- * even columns of g, the 16 even of g + 1, the 16 odd of g, the 16 odd of g + 1.  A 32-byte
- * load of the weights then has, as low nibbles, exactly the first half of that and, as high
- * nibbles, the second; an odd last group gets zeros for its partner. */
+ * The AVX2 rows (avx2/q8_fp4_avx2.c) take x in the pair layout below, so that the nibbles
+ * need no interleaving: per 64 columns (groups g, g + 1) the 16 even columns of g, the 16 even
+ * of g + 1, the 16 odd of g, the 16 odd of g + 1.  A 32-byte load of the weights then has, as
+ * low nibbles, exactly the first half of that and, as high nibbles, the second; an odd last
+ * group gets zeros for its partner.  The AVX-512 rows (avx512/q8_fp4_avx512vnni.c) take the
+ * same idea four groups wide (their quad_x). */
 #ifndef MG_KERNELS_Q8_FP4_H
 #define MG_KERNELS_Q8_FP4_H
 
