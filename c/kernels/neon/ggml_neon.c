@@ -17,6 +17,7 @@
 #include "kernels/scalar/scalar.h"
 #include "core/ggml_blocks.h"
 #include "kernels/neon/ggml_codes.h" /* the codes, shared with q8_decode_neon.c */
+#include "kernels/q8_fp4.h"
 
 /* ---- decode ---------------------------------------------------------------------------------- */
 
@@ -440,8 +441,46 @@ static void q8_by_fp32_rows(const mg_matrix *w, const mg_q8_act *xq, int64_t n_t
     free(xf);
 }
 
+/* Native FP4 (MG_FP4_E2M1 with ue8m0 scales per 32, kernels/q8_fp4.h): MXFP4's codes, element 2i
+ * in the low nibble of byte i and 2i + 1 in the high one, so the two table lookups are zipped
+ * back to element order; the scale bytes live apart, s[g] for group g. */
+ALWAYS_INLINE codes32 codes_fp4(const uint8_t *p) {
+    const codes32 n = nib_lut(p, MG_MXFP4_VALUES2);
+    codes32 c = {{vzip1q_s8(n.v[0], n.v[1]), vzip2q_s8(n.v[0], n.v[1])}};
+    return c;
+}
+
+static float q8_row_fp4(const uint8_t *p, const uint8_t *s, int64_t ng, const int8_t *q, const float *dx) {
+    float32x4_t acc0 = vdupq_n_f32(0.0f), acc1 = acc0;
+    for (int64_t g = 0; g < ng; g++) {
+        const float32x4_t v = vcvtq_f32_s32(sdot32(codes_fp4(p + 16 * g), q + 32 * g));
+        const float f = mg_q8_fp4_wd(s[g]) * dx[g]; /* the twin's factor */
+        if (g & 1)
+            acc1 = vfmaq_n_f32(acc1, v, f);
+        else
+            acc0 = vfmaq_n_f32(acc0, v, f);
+    }
+    return vaddvq_f32(vaddq_f32(acc0, acc1));
+}
+
+static void linear_q8_fp4(const mg_matrix *w, const mg_q8_act *xq, int64_t n_tok, float *y, int64_t y_stride, int64_t r0,
+                          int64_t r1) {
+    const size_t rb = mg_matrix_row_bytes(w);
+    const int64_t groups = w->cols / 32;
+    for (int64_t r = r0; r < r1; r++) {
+        const uint8_t *p = (const uint8_t *)w->data + (size_t)r * rb;
+        const uint8_t *s = (const uint8_t *)w->scale + (size_t)r * (size_t)w->scale_cols;
+        for (int64_t t = 0; t < n_tok; t++)
+            y[t * y_stride + r] = q8_row_fp4(p, s, groups, xq->q + t * xq->cols, xq->d + t * groups);
+    }
+}
+
 void mg_neon_linear_q8(const mg_matrix *w, const mg_q8_act *xq, int64_t n_tok, float *y, int64_t y_stride, int64_t r0,
                        int64_t r1) {
+    if (w->format == MG_FP4_E2M1) { /* only with ue8m0 scales per 32 (mg_matrix_has_q8_path) */
+        linear_q8_fp4(w, xq, n_tok, y, y_stride, r0, r1);
+        return;
+    }
     float (*row)(const uint8_t *, int64_t, const int8_t *, const float *, const float *);
     switch (w->format) {
     case MG_Q8_0: row = q8_row_q8_0; break;
