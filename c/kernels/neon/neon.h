@@ -88,8 +88,8 @@ void mg_neon_linear_q8(const mg_matrix *w, const mg_q8_act *xq, int64_t n_tok, f
                        int64_t r1);
 
 /* q8_gemm_neondot.c (compiled with the dot-product extension as well): the int8 GEMM on sdot, and
- * the entry the neon table takes on a CPU with the extension (the GEMM from a few tokens,
- * mg_neon_linear_q8 below that); NULL in a build without +dotprod. */
+ * the entry the neon table takes on a CPU with the extension (the GEMM from a few tokens, below
+ * that the rows of q8_rows_neon.h built there with sdot); NULL in a build without +dotprod. */
 void mg_neondot_gemm_q8(const mg_matrix *w, const mg_q8_act *xq, int64_t n_tok, float *y, int64_t y_stride,
                         int64_t r0, int64_t r1);
 mg_linear_q8_fn mg_neondot_linear_q8(void);

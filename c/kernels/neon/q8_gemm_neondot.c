@@ -32,6 +32,7 @@
 
 #if defined(__aarch64__) && defined(__ARM_NEON) && defined(__ARM_FEATURE_DOTPROD)
 #include "kernels/neon/neon.h"
+#include "kernels/neon/q8_rows_neon.h" /* the rows, built here with sdot */
 
 /* Compile-time knobs for measuring on a real arm64 CPU (TILE up to 8: the tile cases below). */
 #ifndef MG_NEONDOT_TILE
@@ -200,16 +201,17 @@ static void tile_any(int T, int G, const void *vp, const mg_q8_tile_x *x, int mi
 
 void mg_neondot_gemm_q8(const mg_matrix *w, const mg_q8_act *xq, int64_t n_tok, float *y, int64_t y_stride,
                         int64_t r0, int64_t r1) {
-    static const mg_q8_gemm_isa isa = {ROWS, TILE, KC, sizeof(panel), pack, tile_any, mg_neon_linear_q8};
+    static const mg_q8_gemm_isa isa = {ROWS, TILE, KC, sizeof(panel), pack, tile_any, neon_q8_rows};
     mg_q8_gemm_drive(&isa, w, xq, n_tok, y, y_stride, r0, r1);
 }
 
-/* The token count from which the GEMM takes over from the rows (ggml_neon.c's mg_neon_linear_q8).
- * Not measured (no arm64 machine): 2 for every format, because here, unlike on x86 (where the
- * VNNI rows use the GEMM's instruction and win up to 4 tokens), the rows are built without the
- * dot product and pay 4 instructions per 16 products and a decode per token, where the GEMM pays
- * one sdot and half a decode per token at 2 tokens (docs/KERNELS.md, "NEON int8 GEMM", has the
- * instruction counts under qemu).  The first thing to measure on real hardware. */
+/* The token count from which the GEMM takes over from the rows (q8_rows_neon.h, built in this
+ * file with sdot).  Not measured (no arm64 machine): 2 for every format.  The rows were first
+ * built for the baseline only (4 instructions per 16 products); with sdot they pay one, as the
+ * GEMM, but still decode every weight row again per token, where the GEMM decodes it once per
+ * call (docs/KERNELS.md, "NEON int8 GEMM", has the instruction counts under qemu).  On x86, whose
+ * VNNI rows use the GEMM's instruction too, the rows win up to 2-4 tokens: the first thing to
+ * measure on real hardware. */
 static int64_t gemm_min_tok(mg_format f) { return 2; }
 
 /* The neon table's int8 entry on a CPU with the dot product: the GEMM for several tokens, the
@@ -219,7 +221,7 @@ static void linear_q8(const mg_matrix *w, const mg_q8_act *xq, int64_t n_tok, fl
     if (n_tok >= gemm_min_tok(w->format))
         mg_neondot_gemm_q8(w, xq, n_tok, y, y_stride, r0, r1);
     else
-        mg_neon_linear_q8(w, xq, n_tok, y, y_stride, r0, r1);
+        neon_q8_rows(w, xq, n_tok, y, y_stride, r0, r1);
 }
 
 mg_linear_q8_fn mg_neondot_linear_q8(void) { return linear_q8; }
