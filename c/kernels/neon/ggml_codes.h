@@ -134,4 +134,14 @@ ALWAYS_INLINE void iq4_xs_scales(const uint8_t *b, float d, float dl[8]) {
     }
 }
 
+/* The formats whose 32-element block has one scale, as X(format, block bytes, the scale and the
+ * codes of the block at p): the case lists of the fp32 decode (ggml_neon.c) and of the int8 rows
+ * (q8_rows_neon.h). */
+#define MG_NEON_FORMATS32(X)                                                  \
+    X(MG_Q8_0, 34, f16_at(p), codes_q8_0(p))                                  \
+    X(MG_Q4_0, 18, f16_at(p), nib_lut(p + 2, Q4_0_VALUES))                    \
+    X(MG_Q5_0, 22, f16_at(p), codes_q5_0(p))                                  \
+    X(MG_IQ4_NL, 18, f16_at(p), nib_lut(p + 2, MG_IQ4NL_VALUES))              \
+    X(MG_MXFP4, 17, MG_E8M0_HALF[p[0]], nib_lut(p + 1, MG_MXFP4_VALUES2))
+
 #endif

@@ -56,11 +56,7 @@ ALWAYS_INLINE float q8_row(mg_format f, const uint8_t *p, int64_t nb, const int8
                 acc0 = vfmaq_n_f32(acc0, s, (SCALE) * dx[0]);                               \
         }                                                                                   \
         break;
-        CASE32(MG_Q8_0, 34, f16_at(p), codes_q8_0(p))
-        CASE32(MG_Q4_0, 18, f16_at(p), nib_lut(p + 2, Q4_0_VALUES))
-        CASE32(MG_Q5_0, 22, f16_at(p), codes_q5_0(p))
-        CASE32(MG_IQ4_NL, 18, f16_at(p), nib_lut(p + 2, MG_IQ4NL_VALUES))
-        CASE32(MG_MXFP4, 17, MG_E8M0_HALF[p[0]], nib_lut(p + 1, MG_MXFP4_VALUES2))
+        MG_NEON_FORMATS32(CASE32)
 #undef CASE32
     case MG_Q4_K:
     case MG_Q5_K: {

@@ -14,13 +14,12 @@ int mg_kernels_override_neon(mg_kernels *k, const mg_cpu_features *f) {
      * by widening, 4 instructions per 16 products, no better than the fp32 tiles: prefill keeps
      * those (as on an x86 CPU without VNNI). */
     const mg_linear_q8_fn dot = f->neondot ? mg_neondot_linear_q8() : NULL;
-    for (int fmt = MG_Q8_0; fmt < MG_FORMAT_COUNT; fmt++) { /* ggml_neon.c; a format it lacks keeps the parent's */
+    for (int fmt = 0; fmt < MG_FORMAT_COUNT; fmt++) { /* ggml_neon.c; a format it lacks keeps the parent's */
         if (mg_neon_ggml_takes((mg_format)fmt)) k->linear[fmt] = mg_neon_linear_ggml;
+        /* the block formats and native FP4 (DeepSeek-V4's experts; the GEMM's FP4 decoder is the
+         * scalar one, kernels/q8_gemm_driver.h) */
         if (mg_format_has_q8_path((mg_format)fmt)) k->linear_q8[fmt] = dot ? dot : mg_neon_linear_q8;
     }
-    /* native FP4 (DeepSeek-V4's experts): its rows are ggml_neon.c's too, the GEMM's decoder the
-     * scalar one (kernels/q8_gemm_driver.h) */
-    k->linear_q8[MG_FP4_E2M1] = dot ? dot : mg_neon_linear_q8;
     k->linear_q8_gemm = dot != NULL;
     MG_VECTOR_OPS_SET(k, mg_neon);
     /* attention: the scalar loops would replace NEON's dot and axpy; NULL lets the caller loop
