@@ -66,7 +66,7 @@ int main(int argc, char **argv) {
         fill(m.format, data, mb * (size_t)cases[ci].nmat, b);
         void *mem = aligned_alloc(64, (mg_q8_act_bytes(1, m.cols) + 63) & ~(size_t)63);
         mg_q8_act xq;
-        mg_q8_quantize(x, m.cols, 1, m.cols, mem, &xq);
+        mg_q8_quantize(x, m.cols, 1, m.cols, mem, &xq, NULL);
         printf("%-26s", cases[ci].name);
         for (int t = 0; t < 2; t++) {
             const mg_kernels *k = mg_kernels_named(tabs[t]);

@@ -80,8 +80,8 @@ typedef struct {
     const float *dx, *sx;                                 /* x's scales and sums per 32 */
     int8_t perm[XP_MAX] __attribute__((aligned(32)));    /* the pair order (prep_pairs) */
     int8_t absq[XP_MAX] __attribute__((aligned(32)));    /* |perm| */
-    int16_t off[XP_MAX / 2] __attribute__((aligned(32))); /* -k * sums of x (offset formats) */
-    int16_t xs16[XP_MAX / 16] __attribute__((aligned(32))); /* Q2_K: sums of x per 16 columns */
+    int16_t off[XP_MAX / 4] __attribute__((aligned(32))); /* -k * sums of x (nibble formats) */
+    int16_t xs16[XP_MAX / 16] __attribute__((aligned(32))); /* sums of x per 16 columns (K16) */
     float dxp[XP_MAX / 32] __attribute__((aligned(32)));  /* IQ4_XS: dx per 256 in lane order */
 } prep_x;
 
@@ -112,24 +112,18 @@ static void prep_abs(const int8_t *q, int64_t n, int8_t *qa) {
 /* off = -k * (sums of x in the i16 pair lanes): per 64 columns of the pair order, lane l of
  * maddubs(lo, x[0..32)) + maddubs(hi, x[32..64)) has the pairs of columns 2l, 2l + 1 of both
  * halves, so its offset is -k times their four codes; pairs formats with unsigned codes u and
- * value u - k then sum exactly (u - k) x.  Q6_K (pair_order 0): per 32 columns in order, the
- * pair lanes of maddubs(u, x[0..32)), -32 times their two codes. */
-static void prep_off(const int8_t *q, int64_t n, int k, int pair_order, int16_t *off) {
+ * value u - k then sum exactly (u - k) x.  (Q6_K and Q3_K take their offsets per block from
+ * xs16 instead, rows_q6_k.) */
+static void prep_off(const int8_t *q, int64_t n, int k, int16_t *off) {
     const __m256i kv = _mm256_set1_epi8((char)k);
-    if (pair_order) {
-        for (int64_t c = 0; c < n; c += 64) {
-            const __m256i s = _mm256_add_epi16(_mm256_maddubs_epi16(kv, load32(q + c)), _mm256_maddubs_epi16(kv, load32(q + c + 32)));
-            _mm256_store_si256((__m256i *)(off + c / 4), _mm256_sub_epi16(_mm256_setzero_si256(), s));
-        }
-    } else {
-        for (int64_t c = 0; c < n; c += 32)
-            _mm256_store_si256((__m256i *)(off + c / 2),
-                               _mm256_sub_epi16(_mm256_setzero_si256(), _mm256_maddubs_epi16(kv, load32(q + c))));
+    for (int64_t c = 0; c < n; c += 64) {
+        const __m256i s = _mm256_add_epi16(_mm256_maddubs_epi16(kv, load32(q + c)), _mm256_maddubs_epi16(kv, load32(q + c + 32)));
+        _mm256_store_si256((__m256i *)(off + c / 4), _mm256_sub_epi16(_mm256_setzero_si256(), s));
     }
 }
 
-/* Sums of x per 16 columns (|sum| <= 16 * 127): one pass per token, where the rows would
- * each redo it per block. */
+/* Sums of x per 16 columns (|sum| <= 16 * 127; Q2_K's mins, Q3_K's and Q6_K's offsets): one
+ * pass per token, where the rows would each redo it per block. */
 static void prep_sums16(const int8_t *q, int64_t n, int16_t *xs) {
     for (int64_t c = 0; c < n; c += 16) {
         int s = 0;
@@ -400,12 +394,20 @@ static const int8_t K16_PICK[4][32] = {
 /* One 32-column group of the per-16-scaled formats (Q6_K, Q2_K, Q3_K): the i16 pair sums times
  * the group's two integer scales k16 (one vpmaddwd, exact), then times the float factor f into
  * one of two accumulators by group parity (two dependency chains). */
-INLINE void add_group(__m256i pairs, __m256i k16, float f, int g, __m256 *acc, __m256 *acc2) {
+INLINE void add_group(__m256i pairs, __m256i k16, const float *f, int g, __m256 *acc, __m256 *acc2) {
     const __m256 v = cvt_i32(_mm256_madd_epi16(pairs, k16));
     if (g & 1)
-        *acc2 = _mm256_fmadd_ps(_mm256_set1_ps(f), v, *acc2);
+        *acc2 = _mm256_fmadd_ps(_mm256_broadcast_ss(f), v, *acc2);
     else
-        *acc = _mm256_fmadd_ps(_mm256_set1_ps(f), v, *acc);
+        *acc = _mm256_fmadd_ps(_mm256_broadcast_ss(f), v, *acc);
+}
+
+/* The factors of a row's 8 groups, stored for add_group's broadcasts.  The empty asm keeps them
+ * in memory: without it GCC broadcasts from the register, two shuffles each on the port that
+ * also runs vpshufb, where a broadcast from memory is a load. */
+INLINE void store_factors(float *f, __m256 v) {
+    _mm256_store_ps(f, v);
+    __asm__("" : : "m"(*(float(*)[8])f));
 }
 
 /* The unsigned codes (0..63) of groups k and k + 2 (k = 0, 1) of a Q6_K half: the low 4 bits
@@ -421,14 +423,17 @@ INLINE void q6_codes2(const uint8_t *L, const uint8_t *qh, int k, __m256i *u0, _
     *u2 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l, 4), m4), _mm256_and_si256(h2, m30));
 }
 
-/* R rows of Q6_K.  The unsigned codes u against x by vpmaddubsw, plus the offsets -32 * (x_2m
- * + x_2m+1) of prep_off, make the pairs sum (u - 32) x exactly (|pair| <= 2 * 63 * 127 + 32 *
- * 254 < 2^15) without a sign trick; group g of half h has the int8 scales 8h + 2g (its first
- * 16 elements, the low 128-bit lane of the pairs) and 8h + 2g + 1 (the high lane), which
- * vpmaddwd applies in place of the ones: isum = sa * sum_a + sb * sum_b, as the twin.  Unlike
- * the other formats, a row's whole block at a time (two accumulators per row, whose chains
- * are short enough) and two rows per pass: measured faster than four rows innermost, whose
- * extra setup per row cost more than the shared loads of x saved (docs/KERNELS.md). */
+/* R rows of Q6_K.  The unsigned codes u (0..63) against x by vpmaddubsw (|pair| <= 2 * 63 *
+ * 127 < 2^15, no sign trick); group g of half h has the int8 scales 8h + 2g (its first 16
+ * elements, the low 128-bit lane of the pairs) and 8h + 2g + 1 (the high lane), which vpmaddwd
+ * applies in place of the ones.  The value is u - 32: the -32 goes in once per row and block,
+ * as one vpmaddwd of the block's 16 scales with x's sums per 16 (prep: xs16), whose i32 lane k
+ * is group k's sa * sum_a + sb * sum_b, times -32 * d * dx_k in one FMA (the twin's isum,
+ * split into its u and offset parts).  Unlike the other formats, a row's whole block at a time
+ * (two accumulators per row, whose chains are short enough) and two rows per pass: measured
+ * faster than four rows innermost, whose extra setup per row cost more than the shared loads of
+ * x saved (docs/KERNELS.md).  The factors d * dx are stored and broadcast from memory: a
+ * broadcast from a register takes two shuffles on the port that also runs vpshufb. */
 INLINE void rows_q6_k(const int R, const uint8_t *p, size_t rb, int64_t nb, const prep_x *x, float *out) {
     const int8_t(*pick)[32] = K16_PICK;
     const size_t ahead = rows_ahead((size_t)R * rb);
@@ -438,27 +443,29 @@ INLINE void rows_q6_k(const int R, const uint8_t *p, size_t rb, int64_t nb, cons
     for (int64_t i = 0; i < nb; i++, p += 210, pf += R * 210) {
         prefetch_step(pf, (size_t)R * 210);
         const int8_t *xq = x->q + 256 * i;
-        const int16_t *off = x->off + 128 * i;
         const __m256 dxv = _mm256_loadu_ps(x->dx + 8 * i);
+        const __m256i xs = _mm256_load_si256((const __m256i *)(x->xs16 + 16 * i));
         float d[4] __attribute__((aligned(16)));
         _mm_store_ps(d, _mm_cvtph_ps(_mm_cvtsi64_si128((long long)gather16(R, p + 208, rb))));
 #pragma GCC unroll 4
         for (int r = 0; r < R; r++) {
             const uint8_t *b = p + (size_t)r * rb;
             float f[8] __attribute__((aligned(32)));
-            _mm256_store_ps(f, _mm256_mul_ps(_mm256_broadcast_ss(d + r), dxv));
+            const __m256 fv = _mm256_mul_ps(_mm256_broadcast_ss(d + r), dxv);
+            store_factors(f, fv);
+            const __m256i s16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(b + 192)));
+            acc2[r] = _mm256_fnmadd_ps(_mm256_mul_ps(fv, _mm256_set1_ps(32.0f)), cvt_i32(_mm256_madd_epi16(s16, xs)), acc2[r]);
 #pragma GCC unroll 2
             for (int h = 0; h < 2; h++) {
                 /* the half's 8 scales as i16, in both 128-bit lanes */
-                const __m256i s16 = _mm256_broadcastsi128_si256(_mm_cvtepi8_epi16(_mm_loadl_epi64((const __m128i *)(b + 192 + 8 * h))));
+                const __m256i sh = h ? _mm256_permute2x128_si256(s16, s16, 0x11) : _mm256_permute2x128_si256(s16, s16, 0x00);
                 __m256i u[4];
                 q6_codes2(b + 64 * h, b + 128 + 32 * h, 0, &u[0], &u[2]);
                 q6_codes2(b + 64 * h + 32, b + 128 + 32 * h, 1, &u[1], &u[3]);
 #pragma GCC unroll 4
                 for (int g = 0; g < 4; g++) {
-                    const __m256i pairs = _mm256_add_epi16(_mm256_maddubs_epi16(u[g], load32(xq + 128 * h + 32 * g)),
-                                                           _mm256_load_si256((const __m256i *)(off + 64 * h + 16 * g)));
-                    add_group(pairs, _mm256_shuffle_epi8(s16, load32(pick[g])), f[4 * h + g], g, &acc[r], &acc2[r]);
+                    const __m256i pairs = _mm256_maddubs_epi16(u[g], load32(xq + 128 * h + 32 * g));
+                    add_group(pairs, _mm256_shuffle_epi8(sh, load32(pick[g])), f + 4 * h + g, g, &acc[r], &acc2[r]);
                 }
             }
         }
@@ -491,12 +498,12 @@ INLINE __m256i q3_k_high(__m256i hm, int g) {
 
 /* R rows of Q2_K (q3 = 0) or Q3_K.  Group g = 4h + s of a block: bits 2s.. of the 32 code bytes
  * of half h (one load per half), against x's columns in order; Q3_K adds 4 where its hmask bit
- * is set, so u = q + 4 (0..7), and prep_off's -4 * (x pair sums) make the pairs (u - 4) x.
- * Pairs <= 2 * 7 * 127 + 4 * 254 < 2^15; the two 16-element halves of a group are the pairs'
- * 128-bit lanes, and vpmaddwd applies their integer scales k in place of the ones (Q6_K's
- * pick); the factor d * dx per group.  Q2_K's mins: imin of the 8 groups is one vpmaddwd of the
- * 16 min nibbles with x's sums per 16 (prep: xs16), times dmin * dx.  A row's whole block at a
- * time, two accumulators per row, as Q6_K. */
+ * is set, so u = q + 4 (0..7), value u - 4.  Pairs <= 2 * 7 * 127 < 2^15; the two 16-element
+ * halves of a group are the pairs' 128-bit lanes, and vpmaddwd applies their integer scales k
+ * in place of the ones (Q6_K's pick); the factor d * dx per group.  Once per row and block, one
+ * vpmaddwd of the 16 scales-or-mins with x's sums per 16 (prep: xs16) gives each group's
+ * Q2_K min term (times dmin * dx) or Q3_K offset (times -4 * d * dx), as Q6_K's.  A row's whole
+ * block at a time, two accumulators per row, as Q6_K. */
 INLINE void rows_k23(const int R, const uint8_t *p, size_t rb, int64_t nb, const prep_x *x, int q3, float *out) {
     const int8_t(*pick)[32] = K16_PICK;
     const size_t bytes = q3 ? 110 : 84, qs = q3 ? 32 : 16, dof = q3 ? 108 : 80;
@@ -508,7 +515,6 @@ INLINE void rows_k23(const int R, const uint8_t *p, size_t rb, int64_t nb, const
     for (int64_t i = 0; i < nb; i++, p += bytes, pf += R * bytes) {
         prefetch_step(pf, (size_t)R * bytes);
         const int8_t *xq = x->q + 256 * i;
-        const int16_t *off = x->off + 128 * i;
         const __m256 dxv = _mm256_loadu_ps(x->dx + 8 * i);
         float d[4] __attribute__((aligned(16))), dm[4] __attribute__((aligned(16)));
         _mm_store_ps(d, _mm_cvtph_ps(_mm_cvtsi64_si128((long long)gather16(R, p + dof, rb))));
@@ -517,10 +523,13 @@ INLINE void rows_k23(const int R, const uint8_t *p, size_t rb, int64_t nb, const
         for (int r = 0; r < R; r++) {
             const uint8_t *b = p + (size_t)r * rb;
             float f[8] __attribute__((aligned(32)));
-            _mm256_store_ps(f, _mm256_mul_ps(_mm256_broadcast_ss(d + r), dxv));
+            const __m256 fv = _mm256_mul_ps(_mm256_broadcast_ss(d + r), dxv);
+            store_factors(f, fv);
             __m256i k16, hm = _mm256_setzero_si256();
             if (q3) {
                 k16 = q3_k_scales16(b + 96), hm = load32(b);
+                const __m256i ioff = _mm256_madd_epi16(k16, _mm256_load_si256((const __m256i *)(x->xs16 + 16 * i)));
+                acc2[r] = _mm256_fnmadd_ps(_mm256_mul_ps(fv, _mm256_set1_ps(4.0f)), cvt_i32(ioff), acc2[r]);
             } else {
                 const __m128i sc = _mm_loadu_si128((const __m128i *)b);
                 const __m256i mins = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(sc, 4), _mm_set1_epi8(15)));
@@ -536,15 +545,9 @@ INLINE void rows_k23(const int R, const uint8_t *p, size_t rb, int64_t nb, const
                 for (int s = 0; s < 4; s++) {
                     const int g = 4 * h + s;
                     __m256i u = _mm256_and_si256(s ? _mm256_srli_epi16(v, 2 * s) : v, m3);
-                    __m256i pairs;
-                    if (q3) {
-                        u = _mm256_or_si256(u, q3_k_high(hm, g));
-                        pairs = _mm256_add_epi16(_mm256_maddubs_epi16(u, load32(xq + 32 * g)),
-                                                 _mm256_load_si256((const __m256i *)(off + 16 * g)));
-                    } else {
-                        pairs = _mm256_maddubs_epi16(u, load32(xq + 32 * g));
-                    }
-                    add_group(pairs, _mm256_shuffle_epi8(s16, load32(pick[s])), f[g], g, &acc[r], &acc2[r]);
+                    if (q3) u = _mm256_or_si256(u, q3_k_high(hm, g));
+                    const __m256i pairs = _mm256_maddubs_epi16(u, load32(xq + 32 * g));
+                    add_group(pairs, _mm256_shuffle_epi8(s16, load32(pick[s])), f + g, g, &acc[r], &acc2[r]);
                 }
             }
         }
@@ -651,7 +654,7 @@ static void prep(mg_format f, const int8_t *q, const float *dx, const float *sx,
     case MG_Q5_0:
     case MG_MXFP4:
         prep_pairs(q, kc, x->perm);
-        prep_off(x->perm, (kc + 63) / 64 * 64, f == MG_Q4_0 ? 8 : f == MG_Q5_0 ? 16 : 12, 1, x->off);
+        prep_off(x->perm, (kc + 63) / 64 * 64, f == MG_Q4_0 ? 8 : f == MG_Q5_0 ? 16 : 12, x->off);
         x->q = x->perm;
         break;
     case MG_IQ4_NL:
@@ -668,9 +671,9 @@ static void prep(mg_format f, const int8_t *q, const float *dx, const float *sx,
         prep_pairs(q, kc, x->perm);
         x->q = x->perm;
         break;
-    case MG_Q6_K: prep_off(q, kc, 32, 0, x->off); break;
-    case MG_Q3_K: prep_off(q, kc, 4, 0, x->off); break;
-    case MG_Q2_K: prep_sums16(q, kc, x->xs16); break;
+    case MG_Q2_K:
+    case MG_Q3_K:
+    case MG_Q6_K: prep_sums16(q, kc, x->xs16); break;
     default: break; /* Q8_0, Q4_K, Q5_K: x in order */
     }
 }
