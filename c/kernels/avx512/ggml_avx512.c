@@ -75,41 +75,64 @@ INLINE __m256 bytes_times(const uint8_t b[8], float v) {
                          _mm256_set1_ps(v));
 }
 
-/* Q4_K / Q5_K (q5): chunk c's byte l holds element l of sub-blocks 2c (low nibble) and 2c + 1
- * (high); Q5_K's bit 2c (2c + 1) of qh[l] is their fifth bit. */
-INLINE float row_dot_k4(const uint8_t *p, int64_t nb, const float *x, const float *xs, int q5) {
+/* Prefetch of the bytes of one row's block `ahead` on (a later group of rows, rows_ahead). */
+INLINE void prefetch_block(const uint8_t *b, size_t bytes, size_t ahead) {
+    for (size_t l = 0; l < bytes; l += 64) _mm_prefetch((const char *)b + ahead + l, MG_AVX512_PREFETCH_HINT);
+}
+
+/* Q4_K / Q5_K (q5), R (1..4) rows at once (p[j]: row j's blocks): chunk c's byte l holds element l
+ * of sub-blocks 2c (low nibble) and 2c + 1 (high); Q5_K's bit 2c (2c + 1) of qh[l] is their fifth
+ * bit.  As rows_mxfp4: each row's arithmetic is the same whatever R (so outputs do not depend on
+ * how rows are grouped), R weight streams in flight with a prefetch `ahead` on, and each x load
+ * serves the R rows (one row streamed alone left a Q4_K_M token at 0.38 of the read bandwidth). */
+INLINE void rows_k4(const int R, const uint8_t *const *p, const float *x, const float *xs, int64_t nb, int q5,
+                    size_t ahead, float *out) {
     const size_t bytes = q5 ? 176 : 144;
     const __m512i m4 = _mm512_set1_epi32(15), m16 = _mm512_set1_epi32(16);
-    __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
-    __m256 accm = _mm256_setzero_ps();
-    for (int64_t i = 0; i < nb; i++, p += bytes, x += 256, xs += 8) {
-        uint8_t sc[8], mn[8];
-        float ds[8] __attribute__((aligned(32)));
-        mg_ggml_k4_scales_mins(p + 4, sc, mn);
-        _mm256_store_ps(ds, bytes_times(sc, f16_at(p)));
-        accm = _mm256_fmadd_ps(bytes_times(mn, f16_at(p + 2)), _mm256_loadu_ps(xs), accm);
-        const uint8_t *qs = p + (q5 ? 48 : 16), *qh = p + 16;
-        __m512i h[2];
-        if (q5) h[0] = u8x16(qh), h[1] = u8x16(qh + 16);
+    const __m512 nib = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15); /* a code's value */
+    __m512 acc0[4], acc1[4];
+    __m256 accm[4];
+    for (int j = 0; j < R; j++) acc0[j] = acc1[j] = _mm512_setzero_ps(), accm[j] = _mm256_setzero_ps();
+    for (int64_t i = 0; i < nb; i++, x += 256, xs += 8) {
+        float ds[4][8] __attribute__((aligned(32)));
+        for (int j = 0; j < R; j++) {
+            const uint8_t *b = p[j] + (size_t)i * bytes;
+            prefetch_block(b, bytes, ahead);
+            uint8_t sc[8], mn[8];
+            mg_ggml_k4_scales_mins(b + 4, sc, mn);
+            _mm256_store_ps(ds[j], bytes_times(sc, f16_at(b)));
+            accm[j] = _mm256_fmadd_ps(bytes_times(mn, f16_at(b + 2)), _mm256_loadu_ps(xs), accm[j]);
+        }
         for (int c = 0; c < 4; c++) {
-            __m512 lo = _mm512_setzero_ps(), hi = _mm512_setzero_ps();
-            for (int k = 0; k < 2; k++) {
-                const __m512i v = u8x16(qs + 32 * c + 16 * k);
-                __m512i l = _mm512_and_si512(v, m4), u = _mm512_srli_epi32(v, 4);
-                if (q5) {
-                    const __m512i t = _mm512_srli_epi32(h[k], 2 * c);
-                    l = _mm512_or_si512(l, _mm512_and_si512(_mm512_slli_epi32(t, 4), m16));
-                    u = _mm512_or_si512(u, _mm512_and_si512(_mm512_slli_epi32(t, 3), m16));
+            const __m512 xl0 = _mm512_loadu_ps(x + 64 * c), xl1 = _mm512_loadu_ps(x + 64 * c + 16);
+            const __m512 xh0 = _mm512_loadu_ps(x + 64 * c + 32), xh1 = _mm512_loadu_ps(x + 64 * c + 48);
+            for (int j = 0; j < R; j++) {
+                const uint8_t *b = p[j] + (size_t)i * bytes;
+                const uint8_t *qs = b + (q5 ? 48 : 16) + 32 * c, *qh = b + 16;
+                __m512 lo = _mm512_setzero_ps(), hi = _mm512_setzero_ps();
+                for (int k = 0; k < 2; k++) {
+                    const __m512i v = u8x16(qs + 16 * k);
+                    __m512 fl, fu;
+                    if (q5) {
+                        const __m512i t = _mm512_srli_epi32(u8x16(qh + 16 * k), 2 * c);
+                        const __m512i l = _mm512_or_si512(_mm512_and_si512(v, m4), _mm512_and_si512(_mm512_slli_epi32(t, 4), m16));
+                        const __m512i u = _mm512_or_si512(_mm512_srli_epi32(v, 4), _mm512_and_si512(_mm512_slli_epi32(t, 3), m16));
+                        fl = _mm512_cvtepi32_ps(l), fu = _mm512_cvtepi32_ps(u);
+                    } else { /* vpermps reads an index's low 4 bits: the low nibble needs no mask */
+                        fl = _mm512_permutexvar_ps(v, nib), fu = _mm512_permutexvar_ps(_mm512_srli_epi32(v, 4), nib);
+                    }
+                    lo = _mm512_fmadd_ps(fl, k ? xl1 : xl0, lo);
+                    hi = _mm512_fmadd_ps(fu, k ? xh1 : xh0, hi);
                 }
-                lo = _mm512_fmadd_ps(_mm512_cvtepi32_ps(l), _mm512_loadu_ps(x + 64 * c + 16 * k), lo);
-                hi = _mm512_fmadd_ps(_mm512_cvtepi32_ps(u), _mm512_loadu_ps(x + 64 * c + 32 + 16 * k), hi);
+                acc0[j] = _mm512_fmadd_ps(_mm512_set1_ps(ds[j][2 * c]), lo, acc0[j]);
+                acc1[j] = _mm512_fmadd_ps(_mm512_set1_ps(ds[j][2 * c + 1]), hi, acc1[j]);
             }
-            acc0 = _mm512_fmadd_ps(_mm512_set1_ps(ds[2 * c]), lo, acc0);
-            acc1 = _mm512_fmadd_ps(_mm512_set1_ps(ds[2 * c + 1]), hi, acc1);
         }
     }
-    const __m512 a = _mm512_add_ps(acc0, acc1);
-    return _mm512_reduce_add_ps(a) - (accm[0] + accm[1] + accm[2] + accm[3] + accm[4] + accm[5] + accm[6] + accm[7]);
+    for (int j = 0; j < R; j++) {
+        const __m256 m = accm[j];
+        out[j] = _mm512_reduce_add_ps(_mm512_add_ps(acc0[j], acc1[j])) - (m[0] + m[1] + m[2] + m[3] + m[4] + m[5] + m[6] + m[7]);
+    }
 }
 
 /* IQ4_XS: 8 sub-blocks of 32 (16 nibble bytes each) with scales d * (s - 32). */
@@ -155,36 +178,48 @@ INLINE float row_dot_q5_0(const uint8_t *p, int64_t nb, const float *x) {
     return _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
 }
 
-/* Q6_K: per half h, ql bytes l (A, elements l and 64 + l) and 32 + l (B, elements 32 + l and
- * 96 + l), qh byte l holding the top 2 bits of elements l, 32 + l, 64 + l, 96 + l; each byte
- * widened once to a dword lane.  A scale per 16 elements: one per vector. */
-INLINE float row_dot_q6_k(const uint8_t *p, int64_t nb, const float *x) {
+/* Q6_K, R (1..4) rows at once, as rows_k4: per half h, ql bytes l (A, elements l and 64 + l) and
+ * 32 + l (B, elements 32 + l and 96 + l), qh byte l holding the top 2 bits of elements l, 32 + l,
+ * 64 + l, 96 + l; each byte widened once to a dword lane.  A scale per 16 elements, one per
+ * vector: the block's 16 products d * sc in one vector (the same single rounding as one at a
+ * time), broadcast from memory. */
+INLINE void rows_q6_k(const int R, const uint8_t *const *p, const float *x, int64_t nb, size_t ahead, float *out) {
     const __m512i m4 = _mm512_set1_epi32(15), m30 = _mm512_set1_epi32(0x30), k32 = _mm512_set1_epi32(32);
-    __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
-    for (int64_t i = 0; i < nb; i++, p += 210, x += 256) {
-        const float d = f16_at(p + 208);
-        const int8_t *sc = (const int8_t *)(p + 192);
+    __m512 acc0[4], acc1[4];
+    for (int j = 0; j < R; j++) acc0[j] = acc1[j] = _mm512_setzero_ps();
+    for (int64_t i = 0; i < nb; i++, x += 256) {
+        float ds[4][16] __attribute__((aligned(64)));
+        for (int j = 0; j < R; j++) {
+            const uint8_t *b = p[j] + (size_t)i * 210;
+            prefetch_block(b, 210, ahead);
+            _mm512_store_ps(ds[j], _mm512_mul_ps(_mm512_set1_ps(f16_at(b + 208)),
+                                                 _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(b + 192))))));
+        }
         for (int h = 0; h < 2; h++)
             for (int k = 0; k < 2; k++) {
-                const __m512i qa = u8x16(p + 64 * h + 16 * k), qb = u8x16(p + 64 * h + 32 + 16 * k);
-                const __m512i qh = u8x16(p + 128 + 32 * h + 16 * k);
-                const __m512i v[4] = {
-                    _mm512_or_si512(_mm512_and_si512(qa, m4), _mm512_and_si512(_mm512_slli_epi32(qh, 4), m30)),
-                    _mm512_or_si512(_mm512_and_si512(qb, m4), _mm512_and_si512(_mm512_slli_epi32(qh, 2), m30)),
-                    _mm512_or_si512(_mm512_srli_epi32(qa, 4), _mm512_and_si512(qh, m30)),
-                    _mm512_or_si512(_mm512_srli_epi32(qb, 4), _mm512_and_si512(_mm512_srli_epi32(qh, 2), m30))};
-                for (int g = 0; g < 4; g++) { /* elements 128h + 32g + 16k .. + 16: scale 8h + 2g + k */
-                    const __m512 part = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(v[g], k32)),
-                                                      _mm512_loadu_ps(x + 128 * h + 32 * g + 16 * k));
-                    const __m512 s = _mm512_set1_ps(d * (float)sc[8 * h + 2 * g + k]);
-                    if (g & 1)
-                        acc1 = _mm512_fmadd_ps(s, part, acc1);
-                    else
-                        acc0 = _mm512_fmadd_ps(s, part, acc0);
+                __m512 xv[4];
+                for (int g = 0; g < 4; g++) xv[g] = _mm512_loadu_ps(x + 128 * h + 32 * g + 16 * k);
+                for (int j = 0; j < R; j++) {
+                    const uint8_t *b = p[j] + (size_t)i * 210;
+                    const __m512i qa = u8x16(b + 64 * h + 16 * k), qb = u8x16(b + 64 * h + 32 + 16 * k);
+                    const __m512i qh = u8x16(b + 128 + 32 * h + 16 * k);
+                    const __m512i v[4] = {
+                        _mm512_or_si512(_mm512_and_si512(qa, m4), _mm512_and_si512(_mm512_slli_epi32(qh, 4), m30)),
+                        _mm512_or_si512(_mm512_and_si512(qb, m4), _mm512_and_si512(_mm512_slli_epi32(qh, 2), m30)),
+                        _mm512_or_si512(_mm512_srli_epi32(qa, 4), _mm512_and_si512(qh, m30)),
+                        _mm512_or_si512(_mm512_srli_epi32(qb, 4), _mm512_and_si512(_mm512_srli_epi32(qh, 2), m30))};
+                    for (int g = 0; g < 4; g++) { /* elements 128h + 32g + 16k .. + 16: scale 8h + 2g + k */
+                        const __m512 part = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(v[g], k32)), xv[g]);
+                        const __m512 sv = _mm512_set1_ps(ds[j][8 * h + 2 * g + k]);
+                        if (g & 1)
+                            acc1[j] = _mm512_fmadd_ps(sv, part, acc1[j]);
+                        else
+                            acc0[j] = _mm512_fmadd_ps(sv, part, acc0[j]);
+                    }
                 }
             }
     }
-    return _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
+    for (int j = 0; j < R; j++) out[j] = _mm512_reduce_add_ps(_mm512_add_ps(acc0[j], acc1[j]));
 }
 
 /* MXFP4, R (1..4) rows at once: each row's arithmetic is row_dot_32's exactly (the same
@@ -251,22 +286,24 @@ int mg_avx512_decode_ggml(const mg_matrix *w, const float *x, float *y, int64_t 
             const uint8_t *p = (const uint8_t *)w->data + (size_t)r * rb + (size_t)(c0 / e * bytes);
             const int64_t nb = kc / e;
             float part;
-            if (f == MG_MXFP4) { /* up to four rows per pass, see rows_mxfp4 */
+            if (f == MG_MXFP4 || f == MG_Q4_K || f == MG_Q5_K || f == MG_Q6_K) { /* up to four rows per pass */
                 const int64_t n = r1 - r < 4 ? r1 - r : 4;
                 const uint8_t *ps[4];
                 float parts[4];
                 for (int64_t j = 0; j < n; j++) ps[j] = p + (size_t)j * rb;
-                MG_ROWS_CALL(n, rb, parts, rows_mxfp4, ps, x + c0, nb);
+                if (f == MG_MXFP4)
+                    MG_ROWS_CALL(n, rb, parts, rows_mxfp4, ps, x + c0, nb);
+                else if (f == MG_Q6_K)
+                    MG_ROWS_CALL(n, rb, parts, rows_q6_k, ps, x + c0, nb);
+                else
+                    MG_ROWS_CALL(n, rb, parts, rows_k4, ps, x + c0, xs, nb, f == MG_Q5_K);
                 for (int64_t j = 0; j < n; j++) y[r + j] = c0 == 0 ? parts[j] : y[r + j] + parts[j];
                 r += n - 1;
                 continue;
             }
             switch (f) {
-            case MG_Q4_K: part = row_dot_k4(p, nb, x + c0, xs, 0); break;
-            case MG_Q5_K: part = row_dot_k4(p, nb, x + c0, xs, 1); break;
             case MG_IQ4_XS: part = row_dot_iq4_xs(p, nb, x + c0); break;
             case MG_Q5_0: part = row_dot_q5_0(p, nb, x + c0); break;
-            case MG_Q6_K: part = row_dot_q6_k(p, nb, x + c0); break;
             case MG_Q8_0: part = row_dot_32(MG_Q8_0, p, nb, x + c0); break;
             case MG_Q4_0: part = row_dot_32(MG_Q4_0, p, nb, x + c0); break;
             default: part = row_dot_32(MG_IQ4_NL, p, nb, x + c0); break; /* IQ4_NL: MXFP4 took rows_mxfp4 */
