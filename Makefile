@@ -38,7 +38,7 @@ isa_flags = $(filter-out $(ISA_UNKNOWN),$(if $(findstring _avx2.c,$(1)),$(ISA_av
 endif
 ifneq ($(filter aarch64 arm64,$(ARCH)),)
 ISA_UNKNOWN := $(foreach f,$(ISA_OPTIONAL_ARM),$(shell $(CC) $(f) -x c -c /dev/null -o /dev/null 2>/dev/null || echo $(f)))
-isa_flags = $(filter-out $(ISA_UNKNOWN),$(if $(findstring _neondot.c,$(1)),$(ISA_neondot)))
+isa_flags = $(filter-out $(ISA_UNKNOWN),$(if $(findstring _neondot.c,$(1)),$(ISA_neondot))$(if $(findstring _neoni8mm.c,$(1)),$(ISA_neoni8mm)))
 endif
 
 .SECONDARY:

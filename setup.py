@@ -7,7 +7,7 @@ AVX-512 (F/BW/VL/DQ) ones, *_avx512vnni.c and *_avx512bf16.c those that also use
 AVX512_BF16; only they get those instruction-set flags, and the runtime dispatcher
 (c/core/cpu.c) picks them only on a CPU that has the features. This keeps one shipped binary
 that runs on any x86-64. On arm64 the same holds for *_neondot.c (the dot-product extension,
-sdot): NEON itself is baseline there.
+sdot) and *_neoni8mm.c (the int8 matrix multiply, smmla): NEON itself is baseline there.
 """
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ def _read_flags(path: Path) -> dict[str, list[str]]:
 FLAGS = _read_flags(C_DIR / "flags.mk")
 ISA_FLAGS = {f"_{isa}.c": FLAGS[f"ISA_{isa}"] for isa in ("avx2", "avxvnni", "avx512", "avx512vnni", "avx512bf16")}
 OPTIONAL_FLAGS = set(FLAGS["ISA_OPTIONAL"])
-ISA_FLAGS_ARM = {"_neondot.c": FLAGS["ISA_neondot"]}
+ISA_FLAGS_ARM = {f"_{isa}.c": FLAGS[f"ISA_{isa}"] for isa in ("neondot", "neoni8mm")}
 OPTIONAL_FLAGS_ARM = set(FLAGS["ISA_OPTIONAL_ARM"])
 COMMON_C_FLAGS = FLAGS["C_FLAGS"]
 

@@ -19,6 +19,7 @@ OUT=${NEON_BUILD:-build/neon}
 CFLAGS=(-std=c11 -O2 -g -Wall -Wextra -Wno-unused-parameter -Ic)
 # files named *_neondot.c get the dot-product flags, as in the Makefile and setup.py (c/flags.mk)
 read -r -a NEONDOT_FLAGS <<<"$(sed -n 's/^ISA_neondot := //p' c/flags.mk)"
+read -r -a NEONI8MM_FLAGS <<<"$(sed -n 's/^ISA_neoni8mm := //p' c/flags.mk)"
 
 # ---- toolchain: install with apt when missing and allowed (root, or passwordless sudo) ------
 have_tools() { command -v "$CROSS_CC" >/dev/null && command -v "$QEMU" >/dev/null; }
@@ -44,26 +45,33 @@ objs=()
 while IFS= read -r src; do
     obj="$OUT/obj/$(echo "${src#c/}" | tr / _).o"
     isa=()
-    case "$src" in *_neondot.c) isa=("${NEONDOT_FLAGS[@]}") ;; esac
+    case "$src" in
+    *_neondot.c) isa=("${NEONDOT_FLAGS[@]}") ;;
+    *_neoni8mm.c) isa=("${NEONI8MM_FLAGS[@]}") ;;
+    esac
     "$CROSS_CC" "${CFLAGS[@]}" "${isa[@]}" -c "$src" -o "$obj"
     objs+=("$obj")
 done < <(find c -name '*.c' -not -path 'c/bindings/*' | sort)
 
 # A probe that fails unless the NEON table is what an arm64 CPU selects, unless it has its own
-# fp32 entry for every ggml block format, and unless it has the int8 GEMM exactly when the CPU has
-# the dot-product extension: otherwise the kernel tests would silently compare scalar against
-# scalar, or the rows against the rows.
+# fp32 entry for every ggml block format, unless it has the int8 GEMM exactly when the CPU has
+# the dot-product extension, and unless that GEMM is the smmla one exactly when the CPU has the
+# int8 matrix multiply: otherwise the kernel tests would silently compare scalar against scalar,
+# the rows against the rows, or leave one GEMM unchecked.
 cat >"$OUT/probe.c" <<'EOF'
 #include <stdio.h>
 #include <string.h>
 #include "core/cpu.h"
 #include "core/kernels.h"
+#include "kernels/neon/neon.h"
 int main(void) {
     const mg_kernels *k = mg_kernels_best(), *s = mg_kernels_scalar();
     const mg_cpu_features cpu = mg_cpu_detect();
-    printf("neon_check: best kernel table on arm64: %s; dot product %s, int8 GEMM %s\n", k->name,
-           cpu.neondot ? "yes" : "no", k->linear_q8_gemm ? "yes" : "no");
-    int bad = strcmp(k->name, "neon") != 0 || !k->linear_q8_gemm != !cpu.neondot;
+    const int smmla = k->linear_q8[MG_Q8_0] == mg_neoni8mm_linear_q8();
+    printf("neon_check: best kernel table on arm64: %s; dot product %s, int8 matrix multiply %s, int8 GEMM %s%s\n",
+           k->name, cpu.neondot ? "yes" : "no", cpu.neoni8mm ? "yes" : "no", k->linear_q8_gemm ? "yes" : "no",
+           smmla ? " (smmla)" : k->linear_q8_gemm ? " (sdot)" : "");
+    int bad = strcmp(k->name, "neon") != 0 || !k->linear_q8_gemm != !cpu.neondot || !smmla != !cpu.neoni8mm;
     for (int f = 0; f < MG_FORMAT_COUNT; f++)
         if (mg_format_is_ggml_block((mg_format)f) && k->linear[f] == s->linear[f]) {
             printf("neon_check: %s keeps the scalar fp32 linear entry\n", mg_format_name((mg_format)f));

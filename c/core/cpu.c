@@ -42,6 +42,12 @@ mg_cpu_features mg_cpu_detect(void) {
 #ifndef HWCAP_ASIMDDP
 #define HWCAP_ASIMDDP (1UL << 20) /* the kernel's value; older libc headers lack the name */
 #endif
+#ifndef AT_HWCAP2
+#define AT_HWCAP2 26
+#endif
+#ifndef HWCAP2_I8MM
+#define HWCAP2_I8MM (1UL << 13)
+#endif
 #elif defined(__APPLE__)
 #include <sys/sysctl.h>
 #endif
@@ -61,10 +67,26 @@ static int has_dotprod(void) {
 #endif
 }
 
+/* The int8 matrix multiply: optional from Armv8.2, required from 8.6 (Neoverse V1/V2/N2,
+ * Cortex-A510/A710/X2 on, Apple M2 on; not Neoverse N1 or Apple M1); asked of the OS, as the dot
+ * product is. */
+static int has_i8mm(void) {
+#if defined(__linux__)
+    return (getauxval(AT_HWCAP2) & HWCAP2_I8MM) != 0;
+#elif defined(__APPLE__)
+    int v = 0;
+    size_t n = sizeof v;
+    return sysctlbyname("hw.optional.arm.FEAT_I8MM", &v, &n, NULL, 0) == 0 && v;
+#else
+    return 0;
+#endif
+}
+
 mg_cpu_features mg_cpu_detect(void) {
     mg_cpu_features f = {0};
     f.neon = 1; /* Advanced SIMD is mandatory on AArch64 */
     f.neondot = has_dotprod();
+    f.neoni8mm = f.neondot && has_i8mm(); /* the GEMM file is built with both */
     return f;
 }
 #else

@@ -18,6 +18,9 @@ typedef struct mg_cpu_features {
     /* The dot-product extension (sdot / udot, FEAT_DotProd; Linux HWCAP_ASIMDDP) on top of neon:
      * the neon table's int8 GEMM */
     int neondot;
+    /* The int8 matrix multiply (smmla, FEAT_I8MM; Linux HWCAP2_I8MM) on top of neondot: that GEMM
+     * on smmla */
+    int neoni8mm;
 } mg_cpu_features;
 
 mg_cpu_features mg_cpu_detect(void);

@@ -35,8 +35,9 @@ static inline mg_q8_decode_fn *mg_q8_gemm_decoder(mg_format f) {
 }
 
 /* A token tile's x for one column chunk, laid out so that a tile reads everything at constant
- * offsets from one pointer per array: step s's 4 codes of token t at q[s * T + t], group g's
- * values of token t at [g * T + t].  (With a pointer per token gcc kept them all live and
+ * offsets from one pointer per array: step s's 4 codes of token t at q[s * T + t] (or, for a
+ * tile whose steps are 8 columns, smmla's, its 8 codes at q[2 * (s * T + t)], so that two
+ * consecutive tokens' are 16 contiguous bytes), group g's values of token t at [g * T + t].  (With a pointer per token gcc kept them all live and
  * copied accumulators between registers: the zmm tile ran at 1.75x the fp32 tiles, not 2.4x.) */
 typedef struct {
     const int32_t *q;    /* 4 codes per int32 */
@@ -47,14 +48,18 @@ typedef struct {
 } mg_q8_tile_x;
 
 /* Tokens [t0, t0 + T), columns [c0, c0 + kc), in a tile's layout at q (kc / 4 * T int32) and
- * comp, dx, sx (kc / G * T each). */
+ * comp, dx, sx (kc / G * T each); unit: the columns of a step, 4 or 8 (then kc is a multiple of
+ * 8). */
 static inline void mg_q8_gemm_prep_tile(const mg_q8_act *xq, int64_t t0, int T, int64_t c0, int64_t kc, int G,
-                                        int mins, int32_t *q, int32_t *comp, float *dx, float *sx) {
+                                        int mins, int unit, int32_t *q, int32_t *comp, float *dx, float *sx) {
     const int64_t cols = xq->cols;
     for (int t = 0; t < T; t++) {
         const int8_t *xt = xq->q + (t0 + t) * cols + c0;
         const float *dt = xq->d + (t0 + t) * (cols / 32) + c0 / 32;
-        for (int64_t s = 0; s < kc / 4; s++) q[s * T + t] = (int32_t)mg_ld32(xt + 4 * s);
+        if (unit == 8)
+            for (int64_t s = 0; s < kc / 8; s++) memcpy(q + 2 * (s * T + t), xt + 8 * s, 8);
+        else
+            for (int64_t s = 0; s < kc / 4; s++) q[s * T + t] = (int32_t)mg_ld32(xt + 4 * s);
         for (int64_t g = 0; g < kc / G; g++) {
             int32_t sum = 0;
             for (int i = 0; i < G; i++) sum += xt[g * G + i];
@@ -106,6 +111,7 @@ static inline void mg_q8_gemm_decode_rows(const mg_matrix *w, mg_q8_decode_fn *d
 /* What a GEMM file plugs into the driver. */
 typedef struct {
     int rows;           /* rows per panel (the int32 lanes of a vector) */
+    int xunit;          /* columns per step of x's tile layout: 4, or 8 (mg_q8_gemm_prep_tile) */
     int tile_max;       /* tokens per tile at most */
     int64_t kc;         /* columns per chunk: a multiple of 256 (every block) and of the pack's transpose */
     size_t panel_bytes; /* the panel's size (allocated 64-byte aligned) */
@@ -150,8 +156,8 @@ static inline __attribute__((always_inline)) void mg_q8_gemm_drive(const mg_q8_g
         const int64_t kc = w->cols - c0 < KC ? w->cols - c0 : KC;
         for (int64_t i = 0, t0 = 0; i < n_tiles; i++) {
             const int T = (int)((n_tok * (i + 1)) / n_tiles - t0);
-            mg_q8_gemm_prep_tile(xq, t0, T, c0, kc, G, mins, xbuf + t0 * (KC / 4), xcomp + t0 * ngc, xdx + t0 * ngc,
-                                 xsx + t0 * ngc);
+            mg_q8_gemm_prep_tile(xq, t0, T, c0, kc, G, mins, isa->xunit, xbuf + t0 * (KC / 4), xcomp + t0 * ngc,
+                                 xdx + t0 * ngc, xsx + t0 * ngc);
             t0 += T;
         }
         for (int64_t r = r0; r < r1; r += isa->rows) {

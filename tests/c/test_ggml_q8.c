@@ -38,11 +38,14 @@
 #include "kernels/q8_gemm.h"
 #include "kernels/q8_gemm_driver.h"
 
-/* kernels/neon/neon.h (arm64 only): the int8 GEMM on sdot and the entry that takes it; NULL in a
- * build without the dot product */
+/* kernels/neon/neon.h (arm64 only): the int8 GEMMs on sdot and on smmla and the entries that take
+ * them; NULL in a build without the dot product (the int8 matrix multiply) */
 void mg_neondot_gemm_q8(const mg_matrix *w, const mg_q8_act *xq, int64_t n_tok, float *y, int64_t y_stride,
                         int64_t r0, int64_t r1);
 mg_linear_q8_fn mg_neondot_linear_q8(void);
+void mg_neoni8mm_gemm_q8(const mg_matrix *w, const mg_q8_act *xq, int64_t n_tok, float *y, int64_t y_stride,
+                         int64_t r0, int64_t r1);
+mg_linear_q8_fn mg_neoni8mm_linear_q8(void);
 #include "check.h"
 
 static uint64_t g_rng = 0x2545F4914F6CDD1Dull;
@@ -428,18 +431,24 @@ int main(void) {
     /* the GEMM's token tiles (12 tokens; 25 as three of 8-9 on AVX-512, five of 5 with tiles of
      * at most 6; 8 as two of 4: a full vector of 4 tokens' x codes on NEON) over several 16-row
      * (8-row) panels and column chunks (1024) with a partial last one, from row ranges that start
-     * inside a panel.  On arm64 with the dot product, the GEMM is also called directly (a copy of
-     * the neon table whose int8 entries are mg_neondot_gemm_q8) at 1 and 4 tokens, below the
-     * entry's threshold: tiles of 1 and of exactly 4 tokens. */
-    mg_kernels gemm_only = {0};
+     * inside a panel.  On arm64 with the dot product, each GEMM this CPU runs is also called
+     * directly (a copy of the neon table whose int8 entries are mg_neondot_gemm_q8, or
+     * mg_neoni8mm_gemm_q8 with the int8 matrix multiply), so that the one the table does not take
+     * is checked too: at 1 and 4 tokens, below the entry's threshold (tiles of 1 and of exactly 4
+     * tokens), and at 12 and 5 (sdot: tiles of 6 and 5; smmla: of 4, and 2 + 3 with an odd last
+     * pair). */
+    mg_kernels gemm_only[2] = {{0}, {0}};
 #if defined(__aarch64__)
     const mg_kernels *neon = mg_kernels_named("neon");
-    if (neon && neon->linear_q8_gemm && mg_neondot_linear_q8()) {
-        gemm_only = *neon;
-        gemm_only.name = "neondot GEMM";
-        for (int f = 0; f < MG_FORMAT_COUNT; f++)
-            if (gemm_only.linear_q8[f]) gemm_only.linear_q8[f] = mg_neondot_gemm_q8;
-    }
+    const mg_linear_q8_fn gemms[2] = {mg_neondot_linear_q8() ? mg_neondot_gemm_q8 : NULL,
+                                      mg_neoni8mm_linear_q8() && mg_cpu_detect().neoni8mm ? mg_neoni8mm_gemm_q8 : NULL};
+    for (int gi = 0; gi < 2; gi++)
+        if (neon && neon->linear_q8_gemm && gemms[gi]) {
+            gemm_only[gi] = *neon;
+            gemm_only[gi].name = gi ? "smmla GEMM" : "sdot GEMM";
+            for (int f = 0; f < MG_FORMAT_COUNT; f++)
+                if (gemm_only[gi].linear_q8[f]) gemm_only[gi].linear_q8[f] = gemms[gi];
+        }
 #endif
     for (int fi = 0; fi < N_FORMATS; fi++) {
         int64_t e, bytes;
@@ -449,7 +458,10 @@ int main(void) {
         for (int k = 1; k < n; k++)
             case_linear(tables[k], &b, 12, 0, 37), case_linear(tables[k], &b, 25, 3, 37),
                 case_linear(tables[k], &b, 8, 1, 36);
-        if (gemm_only.name) case_linear(&gemm_only, &b, 1, 0, 37), case_linear(&gemm_only, &b, 4, 5, 31);
+        for (int gi = 0; gi < 2; gi++)
+            if (gemm_only[gi].name)
+                case_linear(&gemm_only[gi], &b, 1, 0, 37), case_linear(&gemm_only[gi], &b, 4, 5, 31),
+                    case_linear(&gemm_only[gi], &b, 12, 2, 37), case_linear(&gemm_only[gi], &b, 5, 0, 29);
         unmake(&b);
     }
     mg_error err = {0};

@@ -93,6 +93,12 @@ void mg_neon_linear_q8(const mg_matrix *w, const mg_q8_act *xq, int64_t n_tok, f
 void mg_neondot_gemm_q8(const mg_matrix *w, const mg_q8_act *xq, int64_t n_tok, float *y, int64_t y_stride,
                         int64_t r0, int64_t r1);
 mg_linear_q8_fn mg_neondot_linear_q8(void);
+/* q8_gemm_neoni8mm.c (compiled with the int8 matrix multiply and the dot product): the int8 GEMM
+ * on smmla and its entry (the rows of q8_rows_neon.h, with sdot, for one token); NULL in a build
+ * without +i8mm. */
+void mg_neoni8mm_gemm_q8(const mg_matrix *w, const mg_q8_act *xq, int64_t n_tok, float *y, int64_t y_stride,
+                         int64_t r0, int64_t r1);
+mg_linear_q8_fn mg_neoni8mm_linear_q8(void);
 
 /* vector_neon.c: the vector ops of mg_kernels. */
 MG_VECTOR_OPS_DECLARE(mg_neon)

@@ -12,8 +12,10 @@ int mg_kernels_override_neon(mg_kernels *k, const mg_cpu_features *f) {
      * dot-product extension an entry with an int8 GEMM for several tokens (q8_gemm_neondot.c), so
      * that prefill takes the int8 path too (linear_q8_gemm).  Without it the GEMM would multiply
      * by widening, 4 instructions per 16 products, no better than the fp32 tiles: prefill keeps
-     * those (as on an x86 CPU without VNNI). */
-    const mg_linear_q8_fn dot = f->neondot ? mg_neondot_linear_q8() : NULL;
+     * those (as on an x86 CPU without VNNI).  With the int8 matrix multiply as well, the GEMM on
+     * smmla (q8_gemm_neoni8mm.c), which does twice the products per instruction. */
+    const mg_linear_q8_fn i8mm = f->neoni8mm ? mg_neoni8mm_linear_q8() : NULL;
+    const mg_linear_q8_fn dot = i8mm ? i8mm : f->neondot ? mg_neondot_linear_q8() : NULL;
     for (int fmt = 0; fmt < MG_FORMAT_COUNT; fmt++) { /* ggml_neon.c; a format it lacks keeps the parent's */
         if (mg_neon_ggml_takes((mg_format)fmt)) k->linear[fmt] = mg_neon_linear_ggml;
         /* the block formats and native FP4 (DeepSeek-V4's experts; the GEMM's FP4 decoder is the
