@@ -134,7 +134,7 @@ int main(int argc, char **argv) {
                 fill(m.format, data, mb * (size_t)copies, b);
                 void *mem = aligned_alloc(64, (mg_q8_act_bytes(1, m.cols) + 63) & ~(size_t)63);
                 mg_q8_act xq;
-                mg_q8_quantize(x, m.cols, 1, m.cols, mem, &xq);
+                mg_q8_quantize(x, m.cols, 1, m.cols, mem, &xq, NULL);
                 int64_t next = 0;
                 for (int r = 0; r < reps; r++) {
                     const int old_first = r & 1;
