@@ -39,45 +39,38 @@ mg_cpu_features mg_cpu_detect(void) {
 #elif defined(__aarch64__)
 #if defined(__linux__)
 #include <sys/auxv.h>
-#ifndef HWCAP_ASIMDDP
-#define HWCAP_ASIMDDP (1UL << 20) /* the kernel's value; older libc headers lack the name */
+#elif defined(__APPLE__)
+#include <sys/sysctl.h>
+#endif
+/* Linux's values (older libc headers lack some names; other systems never read them) */
+#ifndef AT_HWCAP
+#define AT_HWCAP 16
 #endif
 #ifndef AT_HWCAP2
 #define AT_HWCAP2 26
 #endif
+#ifndef HWCAP_ASIMDDP
+#define HWCAP_ASIMDDP (1UL << 20)
+#endif
 #ifndef HWCAP2_I8MM
 #define HWCAP2_I8MM (1UL << 13)
 #endif
-#elif defined(__APPLE__)
-#include <sys/sysctl.h>
-#endif
 
-/* The dot-product extension: optional from Armv8.2 (Cortex-A55/A75 on, Neoverse N1 on, Apple
- * M1 on; not Cortex-A53/A72), and its instructions fault where absent, so it is asked of the OS,
- * never assumed from the build.  Other systems: reported absent. */
-static int has_dotprod(void) {
+/* Whether the OS reports an optional extension: Linux through the HWCAP word `at` (AT_HWCAP or
+ * AT_HWCAP2) and its bit, macOS through the sysctl `apple`; other systems: absent.  The
+ * extensions' instructions fault where absent, so they are asked of the OS, never assumed from
+ * the build. */
+static int os_reports(unsigned long at, unsigned long bit, const char *apple) {
 #if defined(__linux__)
-    return (getauxval(AT_HWCAP) & HWCAP_ASIMDDP) != 0;
+    (void)apple;
+    return (getauxval(at) & bit) != 0;
 #elif defined(__APPLE__)
+    (void)at, (void)bit;
     int v = 0;
     size_t n = sizeof v;
-    return sysctlbyname("hw.optional.arm.FEAT_DotProd", &v, &n, NULL, 0) == 0 && v;
+    return sysctlbyname(apple, &v, &n, NULL, 0) == 0 && v;
 #else
-    return 0;
-#endif
-}
-
-/* The int8 matrix multiply: optional from Armv8.2, required from 8.6 (Neoverse V1/V2/N2,
- * Cortex-A510/A710/X2 on, Apple M2 on; not Neoverse N1 or Apple M1); asked of the OS, as the dot
- * product is. */
-static int has_i8mm(void) {
-#if defined(__linux__)
-    return (getauxval(AT_HWCAP2) & HWCAP2_I8MM) != 0;
-#elif defined(__APPLE__)
-    int v = 0;
-    size_t n = sizeof v;
-    return sysctlbyname("hw.optional.arm.FEAT_I8MM", &v, &n, NULL, 0) == 0 && v;
-#else
+    (void)at, (void)bit, (void)apple;
     return 0;
 #endif
 }
@@ -85,8 +78,13 @@ static int has_i8mm(void) {
 mg_cpu_features mg_cpu_detect(void) {
     mg_cpu_features f = {0};
     f.neon = 1; /* Advanced SIMD is mandatory on AArch64 */
-    f.neondot = has_dotprod();
-    f.neoni8mm = f.neondot && has_i8mm(); /* the GEMM file is built with both */
+    /* the dot product: optional from Armv8.2 (Cortex-A55/A75 on, Neoverse N1 on, Apple M1 on; not
+     * Cortex-A53/A72) */
+    f.neondot = os_reports(AT_HWCAP, HWCAP_ASIMDDP, "hw.optional.arm.FEAT_DotProd");
+    /* the int8 matrix multiply: optional from Armv8.2, required from 8.6 (Neoverse V1/V2/N2,
+     * Cortex-A510/A710/X2 on, Apple M2 on; not Neoverse N1 or Apple M1); its GEMM file is built
+     * with the dot product too */
+    f.neoni8mm = f.neondot && os_reports(AT_HWCAP2, HWCAP2_I8MM, "hw.optional.arm.FEAT_I8MM");
     return f;
 }
 #else
