@@ -516,6 +516,7 @@ INLINE void rows_k23(const int R, const uint8_t *p, size_t rb, int64_t nb, const
         prefetch_step(pf, (size_t)R * bytes);
         const int8_t *xq = x->q + 256 * i;
         const __m256 dxv = _mm256_loadu_ps(x->dx + 8 * i);
+        const __m256i xs = _mm256_load_si256((const __m256i *)(x->xs16 + 16 * i)); /* shared by the R rows */
         float d[4] __attribute__((aligned(16))), dm[4] __attribute__((aligned(16)));
         _mm_store_ps(d, _mm_cvtph_ps(_mm_cvtsi64_si128((long long)gather16(R, p + dof, rb))));
         if (!q3) _mm_store_ps(dm, _mm_cvtph_ps(_mm_cvtsi64_si128((long long)gather16(R, p + 82, rb))));
@@ -528,12 +529,12 @@ INLINE void rows_k23(const int R, const uint8_t *p, size_t rb, int64_t nb, const
             __m256i k16, hm = _mm256_setzero_si256();
             if (q3) {
                 k16 = q3_k_scales16(b + 96), hm = load32(b);
-                const __m256i ioff = _mm256_madd_epi16(k16, _mm256_load_si256((const __m256i *)(x->xs16 + 16 * i)));
+                const __m256i ioff = _mm256_madd_epi16(k16, xs);
                 acc2[r] = _mm256_fnmadd_ps(_mm256_mul_ps(fv, _mm256_set1_ps(4.0f)), cvt_i32(ioff), acc2[r]);
             } else {
                 const __m128i sc = _mm_loadu_si128((const __m128i *)b);
                 const __m256i mins = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(sc, 4), _mm_set1_epi8(15)));
-                const __m256i imin = _mm256_madd_epi16(mins, _mm256_load_si256((const __m256i *)(x->xs16 + 16 * i)));
+                const __m256i imin = _mm256_madd_epi16(mins, xs);
                 acc2[r] = _mm256_fnmadd_ps(_mm256_mul_ps(_mm256_broadcast_ss(dm + r), dxv), cvt_i32(imin), acc2[r]);
                 k16 = _mm256_cvtepu8_epi16(_mm_and_si128(sc, _mm256_castsi256_si128(m4)));
             }
