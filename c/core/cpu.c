@@ -1,4 +1,5 @@
 /* Runtime CPU feature detection: the only place that decides which kernel table runs. */
+#include <stdlib.h>
 #include <string.h>
 #include "core/cpu.h"
 
@@ -14,6 +15,14 @@ static unsigned long long read_xcr0(void) {
 mg_cpu_features mg_cpu_detect(void) {
     mg_cpu_features f = {0};
     unsigned int a, b, c, d;
+    if (!__get_cpuid(0, &a, &b, &c, &d)) return f;
+    char vendor[13];
+    memcpy(vendor, &b, 4), memcpy(vendor + 4, &d, 4), memcpy(vendor + 8, &c, 4), vendor[12] = 0;
+    f.denormal_assists = strcmp(vendor, "AuthenticAMD") != 0 && strcmp(vendor, "HygonGenuine") != 0;
+    /* MOEGATE_DENORMAL_ASSISTS=0 or 1 overrides the vendor rule: for a CPU it misjudges, and to
+     * compare both fp8 decodes on one machine (tools/bench.py) */
+    const char *env = getenv("MOEGATE_DENORMAL_ASSISTS");
+    if (env && (env[0] == '0' || env[0] == '1') && env[1] == 0) f.denormal_assists = env[0] == '1';
     if (!__get_cpuid(1, &a, &b, &c, &d)) return f;
     int osxsave = (c >> 27) & 1, avx = (c >> 28) & 1;
     f.fma = (c >> 12) & 1;

@@ -21,6 +21,11 @@ typedef struct mg_cpu_features {
     /* The int8 matrix multiply (smmla, FEAT_I8MM; Linux HWCAP2_I8MM) on top of neondot: that GEMM
      * on smmla */
     int neoni8mm;
+    /* A vector multiply with a denormal input takes a microcode assist (x86 cores other than AMD's
+     * and Hygon's: on a Sapphire Rapids-class Intel core about 40 ns per instruction, 63x slower
+     * with one denormal per 16 inputs; AMD Zen and the arm64 cores run them at full speed).  The
+     * fp8 decode then avoids its fp32-denormal decoding (decode_rows_avx2.c, decode_rows_avx512.c). */
+    int denormal_assists;
 } mg_cpu_features;
 
 mg_cpu_features mg_cpu_detect(void);

@@ -843,6 +843,43 @@ static void test_tables_follow_the_cpu(tally *t) {
     }
 }
 
+/* The fp8 decode has two forms, picked by mg_cpu_features.denormal_assists: rows that decode into
+ * fp32 denormals (fast where denormal inputs cost nothing) and rows through vcvtph2ps (Intel).
+ * This CPU's tables run one; the tables built with the flag flipped run the other, and both must
+ * agree with the scalar table on every fp8 case (random_fp8 has subnormals in every row). */
+static void test_fp8_decode_variants(tally *t, const mg_kernels *const *tables, int n_tables, rng *g) {
+    static mg_kernels flipped[MG_KERNEL_TABLES]; /* static: the entries' parents point into it */
+    mg_cpu_features f = mg_cpu_detect();
+    f.denormal_assists = !f.denormal_assists;
+    mg_kernels_build(&f, flipped);
+    const mg_kernels *alt[MG_KERNEL_TABLES + 1];
+    int n = 0, differ = 0;
+    alt[n++] = tables[0];
+    for (int i = 1; i < MG_KERNEL_TABLES; i++) {
+        if (!flipped[i].name) continue;
+        alt[n++] = &flipped[i];
+        for (int k = 1; k < n_tables; k++)
+            if (!strcmp(tables[k]->name, flipped[i].name)) {
+                differ += tables[k]->linear[MG_FP8_E4M3] != flipped[i].linear[MG_FP8_E4M3];
+                check(t, tables[k]->linear[MG_BF16] == flipped[i].linear[MG_BF16], "only fp8 follows the flag",
+                      flipped[i].name, "bf16", 0, 0, 0, 0, 0);
+            }
+    }
+    /* x86 tables have both forms; neon decodes fp8 through f16 always */
+    check(t, differ == (mg_kernels_avx2() != NULL) + (mg_kernels_avx512() != NULL) + (mg_kernels_avx512bf16() != NULL),
+          "fp8 decode follows denormal_assists", "x86 tables", "", differ, 0, 0, 0, 0);
+    static const int64_t one[] = {1}, toks[] = {1, 2, 5};
+    const mg_scale_kind kinds[] = {MG_SCALE_NONE, MG_SCALE_F32_ROW, MG_SCALE_F32_BLOCK128, MG_SCALE_E8M0_BLOCK128};
+    const int64_t shapes[][2] = {{1, 32}, {7, 96}, {130, 256}, {259, 1152}, {129, 8256}, {5, 8192 + 4096}};
+    for (int ki = 0; ki < 4; ki++)
+        for (int si = 0; si < 6; si++)
+            test_linear_case(t, alt, n, MG_FP8_E4M3, kinds[ki], shapes[si][0], shapes[si][1], si < 3 ? toks : one,
+                             si < 3 ? 3 : 1, g);
+    test_linear_fp8_unfoldable(t, alt, n, g);
+    test_linear_fp8_wide_x(t, alt, n, g);
+    test_linear_fp8_huge_scale(t, alt, n, g);
+}
+
 int main(void) {
     tally t = {0, 0};
     rng g = {0x9e3779b97f4a7c15ull};
@@ -866,6 +903,7 @@ int main(void) {
     test_linear_batching(&t, tables, n, &g);
     test_linear_fp8_huge_scale(&t, tables, n, &g);
     test_linear_bf16x(&t, tables, n, &g);
+    test_fp8_decode_variants(&t, tables, n, &g);
     for (int i = 0; i < n; i++) test_vector_ops(&t, tables[i], tables[0], &g);
     for (int i = 0; i < n; i++) test_attn_blocks(&t, tables[i], tables[0], &g);
     for (int i = 0; i < n; i++) test_softmax(&t, tables[i], tables[0], &g);

@@ -185,9 +185,11 @@ mg_avx2_decode_fn mg_avx2_decode_f32, mg_avx2_decode_bf16, mg_avx2_decode_f16, m
 float mg_avx2_row_dot_fp8(const mg_matrix *w, int64_t r, int64_t c0, int64_t kc, const float *xp, const float *x);
 
 /* decode_rows_avx2.c: several rows per pass; returns 0, having written nothing, for a matrix or
- * x it does not take (then decode_avx2.c's loop runs). */
+ * x it does not take (then decode_avx2.c's loop runs).  fp8_f16: fp8 decoded through vcvtph2ps,
+ * never into fp32 denormals, for CPUs with denormal assists (mg_cpu_features). */
 typedef int mg_avx2_decode_rows_fn(const mg_matrix *w, const float *x, float *y, int64_t r0, int64_t r1);
-mg_avx2_decode_rows_fn mg_avx2_decode_rows_bf16, mg_avx2_decode_rows_fp8, mg_avx2_decode_rows_fp4;
+mg_avx2_decode_rows_fn mg_avx2_decode_rows_bf16, mg_avx2_decode_rows_fp8, mg_avx2_decode_rows_fp8_f16,
+    mg_avx2_decode_rows_fp4;
 
 /* prefill_avx2.c: n_tok > 1 tokens through fp32 tiles; takes every matrix. */
 typedef void mg_avx2_prefill_fn(const mg_matrix *w, const float *x, int64_t x_stride, int64_t n_tok, float *y,

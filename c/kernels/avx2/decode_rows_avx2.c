@@ -70,6 +70,47 @@ INLINE void rows_fp8_folded(const int R, const uint8_t *const *p, const float *x
     for (int j = 0; j < R; j++) out[j] = hsum8(_mm256_add_ps(_mm256_add_ps(a0[j], a1[j]), _mm256_add_ps(b0[j], b1[j])));
 }
 
+/* fp8 in the folded form through vcvtph2ps, for CPUs whose multiplies take a microcode assist on
+ * a denormal input (Intel: about 150 cycles each, measured on a Sapphire Rapids core; see
+ * mg_cpu_features.denormal_assists).  rows_fp8_folded's eeee = 0 codes are fp32 denormals, and
+ * real block-scaled fp8 has about one in 2,000-8,000 of them, which cost those CPUs 10-40 % of
+ * the loop; here a shift and the mask 0xBF80 make each byte the f16 of v * 2^-8 (its subnormals
+ * included) and vcvtph2ps the fp32, always normal.  Each weight times x is the same product as
+ * in rows_fp8_folded and the scalar twin (xq carries 256 and the scales: fold_scales with bias 0);
+ * xq is in permute_x's order ([even | odd] per 32 columns), times 256. */
+INLINE void step_fp8_f16(const uint8_t *p, const float *xq, __m256 *a0, __m256 *a1) {
+    const __m256i m = _mm256_set1_epi16((short)0xBF80);
+    const __m256i w = _mm256_loadu_si256((const __m256i *)p);
+    const __m256i odd = _mm256_and_si256(_mm256_srai_epi16(w, 1), m);
+    const __m256i even = _mm256_and_si256(_mm256_srai_epi16(_mm256_slli_epi16(w, 8), 1), m);
+    *a0 = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm256_castsi256_si128(even)), _mm256_load_ps(xq), *a0);
+    *a1 = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm256_extracti128_si256(even, 1)), _mm256_load_ps(xq + 8), *a1);
+    *a0 = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm256_castsi256_si128(odd)), _mm256_load_ps(xq + 16), *a0);
+    *a1 = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm256_extracti128_si256(odd, 1)), _mm256_load_ps(xq + 24), *a1);
+}
+
+INLINE void rows_fp8_f16(const int R, const uint8_t *const *p, const float *xq, int64_t nb, size_t ahead,
+                         float *out) {
+    __m256 a0[4], a1[4], b0[4], b1[4];
+#pragma GCC unroll 4
+    for (int j = 0; j < R; j++) a0[j] = a1[j] = b0[j] = b1[j] = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 2 <= nb; i += 2, xq += 64) { /* one 64-byte line per row */
+#pragma GCC unroll 4
+        for (int j = 0; j < R; j++) {
+            PREFETCH_AHEAD(p[j] + 32 * i, ahead);
+            step_fp8_f16(p[j] + 32 * i, xq, &a0[j], &a1[j]);
+            step_fp8_f16(p[j] + 32 * i + 32, xq + 32, &b0[j], &b1[j]);
+        }
+    }
+    if (i < nb) { /* a last half line */
+#pragma GCC unroll 4
+        for (int j = 0; j < R; j++) step_fp8_f16(p[j] + 32 * i, xq, &a0[j], &a1[j]);
+    }
+#pragma GCC unroll 4
+    for (int j = 0; j < R; j++) out[j] = hsum8(_mm256_add_ps(_mm256_add_ps(a0[j], a1[j]), _mm256_add_ps(b0[j], b1[j])));
+}
+
 /* bf16 (unscaled or F32_ROW), R (1..4) rows at once sharing the xp loads; 64 bytes (32 columns,
  * xp = [even | odd] per 32, see permute_x) per step. */
 INLINE void rows_bf16(const int R, const uint8_t *const *p, const float *xp, int64_t nb, size_t ahead, float *out) {
@@ -140,23 +181,30 @@ INLINE float scale_block128(const mg_matrix *w, int64_t r, int64_t c) {
     return scale_at(w, r, c);
 }
 
-/* x * 256 in the order rows_fp8_folded reads it (per 32 columns: 4q, 4q + 2, 4q + 1, 4q + 3). */
-INLINE void permute_x_fp8_folded(const float *x, int64_t kc, float *xo) {
+/* x * 256 in the order rows_fp8_folded reads it (per 32 columns: 4q, 4q + 2, 4q + 1, 4q + 3), or
+ * rows_fp8_f16 (f16: permute_x's [even | odd]). */
+INLINE void permute_x_fp8_folded(int f16, const float *x, int64_t kc, float *xo) {
     static const int order[4] = {0, 2, 1, 3};
+    if (f16) {
+        permute_x(MG_FP8_E4M3, x, kc, xo);
+        for (int64_t c = 0; c < kc; c++) xo[c] *= 256.0f;
+        return;
+    }
     for (int64_t g = 0; g < kc; g += 32)
         for (int k = 0; k < 4; k++)
             for (int q = 0; q < 8; q++) xo[g + 8 * k + q] = x[g + 4 * q + order[k]] * 256.0f;
 }
 
-/* xq = xo (x * 256, permuted) times 2^(112 - k) times the scale of each 128-column block of row r
+/* xq = xo (x * 256, permuted) times 2^(bias - k) times the scale of each 128-column block of row r
  * (one for unscaled and F32_ROW matrices), so that the rows sharing these scales run
- * rows_fp8_folded, which leaves 2^-120 in each weight; their sums are multiplied by *unfold = 2^k
- * afterwards.  k > 0 only when x * scale is too large for k = 0: unscaled and per-row-scaled fp8
- * would otherwise need |x| < 64.  Returns 0 (xq unusable) unless every xq is zero or a finite
+ * rows_fp8_folded, which leaves 2^-120 in each weight (bias 112), or rows_fp8_f16, which leaves
+ * 2^-8 (bias 0); their sums are multiplied by *unfold = 2^k afterwards.  k > 0 only when x *
+ * scale is too large for k = 0: with bias 112, unscaled and per-row-scaled fp8 would otherwise
+ * need |x| < 64.  Returns 0 (xq unusable) unless every xq is zero or a finite
  * normal number, which keeps each weight times x the same product as the scalar twin's (exactly
  * so for power-of-two scales).  xmax, xmin: the largest and the smallest non-zero |xo|. */
-INLINE int fold_scales(const mg_matrix *w, int64_t r, int64_t c0, int64_t kc, const float *xo, float xmax, float xmin,
-                       float *xq, float *unfold) {
+INLINE int fold_scales(const mg_matrix *w, int bias, int64_t r, int64_t c0, int64_t kc, const float *xo, float xmax,
+                       float xmin, float *xq, float *unfold) {
     double amax = 0.0, amin = INFINITY;
     for (int64_t j = 0; j * 128 < kc; j++) {
         const double a = fabs((double)scale_block128(w, r, c0 + j * 128));
@@ -164,12 +212,12 @@ INLINE int fold_scales(const mg_matrix *w, int64_t r, int64_t c0, int64_t kc, co
         amax = a > amax ? a : amax;
         amin = a > 0.0 && a < amin ? a : amin;
     }
-    const double hi = (double)xmax * amax * 0x1p112, lo = (double)xmin * amin * 0x1p112;
+    const double hi = ldexp((double)xmax * amax, bias), lo = ldexp((double)xmin * amin, bias);
     const int k = hi < 0x1p126 ? 0 : ilogb(hi) - 125; /* hi * 2^-k < 2^126 */
     if (xmin < INFINITY && amin < INFINITY && !(ldexp(lo, -k) >= 0x1p-126)) return 0;
-    if (!(ldexp(amax, 112 - k) < 0x1p128)) return 0; /* the factor itself must be a finite float */
+    if (!(ldexp(amax, bias - k) < 0x1p128)) return 0; /* the factor itself must be a finite float */
     for (int64_t j = 0; j * 128 < kc; j++) { /* the factor is exact: a power-of-two multiple */
-        const __m256 s = _mm256_set1_ps(ldexpf(scale_block128(w, r, c0 + j * 128), 112 - k));
+        const __m256 s = _mm256_set1_ps(ldexpf(scale_block128(w, r, c0 + j * 128), bias - k));
         const int64_t e = (j + 1) * 128 < kc ? (j + 1) * 128 : kc;
         for (int64_t i = j * 128; i < e; i += 8) _mm256_store_ps(xq + i, _mm256_mul_ps(_mm256_load_ps(xo + i), s));
     }
@@ -187,9 +235,9 @@ INLINE void store_rows(const mg_matrix *w, int64_t r, int64_t n, int64_t c0, con
 }
 
 /* Rows [r, r + n) (n in 1..4) of one fast format over columns [c0, c0 + kc) against xs (permuted
- * x; fp8: xq folded for these rows, whose sums are multiplied by unfold); sfr: scratch for fp4
- * group scales.  Returns n. */
-INLINE int64_t fast_rows(const mg_matrix *w, mg_format f, int64_t r, int64_t n, int64_t c0, int64_t kc,
+ * x; fp8: xq folded for these rows, whose sums are multiplied by unfold; f16: rows_fp8_f16's form
+ * rather than rows_fp8_folded's); sfr: scratch for fp4 group scales.  Returns n. */
+INLINE int64_t fast_rows(const mg_matrix *w, mg_format f, int f16, int64_t r, int64_t n, int64_t c0, int64_t kc,
                          const float *xs, float unfold, float *y, float (*sfr)[XP_COLS / 32]) {
     const size_t rb = mg_matrix_row_bytes(w), off = col_bytes(f, c0);
     const uint8_t *p[4];
@@ -209,6 +257,7 @@ INLINE int64_t fast_rows(const mg_matrix *w, mg_format f, int64_t r, int64_t n, 
 #define FAST_ROWS(R)                                                                   \
     if (f == MG_FP4_E2M1) rows_fp4(R, p, xs, kc / 64, s, ahead, part);                 \
     else if (f == MG_BF16) rows_bf16(R, p, xs, kc / 32, ahead, part);                  \
+    else if (f16) rows_fp8_f16(R, p, xs, kc / 32, ahead, part);                     \
     else rows_fp8_folded(R, p, xs, kc / 32, ahead, part);
     switch (n) {
     case 4: FAST_ROWS(4) break;
@@ -243,8 +292,10 @@ INLINE int fast_decode(const mg_matrix *w, mg_format f) {
 }
 
 /* Decode through the multi-row loops; returns 0 (having written nothing) when the one-row loop
- * must do it.  fp8 rows whose scales cannot be folded take the one-row loop (row_dot_chunk). */
-INLINE int linear_decode_fast(const mg_matrix *w, mg_format f, const float *x, float *y, int64_t r0, int64_t r1) {
+ * must do it.  fp8 rows whose scales cannot be folded take the one-row loop (row_dot_chunk).
+ * f16: fp8 through vcvtph2ps (rows_fp8_f16), for CPUs with denormal assists. */
+INLINE int linear_decode_fast(const mg_matrix *w, mg_format f, int f16, const float *x, float *y, int64_t r0,
+                              int64_t r1) {
     if (!fast_decode(w, f)) return 0;
     if (f == MG_FP8_E4M3) { /* x * 256 must be exact for the whole row before any y is written */
         for (int64_t c = 0; c < w->cols; c++)
@@ -259,10 +310,10 @@ INLINE int linear_decode_fast(const mg_matrix *w, mg_format f, const float *x, f
         const int64_t kc = w->cols - c0 < XP_COLS ? w->cols - c0 : XP_COLS;
         if (f != MG_FP8_E4M3) {
             permute_x(f, x + c0, kc, xp);
-            for (int64_t r = r0; r < r1;) r += fast_rows(w, f, r, r1 - r < G ? r1 - r : G, c0, kc, xp, 1.0f, y, sfr);
+            for (int64_t r = r0; r < r1;) r += fast_rows(w, f, 0, r, r1 - r < G ? r1 - r : G, c0, kc, xp, 1.0f, y, sfr);
             continue;
         }
-        permute_x_fp8_folded(x + c0, kc, xp);
+        permute_x_fp8_folded(f16, x + c0, kc, xp);
         float xmax = 0.0f, xmin = INFINITY;
         for (int64_t c = 0; c < kc; c++) {
             const float a = fabsf(xp[c]);
@@ -274,7 +325,7 @@ INLINE int linear_decode_fast(const mg_matrix *w, mg_format f, const float *x, f
         for (int64_t r = r0; r < r1;) {
             const int64_t e = !blocks || (r / 128 + 1) * 128 >= r1 ? r1 : (r / 128 + 1) * 128;
             float unfold;
-            if (!fold_scales(w, r, c0, kc, xp, xmax, xmin, xq, &unfold)) {
+            if (!fold_scales(w, f16 ? 0 : 112, r, c0, kc, xp, xmax, xmin, xq, &unfold)) {
                 permute_x(f, x + c0, kc, xq); /* the one-row loop's order, see row_dot_chunk */
                 for (; r < e; r++) { /* e.g. scales too large to fold */
                     const float part = mg_avx2_row_dot_fp8(w, r, c0, kc, xq, x) * row_scale(w, r);
@@ -282,17 +333,18 @@ INLINE int linear_decode_fast(const mg_matrix *w, mg_format f, const float *x, f
                 }
                 continue;
             }
-            while (r < e) r += fast_rows(w, f, r, e - r < G ? e - r : G, c0, kc, xq, unfold, y, sfr);
+            while (r < e) r += fast_rows(w, f, f16, r, e - r < G ? e - r : G, c0, kc, xq, unfold, y, sfr);
         }
     }
     return 1;
 }
 
-#define DECODE_ROWS_FN(NAME, FMT)                                                            \
+#define DECODE_ROWS_FN(NAME, FMT, F16)                                                       \
     int NAME(const mg_matrix *w, const float *x, float *y, int64_t r0, int64_t r1) {          \
-        return linear_decode_fast(w, FMT, x, y, r0, r1);                                     \
+        return linear_decode_fast(w, FMT, F16, x, y, r0, r1);                                \
     }
-DECODE_ROWS_FN(mg_avx2_decode_rows_bf16, MG_BF16)
-DECODE_ROWS_FN(mg_avx2_decode_rows_fp8, MG_FP8_E4M3)
-DECODE_ROWS_FN(mg_avx2_decode_rows_fp4, MG_FP4_E2M1)
+DECODE_ROWS_FN(mg_avx2_decode_rows_bf16, MG_BF16, 0)
+DECODE_ROWS_FN(mg_avx2_decode_rows_fp8, MG_FP8_E4M3, 0)
+DECODE_ROWS_FN(mg_avx2_decode_rows_fp8_f16, MG_FP8_E4M3, 1)
+DECODE_ROWS_FN(mg_avx2_decode_rows_fp4, MG_FP4_E2M1, 0)
 #endif

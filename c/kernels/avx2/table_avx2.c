@@ -13,6 +13,7 @@
     }
 DECODE_WITH_ROWS(decode_bf16, mg_avx2_decode_rows_bf16, mg_avx2_decode_bf16)
 DECODE_WITH_ROWS(decode_fp8, mg_avx2_decode_rows_fp8, mg_avx2_decode_fp8)
+DECODE_WITH_ROWS(decode_fp8_f16, mg_avx2_decode_rows_fp8_f16, mg_avx2_decode_fp8)
 DECODE_WITH_ROWS(decode_fp4, mg_avx2_decode_rows_fp4, mg_avx2_decode_fp4)
 
 /* One linear entry per format: decode for one token, prefill for more. */
@@ -29,11 +30,13 @@ LINEAR_FN(linear_f32, mg_avx2_decode_f32, mg_avx2_prefill_f32)
 LINEAR_FN(linear_bf16, decode_bf16, mg_avx2_prefill_bf16)
 LINEAR_FN(linear_f16, mg_avx2_decode_f16, mg_avx2_prefill_f16)
 LINEAR_FN(linear_fp8, decode_fp8, mg_avx2_prefill_fp8)
+LINEAR_FN(linear_fp8_f16, decode_fp8_f16, mg_avx2_prefill_fp8)
 LINEAR_FN(linear_fp4, decode_fp4, mg_avx2_prefill_fp4)
 LINEAR_FN(linear_ggml, mg_avx2_decode_ggml, mg_avx2_prefill_ggml) /* ggml_avx2.c + prefill tiles */
 
 int mg_kernels_override_avx2(mg_kernels *k, const mg_cpu_features *f) {
     MG_LINEAR_SET(k, linear);
+    if (f->denormal_assists) k->linear[MG_FP8_E4M3] = linear_fp8_f16; /* see rows_fp8_f16 */
     /* int8 activations: the maddubs rows (q8_avx2.c), which loop over the tokens; on a CPU with
      * AVX-VNNI an entry with an int8 GEMM for several tokens (q8_gemm_avxvnni.c), so that prefill
      * takes the int8 path too (linear_q8_gemm).  The avx512 table inherits both, and replaces

@@ -206,7 +206,7 @@ INLINE void row2_fp8(const uint8_t *pa, const uint8_t *pb, const float *xp, int6
 }
 
 /* Decode of rows [r0, r1); returns 0 (having written nothing) when the parent table's entry must do it. */
-INLINE int linear_decode(const mg_matrix *w, mg_format f, const float *x, float *y, int64_t r0, int64_t r1) {
+INLINE int linear_decode(const mg_matrix *w, mg_format f, int f16, const float *x, float *y, int64_t r0, int64_t r1) {
     if (!fast_decode(w, f)) return 0;
     float xp[XP_COLS] __attribute__((aligned(64)));
     float xq[XP_COLS] __attribute__((aligned(64))); /* fp8: xp with block scales folded in */
@@ -220,7 +220,7 @@ INLINE int linear_decode(const mg_matrix *w, mg_format f, const float *x, float 
     for (int64_t c0 = 0; c0 < w->cols; c0 += XP_COLS) {
         const int64_t kc = w->cols - c0 < XP_COLS ? w->cols - c0 : XP_COLS, nb = kc / sc;
         const float *xs = x + c0;
-        if (f == MG_FP8_E4M3 && block128_scaled(w)) { /* xp in the folded loop's order */
+        if (f == MG_FP8_E4M3 && block128_scaled(w) && !f16) { /* xp in the folded loop's order */
             mg_avx512_permute_x_fp8_folded(x + c0, kc, xp);
             xs = xp;
         } else if (f != MG_F32 && f != MG_F16) {
@@ -252,7 +252,7 @@ INLINE int linear_decode(const mg_matrix *w, mg_format f, const float *x, float 
             if (f == MG_FP8_E4M3 && block128_scaled(w)) {
                 if (r / 128 != sf_rows) { /* one scale row serves 128 weight rows */
                     sf_rows = r / 128;
-                    folded = mg_avx512_fold_block_scales(w, r, c0, kc, xp, xmax, xmin, xq);
+                    folded = mg_avx512_fold_block_scales(w, f16 ? 0 : 112, r, c0, kc, xp, xmax, xmin, xq);
                     if (!folded) { /* xq: x * 256 in the f16-decoding order of row_fp8_block128 */
                         permute_x(f, x + c0, kc, xq);
                         for (int64_t j = 0; j * 128 < kc; j++) sf[j] = scale_block128(w, r, c0 + j * 128);
@@ -261,7 +261,7 @@ INLINE int linear_decode(const mg_matrix *w, mg_format f, const float *x, float 
                 if (folded) { /* up to four rows of this scale block per pass */
                     int64_t n = r1 - r < 4 ? r1 - r : 4;
                     if (n > 128 - r % 128) n = 128 - r % 128;
-                    r += mg_avx512_fp8_folded_rows(w, r, n, c0, kc, xq, y) - 1;
+                    r += (f16 ? mg_avx512_fp8_f16_rows : mg_avx512_fp8_folded_rows)(w, r, n, c0, kc, xq, y) - 1;
                     continue;
                 }
                 part = row_fp8_block128(p, xq, nb, sf);
@@ -284,13 +284,14 @@ INLINE int linear_decode(const mg_matrix *w, mg_format f, const float *x, float 
     return 1;
 }
 
-#define DECODE_FN(NAME, FMT)                                                         \
+#define DECODE_FN(NAME, FMT, F16)                                                    \
     int NAME(const mg_matrix *w, const float *x, float *y, int64_t r0, int64_t r1) { \
-        return linear_decode(w, FMT, x, y, r0, r1);                                  \
+        return linear_decode(w, FMT, F16, x, y, r0, r1);                             \
     }
-DECODE_FN(mg_avx512_decode_f32, MG_F32)
-DECODE_FN(mg_avx512_decode_bf16, MG_BF16)
-DECODE_FN(mg_avx512_decode_f16, MG_F16)
-DECODE_FN(mg_avx512_decode_fp8, MG_FP8_E4M3)
-DECODE_FN(mg_avx512_decode_fp4, MG_FP4_E2M1)
+DECODE_FN(mg_avx512_decode_f32, MG_F32, 0)
+DECODE_FN(mg_avx512_decode_bf16, MG_BF16, 0)
+DECODE_FN(mg_avx512_decode_f16, MG_F16, 0)
+DECODE_FN(mg_avx512_decode_fp8, MG_FP8_E4M3, 0)
+DECODE_FN(mg_avx512_decode_fp8_f16, MG_FP8_E4M3, 1)
+DECODE_FN(mg_avx512_decode_fp4, MG_FP4_E2M1, 0)
 #endif

@@ -44,6 +44,35 @@ INLINE void rows_fp8_folded(const int R, const uint8_t *const *p, const float *x
     for (int j = 0; j < R; j++) out[j] = _mm512_reduce_add_ps(_mm512_add_ps(a0[j], a1[j]));
 }
 
+/* rows_fp8_folded through vcvtph2ps, for CPUs whose multiplies take a microcode assist on a
+ * denormal input (mg_cpu_features.denormal_assists): there the eeee = 0 codes, about one in
+ * 2,000-8,000 of real block-scaled fp8, cost the loop 10-40 %.  The shift and mask 0xBF80 make
+ * each byte the f16 of v * 2^-8 (subnormals included), vcvtph2ps a normal fp32; xq carries 256
+ * and the scales (fold_block_scales with bias 0), in decode_avx512.c's permute_x order (per 64
+ * columns: even 0-30, even 32-62, odd 1-31, odd 33-63), so each weight times x is the product
+ * rows_fp8_folded and the scalar twin form. */
+INLINE void rows_fp8_f16(const int R, const uint8_t *const *p, const float *xq, int64_t nb, size_t ahead,
+                         float *out) {
+    const __m512i m = _mm512_set1_epi16((short)0xBF80);
+    __m512 a0[4], a1[4];
+    for (int j = 0; j < R; j++) a0[j] = a1[j] = _mm512_setzero_ps();
+    for (int64_t i = 0; i < nb; i++, xq += 64) {
+        const __m512 x0 = _mm512_load_ps(xq), x1 = _mm512_load_ps(xq + 16);
+        const __m512 x2 = _mm512_load_ps(xq + 32), x3 = _mm512_load_ps(xq + 48);
+        for (int j = 0; j < R; j++) {
+            _mm_prefetch((const char *)p[j] + 64 * i + ahead, _MM_HINT_T0); /* as rows_fp8_folded */
+            const __m512i w = _mm512_loadu_si512(p[j] + 64 * i);
+            const __m512i odd = _mm512_and_si512(_mm512_srai_epi16(w, 1), m);
+            const __m512i even = _mm512_and_si512(_mm512_srai_epi16(_mm512_slli_epi16(w, 8), 1), m);
+            a0[j] = _mm512_fmadd_ps(_mm512_cvtph_ps(_mm512_castsi512_si256(even)), x0, a0[j]);
+            a1[j] = _mm512_fmadd_ps(_mm512_cvtph_ps(_mm512_extracti64x4_epi64(even, 1)), x1, a1[j]);
+            a0[j] = _mm512_fmadd_ps(_mm512_cvtph_ps(_mm512_castsi512_si256(odd)), x2, a0[j]);
+            a1[j] = _mm512_fmadd_ps(_mm512_cvtph_ps(_mm512_extracti64x4_epi64(odd, 1)), x3, a1[j]);
+        }
+    }
+    for (int j = 0; j < R; j++) out[j] = _mm512_reduce_add_ps(_mm512_add_ps(a0[j], a1[j]));
+}
+
 /* fp4, R (1..4) rows at once: p[j] points at the same columns of row j, s[j] at its group scales
  * (NULL: unscaled).  Each 64-byte line is loaded once per row and shifts by 0, 4, ..., 28
  * bring each of its eight nibbles to the bottom of the 32-bit lanes (vpermps reads only those 4
@@ -91,19 +120,20 @@ void mg_avx512_permute_x_fp8_folded(const float *x, int64_t kc, float *xo) {
             for (int i = 0; i < 16; i++) xo[g + 16 * q + i] = x[g + 4 * i + order[q]] * 256.0f;
 }
 
-/* xq = xo (x * 256, permuted) times 2^112 times the scale of each 128-column block of row r, so
+/* xq = xo (x * 256, permuted) times 2^bias times the scale of each 128-column block of row r, so
  * that the 128 rows sharing these scales run rows_fp8_folded, which leaves a factor 2^-120 in each
- * weight.  Returns 0 (xq unusable) unless every product is zero or a finite normal number, which
+ * weight (bias 112), or rows_fp8_f16, which leaves 2^-8 (bias 0).  Returns 0 (xq unusable) unless every product is zero or a finite normal number, which
  * keeps each weight times x the same product as the scalar twin's (exactly so for power-of-two
  * e8m0 scales).  xmax, xmin: the largest and the smallest non-zero |xo| of the chunk. */
-int mg_avx512_fold_block_scales(const mg_matrix *w, int64_t r, int64_t c0, int64_t kc, const float *xo, float xmax,
-                                float xmin, float *xq) {
+int mg_avx512_fold_block_scales(const mg_matrix *w, int bias, int64_t r, int64_t c0, int64_t kc, const float *xo,
+                                float xmax, float xmin, float *xq) {
+    const float b = ldexpf(1.0f, bias);
     for (int64_t j = 0; j * 128 < kc; j++) {
-        const float a = fabsf(scale_block128(w, r, c0 + j * 128)) * 0x1p112f;
+        const float a = fabsf(scale_block128(w, r, c0 + j * 128)) * b;
         if (!(a == 0.0f || (a < INFINITY && xmax * a < 0x1p126f && xmin * a >= 0x1p-126f))) return 0;
     }
     for (int64_t j = 0; j * 128 < kc; j++) { /* the factor is exact: a power-of-two multiple */
-        const __m512 s = _mm512_set1_ps(scale_block128(w, r, c0 + j * 128) * 0x1p112f);
+        const __m512 s = _mm512_set1_ps(scale_block128(w, r, c0 + j * 128) * b);
         const int64_t e = (j + 1) * 128 < kc ? (j + 1) * 128 : kc;
         for (int64_t i = j * 128; i < e; i += 16) _mm512_store_ps(xq + i, _mm512_mul_ps(_mm512_load_ps(xo + i), s));
     }
@@ -161,6 +191,17 @@ int64_t mg_avx512_fp8_folded_rows(const mg_matrix *w, int64_t r, int64_t n, int6
     row_ptrs(w, r, n, (size_t)c0, p);
     MG_ROWS_CALL(n, mg_matrix_row_bytes(w), part, rows_fp8_folded, p, xq, kc / 64);
     store_row_parts(w, r, n, c0, part, y); /* block-128 scaled: no F32_ROW scale */
+    return n;
+}
+
+int64_t mg_avx512_fp8_f16_rows(const mg_matrix *w, int64_t r, int64_t n, int64_t c0, int64_t kc, const float *xq,
+                               float *y) {
+    const uint8_t *p[4];
+    float part[4];
+    if (n < 1 || n > 4) __builtin_unreachable();
+    row_ptrs(w, r, n, (size_t)c0, p);
+    MG_ROWS_CALL(n, mg_matrix_row_bytes(w), part, rows_fp8_f16, p, xq, kc / 64);
+    store_row_parts(w, r, n, c0, part, y);
     return n;
 }
 #endif

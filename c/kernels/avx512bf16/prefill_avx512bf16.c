@@ -31,19 +31,17 @@ static int takes(const mg_matrix *w) {
 }
 
 /* 32 columns of one row as 16 bf16 pairs (lane j: columns 2j, 2j + 1), exactly: bf16 rows are
- * the pairs as stored; an fp8 byte s.eeee.mmm becomes, by a shift and a mask, the fp32 of its
- * value times 2^-120 (eeee = 0, the subnormals, land in the fp32 denormals, still exact), which
- * one multiply by 2^120 and one by the block's scale make the weight (s120, s: 1 for unscaled
- * and row-scaled weights, whose row scale multiplies the sums).  vcvtne2ps2bf16 of two exact
- * vectors of 16 columns is then the pairs of the 32, in order. */
+ * the pairs as stored; an fp8 byte s.eeee.mmm, sign-extended to 16 bits, becomes by a shift and
+ * the mask 0xBF80 the f16 of its value times 2^-8 (subnormals included), vcvtph2ps its fp32 (a
+ * normal number: an fp32 denormal here would cost Intel cores a microcode assist per multiply,
+ * see mg_cpu_features.denormal_assists), and one multiply by 256 and one by the block's scale
+ * the weight (s: 1 for unscaled and row-scaled weights, whose row scale multiplies the sums).
+ * vcvtne2ps2bf16 of two exact vectors of 16 columns is then the pairs of the 32, in order. */
 INLINE __m512i row_pairs_fp8(const uint8_t *p, __m512 s) {
-    const __m512i m = _mm512_set1_epi32((int)0x87F00000u), two120 = _mm512_set1_epi32((127 + 120) << 23);
-    const __m512i a = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p));
-    const __m512i b = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(p + 16)));
-    /* sign-extended byte << 20, then >> 4 arithmetic keeps s in bit 31 and eeeemmm at 20..26 */
-    const __m512 fa = _mm512_castsi512_ps(_mm512_and_si512(_mm512_slli_epi32(a, 24 - 4), m));
-    const __m512 fb = _mm512_castsi512_ps(_mm512_and_si512(_mm512_slli_epi32(b, 24 - 4), m));
-    const __m512 k = _mm512_castsi512_ps(two120);
+    const __m512i h = _mm512_and_si512(_mm512_slli_epi16(_mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)p)), 7),
+                                       _mm512_set1_epi16((short)0xBF80));
+    const __m512 fa = _mm512_cvtph_ps(_mm512_castsi512_si256(h)), fb = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(h, 1));
+    const __m512 k = _mm512_set1_ps(256.0f);
     return (__m512i)_mm512_cvtne2ps_pbh(_mm512_mul_ps(_mm512_mul_ps(fb, k), s), _mm512_mul_ps(_mm512_mul_ps(fa, k), s));
 }
 
