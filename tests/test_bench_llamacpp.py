@@ -86,6 +86,23 @@ def test_failing_llama_bench_gives_na_with_its_error(bench_dir: Path, no_llama: 
     assert rows[0].cells()[5] == "n/a"
 
 
+def test_crashing_llama_bench_is_rerun_without_repacking(bench_dir: Path, no_llama: Path, tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    # The pinned llama-bench segfaults on quantized files with its repacked (AMX) buffers on an
+    # Intel CPU with AMX: the run is repeated with --repack 0, and the table says so.
+    result = json.dumps([{"n_prompt": 0, "n_gen": 4, "avg_ts": 500.0, "build_commit": "fake"}])
+    rows = run_with_stand_in(bench_dir, tmp_path, monkeypatch, f"""case "$*" in
+  *"--repack 0"*) echo '{result}' ;;
+  *) echo 'ggml-backend.cpp:1294: GGML_ASSERT(*cur_backend_id != -1) failed' >&2; kill -SEGV $$ ;;
+esac""")
+    row = rows[0]
+    assert row.note == "" and row.llama == [500.0] and row.llama_flags == ["--repack", "0"]
+    assert "cur_backend_id" in row.llama_flags_why
+    bench_llamacpp.print_table(rows)
+    assert "llama.cpp ran with --repack 0: with its defaults it crashed" in capsys.readouterr().out
+
+
 def test_missing_cmake_is_a_clear_unavailable(no_llama: Path) -> None:
     # Sources already in the cache (no download), but no cmake on PATH: the build is refused
     # with a message, not a crash, and nothing is fetched.

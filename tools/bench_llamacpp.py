@@ -177,20 +177,43 @@ def ensure_quantized(name: str, ckpt: Path, fmt: str, quant: str, opts: argparse
 class LlamaRun:
     tok_s: float
     commit: str
+    flags: list[str] = field(default_factory=list)  # extra llama-bench options this run needed
+    why_flags: str = ""                             # why: the default's failure
 
 
-def llama_bench(binary: Path, model: Path, threads: int, *, gen: int = 0, prompt: int = 0, depth: int = 0) -> LlamaRun:
+# llama-bench options that turn off its repacked weight layouts (the AMX buffers on CPUs with AMX
+# among them): the pinned version's default crashed (SIGSEGV, or GGML_ASSERT(*cur_backend_id !=
+# -1)) on Q8_0 / Q4_K / MXFP4 files as soon as it ran a batch, on an Intel CPU with AMX.
+NO_REPACK = ["--repack", "0"]
+
+
+def crashed(done: subprocess.CompletedProcess) -> bool:
+    """Whether llama-bench died of a signal or one of its own asserts (not a refused option or file)."""
+    return done.returncode < 0 or done.returncode >= 128 or "GGML_ASSERT" in done.stderr
+
+
+def llama_bench(binary: Path, model: Path, threads: int, *, gen: int = 0, prompt: int = 0, depth: int = 0,
+                flags: list[str] | None = None) -> LlamaRun:
     """One llama-bench run (after its own warm-up): a tg run of `gen` tokens after `depth` of
-    context, or a pp run of a `prompt`-token prompt."""
-    base = [str(binary), "-m", str(model), "-p", str(prompt), "-n", str(gen), "-t", str(threads), "-r", "1",
-            "-o", "json"]
-    for extra in (["-d", str(depth)] if depth else [], []):  # -d (context depth) is missing in older llama-bench
-        try:
-            done = subprocess.run(base + extra, capture_output=True, text=True, errors="replace", timeout=3600)
-        except subprocess.TimeoutExpired:
-            raise Unavailable(f"llama-bench on {model.name} did not finish within an hour") from None
-        if done.returncode == 0 or "-d" not in extra or "invalid parameter for argument: -d" not in done.stderr:
+    context, or a pp run of a `prompt`-token prompt.  `flags`: extra options an earlier run of the
+    row needed.  A run that crashes with llama-bench's defaults is repeated once with NO_REPACK,
+    and the result says so (the table's notes print it)."""
+    flags = list(flags or [])
+    why_flags = ""
+    while True:
+        base = [str(binary), "-m", str(model), "-p", str(prompt), "-n", str(gen), "-t", str(threads), "-r", "1",
+                "-o", "json", *flags]
+        for extra in (["-d", str(depth)] if depth else [], []):  # -d (context depth) is missing in older llama-bench
+            try:
+                done = subprocess.run(base + extra, capture_output=True, text=True, errors="replace", timeout=3600)
+            except subprocess.TimeoutExpired:
+                raise Unavailable(f"llama-bench on {model.name} did not finish within an hour") from None
+            if done.returncode == 0 or "-d" not in extra or "invalid parameter for argument: -d" not in done.stderr:
+                break
+        if done.returncode == 0 or flags or not crashed(done):
             break
+        why_flags = failure_reason(done, base + extra)
+        flags = list(NO_REPACK)
     if done.returncode != 0:
         raise Unavailable(f"llama-bench could not run {model.name}: {failure_reason(done, base + extra)}")
     key = "n_gen" if gen else "n_prompt"
@@ -200,7 +223,7 @@ def llama_bench(binary: Path, model: Path, threads: int, *, gen: int = 0, prompt
         raise Unavailable(f"llama-bench's output is not its JSON report: {done.stdout[:120]!r}") from None
     if not rows:
         raise Unavailable(f"llama-bench printed no {'tg' if gen else 'pp'} result")
-    return LlamaRun(float(rows[0]["avg_ts"]), str(rows[0].get("build_commit", "?")))
+    return LlamaRun(float(rows[0]["avg_ts"]), str(rows[0].get("build_commit", "?")), flags, why_flags)
 
 
 def failure_reason(done: subprocess.CompletedProcess, cmd: list[str]) -> str:
@@ -233,6 +256,8 @@ class Row:
     busy: list[float] = field(default_factory=list)       # other runnable tasks seen around each repetition
     note: str = ""
     commit: str = ""
+    llama_flags: list[str] = field(default_factory=list)  # options llama-bench needed (LlamaRun.flags)
+    llama_flags_why: str = ""
 
     def cells(self) -> list[str]:
         def med(xs: list[float], fmt: str = "{:.2f}") -> str:
@@ -328,11 +353,17 @@ def bench_model(name: str, opts: argparse.Namespace, yardstick, quant: str = "")
                     row.prefill_ours.append(bench_models.bench_prefill(ours_path, opts, opts.prefill_tokens))
             elif binary and model and not row.note:
                 try:
-                    run = llama_bench(binary, model, threads, gen=steps, depth=opts.prompt_tokens)
+                    run = llama_bench(binary, model, threads, gen=steps, depth=opts.prompt_tokens,
+                                      flags=row.llama_flags)
                     row.llama.append(run.tok_s)
                     row.commit = run.commit
+                    if run.why_flags:
+                        row.llama_flags, row.llama_flags_why = run.flags, run.why_flags
                     if opts.prefill_tokens:
-                        row.prefill_llama.append(llama_bench(binary, model, threads, prompt=opts.prefill_tokens).tok_s)
+                        pp = llama_bench(binary, model, threads, prompt=opts.prefill_tokens, flags=row.llama_flags)
+                        row.prefill_llama.append(pp.tok_s)
+                        if pp.why_flags:  # only the prompt run crashed: its rate is with the flags
+                            row.llama_flags, row.llama_flags_why = pp.flags, pp.why_flags
                 except Unavailable as why:
                     row.note = str(why)
         ours = f"{row.ours[-1]:.2f}"
@@ -353,6 +384,9 @@ def print_table(rows: list[Row]) -> None:
     for r in rows:
         if r.note:
             print(f"  {r.name} {r.fmt}: llama.cpp n/a: {r.note}")
+        elif r.llama_flags:
+            print(f"  {r.name} {r.fmt}: llama.cpp ran with {' '.join(r.llama_flags)}: with its defaults it crashed "
+                  f"on this CPU ({r.llama_flags_why})")
     commits = sorted({r.commit for r in rows if r.commit})
     print(f"\nratio = our decode tok/s / llama.cpp's on the same checkpoint, same threads, medians over the "
           f"repetitions{'; llama.cpp build ' + ', '.join(commits) if commits else ''}.  Rows named by a GGUF type "
