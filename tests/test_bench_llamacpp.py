@@ -98,7 +98,7 @@ def test_crashing_llama_bench_is_rerun_without_repacking(bench_dir: Path, no_lla
 esac""")
     row = rows[0]
     assert row.note == "" and row.llama == [500.0] and row.llama_flags == ["--repack", "0"]
-    assert "cur_backend_id" in row.llama_flags_why
+    assert "killed by SIGSEGV" in row.llama_flags_why and "cur_backend_id" in row.llama_flags_why
     bench_llamacpp.print_table(rows)
     assert "llama.cpp ran with --repack 0: with its defaults it crashed" in capsys.readouterr().out
 

@@ -41,6 +41,7 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -230,6 +231,14 @@ def failure_reason(done: subprocess.CompletedProcess, cmd: list[str]) -> str:
     """The line saying why llama-bench failed; without -v it hides the loader's reason, so a
     failed run is repeated once with -v (it fails at load, in seconds) to read it."""
     lines = [ln.strip() for ln in done.stderr.splitlines() if ln.strip()]
+    if done.returncode < 0 or done.returncode >= 128:  # a crash: its signal, and an assert's line if any
+        number = -done.returncode if done.returncode < 0 else done.returncode - 128
+        try:
+            signal_name = f"killed by {signal.Signals(number).name}"
+        except ValueError:
+            signal_name = f"killed by signal {number}"
+        asserts = [ln for ln in lines if "GGML_ASSERT" in ln]
+        return f"{signal_name}: {asserts[-1][:200]}" if asserts else signal_name
     try:
         verbose = subprocess.run(cmd + ["-v"], capture_output=True, text=True, errors="replace", timeout=600)
         lines += [ln.strip() for ln in verbose.stderr.splitlines() if ln.strip()]

@@ -93,13 +93,26 @@ def bench_dir(opts: argparse.Namespace) -> Path:
     return Path(opts.bench_dir or os.environ.get("MOEGATE_BENCH_DIR") or "/tmp/moegate-bench")
 
 
+# Raised when the generator of a model's bench checkpoint changes (tools/ckpt), so that a cached
+# folder written by an older one is rewritten: 2 = DeepSeek-V4's fp8 codes of rounded normal
+# values, subnormal codes included (they had exponent fields 5..8 only).
+BENCH_VERSIONS = {"deepseek_v4": 2}
+VERSION_FILE = "moegate-bench-version"
+
+
 def ensure_checkpoint(name: str, opts: argparse.Namespace) -> Path:
-    """The bench checkpoint of `name`, written once (tiny with --quick)."""
+    """The bench checkpoint of `name`, written once (tiny with --quick), and again when its
+    generator's BENCH_VERSIONS entry is newer than the cached folder's."""
     arch, fmt, gb = MODELS[name]
     size = "tiny" if opts.quick else "bench"
     out = bench_dir(opts) / f"{arch}-{size}-{fmt}"
+    version = str(BENCH_VERSIONS.get(name, 1))
     if (out / "config.json").is_file():
-        return out
+        stamp = out / VERSION_FILE
+        if size == "tiny" or out.is_symlink() or (stamp.read_text().strip() if stamp.is_file() else "1") == version:
+            return out
+        print(f"  {out} was written by an older generator (bench version {version} now): rewriting it", flush=True)
+        shutil.rmtree(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     free = shutil.disk_usage(out.parent).free / GB
     need = 0.1 if opts.quick else gb * 1.1
@@ -110,6 +123,7 @@ def ensure_checkpoint(name: str, opts: argparse.Namespace) -> Path:
     shutil.rmtree(tmp, ignore_errors=True)
     subprocess.run([sys.executable, str(ROOT / "tools" / "make_checkpoint.py"), "--arch", arch, "--size", size,
                     "--format", fmt, "--out", str(tmp)], check=True, stdout=subprocess.DEVNULL)
+    (tmp / VERSION_FILE).write_text(version + "\n")
     tmp.rename(out)
     return out
 
