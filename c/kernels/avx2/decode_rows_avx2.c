@@ -30,13 +30,13 @@ INLINE size_t rows_ahead(size_t group) {
 #define PREFETCH_AHEAD(p, ahead) _mm_prefetch((const char *)(p) + (ahead), MG_AVX2_ROWS_HINT)
 
 /* fp8 in the folded form (any scale kind whose scales can be folded into x; unscaled rows fold
- * a scale of one), R (1..4) rows at once, decoded without vcvtph2ps: in each 16-bit lane an
+ * a scale of one), decoded without vcvtph2ps: in each 16-bit lane an
  * arithmetic shift by 4 and the mask 0x87F0 turn a byte s.eeee.mmm (moved to the high byte) into
  * s << 15 | eeeemmm << 4, the upper half of an fp32 whose value is exactly v * 2^-120 (eeee = 0
  * lands in the fp32 denormals, still exact); a 32-bit shift or a mask then widens the lanes as for
  * bf16.  xq carries 2^120 and the block scales (fold_scales).  Per 32 columns xq is in the order
  * 4q, 4q + 2, 4q + 1, 4q + 3 (q < 8).  NaN codes are not supported, as in the other fp8 paths. */
-/* One 32-column step of rows_fp8_folded for one row. */
+/* One 32-column step of one row in that form. */
 INLINE void step_fp8_folded(const uint8_t *p, const float *xq, __m256 *a0, __m256 *a1) {
     const __m256i m = _mm256_set1_epi16((short)0x87F0), hi = _mm256_set1_epi32((int)0xFFFF0000u);
     const __m256i w = _mm256_loadu_si256((const __m256i *)p);
@@ -48,35 +48,13 @@ INLINE void step_fp8_folded(const uint8_t *p, const float *xq, __m256 *a0, __m25
     *a1 = _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_and_si256(odd, hi)), _mm256_load_ps(xq + 24), *a1);  /* 4q + 3 */
 }
 
-INLINE void rows_fp8_folded(const int R, const uint8_t *const *p, const float *xq, int64_t nb, size_t ahead,
-                            float *out) {
-    __m256 a0[4], a1[4], b0[4], b1[4];
-#pragma GCC unroll 4
-    for (int j = 0; j < R; j++) a0[j] = a1[j] = b0[j] = b1[j] = _mm256_setzero_ps();
-    int64_t i = 0;
-    for (; i + 2 <= nb; i += 2, xq += 64) { /* one 64-byte line per row */
-#pragma GCC unroll 4
-        for (int j = 0; j < R; j++) {
-            PREFETCH_AHEAD(p[j] + 32 * i, ahead);
-            step_fp8_folded(p[j] + 32 * i, xq, &a0[j], &a1[j]);
-            step_fp8_folded(p[j] + 32 * i + 32, xq + 32, &b0[j], &b1[j]);
-        }
-    }
-    if (i < nb) { /* a last half line */
-#pragma GCC unroll 4
-        for (int j = 0; j < R; j++) step_fp8_folded(p[j] + 32 * i, xq, &a0[j], &a1[j]);
-    }
-#pragma GCC unroll 4
-    for (int j = 0; j < R; j++) out[j] = hsum8(_mm256_add_ps(_mm256_add_ps(a0[j], a1[j]), _mm256_add_ps(b0[j], b1[j])));
-}
-
 /* fp8 in the folded form through vcvtph2ps, for CPUs whose multiplies take a microcode assist on
  * a denormal input (Intel: about 150 cycles each, measured on a Sapphire Rapids core; see
- * mg_cpu_features.denormal_assists).  rows_fp8_folded's eeee = 0 codes are fp32 denormals, and
+ * mg_cpu_features.denormal_assists).  step_fp8_folded's eeee = 0 codes are fp32 denormals, and
  * real block-scaled fp8 has about one in 2,000-8,000 of them, which cost those CPUs 10-40 % of
  * the loop; here a shift and the mask 0xBF80 make each byte the f16 of v * 2^-8 (its subnormals
  * included) and vcvtph2ps the fp32, always normal.  Each weight times x is the same product as
- * in rows_fp8_folded and the scalar twin (xq carries 256 and the scales: fold_scales with bias 0);
+ * in step_fp8_folded and the scalar twin (xq carries 256 and the scales: fold_scales with bias 0);
  * xq is in permute_x's order ([even | odd] per 32 columns), times 256. */
 INLINE void step_fp8_f16(const uint8_t *p, const float *xq, __m256 *a0, __m256 *a1) {
     const __m256i m = _mm256_set1_epi16((short)0xBF80);
@@ -89,8 +67,11 @@ INLINE void step_fp8_f16(const uint8_t *p, const float *xq, __m256 *a0, __m256 *
     *a1 = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm256_extracti128_si256(odd, 1)), _mm256_load_ps(xq + 24), *a1);
 }
 
-INLINE void rows_fp8_f16(const int R, const uint8_t *const *p, const float *xq, int64_t nb, size_t ahead,
-                         float *out) {
+/* fp8 rows in the folded form, R (1..4) at once, one 64-byte line per row and step: f16 = 0
+ * decodes by shifts (step_fp8_folded), 1 through vcvtph2ps (step_fp8_f16); xq in its order. */
+#define STEP_FP8(f16, p, xq, a0, a1) ((f16) ? step_fp8_f16(p, xq, a0, a1) : step_fp8_folded(p, xq, a0, a1))
+INLINE void rows_fp8(const int R, const int f16, const uint8_t *const *p, const float *xq, int64_t nb, size_t ahead,
+                     float *out) {
     __m256 a0[4], a1[4], b0[4], b1[4];
 #pragma GCC unroll 4
     for (int j = 0; j < R; j++) a0[j] = a1[j] = b0[j] = b1[j] = _mm256_setzero_ps();
@@ -99,13 +80,13 @@ INLINE void rows_fp8_f16(const int R, const uint8_t *const *p, const float *xq, 
 #pragma GCC unroll 4
         for (int j = 0; j < R; j++) {
             PREFETCH_AHEAD(p[j] + 32 * i, ahead);
-            step_fp8_f16(p[j] + 32 * i, xq, &a0[j], &a1[j]);
-            step_fp8_f16(p[j] + 32 * i + 32, xq + 32, &b0[j], &b1[j]);
+            STEP_FP8(f16, p[j] + 32 * i, xq, &a0[j], &a1[j]);
+            STEP_FP8(f16, p[j] + 32 * i + 32, xq + 32, &b0[j], &b1[j]);
         }
     }
     if (i < nb) { /* a last half line */
 #pragma GCC unroll 4
-        for (int j = 0; j < R; j++) step_fp8_f16(p[j] + 32 * i, xq, &a0[j], &a1[j]);
+        for (int j = 0; j < R; j++) STEP_FP8(f16, p[j] + 32 * i, xq, &a0[j], &a1[j]);
     }
 #pragma GCC unroll 4
     for (int j = 0; j < R; j++) out[j] = hsum8(_mm256_add_ps(_mm256_add_ps(a0[j], a1[j]), _mm256_add_ps(b0[j], b1[j])));
@@ -181,8 +162,8 @@ INLINE float scale_block128(const mg_matrix *w, int64_t r, int64_t c) {
     return scale_at(w, r, c);
 }
 
-/* x * 256 in the order rows_fp8_folded reads it (per 32 columns: 4q, 4q + 2, 4q + 1, 4q + 3), or
- * rows_fp8_f16 (f16: permute_x's [even | odd]). */
+/* x * 256 in the order step_fp8_folded reads it (per 32 columns: 4q, 4q + 2, 4q + 1, 4q + 3), or
+ * step_fp8_f16 (f16: permute_x's [even | odd]). */
 INLINE void permute_x_fp8_folded(int f16, const float *x, int64_t kc, float *xo) {
     static const int order[4] = {0, 2, 1, 3};
     if (f16) {
@@ -197,7 +178,7 @@ INLINE void permute_x_fp8_folded(int f16, const float *x, int64_t kc, float *xo)
 
 /* xq = xo (x * 256, permuted) times 2^(bias - k) times the scale of each 128-column block of row r
  * (one for unscaled and F32_ROW matrices), so that the rows sharing these scales run
- * rows_fp8_folded, which leaves 2^-120 in each weight (bias 112), or rows_fp8_f16, which leaves
+ * step_fp8_folded, which leaves 2^-120 in each weight (bias 112), or step_fp8_f16, which leaves
  * 2^-8 (bias 0); their sums are multiplied by *unfold = 2^k afterwards.  k > 0 only when x *
  * scale is too large for k = 0: with bias 112, unscaled and per-row-scaled fp8 would otherwise
  * need |x| < 64.  Returns 0 (xq unusable) unless every xq is zero or a finite
@@ -235,8 +216,8 @@ INLINE void store_rows(const mg_matrix *w, int64_t r, int64_t n, int64_t c0, con
 }
 
 /* Rows [r, r + n) (n in 1..4) of one fast format over columns [c0, c0 + kc) against xs (permuted
- * x; fp8: xq folded for these rows, whose sums are multiplied by unfold; f16: rows_fp8_f16's form
- * rather than rows_fp8_folded's); sfr: scratch for fp4 group scales.  Returns n. */
+ * x; fp8: xq folded for these rows, whose sums are multiplied by unfold; f16: step_fp8_f16's form
+ * rather than step_fp8_folded's); sfr: scratch for fp4 group scales.  Returns n. */
 INLINE int64_t fast_rows(const mg_matrix *w, mg_format f, int f16, int64_t r, int64_t n, int64_t c0, int64_t kc,
                          const float *xs, float unfold, float *y, float (*sfr)[XP_COLS / 32]) {
     const size_t rb = mg_matrix_row_bytes(w), off = col_bytes(f, c0);
@@ -257,8 +238,8 @@ INLINE int64_t fast_rows(const mg_matrix *w, mg_format f, int f16, int64_t r, in
 #define FAST_ROWS(R)                                                                   \
     if (f == MG_FP4_E2M1) rows_fp4(R, p, xs, kc / 64, s, ahead, part);                 \
     else if (f == MG_BF16) rows_bf16(R, p, xs, kc / 32, ahead, part);                  \
-    else if (f16) rows_fp8_f16(R, p, xs, kc / 32, ahead, part);                     \
-    else rows_fp8_folded(R, p, xs, kc / 32, ahead, part);
+    else if (f16) rows_fp8(R, 1, p, xs, kc / 32, ahead, part);                     \
+    else rows_fp8(R, 0, p, xs, kc / 32, ahead, part);
     switch (n) {
     case 4: FAST_ROWS(4) break;
     case 3: FAST_ROWS(3) break;
@@ -293,7 +274,7 @@ INLINE int fast_decode(const mg_matrix *w, mg_format f) {
 
 /* Decode through the multi-row loops; returns 0 (having written nothing) when the one-row loop
  * must do it.  fp8 rows whose scales cannot be folded take the one-row loop (row_dot_chunk).
- * f16: fp8 through vcvtph2ps (rows_fp8_f16), for CPUs with denormal assists. */
+ * f16: fp8 through vcvtph2ps (step_fp8_f16), for CPUs with denormal assists. */
 INLINE int linear_decode_fast(const mg_matrix *w, mg_format f, int f16, const float *x, float *y, int64_t r0,
                               int64_t r1) {
     if (!fast_decode(w, f)) return 0;

@@ -36,7 +36,7 @@ LINEAR_FN(linear_ggml, mg_avx2_decode_ggml, mg_avx2_prefill_ggml) /* ggml_avx2.c
 
 int mg_kernels_override_avx2(mg_kernels *k, const mg_cpu_features *f) {
     MG_LINEAR_SET(k, linear);
-    if (f->denormal_assists) k->linear[MG_FP8_E4M3] = linear_fp8_f16; /* see rows_fp8_f16 */
+    if (f->denormal_assists) k->linear[MG_FP8_E4M3] = linear_fp8_f16; /* see decode_rows_avx2.c, step_fp8_f16 */
     /* int8 activations: the maddubs rows (q8_avx2.c), which loop over the tokens; on a CPU with
      * AVX-VNNI an entry with an int8 GEMM for several tokens (q8_gemm_avxvnni.c), so that prefill
      * takes the int8 path too (linear_q8_gemm).  The avx512 table inherits both, and replaces

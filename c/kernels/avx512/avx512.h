@@ -213,7 +213,7 @@ INLINE float scale_block128(const mg_matrix *w, int64_t r, int64_t c) {
 typedef int mg_avx512_decode_fn(const mg_matrix *w, const float *x, float *y, int64_t r0, int64_t r1);
 mg_avx512_decode_fn mg_avx512_decode_f32, mg_avx512_decode_bf16, mg_avx512_decode_f16, mg_avx512_decode_fp8,
     mg_avx512_decode_fp4;
-/* fp8 never decoded into fp32 denormals (rows_fp8_f16), for CPUs with denormal assists. */
+/* fp8 never decoded into fp32 denormals (decode_rows_avx512.c: rows_fp8_folded with f16), for CPUs with denormal assists. */
 mg_avx512_decode_fn mg_avx512_decode_fp8_f16;
 /* ggml_avx512.c: the ggml block formats it takes (Q8_0, Q4_0, Q4_K, Q5_K, IQ4_NL, IQ4_XS, MXFP4);
  * returns 0 for the others (the parent's entry runs). */
@@ -227,10 +227,8 @@ int64_t mg_avx512_fp4_rows(const mg_matrix *w, int64_t r, int64_t n, int64_t c0,
                            float *y, float (*sfr)[XP_COLS / 32]);
 /* fp8 rows inside one 128-row scale block, against xq folded for that block (f16: through
  * vcvtph2ps, x in decode_avx512.c's permute_x order): */
-int64_t mg_avx512_fp8_folded_rows(const mg_matrix *w, int64_t r, int64_t n, int64_t c0, int64_t kc,
+int64_t mg_avx512_fp8_folded_rows(const mg_matrix *w, int f16, int64_t r, int64_t n, int64_t c0, int64_t kc,
                                   const float *xq, float *y);
-int64_t mg_avx512_fp8_f16_rows(const mg_matrix *w, int64_t r, int64_t n, int64_t c0, int64_t kc, const float *xq,
-                               float *y);
 /* x * 256 in the folded loop's order, and the fold of a row block's scales into it, times 2^bias
  * (112 for the folded loop, 0 for the f16 one; returns 0 when the products would leave the normal
  * range: then the block takes the one-row loop). */

@@ -261,7 +261,7 @@ INLINE int linear_decode(const mg_matrix *w, mg_format f, int f16, const float *
                 if (folded) { /* up to four rows of this scale block per pass */
                     int64_t n = r1 - r < 4 ? r1 - r : 4;
                     if (n > 128 - r % 128) n = 128 - r % 128;
-                    r += (f16 ? mg_avx512_fp8_f16_rows : mg_avx512_fp8_folded_rows)(w, r, n, c0, kc, xq, y) - 1;
+                    r += mg_avx512_fp8_folded_rows(w, f16, r, n, c0, kc, xq, y) - 1;
                     continue;
                 }
                 part = row_fp8_block128(p, xq, nb, sf);

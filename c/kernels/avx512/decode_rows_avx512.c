@@ -14,15 +14,22 @@ INLINE __m512 fp4_table(void) {
                           -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f);
 }
 
-/* fp8 with folded block scales, R (1..4) rows at once, decoded without vcvtph2ps: on Zen 4 the
- * four conversions per line bounded the f16-decoding loop (row2_fp8).  In each 16-bit lane, an arithmetic shift by 4
- * and the mask 0x87F0 turn a byte s.eeee.mmm into s << 15 | eeeemmm << 4: the upper half of an
- * fp32 whose value is exactly v * 2^-120 (eeee = 0 lands in the fp32 denormals, still exact).  A
- * 16-bit shift or a mask then widens the lanes as for bf16, and xq carries the 2^120 (see
- * fold_block_scales).  NaN codes are not supported, as in the other fp8 paths. */
-INLINE void rows_fp8_folded(const int R, const uint8_t *const *p, const float *xq, int64_t nb, size_t ahead,
-                            float *out) {
-    const __m512i m = _mm512_set1_epi16((short)0x87F0), hi = _mm512_set1_epi32((int)0xFFFF0000u);
+/* fp8 with folded block scales, R (1..4) rows at once.  f16 = 0: decoded without vcvtph2ps (on
+ * Zen 4 the four conversions per line bounded the f16-decoding loop, row2_fp8): in each 16-bit
+ * lane an arithmetic shift by 4 and the mask 0x87F0 turn a byte s.eeee.mmm into s << 15 |
+ * eeeemmm << 4, the upper half of an fp32 whose value is exactly v * 2^-120 (eeee = 0 lands in
+ * the fp32 denormals, still exact); a 16-bit shift or a mask then widens the lanes as for bf16,
+ * and xq carries the 2^120 (fold_block_scales with bias 112), per 64 columns in the order 4i,
+ * 4i + 2, 4i + 1, 4i + 3.  f16 = 1, for CPUs whose multiplies take a microcode assist on a
+ * denormal input (mg_cpu_features.denormal_assists; e4m3's subnormal codes, about one in
+ * 2,000-8,000 of real block-scaled fp8, cost those CPUs 10-40 % of this loop): the shift and mask
+ * 0xBF80 make each byte the f16 of v * 2^-8 (subnormals included) and vcvtph2ps a normal fp32;
+ * xq carries 256 and the scales (bias 0), in decode_avx512.c's permute_x order (per 64 columns:
+ * even 0-30, even 32-62, odd 1-31, odd 33-63).  Either way each weight times x is the product the
+ * scalar twin forms.  NaN codes are not supported, as in the other fp8 paths. */
+INLINE void rows_fp8_folded(const int R, const int f16, const uint8_t *const *p, const float *xq, int64_t nb,
+                            size_t ahead, float *out) {
+    const __m512i m = _mm512_set1_epi16((short)(f16 ? 0xBF80 : 0x87F0)), hi = _mm512_set1_epi32((int)0xFFFF0000u);
     __m512 a0[4], a1[4];
     for (int j = 0; j < R; j++) a0[j] = a1[j] = _mm512_setzero_ps();
     for (int64_t i = 0; i < nb; i++, xq += 64) {
@@ -33,41 +40,21 @@ INLINE void rows_fp8_folded(const int R, const uint8_t *const *p, const float *x
              * (docs/KERNELS.md), as the int8 rows, which prefetch into L1 too */
             _mm_prefetch((const char *)p[j] + 64 * i + ahead, _MM_HINT_T0);
             const __m512i w = _mm512_loadu_si512(p[j] + 64 * i);
+            if (f16) {
+                const __m512i odd = _mm512_and_si512(_mm512_srai_epi16(w, 1), m);
+                const __m512i even = _mm512_and_si512(_mm512_srai_epi16(_mm512_slli_epi16(w, 8), 1), m);
+                a0[j] = _mm512_fmadd_ps(_mm512_cvtph_ps(_mm512_castsi512_si256(even)), x0, a0[j]);
+                a1[j] = _mm512_fmadd_ps(_mm512_cvtph_ps(_mm512_extracti64x4_epi64(even, 1)), x1, a1[j]);
+                a0[j] = _mm512_fmadd_ps(_mm512_cvtph_ps(_mm512_castsi512_si256(odd)), x2, a0[j]);
+                a1[j] = _mm512_fmadd_ps(_mm512_cvtph_ps(_mm512_extracti64x4_epi64(odd, 1)), x3, a1[j]);
+                continue;
+            }
             const __m512i even = _mm512_and_si512(_mm512_srai_epi16(_mm512_slli_epi16(w, 8), 4), m);
             const __m512i odd = _mm512_and_si512(_mm512_srai_epi16(w, 4), m);
             a0[j] = _mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_slli_epi32(even, 16)), x0, a0[j]); /* 4i */
             a1[j] = _mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_and_si512(even, hi)), x1, a1[j]); /* 4i + 2 */
             a0[j] = _mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_slli_epi32(odd, 16)), x2, a0[j]);  /* 4i + 1 */
             a1[j] = _mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_and_si512(odd, hi)), x3, a1[j]);   /* 4i + 3 */
-        }
-    }
-    for (int j = 0; j < R; j++) out[j] = _mm512_reduce_add_ps(_mm512_add_ps(a0[j], a1[j]));
-}
-
-/* rows_fp8_folded through vcvtph2ps, for CPUs whose multiplies take a microcode assist on a
- * denormal input (mg_cpu_features.denormal_assists): there the eeee = 0 codes, about one in
- * 2,000-8,000 of real block-scaled fp8, cost the loop 10-40 %.  The shift and mask 0xBF80 make
- * each byte the f16 of v * 2^-8 (subnormals included), vcvtph2ps a normal fp32; xq carries 256
- * and the scales (fold_block_scales with bias 0), in decode_avx512.c's permute_x order (per 64
- * columns: even 0-30, even 32-62, odd 1-31, odd 33-63), so each weight times x is the product
- * rows_fp8_folded and the scalar twin form. */
-INLINE void rows_fp8_f16(const int R, const uint8_t *const *p, const float *xq, int64_t nb, size_t ahead,
-                         float *out) {
-    const __m512i m = _mm512_set1_epi16((short)0xBF80);
-    __m512 a0[4], a1[4];
-    for (int j = 0; j < R; j++) a0[j] = a1[j] = _mm512_setzero_ps();
-    for (int64_t i = 0; i < nb; i++, xq += 64) {
-        const __m512 x0 = _mm512_load_ps(xq), x1 = _mm512_load_ps(xq + 16);
-        const __m512 x2 = _mm512_load_ps(xq + 32), x3 = _mm512_load_ps(xq + 48);
-        for (int j = 0; j < R; j++) {
-            _mm_prefetch((const char *)p[j] + 64 * i + ahead, _MM_HINT_T0); /* as rows_fp8_folded */
-            const __m512i w = _mm512_loadu_si512(p[j] + 64 * i);
-            const __m512i odd = _mm512_and_si512(_mm512_srai_epi16(w, 1), m);
-            const __m512i even = _mm512_and_si512(_mm512_srai_epi16(_mm512_slli_epi16(w, 8), 1), m);
-            a0[j] = _mm512_fmadd_ps(_mm512_cvtph_ps(_mm512_castsi512_si256(even)), x0, a0[j]);
-            a1[j] = _mm512_fmadd_ps(_mm512_cvtph_ps(_mm512_extracti64x4_epi64(even, 1)), x1, a1[j]);
-            a0[j] = _mm512_fmadd_ps(_mm512_cvtph_ps(_mm512_castsi512_si256(odd)), x2, a0[j]);
-            a1[j] = _mm512_fmadd_ps(_mm512_cvtph_ps(_mm512_extracti64x4_epi64(odd, 1)), x3, a1[j]);
         }
     }
     for (int j = 0; j < R; j++) out[j] = _mm512_reduce_add_ps(_mm512_add_ps(a0[j], a1[j]));
@@ -122,9 +109,9 @@ void mg_avx512_permute_x_fp8_folded(const float *x, int64_t kc, float *xo) {
 
 /* xq = xo (x * 256, permuted) times 2^bias times the scale of each 128-column block of row r, so
  * that the 128 rows sharing these scales run rows_fp8_folded, which leaves a factor 2^-120 in each
- * weight (bias 112), or rows_fp8_f16, which leaves 2^-8 (bias 0).  Returns 0 (xq unusable) unless every product is zero or a finite normal number, which
- * keeps each weight times x the same product as the scalar twin's (exactly so for power-of-two
- * e8m0 scales).  xmax, xmin: the largest and the smallest non-zero |xo| of the chunk. */
+ * weight (bias 112), or 2^-8 in its f16 form (bias 0).  Returns 0 (xq unusable) unless every
+ * product is zero or a finite normal number, which keeps each weight times x the same product as
+ * the scalar twin's (exactly so for power-of-two e8m0 scales).  xmax, xmin: the largest and the smallest non-zero |xo| of the chunk. */
 int mg_avx512_fold_block_scales(const mg_matrix *w, int bias, int64_t r, int64_t c0, int64_t kc, const float *xo,
                                 float xmax, float xmin, float *xq) {
     const float b = ldexpf(1.0f, bias);
@@ -182,26 +169,17 @@ int64_t mg_avx512_fp4_rows(const mg_matrix *w, int64_t r, int64_t n, int64_t c0,
 }
 
 /* fp8 rows [r, r + n) (n in 1..4, inside one 128-row scale block) against xq folded for that
- * block (fold_block_scales); adds to y (c0 > 0) or writes it.  Returns n. */
-int64_t mg_avx512_fp8_folded_rows(const mg_matrix *w, int64_t r, int64_t n, int64_t c0, int64_t kc,
+ * block (fold_block_scales; f16: rows_fp8_folded's vcvtph2ps form); adds to y (c0 > 0) or writes
+ * it.  Returns n. */
+int64_t mg_avx512_fp8_folded_rows(const mg_matrix *w, int f16, int64_t r, int64_t n, int64_t c0, int64_t kc,
                                   const float *xq, float *y) {
     const uint8_t *p[4];
     float part[4];
     if (n < 1 || n > 4) __builtin_unreachable(); /* n is 1..4; said so, -O3 stops warning part may be read unwritten */
     row_ptrs(w, r, n, (size_t)c0, p);
-    MG_ROWS_CALL(n, mg_matrix_row_bytes(w), part, rows_fp8_folded, p, xq, kc / 64);
+    if (f16) MG_ROWS_CALL(n, mg_matrix_row_bytes(w), part, rows_fp8_folded, 1, p, xq, kc / 64);
+    else MG_ROWS_CALL(n, mg_matrix_row_bytes(w), part, rows_fp8_folded, 0, p, xq, kc / 64);
     store_row_parts(w, r, n, c0, part, y); /* block-128 scaled: no F32_ROW scale */
-    return n;
-}
-
-int64_t mg_avx512_fp8_f16_rows(const mg_matrix *w, int64_t r, int64_t n, int64_t c0, int64_t kc, const float *xq,
-                               float *y) {
-    const uint8_t *p[4];
-    float part[4];
-    if (n < 1 || n > 4) __builtin_unreachable();
-    row_ptrs(w, r, n, (size_t)c0, p);
-    MG_ROWS_CALL(n, mg_matrix_row_bytes(w), part, rows_fp8_f16, p, xq, kc / 64);
-    store_row_parts(w, r, n, c0, part, y);
     return n;
 }
 #endif

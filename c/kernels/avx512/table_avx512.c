@@ -55,7 +55,7 @@ LINEAR_GGML(linear_iq1_m, MG_IQ1_M)
 /* The vector ops stay the parent's (avx2): they are not bandwidth bound at these sizes. */
 int mg_kernels_override_avx512(mg_kernels *k, const mg_cpu_features *f) {
     MG_LINEAR_SET(k, linear);
-    if (f->denormal_assists) k->linear[MG_FP8_E4M3] = linear_fp8_f16; /* see rows_fp8_f16 */
+    if (f->denormal_assists) k->linear[MG_FP8_E4M3] = linear_fp8_f16; /* see decode_rows_avx512.c, rows_fp8_folded */
     k->linear[MG_Q8_0] = linear_q8_0, k->linear[MG_Q4_0] = linear_q4_0, k->linear[MG_Q5_0] = linear_q5_0;
     k->linear[MG_Q4_K] = linear_q4_k, k->linear[MG_Q5_K] = linear_q5_k, k->linear[MG_Q6_K] = linear_q6_k;
     k->linear[MG_MXFP4] = linear_mxfp4, k->linear[MG_IQ4_NL] = linear_iq4_nl, k->linear[MG_IQ4_XS] = linear_iq4_xs;
