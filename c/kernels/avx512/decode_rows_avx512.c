@@ -130,7 +130,9 @@ int mg_avx512_fold_block_scales(const mg_matrix *w, int bias, int64_t r, int64_t
 /* bf16 (unscaled or F32_ROW), R (1..4) rows at once sharing the xp loads, prefetching the same line
  * of a later group of rows (see rows_ahead); p[j]: row j's columns, nb 64-byte steps.  Streamed
  * from memory, one row per pass is faster while x stays in L1 (decode_avx512.c picks R; the rows
- * are then one sequential stream, 4 rows made 4 streams) and it prefetches into L1; with wider x
+ * are then one sequential stream, 4 rows made 4 streams), prefetching into L2 like the others (into
+ * L1 was as fast on Zen 5 and 30-40 % slower on an Intel Sapphire Rapids-class core at 4096
+ * columns, the one-row prefetch then a row ahead: docs/KERNELS.md); with wider x
  * (its reloads from L2) four rows are.  Each row's sums are the same either way. */
 INLINE void rows_bf16(const int R, const uint8_t *const *p, const float *xp, int64_t nb, size_t ahead, float *out) {
     const __m512i hi = _mm512_set1_epi32((int)0xFFFF0000u);
@@ -139,8 +141,7 @@ INLINE void rows_bf16(const int R, const uint8_t *const *p, const float *xp, int
     for (int64_t i = 0; i < nb; i++, xp += 32) {
         const __m512 x0 = _mm512_load_ps(xp), x1 = _mm512_load_ps(xp + 16);
         for (int j = 0; j < R; j++) {
-            if (R == 1) _mm_prefetch((const char *)p[j] + 64 * i + ahead, _MM_HINT_T0);
-            else _mm_prefetch((const char *)p[j] + 64 * i + ahead, MG_AVX512_PREFETCH_HINT);
+            _mm_prefetch((const char *)p[j] + 64 * i + ahead, MG_AVX512_PREFETCH_HINT);
             const __m512i w = _mm512_loadu_si512(p[j] + 64 * i);
             a0[j] = _mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_slli_epi32(w, 16)), x0, a0[j]);
             a1[j] = _mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_and_si512(w, hi)), x1, a1[j]);
