@@ -128,12 +128,12 @@ int mg_avx512_fold_block_scales(const mg_matrix *w, int bias, int64_t r, int64_t
 }
 
 /* bf16 (unscaled or F32_ROW), R (1..4) rows at once sharing the xp loads, prefetching the same line
- * of a later group of rows (see rows_ahead); p[j]: row j's columns, nb 64-byte steps.  Streamed
- * from memory, one row per pass is faster while x stays in L1 (decode_avx512.c picks R; the rows
- * are then one sequential stream, 4 rows made 4 streams), prefetching into L2 like the others (into
- * L1 was as fast on Zen 5 and 30-40 % slower on an Intel Sapphire Rapids-class core at 4096
- * columns, the one-row prefetch then a row ahead: docs/KERNELS.md); with wider x
- * (its reloads from L2) four rows are.  Each row's sums are the same either way. */
+ * of a later group of rows (see rows_ahead) into L2; p[j]: row j's columns, nb 64-byte steps.
+ * Streamed from memory, one row per pass is faster while x stays in L1 (decode_avx512.c picks R;
+ * the rows are then one sequential stream, 4 rows made 4 streams); with wider x (its reloads from
+ * L2) four rows are.  One row prefetching into L1 instead was within a few percent on Zen 5 and
+ * 30-40 % slower on an Intel Sapphire Rapids-class core at 4096 columns (docs/KERNELS.md).  Each
+ * row's sums are the same either way. */
 INLINE void rows_bf16(const int R, const uint8_t *const *p, const float *xp, int64_t nb, size_t ahead, float *out) {
     const __m512i hi = _mm512_set1_epi32((int)0xFFFF0000u);
     __m512 a0[4], a1[4];
