@@ -178,13 +178,15 @@ def ensure_quantized(name: str, ckpt: Path, fmt: str, quant: str, opts: argparse
 class LlamaRun:
     tok_s: float
     commit: str
-    flags: list[str] = field(default_factory=list)  # extra llama-bench options this run needed
-    why_flags: str = ""                             # why: the default's failure
+    flags: list[str] = field(default_factory=list)  # llama-bench options this run needed beyond its defaults
+    why_flags: str = ""                             # why: how the defaults failed
 
 
-# llama-bench options that turn off its repacked weight layouts (the AMX buffers on CPUs with AMX
-# among them): the pinned version's default crashed (SIGSEGV, or GGML_ASSERT(*cur_backend_id !=
-# -1)) on Q8_0 / Q4_K / MXFP4 files as soon as it ran a batch, on an Intel CPU with AMX.
+# The pinned llama-bench crashed with its defaults (SIGSEGV, or GGML_ASSERT(*cur_backend_id !=
+# -1)) on Q8_0 / Q4_K / MXFP4 files as soon as it ran a batch (a prompt, or the context of -d),
+# on an Intel CPU with AMX: its repacked / AMX weight buffers.  What a crashed run tries next, in
+# order: a decode without the context (-d 0: no batch, repacking still on, its fastest decode),
+# then repacking off (NO_REPACK).
 NO_REPACK = ["--repack", "0"]
 
 
@@ -196,27 +198,29 @@ def crashed(done: subprocess.CompletedProcess) -> bool:
 def llama_bench(binary: Path, model: Path, threads: int, *, gen: int = 0, prompt: int = 0, depth: int = 0,
                 flags: list[str] | None = None) -> LlamaRun:
     """One llama-bench run (after its own warm-up): a tg run of `gen` tokens after `depth` of
-    context, or a pp run of a `prompt`-token prompt.  `flags`: extra options an earlier run of the
-    row needed.  A run that crashes with llama-bench's defaults is repeated once with NO_REPACK,
-    and the result says so (the table's notes print it)."""
-    flags = list(flags or [])
+    context, or a pp run of a `prompt`-token prompt.  `flags`: the options an earlier run of the
+    same kind needed (then only those are tried).  A run that crashes with llama-bench's defaults
+    is repeated with the fallbacks above, and the result says which and why (the table's notes
+    print it)."""
+    base = [str(binary), "-m", str(model), "-p", str(prompt), "-n", str(gen), "-t", str(threads), "-r", "1",
+            "-o", "json"]
+    attempts = [list(flags)] if flags is not None else [[], *([["-d", "0"]] if depth else []), list(NO_REPACK)]
     why_flags = ""
-    while True:
-        base = [str(binary), "-m", str(model), "-p", str(prompt), "-n", str(gen), "-t", str(threads), "-r", "1",
-                "-o", "json", *flags]
-        for extra in (["-d", str(depth)] if depth else [], []):  # -d (context depth) is missing in older llama-bench
+    for attempt in attempts:
+        # -d (context depth) is missing in older llama-bench: then the run goes without it
+        for extra in (["-d", str(depth)] if depth and "-d" not in attempt else [], []):
+            cmd = base + attempt + extra
             try:
-                done = subprocess.run(base + extra, capture_output=True, text=True, errors="replace", timeout=3600)
+                done = subprocess.run(cmd, capture_output=True, text=True, errors="replace", timeout=3600)
             except subprocess.TimeoutExpired:
                 raise Unavailable(f"llama-bench on {model.name} did not finish within an hour") from None
             if done.returncode == 0 or "-d" not in extra or "invalid parameter for argument: -d" not in done.stderr:
                 break
-        if done.returncode == 0 or flags or not crashed(done):
+        if done.returncode == 0 or not crashed(done):
             break
-        why_flags = failure_reason(done, base + extra)
-        flags = list(NO_REPACK)
+        why_flags = why_flags or failure_reason(done, cmd)
     if done.returncode != 0:
-        raise Unavailable(f"llama-bench could not run {model.name}: {failure_reason(done, base + extra)}")
+        raise Unavailable(f"llama-bench could not run {model.name}: {failure_reason(done, cmd)}")
     key = "n_gen" if gen else "n_prompt"
     try:
         rows = [r for r in json.loads(done.stdout) if int(r.get(key, 0)) > 0]
@@ -224,7 +228,8 @@ def llama_bench(binary: Path, model: Path, threads: int, *, gen: int = 0, prompt
         raise Unavailable(f"llama-bench's output is not its JSON report: {done.stdout[:120]!r}") from None
     if not rows:
         raise Unavailable(f"llama-bench printed no {'tg' if gen else 'pp'} result")
-    return LlamaRun(float(rows[0]["avg_ts"]), str(rows[0].get("build_commit", "?")), flags, why_flags)
+    return LlamaRun(float(rows[0]["avg_ts"]), str(rows[0].get("build_commit", "?")), attempt,
+                    why_flags if attempt else "")
 
 
 def failure_reason(done: subprocess.CompletedProcess, cmd: list[str]) -> str:
@@ -265,7 +270,9 @@ class Row:
     busy: list[float] = field(default_factory=list)       # other runnable tasks seen around each repetition
     note: str = ""
     commit: str = ""
-    llama_flags: list[str] = field(default_factory=list)  # options llama-bench needed (LlamaRun.flags)
+    # options llama-bench's decode and prefill runs needed (LlamaRun.flags; None: not yet run), and why
+    llama_flags: list[str] | None = None
+    prefill_flags: list[str] | None = None
     llama_flags_why: str = ""
 
     def cells(self) -> list[str]:
@@ -366,13 +373,13 @@ def bench_model(name: str, opts: argparse.Namespace, yardstick, quant: str = "")
                                       flags=row.llama_flags)
                     row.llama.append(run.tok_s)
                     row.commit = run.commit
-                    if run.why_flags:
-                        row.llama_flags, row.llama_flags_why = run.flags, run.why_flags
+                    row.llama_flags = run.flags  # every later decode run of the row the same way
+                    row.llama_flags_why = row.llama_flags_why or run.why_flags
                     if opts.prefill_tokens:
-                        pp = llama_bench(binary, model, threads, prompt=opts.prefill_tokens, flags=row.llama_flags)
+                        pp = llama_bench(binary, model, threads, prompt=opts.prefill_tokens, flags=row.prefill_flags)
                         row.prefill_llama.append(pp.tok_s)
-                        if pp.why_flags:  # only the prompt run crashed: its rate is with the flags
-                            row.llama_flags, row.llama_flags_why = pp.flags, pp.why_flags
+                        row.prefill_flags = pp.flags
+                        row.llama_flags_why = row.llama_flags_why or pp.why_flags
                 except Unavailable as why:
                     row.note = str(why)
         ours = f"{row.ours[-1]:.2f}"
@@ -393,8 +400,11 @@ def print_table(rows: list[Row]) -> None:
     for r in rows:
         if r.note:
             print(f"  {r.name} {r.fmt}: llama.cpp n/a: {r.note}")
-        elif r.llama_flags:
-            print(f"  {r.name} {r.fmt}: llama.cpp ran with {' '.join(r.llama_flags)}: with its defaults it crashed "
+        elif r.llama_flags or r.prefill_flags:
+            runs = "; ".join(f"its {what} with {' '.join(flags)}" for what, flags in
+                             (("decode", r.llama_flags), ("prefill", r.prefill_flags)) if flags)
+            context = " (-d 0: without the context)" if "-d" in (r.llama_flags or []) else ""
+            print(f"  {r.name} {r.fmt}: llama.cpp ran {runs}{context}: with its defaults it crashed "
                   f"on this CPU ({r.llama_flags_why})")
     commits = sorted({r.commit for r in rows if r.commit})
     print(f"\nratio = our decode tok/s / llama.cpp's on the same checkpoint, same threads, medians over the "
