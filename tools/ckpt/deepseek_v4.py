@@ -9,6 +9,7 @@ holding the *dequantised* values is the oracle (tests/oracle_dsv4.py rebuilds it
 """
 from __future__ import annotations
 
+import functools
 import math
 import sys
 from collections.abc import Callable, Iterator
@@ -291,6 +292,7 @@ def write_tiny(out_dir: Path, d: Dims = TINY, seed: int = 0, max_shard_bytes: in
 _CHUNK_ELEMS = 1 << 22
 
 
+@functools.cache  # one table for every fp8 tensor of a checkpoint (read only)
 def _fp8_gaussian_codes(sigma: float = 64.0, size: int = 1 << 20) -> np.ndarray:
     """A quantile table of e4m3 codes: entry i is the code of the (i + 0.5) / size quantile of
     N(0, sigma^2), so a uniform index draws codes with the probabilities of rounded normal values
@@ -301,7 +303,9 @@ def _fp8_gaussian_codes(sigma: float = 64.0, size: int = 1 << 20) -> np.ndarray:
     q = (np.arange(size, dtype=np.float64) + 0.5) / size  # quantile of |v| ...
     magnitude = np.searchsorted(cdf, q).astype(np.uint8)
     sign = (np.arange(size) % 2 == 1).astype(np.uint8) << 7  # ... with alternating signs
-    return magnitude | sign
+    table = magnitude | sign
+    table.flags.writeable = False
+    return table
 
 
 def _bench_chunks(t: Tensor, d: Dims, seed: int) -> Iterator[tuple[str, bytes]]:
