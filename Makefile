@@ -90,7 +90,7 @@ $(OBJDIR)/%.o: c/%.c $(C_HDRS) c/flags.mk
 
 C_OBJS = $(patsubst c/%.c,$(OBJDIR)/%.o,$(C_SRCS))
 
-$(TESTDIR)/%: tests/c/%.c $(C_OBJS)
+$(TESTDIR)/%: tests/c/%.c $(C_OBJS) $(wildcard tests/c/*.h)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_BASE) $(SAN) $< $(C_OBJS) -lm -lpthread -o $@
 

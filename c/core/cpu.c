@@ -23,6 +23,9 @@ mg_cpu_features mg_cpu_detect(void) {
      * compare both fp8 decodes on one machine (tools/bench.py) */
     const char *env = getenv("MOEGATE_DENORMAL_ASSISTS");
     if (env && (env[0] == '0' || env[0] == '1') && env[1] == 0) f.denormal_assists = env[0] == '1';
+    f.prefetch_l2 = strcmp(vendor, "AuthenticAMD") != 0 && strcmp(vendor, "HygonGenuine") != 0;
+    env = getenv("MOEGATE_PREFETCH_L2"); /* the same kind of override, for the int8 rows' prefetch */
+    if (env && (env[0] == '0' || env[0] == '1') && env[1] == 0) f.prefetch_l2 = env[0] == '1';
     if (!__get_cpuid(1, &a, &b, &c, &d)) return f;
     int osxsave = (c >> 27) & 1, avx = (c >> 28) & 1;
     f.fma = (c >> 12) & 1;

@@ -26,6 +26,12 @@ typedef struct mg_cpu_features {
      * with one denormal per 16 inputs; AMD Zen and the arm64 cores run them at full speed).  The
      * fp8 decode then avoids its fp32-denormal decoding (decode_rows_avx2.c, decode_rows_avx512.c). */
     int denormal_assists;
+    /* The int8-activation row loops (the q8_* files) prefetch the rows ahead into L2 rather than
+     * L1 (x86 cores other than AMD's and Hygon's).  On a Sapphire Rapids-class Intel core their
+     * bursts of 9-14 L1 prefetches per step held the fill buffers the demand loads need: into L2,
+     * Q4_K_M decode ran 11-13 % faster and Q8_0 14-27 %; on Zen 4 L1 was the faster one
+     * (docs/KERNELS.md). */
+    int prefetch_l2;
 } mg_cpu_features;
 
 mg_cpu_features mg_cpu_detect(void);

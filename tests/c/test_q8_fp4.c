@@ -31,6 +31,7 @@
 #include "model/blocks.h"
 #include "kernels/q8_gemm.h"
 #include "check.h"
+#include "prefetch_flipped.h"
 
 static uint64_t g_rng = 0x9E3779B97F4A7C15ull;
 static uint64_t rnd(void) {
@@ -217,12 +218,13 @@ static void case_dispatch(const mg_kernels *k, mg_pool *pool) {
 
 int main(void) {
     static const char *const names[] = {"scalar", "avx2", "avx512", "avx512bf16", "neon"};
-    const mg_kernels *tables[5];
+    const mg_kernels *tables[5 + MG_KERNEL_TABLES];
     int n = 0;
     for (int i = 0; i < 5; i++) {
         const mg_kernels *k = mg_kernels_named(names[i]);
         if (k) tables[n++] = k;
     }
+    n = add_prefetch_flipped(tables, n, MG_FP4_E2M1); /* every case below runs both prefetch targets */
     case_decoders();
     for (int k = 0; k < n; k++)
         CHECK(tables[k]->linear_q8[MG_FP4_E2M1] && !tables[k]->linear_q8[MG_FP8_E4M3] &&

@@ -213,27 +213,31 @@ int mg_avx2_iq_dequant_block(mg_format f, const uint8_t *p, float *out);
 int mg_avx2_ggml_takes(mg_format f); /* the formats the two above implement (others: the parent's entry) */
 void mg_avx2_ggml_dequant_block(mg_format f, const uint8_t *p, float *out);
 mg_avx2_prefill_fn mg_avx2_prefill_ggml;
-/* q8_avx2.c: the same formats with int8 activations (the linear_q8 entries; any n_tok, token by
- * token, rows four per pass: the table uses it for decode, see core/linear.c). */
-void mg_avx2_linear_q8(const mg_matrix *w, const mg_q8_act *xq, int64_t n_tok, float *y, int64_t y_stride, int64_t r0,
-                       int64_t r1);
+/* q8_avx2.c: the same formats with int8 activations (any n_tok, token by token, rows four per
+ * pass: the table uses it for decode, see core/linear.c), the row loops prefetching into L2 or
+ * L1 (prefetch_l2: mg_cpu_features.prefetch_l2); mg_avx2_linear_q8 gives the linear_q8 entry
+ * for either. */
+void mg_avx2_linear_q8_rows(const mg_matrix *w, const mg_q8_act *xq, int64_t n_tok, float *y, int64_t y_stride,
+                            int64_t r0, int64_t r1, int prefetch_l2);
+mg_linear_q8_fn mg_avx2_linear_q8(int prefetch_l2);
 /* q8_act_avx2.c: activation rows quantised to int8 (core/q8_act.h), bit for bit the C one. */
 mg_q8_row_fn mg_avx2_q8_quantize_row;
 /* q8_gemm_avxvnni.c (compiled with AVX-VNNI as well): the int8 GEMM on ymm vpdpbusd, and the
  * int8 entry that the avx2 table takes on a CPU with AVX-VNNI (the GEMM from a measured token
- * count per format, mg_avx2_linear_q8 below it); NULL in a build without -mavxvnni. */
+ * count per format, mg_avx2_linear_q8_rows below it, prefetching as that does); NULL in a build
+ * without -mavxvnni. */
 void mg_avxvnni_gemm_q8(const mg_matrix *w, const mg_q8_act *xq, int64_t n_tok, float *y, int64_t y_stride,
                         int64_t r0, int64_t r1);
-mg_linear_q8_fn mg_avxvnni_linear_q8(void);
+mg_linear_q8_fn mg_avxvnni_linear_q8(int prefetch_l2);
 /* q8_fp4_avx2.c: native FP4 (MG_FP4_E2M1 with ue8m0 scales per 32, kernels/q8_fp4.h) with int8
  * activations, which mg_avx2_linear_q8 hands over (and the int8 GEMM's FP4 decoder). */
 void mg_avx2_linear_q8_fp4(const mg_matrix *w, const mg_q8_act *xq, int64_t n_tok, float *y, int64_t y_stride,
-                           int64_t r0, int64_t r1);
+                           int64_t r0, int64_t r1, int l2);
 /* q8_iq_avx2.c: the IQ grid formats' int8 rows, which mg_avx2_linear_q8 hands over (for the
  * formats mg_avx2_q8_iq_takes). */
 int mg_avx2_q8_iq_takes(mg_format f);
 void mg_avx2_linear_q8_iq(const mg_matrix *w, const mg_q8_act *xq, int64_t n_tok, float *y, int64_t y_stride, int64_t r0,
-                          int64_t r1);
+                          int64_t r1, int l2);
 
 /* vector_avx2.c: the vector ops of mg_kernels. */
 MG_VECTOR_OPS_DECLARE(mg_avx2)

@@ -18,17 +18,15 @@
 #include "kernels/avx2/avx2.h"
 #include "kernels/scalar/scalar.h"
 #include "kernels/q8_rows.h"
+#include "kernels/prefetch_rows.h"
 #include "kernels/unaligned.h"
 #include "core/ggml_blocks.h"
 
-/* Prefetch distance (at least this many bytes on, a whole number of row groups), hint, and
- * whether to prefetch at all: compile-time knobs for measuring (docs/KERNELS.md has what was
- * tried). */
+/* Prefetch distance (at least this many bytes on, a whole number of row groups) and whether to
+ * prefetch at all: compile-time knobs for measuring (docs/KERNELS.md has what was tried).  Where
+ * to (L1 or L2) is the CPU's (mg_cpu_features.prefetch_l2, kernels/prefetch_rows.h). */
 #ifndef MG_AVX2_Q8_MIN_AHEAD
 #define MG_AVX2_Q8_MIN_AHEAD 8192
-#endif
-#ifndef MG_AVX2_Q8_HINT
-#define MG_AVX2_Q8_HINT _MM_HINT_T0
 #endif
 #ifndef MG_AVX2_Q8_PREFETCH
 #define MG_AVX2_Q8_PREFETCH 1
@@ -49,9 +47,8 @@ INLINE __m256 pair4(const float *a, const float *b) {
 INLINE size_t rows_ahead(size_t group) {
     return group >= MG_AVX2_Q8_MIN_AHEAD ? group : (MG_AVX2_Q8_MIN_AHEAD + group - 1) / group * group;
 }
-INLINE void prefetch_step(const uint8_t *pf, size_t n) {
-    if (MG_AVX2_Q8_PREFETCH)
-        for (size_t l = 0; l < n; l += 64) _mm_prefetch((const char *)pf + l, MG_AVX2_Q8_HINT);
+INLINE void prefetch_step(const uint8_t *pf, size_t n, int l2) {
+    if (MG_AVX2_Q8_PREFETCH) mg_prefetch_rows(pf, n, l2);
 }
 
 /* out[r] += the sum of acc[r], r < R.  Each row reduced alone, in the same order whatever R:
@@ -83,6 +80,7 @@ typedef struct {
     int16_t off[XP_MAX / 4] __attribute__((aligned(32))); /* -k * sums of x (nibble formats) */
     int16_t xs16[XP_MAX / 16] __attribute__((aligned(32))); /* sums of x per 16 columns (K16) */
     float dxp[XP_MAX / 32] __attribute__((aligned(32)));  /* IQ4_XS: dx per 256 in lane order */
+    int l2; /* the rows prefetch into L2, not L1 (kernels/prefetch_rows.h); set by the entry */
 } prep_x;
 
 /* The pair order of the nibble formats: a 16-byte load of nibbles is one 32-column group
@@ -169,7 +167,7 @@ INLINE void rows_q8_0(const int R, const uint8_t *p, size_t rb, int64_t nb, cons
     float f[8] __attribute__((aligned(32)));
     int64_t i = 0;
     for (; i + 2 <= nb; i += 2, p += 68, pf += R * 68, q += 64, dx += 2) {
-        prefetch_step(pf, (size_t)R * 68);
+        prefetch_step(pf, (size_t)R * 68, x->l2);
         _mm256_store_ps(f, factors2_f16(R, p, rb, 34, dx, 0));
         q8_0_block(R, p, rb, 0, q, f, acc);
         q8_0_block(R, p, rb, 1, q, f, acc);
@@ -292,7 +290,7 @@ INLINE void rows_nib(const int R, mg_format f, const uint8_t *p, size_t rb, int6
     const uint8_t *pf = p + ahead;
     int64_t i = 0;
     for (; i + 2 <= nb; i += 2, p += 2 * bytes, pf += R * 2 * bytes, q += 64, qa += 64, off += 16, dx += 2, sx += 2) {
-        prefetch_step(pf, (size_t)R * 2 * bytes);
+        prefetch_step(pf, (size_t)R * 2 * bytes, x->l2);
         nib_pair(R, f, p, rb, bytes, qs, 0, q, qa, off, dx, sx, tbl, acc, &macc);
     }
     if (i < nb) nib_pair(R, f, p, rb, bytes, qs, 1, q, qa, off, dx, sx, tbl, acc, &macc);
@@ -339,7 +337,7 @@ INLINE void rows_k4(const int R, const uint8_t *p, size_t rb, int64_t nb, const 
     for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
     const uint8_t *pf = p + ahead;
     for (int64_t i = 0; i < nb; i++, p += bytes, pf += R * bytes) {
-        prefetch_step(pf, (size_t)R * bytes);
+        prefetch_step(pf, (size_t)R * bytes, x->l2);
         const int8_t *xq = x->q + 256 * i;
         const __m256 dxv = _mm256_loadu_ps(x->dx + 8 * i), sxv = _mm256_loadu_ps(x->sx + 8 * i);
         /* d, dmin of the R rows: [d0 dmin0 d1 dmin1 ...] */
@@ -441,7 +439,7 @@ INLINE void rows_q6_k(const int R, const uint8_t *p, size_t rb, int64_t nb, cons
     for (int r = 0; r < R; r++) acc[r] = acc2[r] = _mm256_setzero_ps();
     const uint8_t *pf = p + ahead;
     for (int64_t i = 0; i < nb; i++, p += 210, pf += R * 210) {
-        prefetch_step(pf, (size_t)R * 210);
+        prefetch_step(pf, (size_t)R * 210, x->l2);
         const int8_t *xq = x->q + 256 * i;
         const __m256 dxv = _mm256_loadu_ps(x->dx + 8 * i);
         const __m256i xs = _mm256_load_si256((const __m256i *)(x->xs16 + 16 * i));
@@ -513,7 +511,7 @@ INLINE void rows_k23(const int R, const uint8_t *p, size_t rb, int64_t nb, const
     for (int r = 0; r < R; r++) acc[r] = acc2[r] = _mm256_setzero_ps();
     const uint8_t *pf = p + ahead;
     for (int64_t i = 0; i < nb; i++, p += bytes, pf += R * bytes) {
-        prefetch_step(pf, (size_t)R * bytes);
+        prefetch_step(pf, (size_t)R * bytes, x->l2);
         const int8_t *xq = x->q + 256 * i;
         const __m256 dxv = _mm256_loadu_ps(x->dx + 8 * i);
         const __m256i xs = _mm256_load_si256((const __m256i *)(x->xs16 + 16 * i)); /* shared by the R rows */
@@ -573,7 +571,7 @@ INLINE void rows_iq4_xs(const int R, const uint8_t *p, size_t rb, int64_t nb, co
     for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
     const uint8_t *pf = p + ahead;
     for (int64_t i = 0; i < nb; i++, p += 136, pf += R * 136) {
-        prefetch_step(pf, (size_t)R * 136);
+        prefetch_step(pf, (size_t)R * 136, x->l2);
         const int8_t *xq = x->q + 256 * i, *xa = x->qa + 256 * i;
         const __m256 dxv = _mm256_load_ps(x->dxp + 8 * i);
         const __m256 d = _mm256_cvtph_ps(_mm_cvtsi64_si128((long long)gather16(R, p, rb)));
@@ -693,21 +691,33 @@ static const struct {
 
 /* Per token and column pass, x prepared once; then the rows in groups of ROWS[f].n, the rest
  * one by one (each row's result is the same either way, see store_sums). */
-void mg_avx2_linear_q8(const mg_matrix *w, const mg_q8_act *xq, int64_t n_tok, float *y, int64_t y_stride, int64_t r0,
-                       int64_t r1) {
+void mg_avx2_linear_q8_rows(const mg_matrix *w, const mg_q8_act *xq, int64_t n_tok, float *y, int64_t y_stride,
+                            int64_t r0, int64_t r1, int prefetch_l2) {
     const mg_format f = w->format;
     if (f == MG_FP4_E2M1) { /* native FP4, its scales apart (q8_fp4_avx2.c) */
-        mg_avx2_linear_q8_fp4(w, xq, n_tok, y, y_stride, r0, r1);
+        mg_avx2_linear_q8_fp4(w, xq, n_tok, y, y_stride, r0, r1, prefetch_l2);
         return;
     }
     if (!ROWS[f].group) { /* the grid formats' rows (q8_iq_avx2.c), else the scalar twin (mg_format_has_q8_path) */
         if (mg_avx2_q8_iq_takes(f))
-            mg_avx2_linear_q8_iq(w, xq, n_tok, y, y_stride, r0, r1);
+            mg_avx2_linear_q8_iq(w, xq, n_tok, y, y_stride, r0, r1, prefetch_l2);
         else
             mg_scalar_linear_q8(w, xq, n_tok, y, y_stride, r0, r1);
         return;
     }
     prep_x x;
+    x.l2 = prefetch_l2;
     mg_q8_drive_rows(w, xq, n_tok, y, y_stride, r0, r1, XP_MAX, prep, &x, ROWS[f].group, ROWS[f].n, ROWS[f].one);
 }
+
+static void linear_q8_l1(const mg_matrix *w, const mg_q8_act *xq, int64_t n_tok, float *y, int64_t y_stride,
+                         int64_t r0, int64_t r1) {
+    mg_avx2_linear_q8_rows(w, xq, n_tok, y, y_stride, r0, r1, 0);
+}
+static void linear_q8_l2(const mg_matrix *w, const mg_q8_act *xq, int64_t n_tok, float *y, int64_t y_stride,
+                         int64_t r0, int64_t r1) {
+    mg_avx2_linear_q8_rows(w, xq, n_tok, y, y_stride, r0, r1, 1);
+}
+
+mg_linear_q8_fn mg_avx2_linear_q8(int prefetch_l2) { return prefetch_l2 ? linear_q8_l2 : linear_q8_l1; }
 #endif

@@ -16,6 +16,7 @@
  * tests/c/test_q8_fp4.c. */
 #include "kernels/tables.h"
 #include "kernels/q8_rows.h"
+#include "kernels/prefetch_rows.h"
 #include "kernels/q8_gemm.h"
 
 #if defined(__x86_64__) && defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
@@ -30,6 +31,7 @@ typedef struct {
     int8_t q[XP_MAX] __attribute__((aligned(32)));      /* the pair layout (q8_fp4.h) */
     int16_t off[XP_MAX / 4] __attribute__((aligned(32))); /* -12 * the 4 codes of each pair lane */
     float dx[XP_MAX / 32 + 8] __attribute__((aligned(32))); /* x's scales, zeros up to 8 on */
+    int l2; /* the rows prefetch into L2, not L1 (kernels/prefetch_rows.h); set by the entry */
 } prep_x;
 
 static void prep(const int8_t *q, const float *dx, int64_t kc, prep_x *x) {
@@ -88,8 +90,7 @@ INLINE void rows_fp4(const int R, const uint8_t *p, size_t rb, const uint8_t *s,
             const int8_t *xq = x->q + 32 * (g + j);
             const __m256i x0 = _mm256_load_si256((const __m256i *)xq), x1 = _mm256_load_si256((const __m256i *)(xq + 32));
             const __m256i off = _mm256_load_si256((const __m256i *)(x->off + 8 * (g + j)));
-            for (size_t l = 0; l < (size_t)R * 32; l += 64)
-                _mm_prefetch((const char *)p + ahead + 16 * (g + j) * R + l, _MM_HINT_T0);
+            mg_prefetch_rows(p + ahead + 16 * (g + j) * R, (size_t)R * 32, x->l2);
 #pragma GCC unroll 4
             for (int r = 0; r < R; r++) {
                 const uint8_t *b = p + r * rb + 16 * (g + j);
@@ -117,8 +118,9 @@ static void rows1(const uint8_t *p, size_t rb, const uint8_t *s, size_t sb, int6
 }
 
 void mg_avx2_linear_q8_fp4(const mg_matrix *w, const mg_q8_act *xq, int64_t n_tok, float *y, int64_t y_stride, int64_t r0,
-        int64_t r1) {
+        int64_t r1, int l2) {
     prep_x x;
+    x.l2 = l2;
     mg_q8_drive_rows_scaled(w, xq, n_tok, y, y_stride, r0, r1, XP_MAX, prep_any, &x, rows4, 4, rows1);
 }
 

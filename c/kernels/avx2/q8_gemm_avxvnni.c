@@ -132,9 +132,14 @@ static void tile_any(int T, int G, const void *vp, const mg_q8_tile_x *x, int mi
     }
 }
 
+static void rows_entry(const mg_matrix *w, const mg_q8_act *xq, int64_t n_tok, float *y, int64_t y_stride,
+                       int64_t r0, int64_t r1) {
+    mg_avx2_linear_q8_rows(w, xq, n_tok, y, y_stride, r0, r1, 0); /* one token, after a failed allocation */
+}
+
 void mg_avxvnni_gemm_q8(const mg_matrix *w, const mg_q8_act *xq, int64_t n_tok, float *y, int64_t y_stride,
                         int64_t r0, int64_t r1) {
-    static const mg_q8_gemm_isa isa = {ROWS, 4, TILE, KC, sizeof(panel), pack, tile_any, mg_avx2_linear_q8};
+    static const mg_q8_gemm_isa isa = {ROWS, 4, TILE, KC, sizeof(panel), pack, tile_any, rows_entry};
     mg_q8_gemm_drive(&isa, w, xq, n_tok, y, y_stride, r0, r1);
 }
 
@@ -146,15 +151,23 @@ static int64_t gemm_min_tok(mg_format f) { return f >= MG_IQ2_XXS ? 2 : 3; }
 
 /* The avx2 table's int8 entry on a CPU with AVX-VNNI: the GEMM for several tokens, the rows for
  * fewer. */
-static void linear_q8(const mg_matrix *w, const mg_q8_act *xq, int64_t n_tok, float *y, int64_t y_stride, int64_t r0,
-                      int64_t r1) {
+static void linear_q8_to(const mg_matrix *w, const mg_q8_act *xq, int64_t n_tok, float *y, int64_t y_stride,
+                         int64_t r0, int64_t r1, int l2) {
     if (n_tok >= gemm_min_tok(w->format))
         mg_avxvnni_gemm_q8(w, xq, n_tok, y, y_stride, r0, r1);
     else
-        mg_avx2_linear_q8(w, xq, n_tok, y, y_stride, r0, r1);
+        mg_avx2_linear_q8_rows(w, xq, n_tok, y, y_stride, r0, r1, l2);
+}
+static void linear_q8_l1(const mg_matrix *w, const mg_q8_act *xq, int64_t n_tok, float *y, int64_t y_stride,
+                         int64_t r0, int64_t r1) {
+    linear_q8_to(w, xq, n_tok, y, y_stride, r0, r1, 0);
+}
+static void linear_q8_l2(const mg_matrix *w, const mg_q8_act *xq, int64_t n_tok, float *y, int64_t y_stride,
+                         int64_t r0, int64_t r1) {
+    linear_q8_to(w, xq, n_tok, y, y_stride, r0, r1, 1);
 }
 
-mg_linear_q8_fn mg_avxvnni_linear_q8(void) { return linear_q8; }
+mg_linear_q8_fn mg_avxvnni_linear_q8(int prefetch_l2) { return prefetch_l2 ? linear_q8_l2 : linear_q8_l1; }
 #else
-mg_linear_q8_fn mg_avxvnni_linear_q8(void) { return NULL; }
+mg_linear_q8_fn mg_avxvnni_linear_q8(int prefetch_l2) { return NULL; }
 #endif

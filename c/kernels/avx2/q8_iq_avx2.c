@@ -22,6 +22,7 @@
 #if defined(__x86_64__) && defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #include "kernels/avx2/avx2.h"
 #include "kernels/q8_rows.h"
+#include "kernels/prefetch_rows.h"
 #include "kernels/avx2/iq_codes.h"
 
 /* As q8_avx2.c (docs/KERNELS.md: AVX2 int8 rows). */
@@ -33,9 +34,6 @@ INLINE __m256 cvt_i32(__m256i v) { return _mm256_cvtepi32_ps(v); }
 INLINE size_t rows_ahead(size_t group) {
     return group >= MIN_AHEAD ? group : (MIN_AHEAD + group - 1) / group * group;
 }
-INLINE void prefetch_step(const uint8_t *pf, size_t n) {
-    for (size_t l = 0; l < n; l += 64) _mm_prefetch((const char *)pf + l, _MM_HINT_T0);
-}
 
 /* x as every row reads it: the codes in order, dx per 32, and IQ1's integer sums. */
 typedef struct {
@@ -43,6 +41,7 @@ typedef struct {
     const float *dx;
     int32_t xs32[XP_MAX / 32] __attribute__((aligned(32))); /* IQ1_S: sums of x per 32 */
     int16_t xs8[XP_MAX / 8] __attribute__((aligned(32)));   /* IQ1_M: sums per 8, see prep */
+    int l2; /* the rows prefetch into L2, not L1 (kernels/prefetch_rows.h); set by the entry */
 } prep_x;
 
 /* IQ1_M's sums per 8 columns, per block in the lane order of iq1_m_delta: the 8-groups
@@ -169,7 +168,7 @@ INLINE void rows_iq(const int R, mg_format f, const uint8_t *p, size_t rb, int64
     for (int r = 0; r < R; r++) acc[r] = acc2[r] = _mm256_setzero_ps();
     const uint8_t *pf = p + ahead;
     for (int64_t i = 0; i < nb; i++, p += bytes, pf += R * bytes) {
-        prefetch_step(pf, (size_t)R * bytes);
+        mg_prefetch_rows(pf, (size_t)R * bytes, x->l2);
         const int8_t *xq = x->q + 256 * i;
         const __m256 dxv = _mm256_loadu_ps(x->dx + 8 * i);
 #pragma GCC unroll 4
@@ -249,9 +248,10 @@ static const struct {
 int mg_avx2_q8_iq_takes(mg_format f) { return (unsigned)f < MG_FORMAT_COUNT && ROWS[f].group != NULL; }
 
 void mg_avx2_linear_q8_iq(const mg_matrix *w, const mg_q8_act *xq, int64_t n_tok, float *y, int64_t y_stride, int64_t r0,
-                          int64_t r1) {
+                          int64_t r1, int l2) {
     const mg_format f = w->format;
     prep_x x;
+    x.l2 = l2;
     mg_q8_drive_rows(w, xq, n_tok, y, y_stride, r0, r1, XP_MAX, prep, &x, ROWS[f].group, ROWS[f].n, ROWS[f].one);
 }
 #endif

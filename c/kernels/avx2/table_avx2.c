@@ -41,11 +41,11 @@ int mg_kernels_override_avx2(mg_kernels *k, const mg_cpu_features *f) {
      * AVX-VNNI an entry with an int8 GEMM for several tokens (q8_gemm_avxvnni.c), so that prefill
      * takes the int8 path too (linear_q8_gemm).  The avx512 table inherits both, and replaces
      * them with its own where the CPU has AVX512_VNNI. */
-    const mg_linear_q8_fn vnni = f->avxvnni ? mg_avxvnni_linear_q8() : NULL;
+    const mg_linear_q8_fn vnni = f->avxvnni ? mg_avxvnni_linear_q8(f->prefetch_l2) : NULL;
     for (int fmt = MG_Q8_0; fmt < MG_FORMAT_COUNT; fmt++) /* a format ggml_avx2.c lacks keeps the parent's */
         if (mg_avx2_ggml_takes((mg_format)fmt)) k->linear[fmt] = linear_ggml;
     for (int fmt = 0; fmt < MG_FORMAT_COUNT; fmt++) /* the block formats and FP4 (q8_fp4_avx2.c) */
-        if (mg_format_has_q8_path((mg_format)fmt)) k->linear_q8[fmt] = vnni ? vnni : mg_avx2_linear_q8;
+        if (mg_format_has_q8_path((mg_format)fmt)) k->linear_q8[fmt] = vnni ? vnni : mg_avx2_linear_q8(f->prefetch_l2);
     k->q8_quantize_row = mg_avx2_q8_quantize_row; /* q8_act_avx2.c */
     k->linear_q8_gemm = vnni != NULL;
     MG_VECTOR_OPS_SET(k, mg_avx2);

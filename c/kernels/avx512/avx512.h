@@ -241,9 +241,10 @@ void mg_avx512_prefill(const mg_matrix *w, const float *x, int64_t x_stride, int
                        int64_t r0, int64_t r1);
 
 /* q8_avx512vnni.c (compiled with AVX512_VNNI): the int8-activation entry of every ggml block
- * format and of native FP4, NULL when the compiler could not build it; the CPU check is the
+ * format and of native FP4, its row loops prefetching into L2 or L1 (prefetch_l2:
+ * mg_cpu_features.prefetch_l2), NULL when the compiler could not build it; the CPU check is the
  * table's. */
-mg_linear_q8_fn mg_avx512vnni_linear_q8(void);
+mg_linear_q8_fn mg_avx512vnni_linear_q8(int prefetch_l2);
 /* q8_gemm_avx512vnni.c (compiled with AVX512_VNNI; called by the entry above for several
  * tokens): the int8 GEMM of kernels/q8_gemm.h, any block format and native FP4. */
 void mg_avx512vnni_gemm_q8(const mg_matrix *w, const mg_q8_act *xq, int64_t n_tok, float *y, int64_t y_stride,
@@ -251,12 +252,12 @@ void mg_avx512vnni_gemm_q8(const mg_matrix *w, const mg_q8_act *xq, int64_t n_to
 /* q8_fp4_avx512vnni.c (compiled with AVX512_VNNI; called by the entry above only): native FP4's
  * int8 rows (MG_FP4_E2M1 with ue8m0 scales per 32, kernels/q8_fp4.h). */
 void mg_avx512vnni_linear_q8_fp4(const mg_matrix *w, const mg_q8_act *xq, int64_t n_tok, float *y, int64_t y_stride,
-                                 int64_t r0, int64_t r1);
+                                 int64_t r0, int64_t r1, int l2);
 /* q8_iq_avx512vnni.c (compiled with AVX512_VNNI; called by the entry above only): the IQ grid
  * formats' int8 rows, for the formats mg_avx512vnni_q8_iq_takes. */
 int mg_avx512vnni_q8_iq_takes(mg_format f);
 void mg_avx512vnni_linear_q8_iq(const mg_matrix *w, const mg_q8_act *xq, int64_t n_tok, float *y, int64_t y_stride,
-                                int64_t r0, int64_t r1);
+                                int64_t r0, int64_t r1, int l2);
 
 /* vector_avx512.c */
 float mg_avx512_read_sum(const float *p, int64_t n);

@@ -21,6 +21,7 @@
 #include "kernels/avx512/avx512.h"
 #include "kernels/scalar/scalar.h"
 #include "kernels/q8_rows.h"
+#include "kernels/prefetch_rows.h"
 #include "core/ggml_blocks.h"
 
 INLINE float f16_at(const uint8_t *p) {
@@ -73,17 +74,15 @@ typedef struct {
     float ds[XP_MAX / 16] __attribute__((aligned(64))); /* per block: 16 floats (below) */
     int32_t off[XP_MAX / 4] __attribute__((aligned(64))); /* Q6_K: -32 * (sum of 4 codes) */
     int16_t xs16[XP_MAX / 16] __attribute__((aligned(64))); /* Q2_K: sums of x per 16 columns */
+    int l2; /* the rows prefetch into L2, not L1 (kernels/prefetch_rows.h); set by the entry */
 } prep_x;
 
 /* Prefetch of the R-row loops: the rows of a group are contiguous, and so is the group ahead
  * (rows_ahead: at least 8 KiB on); each step of R blocks prefetches the next R * block bytes of
- * it in order, so that the group ahead is in L2 when its turn comes.  Hardware prefetch alone
- * follows R interleaved streams badly: four rows without it streamed ~11 GB/s instead of ~27.
- * Into L1 (T0): measured a little faster here than T1 (docs/KERNELS.md, int8 section). */
-INLINE void prefetch_step(const uint8_t *pf, size_t n) {
-    for (size_t l = 0; l < n; l += 64) _mm_prefetch((const char *)pf + l, _MM_HINT_T0);
-}
-
+ * it in order (mg_prefetch_rows), so that the group ahead is in cache when its turn comes.
+ * Hardware prefetch alone follows R interleaved streams badly: four rows without it streamed
+ * ~11 GB/s instead of ~27.  Into L1 on Zen 4 (a little faster there than L2), into L2 on a
+ * Sapphire Rapids-class Intel core (11-27 % faster decode there; docs/KERNELS.md). */
 /* Horizontal sums of four accumulators: {sum a, sum b, sum c, sum d}. */
 INLINE __m128 reduce4(__m512 a, __m512 b, __m512 c, __m512 d) {
     const __m256 a8 = _mm256_add_ps(_mm512_castps512_ps256(a), _mm512_extractf32x8_ps(a, 1));
@@ -145,7 +144,7 @@ INLINE void rows_k4(const int R, const uint8_t *p, size_t rb, int64_t nb, const 
     for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_ps();
     const uint8_t *pf = p + ahead;
     for (int64_t i = 0; i < nb; i++, p += bytes, pf += R * bytes) {
-        prefetch_step(pf, R * bytes);
+        mg_prefetch_rows(pf, R * bytes, x->l2);
         const int8_t *xq = x->codes + 256 * i;
         const float *ds = x->ds + 16 * i;
 #pragma GCC unroll 4
@@ -213,7 +212,7 @@ INLINE void rows_q6_k(const int R, const uint8_t *p, size_t rb, int64_t nb, cons
     for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_ps();
     const uint8_t *pf = p + ahead;
     for (int64_t i = 0; i < nb; i++, p += 210, pf += R * 210) {
-        prefetch_step(pf, R * 210);
+        mg_prefetch_rows(pf, R * 210, x->l2);
         const int8_t *xq = x->codes + 256 * i;
         const int32_t *off = x->off + 64 * i;
         const __m512 dx = _mm512_load_ps(x->ds + 16 * i);
@@ -305,7 +304,7 @@ INLINE void rows_k23(const int R, const uint8_t *p, size_t rb, int64_t nb, const
     for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_ps();
     const uint8_t *pf = p + ahead;
     for (int64_t i = 0; i < nb; i++, p += bytes, pf += R * bytes) {
-        prefetch_step(pf, R * bytes);
+        mg_prefetch_rows(pf, R * bytes, x->l2);
         const int8_t *xq = x->codes + 256 * i;
         const int32_t *off = x->off + 64 * i;
         const __m512 dx16 = _mm512_load_ps(x->ds + 16 * i);
@@ -426,7 +425,7 @@ INLINE void rows_32(const int R, mg_format f, const uint8_t *p, size_t rb, int64
     int64_t i = 0;
     const uint8_t *pf = p + ahead;
     for (; i + 2 <= nb; i += 2, p += 2 * bytes, pf += R * 2 * bytes, q += 64, off += 16, dx += 2, sx += 2) {
-        prefetch_step(pf, R * 2 * bytes);
+        mg_prefetch_rows(pf, R * 2 * bytes, x->l2);
         const __m512i xv = _mm512_loadu_si512((const void *)q);
         const __m512i o = with_min ? _mm512_setzero_si512() : _mm512_load_si512((const void *)off);
 #pragma GCC unroll 4
@@ -521,8 +520,9 @@ static void prep(mg_format f, const int8_t *q, const float *dx, const float *sx,
 /* Per token and column pass, x prepared once; then the rows four at a time (the last 0-3 one
  * by one). */
 static void linear_rows(const mg_matrix *w, const mg_q8_act *xq, int64_t n_tok, float *y, int64_t y_stride, int64_t r0,
-                        int64_t r1, mg_q8_rows_fn *four, mg_q8_rows_fn *one) {
+                        int64_t r1, int l2, mg_q8_rows_fn *four, mg_q8_rows_fn *one) {
     prep_x x;
+    x.l2 = l2;
     mg_q8_drive_rows(w, xq, n_tok, y, y_stride, r0, r1, XP_MAX, prep, &x, four, 4, one);
 }
 
@@ -536,30 +536,31 @@ static int64_t gemm_min_tok(mg_format f) {
     return 3;
 }
 
-static void linear_q8(const mg_matrix *w, const mg_q8_act *xq, int64_t n_tok, float *y, int64_t y_stride, int64_t r0,
-                      int64_t r1) {
+/* The entry, prefetching into L2 (l2) or L1 (mg_cpu_features.prefetch_l2). */
+static void linear_q8_to(const mg_matrix *w, const mg_q8_act *xq, int64_t n_tok, float *y, int64_t y_stride,
+                         int64_t r0, int64_t r1, int l2) {
     if (n_tok >= gemm_min_tok(w->format)) {
         mg_avx512vnni_gemm_q8(w, xq, n_tok, y, y_stride, r0, r1);
         return;
     }
     switch (w->format) {
-    case MG_FP4_E2M1: mg_avx512vnni_linear_q8_fp4(w, xq, n_tok, y, y_stride, r0, r1); return; /* q8_fp4_avx512vnni.c */
-    case MG_Q4_K: linear_rows(w, xq, n_tok, y, y_stride, r0, r1, rows4_q4_k, rows1_q4_k); return;
-    case MG_Q5_K: linear_rows(w, xq, n_tok, y, y_stride, r0, r1, rows4_q5_k, rows1_q5_k); return;
-    case MG_Q6_K: linear_rows(w, xq, n_tok, y, y_stride, r0, r1, rows4_q6_k, rows1_q6_k); return;
-    case MG_Q8_0: linear_rows(w, xq, n_tok, y, y_stride, r0, r1, rows4_q8_0, rows1_q8_0); return;
-    case MG_Q4_0: linear_rows(w, xq, n_tok, y, y_stride, r0, r1, rows4_q4_0, rows1_q4_0); return;
-    case MG_Q5_0: linear_rows(w, xq, n_tok, y, y_stride, r0, r1, rows4_q5_0, rows1_q5_0); return;
-    case MG_IQ4_NL: linear_rows(w, xq, n_tok, y, y_stride, r0, r1, rows4_iq4_nl, rows1_iq4_nl); return;
-    case MG_MXFP4: linear_rows(w, xq, n_tok, y, y_stride, r0, r1, rows4_mxfp4, rows1_mxfp4); return;
-    case MG_Q4_1: linear_rows(w, xq, n_tok, y, y_stride, r0, r1, rows4_q4_1, rows1_q4_1); return;
-    case MG_Q5_1: linear_rows(w, xq, n_tok, y, y_stride, r0, r1, rows4_q5_1, rows1_q5_1); return;
-    case MG_Q2_K: linear_rows(w, xq, n_tok, y, y_stride, r0, r1, rows4_q2_k, rows1_q2_k); return;
-    case MG_Q3_K: linear_rows(w, xq, n_tok, y, y_stride, r0, r1, rows4_q3_k, rows1_q3_k); return;
+    case MG_FP4_E2M1: mg_avx512vnni_linear_q8_fp4(w, xq, n_tok, y, y_stride, r0, r1, l2); return; /* q8_fp4_avx512vnni.c */
+    case MG_Q4_K: linear_rows(w, xq, n_tok, y, y_stride, r0, r1, l2, rows4_q4_k, rows1_q4_k); return;
+    case MG_Q5_K: linear_rows(w, xq, n_tok, y, y_stride, r0, r1, l2, rows4_q5_k, rows1_q5_k); return;
+    case MG_Q6_K: linear_rows(w, xq, n_tok, y, y_stride, r0, r1, l2, rows4_q6_k, rows1_q6_k); return;
+    case MG_Q8_0: linear_rows(w, xq, n_tok, y, y_stride, r0, r1, l2, rows4_q8_0, rows1_q8_0); return;
+    case MG_Q4_0: linear_rows(w, xq, n_tok, y, y_stride, r0, r1, l2, rows4_q4_0, rows1_q4_0); return;
+    case MG_Q5_0: linear_rows(w, xq, n_tok, y, y_stride, r0, r1, l2, rows4_q5_0, rows1_q5_0); return;
+    case MG_IQ4_NL: linear_rows(w, xq, n_tok, y, y_stride, r0, r1, l2, rows4_iq4_nl, rows1_iq4_nl); return;
+    case MG_MXFP4: linear_rows(w, xq, n_tok, y, y_stride, r0, r1, l2, rows4_mxfp4, rows1_mxfp4); return;
+    case MG_Q4_1: linear_rows(w, xq, n_tok, y, y_stride, r0, r1, l2, rows4_q4_1, rows1_q4_1); return;
+    case MG_Q5_1: linear_rows(w, xq, n_tok, y, y_stride, r0, r1, l2, rows4_q5_1, rows1_q5_1); return;
+    case MG_Q2_K: linear_rows(w, xq, n_tok, y, y_stride, r0, r1, l2, rows4_q2_k, rows1_q2_k); return;
+    case MG_Q3_K: linear_rows(w, xq, n_tok, y, y_stride, r0, r1, l2, rows4_q3_k, rows1_q3_k); return;
     case MG_IQ4_XS: break;
     default: /* the grid formats' rows (q8_iq_avx512vnni.c), else the scalar twin (mg_format_has_q8_path) */
         if (mg_avx512vnni_q8_iq_takes(w->format))
-            mg_avx512vnni_linear_q8_iq(w, xq, n_tok, y, y_stride, r0, r1);
+            mg_avx512vnni_linear_q8_iq(w, xq, n_tok, y, y_stride, r0, r1, l2);
         else
             mg_scalar_linear_q8(w, xq, n_tok, y, y_stride, r0, r1);
         return;
@@ -573,7 +574,16 @@ static void linear_q8(const mg_matrix *w, const mg_q8_act *xq, int64_t n_tok, fl
                                              xq->d + t * groups);
 }
 
-mg_linear_q8_fn mg_avx512vnni_linear_q8(void) { return linear_q8; }
+static void linear_q8_l1(const mg_matrix *w, const mg_q8_act *xq, int64_t n_tok, float *y, int64_t y_stride,
+                         int64_t r0, int64_t r1) {
+    linear_q8_to(w, xq, n_tok, y, y_stride, r0, r1, 0);
+}
+static void linear_q8_l2(const mg_matrix *w, const mg_q8_act *xq, int64_t n_tok, float *y, int64_t y_stride,
+                         int64_t r0, int64_t r1) {
+    linear_q8_to(w, xq, n_tok, y, y_stride, r0, r1, 1);
+}
+
+mg_linear_q8_fn mg_avx512vnni_linear_q8(int prefetch_l2) { return prefetch_l2 ? linear_q8_l2 : linear_q8_l1; }
 #else
-mg_linear_q8_fn mg_avx512vnni_linear_q8(void) { return NULL; }
+mg_linear_q8_fn mg_avx512vnni_linear_q8(int prefetch_l2) { return NULL; }
 #endif

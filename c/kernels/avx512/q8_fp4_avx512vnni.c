@@ -17,6 +17,7 @@
  * tests/c/test_q8_fp4.c. */
 #include "kernels/tables.h"
 #include "kernels/q8_rows.h"
+#include "kernels/prefetch_rows.h"
 
 #if defined(__x86_64__) && defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && \
     defined(__AVX512DQ__) && defined(__AVX512VNNI__) && defined(__F16C__)
@@ -32,6 +33,7 @@ typedef struct {
     int8_t q[XP_MAX] __attribute__((aligned(64)));        /* the quad layout, zeros past kc */
     int32_t off[XP_MAX / 8] __attribute__((aligned(64)));  /* -128 * (sum of each lane's 8 codes) */
     float dx[XP_MAX / 32 + 8] __attribute__((aligned(64))); /* x's scales, zeros up to 8 on */
+    int l2; /* the rows prefetch into L2, not L1 (kernels/prefetch_rows.h); set by the entry */
 } prep_x;
 
 /* kc columns (a multiple of 32) of x's codes q into xp in the quad layout, rounded up to 128
@@ -105,8 +107,7 @@ INLINE void rows_fp4(const int R, const uint8_t *p, size_t rb, const uint8_t *s,
             const __m512i xo = _mm512_load_si512((const void *)(x->q + 32 * (g + j) + 64));
             const __m512i off = _mm512_load_si512((const void *)(x->off + 4 * (g + j)));
             const __m512i pick = j ? pick1 : pick0;
-            for (size_t l = 0; l < (size_t)R * 64; l += 64)
-                _mm_prefetch((const char *)p + ahead + 16 * (g + j) * R + l, _MM_HINT_T0);
+            mg_prefetch_rows(p + ahead + 16 * (g + j) * R, (size_t)R * 64, x->l2);
 #pragma GCC unroll 4
             for (int r = 0; r < R; r++) {
                 const uint8_t *b = p + r * rb + 16 * (g + j);
@@ -133,8 +134,9 @@ static void rows1(const uint8_t *p, size_t rb, const uint8_t *s, size_t sb, int6
 }
 
 void mg_avx512vnni_linear_q8_fp4(const mg_matrix *w, const mg_q8_act *xq, int64_t n_tok, float *y, int64_t y_stride, int64_t r0,
-        int64_t r1) {
+        int64_t r1, int l2) {
     prep_x x;
+    x.l2 = l2;
     mg_q8_drive_rows_scaled(w, xq, n_tok, y, y_stride, r0, r1, XP_MAX, prep_any, &x, rows4, 4, rows1);
 }
 #endif

@@ -136,7 +136,7 @@ static void tile_any(int T, int G, const void *vp, const mg_q8_tile_x *x, int mi
 
 static void rows_entry(const mg_matrix *w, const mg_q8_act *xq, int64_t n_tok, float *y, int64_t y_stride,
                        int64_t r0, int64_t r1) {
-    mg_avx512vnni_linear_q8()(w, xq, n_tok, y, y_stride, r0, r1);
+    mg_avx512vnni_linear_q8(0)(w, xq, n_tok, y, y_stride, r0, r1); /* one token, after a failed allocation */
 }
 
 void mg_avx512vnni_gemm_q8(const mg_matrix *w, const mg_q8_act *xq, int64_t n_tok, float *y, int64_t y_stride,

@@ -25,6 +25,7 @@
 #include "kernels/avx512/avx512.h"
 #include "kernels/avx2/iq_codes.h"
 #include "kernels/q8_rows.h"
+#include "kernels/prefetch_rows.h"
 
 /* Widest column pass: the prepared x lives on the stack (wider rows add the passes' sums). */
 enum { XP_MAX = 8192 };
@@ -35,11 +36,8 @@ typedef struct {
     int32_t off[XP_MAX / 4] __attribute__((aligned(64)));  /* IQ1: -(sum of each 4 codes) */
     int32_t xs16[XP_MAX / 16] __attribute__((aligned(64))); /* IQ1_S: sums of x per 16 */
     int16_t xs8[XP_MAX / 8] __attribute__((aligned(64)));   /* IQ1_M: sums of x per 8 */
+    int l2; /* the rows prefetch into L2, not L1 (kernels/prefetch_rows.h); set by the entry */
 } prep_x;
-
-INLINE void prefetch_step(const uint8_t *pf, size_t n) {
-    for (size_t l = 0; l < n; l += 64) _mm_prefetch((const char *)pf + l, _MM_HINT_T0);
-}
 
 static void prep(mg_format f, const int8_t *q, const float *dx, const float *sx, int64_t cols, void *vx) {
     prep_x *x = vx;
@@ -130,7 +128,7 @@ INLINE void rows_iq(const int R, mg_format f, const uint8_t *p, size_t rb, int64
     for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_ps();
     const uint8_t *pf = p + ahead;
     for (int64_t i = 0; i < nb; i++, p += bytes, pf += R * bytes) {
-        prefetch_step(pf, R * bytes);
+        mg_prefetch_rows(pf, R * bytes, x->l2);
         const int8_t *xq = x->q + 256 * i;
         const __m512 dx16 = _mm512_load_ps(x->ds + 16 * i);
 #pragma GCC unroll 4
@@ -199,9 +197,10 @@ static const struct {
 int mg_avx512vnni_q8_iq_takes(mg_format f) { return (unsigned)f < MG_FORMAT_COUNT && ROWS[f].group != NULL; }
 
 void mg_avx512vnni_linear_q8_iq(const mg_matrix *w, const mg_q8_act *xq, int64_t n_tok, float *y, int64_t y_stride,
-                                int64_t r0, int64_t r1) {
+                                int64_t r0, int64_t r1, int l2) {
     const mg_format f = w->format;
     prep_x x;
+    x.l2 = l2;
     mg_q8_drive_rows(w, xq, n_tok, y, y_stride, r0, r1, XP_MAX, prep, &x, ROWS[f].group, GROUP, ROWS[f].one);
 }
 #endif

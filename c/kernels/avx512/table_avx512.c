@@ -71,7 +71,7 @@ int mg_kernels_override_avx512(mg_kernels *k, const mg_cpu_features *f) {
      * between avx512 and avx512bf16 and make the bf16 table require VNNI); without it the avx2
      * table's int8 entries and linear_q8_gemm stay: on a CPU with AVX-VNNI but not AVX512_VNNI
      * (possible, if unusual) its ymm GEMM (q8_gemm_avxvnni.c), else its rows. */
-    const mg_linear_q8_fn vnni = mg_avx512vnni_linear_q8();
+    const mg_linear_q8_fn vnni = mg_avx512vnni_linear_q8(f->prefetch_l2);
     if (vnni && f->avx512vnni) {
         for (int fmt = 0; fmt < MG_FORMAT_COUNT; fmt++)
             if (mg_format_has_q8_path((mg_format)fmt)) k->linear_q8[fmt] = vnni;

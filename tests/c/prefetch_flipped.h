@@ -1,0 +1,38 @@
+/* The kernel tables built again with mg_cpu_features.prefetch_l2 flipped: the int8 row loops'
+ * other prefetch target (kernels/prefetch_rows.h), which this CPU does not take, so that the
+ * int8 tests run both.  Include after check.h. */
+#ifndef MG_TEST_PREFETCH_FLIPPED_H
+#define MG_TEST_PREFETCH_FLIPPED_H
+
+#include <string.h>
+#include "core/cpu.h"
+#include "kernels/tables.h"
+
+/* Appends to tables[n..] (room for MG_KERNEL_TABLES more) the flipped tables whose int8 entry of
+ * format f differs from the detected table's of the same name, and returns the new count.  On
+ * x86 every SIMD table's int8 entries are the q8_* rows (its own or inherited), so each must
+ * differ; on arm64 none has the flag. */
+static int add_prefetch_flipped(const mg_kernels **tables, int n, mg_format f) {
+    static mg_kernels flipped[MG_KERNEL_TABLES]; /* static: the entries' parents point into it */
+    static char names[MG_KERNEL_TABLES][48];
+    mg_cpu_features c = mg_cpu_detect();
+    c.prefetch_l2 = !c.prefetch_l2;
+    mg_kernels_build(&c, flipped);
+    const int n0 = n;
+    int x86_simd = 0;
+    for (int i = 1; i < MG_KERNEL_TABLES; i++) {
+        if (!flipped[i].name) continue;
+        x86_simd += strcmp(flipped[i].name, "neon") != 0;
+        for (int k = 0; k < n0; k++)
+            if (!strcmp(tables[k]->name, flipped[i].name) && tables[k]->linear_q8[f] != flipped[i].linear_q8[f]) {
+                snprintf(names[i], sizeof names[i], "%s (prefetch into %s)", flipped[i].name,
+                         c.prefetch_l2 ? "L2" : "L1");
+                flipped[i].name = names[i];
+                tables[n++] = &flipped[i];
+            }
+    }
+    CHECK(n - n0 == x86_simd, "%d of %d x86 SIMD tables have int8 entries that follow prefetch_l2", n - n0, x86_simd);
+    return n;
+}
+
+#endif
