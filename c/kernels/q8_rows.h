@@ -7,6 +7,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include "core/kernels.h"
 #include "core/matrix.h"
 #include "core/q8_act.h"
 
@@ -66,5 +67,19 @@ mg_q8_drive_rows_scaled(const mg_matrix *w, const mg_q8_act *xq, int64_t n_tok, 
         }
     }
 }
+
+/* The two table entries (mg_linear_q8_fn) of TO, an int8 entry whose last argument is where its
+ * row loops prefetch (kernels/prefetch_rows.h), and NAME(prefetch_l2), which returns the one for
+ * mg_cpu_features.prefetch_l2. */
+#define MG_Q8_PREFETCH_ENTRIES(NAME, TO)                                                               \
+    static void TO##_l1(const mg_matrix *w, const mg_q8_act *xq, int64_t n_tok, float *y, int64_t y_stride, \
+                        int64_t r0, int64_t r1) {                                                      \
+        TO(w, xq, n_tok, y, y_stride, r0, r1, 0);                                                      \
+    }                                                                                                  \
+    static void TO##_l2(const mg_matrix *w, const mg_q8_act *xq, int64_t n_tok, float *y, int64_t y_stride, \
+                        int64_t r0, int64_t r1) {                                                      \
+        TO(w, xq, n_tok, y, y_stride, r0, r1, 1);                                                      \
+    }                                                                                                  \
+    mg_linear_q8_fn NAME(int prefetch_l2) { return prefetch_l2 ? TO##_l2 : TO##_l1; }
 
 #endif

@@ -710,14 +710,5 @@ void mg_avx2_linear_q8_rows(const mg_matrix *w, const mg_q8_act *xq, int64_t n_t
     mg_q8_drive_rows(w, xq, n_tok, y, y_stride, r0, r1, XP_MAX, prep, &x, ROWS[f].group, ROWS[f].n, ROWS[f].one);
 }
 
-static void linear_q8_l1(const mg_matrix *w, const mg_q8_act *xq, int64_t n_tok, float *y, int64_t y_stride,
-                         int64_t r0, int64_t r1) {
-    mg_avx2_linear_q8_rows(w, xq, n_tok, y, y_stride, r0, r1, 0);
-}
-static void linear_q8_l2(const mg_matrix *w, const mg_q8_act *xq, int64_t n_tok, float *y, int64_t y_stride,
-                         int64_t r0, int64_t r1) {
-    mg_avx2_linear_q8_rows(w, xq, n_tok, y, y_stride, r0, r1, 1);
-}
-
-mg_linear_q8_fn mg_avx2_linear_q8(int prefetch_l2) { return prefetch_l2 ? linear_q8_l2 : linear_q8_l1; }
+MG_Q8_PREFETCH_ENTRIES(mg_avx2_linear_q8, mg_avx2_linear_q8_rows)
 #endif

@@ -13,6 +13,7 @@
  * this file's entry on a CPU with AVX-VNNI (table_avx2.c). */
 #include "kernels/tables.h"
 #include "kernels/q8_gemm_driver.h"
+#include "kernels/q8_rows.h"
 
 #if defined(__x86_64__) && defined(__AVX2__) && defined(__FMA__) && defined(__F16C__) && defined(__AVXVNNI__)
 #include "kernels/avx2/avx2.h"
@@ -158,16 +159,8 @@ static void linear_q8_to(const mg_matrix *w, const mg_q8_act *xq, int64_t n_tok,
     else
         mg_avx2_linear_q8_rows(w, xq, n_tok, y, y_stride, r0, r1, l2);
 }
-static void linear_q8_l1(const mg_matrix *w, const mg_q8_act *xq, int64_t n_tok, float *y, int64_t y_stride,
-                         int64_t r0, int64_t r1) {
-    linear_q8_to(w, xq, n_tok, y, y_stride, r0, r1, 0);
-}
-static void linear_q8_l2(const mg_matrix *w, const mg_q8_act *xq, int64_t n_tok, float *y, int64_t y_stride,
-                         int64_t r0, int64_t r1) {
-    linear_q8_to(w, xq, n_tok, y, y_stride, r0, r1, 1);
-}
 
-mg_linear_q8_fn mg_avxvnni_linear_q8(int prefetch_l2) { return prefetch_l2 ? linear_q8_l2 : linear_q8_l1; }
+MG_Q8_PREFETCH_ENTRIES(mg_avxvnni_linear_q8, linear_q8_to)
 #else
 mg_linear_q8_fn mg_avxvnni_linear_q8(int prefetch_l2) { return NULL; }
 #endif

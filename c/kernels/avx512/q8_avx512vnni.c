@@ -504,6 +504,18 @@ ROWS_FNS(q5_1, rows_32(4, MG_Q5_1, p, rb, nb, x, o), rows_32(1, MG_Q5_1, p, rb, 
 ROWS_FNS(q2_k, rows_k23(4, p, rb, nb, x, 0, o), rows_k23(1, p, rb, nb, x, 0, o))
 ROWS_FNS(q3_k, rows_k23(4, p, rb, nb, x, 1, o), rows_k23(1, p, rb, nb, x, 1, o))
 
+/* The row loops of each format that has them here (the others: the IQ rows, IQ4_XS's own loop
+ * or the scalar twin, see linear_q8_to). */
+static const struct {
+    mg_q8_rows_fn *four, *one;
+} ROWS[MG_FORMAT_COUNT] = {
+    [MG_Q4_K] = {rows4_q4_k, rows1_q4_k},     [MG_Q5_K] = {rows4_q5_k, rows1_q5_k},
+    [MG_Q6_K] = {rows4_q6_k, rows1_q6_k},     [MG_Q8_0] = {rows4_q8_0, rows1_q8_0},
+    [MG_Q4_0] = {rows4_q4_0, rows1_q4_0},     [MG_Q5_0] = {rows4_q5_0, rows1_q5_0},
+    [MG_IQ4_NL] = {rows4_iq4_nl, rows1_iq4_nl}, [MG_MXFP4] = {rows4_mxfp4, rows1_mxfp4},
+    [MG_Q4_1] = {rows4_q4_1, rows1_q4_1},     [MG_Q5_1] = {rows4_q5_1, rows1_q5_1},
+    [MG_Q2_K] = {rows4_q2_k, rows1_q2_k},     [MG_Q3_K] = {rows4_q3_k, rows1_q3_k}};
+
 /* x's codes q, scales dx and sums sx of kc columns, prepared for format f (mg_q8_prep_fn). */
 static void prep(mg_format f, const int8_t *q, const float *dx, const float *sx, int64_t kc, void *vx) {
     prep_x *x = vx;
@@ -543,23 +555,17 @@ static void linear_q8_to(const mg_matrix *w, const mg_q8_act *xq, int64_t n_tok,
         mg_avx512vnni_gemm_q8(w, xq, n_tok, y, y_stride, r0, r1);
         return;
     }
-    switch (w->format) {
-    case MG_FP4_E2M1: mg_avx512vnni_linear_q8_fp4(w, xq, n_tok, y, y_stride, r0, r1, l2); return; /* q8_fp4_avx512vnni.c */
-    case MG_Q4_K: linear_rows(w, xq, n_tok, y, y_stride, r0, r1, l2, rows4_q4_k, rows1_q4_k); return;
-    case MG_Q5_K: linear_rows(w, xq, n_tok, y, y_stride, r0, r1, l2, rows4_q5_k, rows1_q5_k); return;
-    case MG_Q6_K: linear_rows(w, xq, n_tok, y, y_stride, r0, r1, l2, rows4_q6_k, rows1_q6_k); return;
-    case MG_Q8_0: linear_rows(w, xq, n_tok, y, y_stride, r0, r1, l2, rows4_q8_0, rows1_q8_0); return;
-    case MG_Q4_0: linear_rows(w, xq, n_tok, y, y_stride, r0, r1, l2, rows4_q4_0, rows1_q4_0); return;
-    case MG_Q5_0: linear_rows(w, xq, n_tok, y, y_stride, r0, r1, l2, rows4_q5_0, rows1_q5_0); return;
-    case MG_IQ4_NL: linear_rows(w, xq, n_tok, y, y_stride, r0, r1, l2, rows4_iq4_nl, rows1_iq4_nl); return;
-    case MG_MXFP4: linear_rows(w, xq, n_tok, y, y_stride, r0, r1, l2, rows4_mxfp4, rows1_mxfp4); return;
-    case MG_Q4_1: linear_rows(w, xq, n_tok, y, y_stride, r0, r1, l2, rows4_q4_1, rows1_q4_1); return;
-    case MG_Q5_1: linear_rows(w, xq, n_tok, y, y_stride, r0, r1, l2, rows4_q5_1, rows1_q5_1); return;
-    case MG_Q2_K: linear_rows(w, xq, n_tok, y, y_stride, r0, r1, l2, rows4_q2_k, rows1_q2_k); return;
-    case MG_Q3_K: linear_rows(w, xq, n_tok, y, y_stride, r0, r1, l2, rows4_q3_k, rows1_q3_k); return;
-    case MG_IQ4_XS: break;
-    default: /* the grid formats' rows (q8_iq_avx512vnni.c), else the scalar twin (mg_format_has_q8_path) */
-        if (mg_avx512vnni_q8_iq_takes(w->format))
+    const mg_format f = w->format;
+    if (f == MG_FP4_E2M1) { /* q8_fp4_avx512vnni.c */
+        mg_avx512vnni_linear_q8_fp4(w, xq, n_tok, y, y_stride, r0, r1, l2);
+        return;
+    }
+    if (ROWS[f].four) {
+        linear_rows(w, xq, n_tok, y, y_stride, r0, r1, l2, ROWS[f].four, ROWS[f].one);
+        return;
+    }
+    if (f != MG_IQ4_XS) { /* the grid formats' rows (q8_iq_avx512vnni.c), else the scalar twin (mg_format_has_q8_path) */
+        if (mg_avx512vnni_q8_iq_takes(f))
             mg_avx512vnni_linear_q8_iq(w, xq, n_tok, y, y_stride, r0, r1, l2);
         else
             mg_scalar_linear_q8(w, xq, n_tok, y, y_stride, r0, r1);
@@ -574,16 +580,7 @@ static void linear_q8_to(const mg_matrix *w, const mg_q8_act *xq, int64_t n_tok,
                                              xq->d + t * groups);
 }
 
-static void linear_q8_l1(const mg_matrix *w, const mg_q8_act *xq, int64_t n_tok, float *y, int64_t y_stride,
-                         int64_t r0, int64_t r1) {
-    linear_q8_to(w, xq, n_tok, y, y_stride, r0, r1, 0);
-}
-static void linear_q8_l2(const mg_matrix *w, const mg_q8_act *xq, int64_t n_tok, float *y, int64_t y_stride,
-                         int64_t r0, int64_t r1) {
-    linear_q8_to(w, xq, n_tok, y, y_stride, r0, r1, 1);
-}
-
-mg_linear_q8_fn mg_avx512vnni_linear_q8(int prefetch_l2) { return prefetch_l2 ? linear_q8_l2 : linear_q8_l1; }
+MG_Q8_PREFETCH_ENTRIES(mg_avx512vnni_linear_q8, linear_q8_to)
 #else
 mg_linear_q8_fn mg_avx512vnni_linear_q8(int prefetch_l2) { return NULL; }
 #endif
