@@ -2,7 +2,12 @@
 dequantisation (and torch's own float8_e4m3fn decoding), on odd shapes and every weight format."""
 from __future__ import annotations
 
+import os
+import platform
+import subprocess
+import sys
 import zlib
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -238,6 +243,28 @@ def test_widest_table_is_preferred_and_narrower_ones_stay_selectable() -> None:
         assert _core.best_kernel_table() == "avx512"
     if feats["avx2"] and feats["fma"] and feats["f16c"]:
         assert "avx2" in TABLES
+
+
+@pytest.mark.skipif(platform.machine() != "x86_64" or not Path("/proc/cpuinfo").exists(),
+                    reason="an x86 vendor rule, read from Linux's /proc/cpuinfo")
+@pytest.mark.parametrize("feature, env", [("denormal_assists", "MOEGATE_DENORMAL_ASSISTS"), ("prefetch_l2", "MOEGATE_PREFETCH_L2")])
+def test_vendor_rules_and_their_overrides(feature: str, env: str) -> None:
+    """Both are set on every x86 vendor but AMD and Hygon (c/core/cpu.c); 0 or 1 in the
+    environment overrides the rule, anything else is ignored."""
+    vendor = next(line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                  if line.startswith("vendor_id"))
+    code = "from gateway import _core; print(_core.cpu_features()[%r])" % feature
+    def run(value: str | None) -> str:
+        environ = {k: v for k, v in os.environ.items() if k != env}
+        package_root = str(Path(_core.__file__).resolve().parents[1])
+        environ["PYTHONPATH"] = os.pathsep.join(filter(None, [package_root, environ.get("PYTHONPATH")]))
+        if value is not None:
+            environ[env] = value
+        return subprocess.run([sys.executable, "-c", code], env=environ, capture_output=True, text=True,
+                              check=True).stdout.strip()
+    assert run(None) == str(vendor not in ("AuthenticAMD", "HygonGenuine"))
+    assert run("0") == "False" and run("1") == "True"
+    assert run("yes") == run(None)
 
 
 def test_linear_rejects_bad_sizes() -> None:

@@ -222,6 +222,9 @@ void register_kernels(py::module_ &m) {
         d["avxvnni"] = (bool)f.avxvnni;  // ymm vpdpbusd (no AVX-512 needed): the avx2 table's int8 GEMM
         d["neon"] = (bool)f.neon;
         d["neondot"] = (bool)f.neondot;  // arm64 sdot: the neon table's int8 GEMM
+        // the vendor rules (x86): fp8 decoded without fp32 denormals; the int8 rows prefetching into L2
+        d["denormal_assists"] = (bool)f.denormal_assists;
+        d["prefetch_l2"] = (bool)f.prefetch_l2;
         return d;
     });
     m.def("linear", &linear, py::arg("table"), py::arg("fmt"), py::arg("scale_kind"), py::arg("data"),
