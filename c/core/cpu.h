@@ -29,8 +29,8 @@ typedef struct mg_cpu_features {
     /* The int8-activation row loops (the q8_* files) prefetch the rows ahead into L2 rather than
      * L1 (x86 cores other than AMD's and Hygon's).  On a Sapphire Rapids-class Intel core their
      * bursts of 9-14 L1 prefetches per step held the fill buffers the demand loads need: into L2,
-     * Q4_K_M decode ran 11-13 % faster and Q8_0 14-27 %; on Zen 4 L1 was the faster one
-     * (docs/KERNELS.md). */
+     * Q4_K_M int8 decode ran 11-19 % faster (against llama.cpp 1.15 -> 1.45); on Zen 4 L1 was the
+     * faster one (docs/KERNELS.md). */
     int prefetch_l2;
 } mg_cpu_features;
 

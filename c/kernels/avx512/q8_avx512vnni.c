@@ -82,7 +82,7 @@ typedef struct {
  * it in order (mg_prefetch_rows), so that the group ahead is in cache when its turn comes.
  * Hardware prefetch alone follows R interleaved streams badly: four rows without it streamed
  * ~11 GB/s instead of ~27.  Into L1 on Zen 4 (a little faster there than L2), into L2 on a
- * Sapphire Rapids-class Intel core (11-27 % faster decode there; docs/KERNELS.md). */
+ * Sapphire Rapids-class Intel core (Q4_K_M decode 11-19 % faster there; docs/KERNELS.md). */
 /* Horizontal sums of four accumulators: {sum a, sum b, sum c, sum d}. */
 INLINE __m128 reduce4(__m512 a, __m512 b, __m512 c, __m512 d) {
     const __m256 a8 = _mm256_add_ps(_mm512_castps512_ps256(a), _mm512_extractf32x8_ps(a, 1));
