@@ -36,8 +36,9 @@ INLINE void rows_fp8_folded(const int R, const int f16, const uint8_t *const *p,
         const __m512 x0 = _mm512_load_ps(xq), x1 = _mm512_load_ps(xq + 16);
         const __m512 x2 = _mm512_load_ps(xq + 32), x3 = _mm512_load_ps(xq + 48);
         for (int j = 0; j < R; j++) {
-            /* into L1, not L2 as the other multi-row loops: DeepSeek-V4 native decode 3-5 % faster
-             * (docs/KERNELS.md), as the int8 rows, which prefetch into L1 too */
+            /* into L1 on every CPU, not L2 as the other multi-row loops: DeepSeek-V4 native decode
+             * 3-5 % faster on Zen 5; on a Sapphire Rapids-class core L2 was within the noise in the
+             * engine (the int8 rows gained 11-19 % there) and 3 % slower alone (docs/KERNELS.md) */
             _mm_prefetch((const char *)p[j] + 64 * i + ahead, _MM_HINT_T0);
             const __m512i w = _mm512_loadu_si512(p[j] + 64 * i);
             if (f16) {
