@@ -12,20 +12,23 @@ static unsigned long long read_xcr0(void) {
     return ((unsigned long long)hi << 32) | lo;
 }
 
+/* A vendor rule's value, unless the environment variable `name` is exactly 0 or 1: that
+ * overrides it, for a CPU the rule misjudges and to compare both forms on one machine. */
+static int vendor_rule(int by_vendor, const char *name) {
+    const char *env = getenv(name);
+    return env && (env[0] == '0' || env[0] == '1') && env[1] == 0 ? env[0] == '1' : by_vendor;
+}
+
 mg_cpu_features mg_cpu_detect(void) {
     mg_cpu_features f = {0};
     unsigned int a, b, c, d;
     if (!__get_cpuid(0, &a, &b, &c, &d)) return f;
     char vendor[13];
     memcpy(vendor, &b, 4), memcpy(vendor + 4, &d, 4), memcpy(vendor + 8, &c, 4), vendor[12] = 0;
-    f.denormal_assists = strcmp(vendor, "AuthenticAMD") != 0 && strcmp(vendor, "HygonGenuine") != 0;
-    /* MOEGATE_DENORMAL_ASSISTS=0 or 1 overrides the vendor rule: for a CPU it misjudges, and to
-     * compare both fp8 decodes on one machine (tools/bench.py) */
-    const char *env = getenv("MOEGATE_DENORMAL_ASSISTS");
-    if (env && (env[0] == '0' || env[0] == '1') && env[1] == 0) f.denormal_assists = env[0] == '1';
-    f.prefetch_l2 = strcmp(vendor, "AuthenticAMD") != 0 && strcmp(vendor, "HygonGenuine") != 0;
-    env = getenv("MOEGATE_PREFETCH_L2"); /* the same kind of override, for the int8 rows' prefetch */
-    if (env && (env[0] == '0' || env[0] == '1') && env[1] == 0) f.prefetch_l2 = env[0] == '1';
+    /* both vendor rules: true on every x86 vendor but AMD and Hygon (see cpu.h) */
+    const int not_amd = strcmp(vendor, "AuthenticAMD") != 0 && strcmp(vendor, "HygonGenuine") != 0;
+    f.denormal_assists = vendor_rule(not_amd, "MOEGATE_DENORMAL_ASSISTS");
+    f.prefetch_l2 = vendor_rule(not_amd, "MOEGATE_PREFETCH_L2");
     if (!__get_cpuid(1, &a, &b, &c, &d)) return f;
     int osxsave = (c >> 27) & 1, avx = (c >> 28) & 1;
     f.fma = (c >> 12) & 1;
