@@ -10,8 +10,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m gateway",
                                 description="Serve a Mixture-of-Experts checkpoint on CPU behind OpenAI- and "
                                             "Anthropic-compatible APIs.")
-    p.add_argument("--model", help="checkpoint folder (config.json, safetensors, tokenizer.json) or one .gguf "
-                                   "file; without it a tiny random-weight demo checkpoint is served")
+    p.add_argument("--model", help="checkpoint folder (config.json, safetensors, tokenizer.json), one .gguf "
+                                   "file, or a folder holding one GGUF model; without it a tiny random-weight demo checkpoint is served")
     p.add_argument("--ram", type=float, default=None, metavar="GB", help="memory budget for the whole process")
     p.add_argument("--read-ahead", action=argparse.BooleanOptionalAction, default=True,
                    help="with --ram: while a layer computes, read the experts the next layer's router, "

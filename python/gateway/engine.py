@@ -22,6 +22,7 @@ from typing import Any, Callable, Iterable
 import numpy as np
 
 from .model_config import ConfigError, load_config
+from .model_path import ModelPathError, resolve_model_path
 
 
 class EngineError(RuntimeError):
@@ -120,7 +121,10 @@ class Engine:
         None (the default, and always in the server): reads run at the machine's speed."""
         from . import _core  # imported here so config errors surface even without a built core
 
-        self.path = Path(path).expanduser()
+        try:  # a folder holding one GGUF model stands for that file
+            self.path = resolve_model_path(path)
+        except ModelPathError as exc:
+            raise EngineError(str(exc)) from None
         is_gguf = self.path.is_file() and self.path.suffix.lower() == ".gguf"
         if not self.path.exists():
             raise EngineError(f"{self.path}: not a model folder or a .gguf file (nothing is there)")

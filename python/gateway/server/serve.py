@@ -16,6 +16,7 @@ from aiohttp import web
 from ..families import ChatSetup, gguf_chat_setup, load_chat_setup
 from ..generate import Slot
 from ..gguf_vocab import build_tokenizer, is_gguf, model_name, read_vocab, split_parts, stop_token_ids
+from ..model_path import resolve_model_path
 from ..prefix_cache import MIN_SNAPSHOT_TOKENS, PrefixCache
 from ..prefix_disk import DiskSnapshots, model_folder
 from ..scheduler import Scheduler
@@ -77,12 +78,16 @@ def _read_json(path: Path) -> dict:
 def build_state(opts: ServeOptions, *, demo: bool = False) -> ServerState:
     from ..engine import Engine, EngineError
 
-    path = Path(opts.model).expanduser()
+    given = Path(opts.model).expanduser()
+    path = resolve_model_path(given)
+    if path != given:
+        log.info("model: %s (the one GGUF model in %s)", path, given)
     if is_gguf(path):
         if not path.is_file():
             raise FileNotFoundError(f"{path}: no such GGUF file")
     elif not (path / "config.json").is_file():
-        raise FileNotFoundError(f"{path}: not a checkpoint folder (no config.json) nor a .gguf file")
+        raise FileNotFoundError(f"{path}: not a checkpoint folder (no config.json), a .gguf file, nor a folder "
+                                "holding one")
     # Tokenizer and chat format before the weights: a checkpoint we cannot talk to fails in
     # a second, not after the engine has mapped its weights.
     tokenizer, chat, checkpoint_stops = load_tokenizer_and_chat(path)
