@@ -88,6 +88,11 @@ $(OBJDIR)/%.o: c/%.c $(C_HDRS) c/flags.mk
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_BASE) $(SAN) $(call isa_flags,$<) -c $< -o $@
 
+# q8_rows_avxvnni.c and q8_fp4_rows_avxvnni.c build q8_avx2.c and q8_fp4_avx2.c a second time
+# (with AVX-VNNI).
+$(OBJDIR)/kernels/avx2/q8_rows_avxvnni.o: c/kernels/avx2/q8_avx2.c
+$(OBJDIR)/kernels/avx2/q8_fp4_rows_avxvnni.o: c/kernels/avx2/q8_fp4_avx2.c
+
 C_OBJS = $(patsubst c/%.c,$(OBJDIR)/%.o,$(C_SRCS))
 
 $(TESTDIR)/%: tests/c/%.c $(C_OBJS) $(wildcard tests/c/*.h)

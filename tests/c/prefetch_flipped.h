@@ -1,6 +1,6 @@
 /* The kernel tables built again with mg_cpu_features.prefetch_l2 flipped: the int8 row loops'
  * other prefetch target (kernels/prefetch_rows.h), which this CPU does not take, so that the
- * int8 tests run both.  Include after check.h. */
+ * int8 tests run both; and the avx2 table of a CPU without AVX-VNNI.  Include after check.h. */
 #ifndef MG_TEST_PREFETCH_FLIPPED_H
 #define MG_TEST_PREFETCH_FLIPPED_H
 
@@ -32,6 +32,25 @@ static int add_prefetch_flipped(const mg_kernels **tables, int n, mg_format f) {
             }
     }
     CHECK(n - n0 == x86_simd, "%d of %d x86 SIMD tables have int8 entries that follow prefetch_l2", n - n0, x86_simd);
+    return n;
+}
+
+/* Appends the avx2 table of a CPU without AVX-VNNI, with either prefetch target (its int8
+ * entries the AVX2 rows alone: q8_avx2.c and q8_fp4_avx2.c as built for AVX2), where this CPU
+ * has AVX-VNNI and so takes their AVX-VNNI build (q8_*rows_avxvnni.c); returns the new count
+ * (room for 2 more). */
+static int add_avx2_without_vnni(const mg_kernels **tables, int n) {
+    static mg_kernels plain[2][MG_KERNEL_TABLES]; /* static: the entries' parents point into it */
+    const mg_cpu_features detected = mg_cpu_detect();
+    if (!detected.avxvnni || !mg_kernels_named("avx2")) return n;
+    for (int l2 = 0; l2 < 2; l2++) {
+        mg_cpu_features c = {0};
+        c.avx2 = c.fma = c.f16c = 1, c.prefetch_l2 = l2;
+        mg_kernels_build(&c, plain[l2]);
+        plain[l2][1].name = l2 ? "avx2 without AVX-VNNI (prefetch into L2)" : "avx2 without AVX-VNNI (prefetch into L1)";
+        CHECK(!plain[l2][1].linear_q8_gemm, "%s: no int8 GEMM", plain[l2][1].name);
+        tables[n++] = &plain[l2][1];
+    }
     return n;
 }
 

@@ -218,13 +218,14 @@ static void case_dispatch(const mg_kernels *k, mg_pool *pool) {
 
 int main(void) {
     static const char *const names[] = {"scalar", "avx2", "avx512", "avx512bf16", "neon"};
-    const mg_kernels *tables[5 + MG_KERNEL_TABLES];
+    const mg_kernels *tables[7 + MG_KERNEL_TABLES];
     int n = 0;
     for (int i = 0; i < 5; i++) {
         const mg_kernels *k = mg_kernels_named(names[i]);
         if (k) tables[n++] = k;
     }
     n = add_prefetch_flipped(tables, n, MG_FP4_E2M1); /* every case below runs both prefetch targets */
+    n = add_avx2_without_vnni(tables, n);              /* and the AVX2 rows as built for AVX2 alone */
     case_decoders();
     for (int k = 0; k < n; k++)
         CHECK(tables[k]->linear_q8[MG_FP4_E2M1] && !tables[k]->linear_q8[MG_FP8_E4M3] &&

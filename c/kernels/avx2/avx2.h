@@ -229,6 +229,13 @@ mg_q8_row_fn mg_avx2_q8_quantize_row;
 void mg_avxvnni_gemm_q8(const mg_matrix *w, const mg_q8_act *xq, int64_t n_tok, float *y, int64_t y_stride,
                         int64_t r0, int64_t r1);
 mg_linear_q8_fn mg_avxvnni_linear_q8(int prefetch_l2);
+/* q8_rows_avxvnni.c: mg_avx2_linear_q8_rows built with AVX-VNNI (q8_avx2.c's dot4 one vpdpbusd;
+ * the same sums), the rows under that entry; absent in a build without -mavxvnni. */
+void mg_avxvnni_linear_q8_rows(const mg_matrix *w, const mg_q8_act *xq, int64_t n_tok, float *y, int64_t y_stride,
+                               int64_t r0, int64_t r1, int prefetch_l2);
+/* q8_fp4_rows_avxvnni.c: mg_avx2_linear_q8_fp4 built with AVX-VNNI, which those rows hand FP4 to. */
+void mg_avxvnni_linear_q8_fp4(const mg_matrix *w, const mg_q8_act *xq, int64_t n_tok, float *y, int64_t y_stride,
+                              int64_t r0, int64_t r1, int l2);
 /* q8_fp4_avx2.c: native FP4 (MG_FP4_E2M1 with ue8m0 scales per 32, kernels/q8_fp4.h) with int8
  * activations, which mg_avx2_linear_q8 hands over (and the int8 GEMM's FP4 decoder). */
 void mg_avx2_linear_q8_fp4(const mg_matrix *w, const mg_q8_act *xq, int64_t n_tok, float *y, int64_t y_stride,

@@ -10,7 +10,12 @@
  * work on the rows' block scales (gathered in general registers, converted and multiplied by
  * dx in one vector), with software prefetch of the group of rows ahead.  The sums stay exact
  * integers (|isum| < 2^24), so the results differ from the scalar twin's only in the order of
- * the fp32 additions (and FMA contraction).  Measurements: docs/KERNELS.md (AVX2 int8 rows). */
+ * the fp32 additions (and FMA contraction).  Measurements: docs/KERNELS.md (AVX2 int8 rows).
+ *
+ * q8_rows_avxvnni.c builds this file a second time with AVX-VNNI (MG_Q8_ROWS_AVXVNNI, entries
+ * named mg_avxvnni_*), for the avx2 table on CPUs that have it (Alder Lake and later desktops):
+ * there dot4 is one vpdpbusd where AVX2 takes vpmaddubsw and vpmaddwd with ones.  Where no pair
+ * saturates i16 (every use of dot4 states its bound) the two give the same i32 sums. */
 #include <string.h>
 #include "kernels/tables.h"
 
@@ -32,9 +37,26 @@
 #define MG_AVX2_Q8_PREFETCH 1
 #endif
 
+/* The rows' entry: this file's, or the AVX-VNNI build's (q8_rows_avxvnni.c). */
+#ifdef MG_Q8_ROWS_AVXVNNI
+#define Q8_ROWS mg_avxvnni_linear_q8_rows
+#define Q8_FP4_ROWS mg_avxvnni_linear_q8_fp4
+#else
+#define Q8_ROWS mg_avx2_linear_q8_rows
+#define Q8_FP4_ROWS mg_avx2_linear_q8_fp4
+#endif
+
 INLINE __m256i load32(const void *p) { return _mm256_loadu_si256((const __m256i *)p); }
 INLINE __m256i ones16(void) { return _mm256_set1_epi16(1); }
 INLINE __m256 cvt_i32(__m256i v) { return _mm256_cvtepi32_ps(v); }
+/* The i32 sums of each four u8 x s8 products (pairs within i16, see the file comment). */
+INLINE __m256i dot4(__m256i u, __m256i s) {
+#if defined(MG_Q8_ROWS_AVXVNNI) && defined(__AVXVNNI__)
+    return _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), u, s);
+#else
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), ones16());
+#endif
+}
 /* [a x 4 | b x 4] */
 INLINE __m256 pair4(const float *a, const float *b) {
     return _mm256_insertf128_ps(_mm256_castps128_ps256(_mm_broadcast_ss(a)), _mm_broadcast_ss(b), 1);
@@ -77,7 +99,7 @@ typedef struct {
     const float *dx, *sx;                                 /* x's scales and sums per 32 */
     int8_t perm[XP_MAX] __attribute__((aligned(32)));    /* the pair order (prep_pairs) */
     int8_t absq[XP_MAX] __attribute__((aligned(32)));    /* |perm| */
-    int16_t off[XP_MAX / 4] __attribute__((aligned(32))); /* -k * sums of x (nibble formats) */
+    int16_t off[XP_MAX / 4] __attribute__((aligned(32))); /* -k * sums of x (nibble formats; prep_off) */
     int16_t xs16[XP_MAX / 16] __attribute__((aligned(32))); /* sums of x per 16 columns (K16) */
     float dxp[XP_MAX / 32] __attribute__((aligned(32)));  /* IQ4_XS: dx per 256 in lane order */
     int l2; /* the rows prefetch into L2, not L1 (kernels/prefetch_rows.h); set by the entry */
@@ -116,7 +138,12 @@ static void prep_off(const int8_t *q, int64_t n, int k, int16_t *off) {
     const __m256i kv = _mm256_set1_epi8((char)k);
     for (int64_t c = 0; c < n; c += 64) {
         const __m256i s = _mm256_add_epi16(_mm256_maddubs_epi16(kv, load32(q + c)), _mm256_maddubs_epi16(kv, load32(q + c + 32)));
-        _mm256_store_si256((__m256i *)(off + c / 4), _mm256_sub_epi16(_mm256_setzero_si256(), s));
+        const __m256i o = _mm256_sub_epi16(_mm256_setzero_si256(), s);
+#if defined(MG_Q8_ROWS_AVXVNNI) && defined(__AVXVNNI__) /* the i32 sums of the lanes' quads (nib_sum) */
+        _mm256_store_si256((__m256i *)(off + c / 4), _mm256_madd_epi16(o, ones16()));
+#else
+        _mm256_store_si256((__m256i *)(off + c / 4), o);
+#endif
     }
 }
 
@@ -152,8 +179,8 @@ INLINE void q8_0_block(const int R, const uint8_t *p, size_t rb, int k, const in
 #pragma GCC unroll 4
     for (int r = 0; r < R; r++) {
         const __m256i w = load32(p + (size_t)r * rb + 34 * k + 2);
-        const __m256i pr = _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(xv, w));
-        acc[r] = _mm256_fmadd_ps(_mm256_broadcast_ss(f + 4 * k + r), cvt_i32(_mm256_madd_epi16(pr, ones16())), acc[r]);
+        const __m256i pr = dot4(_mm256_sign_epi8(w, w), _mm256_sign_epi8(xv, w));
+        acc[r] = _mm256_fmadd_ps(_mm256_broadcast_ss(f + 4 * k + r), cvt_i32(pr), acc[r]);
     }
 }
 
@@ -241,6 +268,20 @@ INLINE __m256 factors2_nib(const int R, mg_format f, const uint8_t *p, size_t rb
     return _mm256_mul_ps(s, pair4(dx, one ? &zero : dx + 1)); /* an absent block: 2^-1 * 0 */
 }
 
+/* The sum of lo . x0 + hi . x1 per i32 lane, plus the offsets off (prep_off; NULL: none): the
+ * i16 pairs of both added with the offsets (the bound above) and one vpmaddwd, or in the
+ * AVX-VNNI build two vpdpbusd from the offsets' i32 sums (the same sums). */
+INLINE __m256i nib_sum(__m256i lo, __m256i hi, __m256i x0, __m256i x1, const int16_t *off) {
+#if defined(MG_Q8_ROWS_AVXVNNI) && defined(__AVXVNNI__)
+    const __m256i o = off ? _mm256_load_si256((const __m256i *)off) : _mm256_setzero_si256();
+    return _mm256_dpbusd_avx_epi32(_mm256_dpbusd_avx_epi32(o, lo, x0), hi, x1);
+#else
+    __m256i pairs = _mm256_add_epi16(_mm256_maddubs_epi16(lo, x0), _mm256_maddubs_epi16(hi, x1));
+    if (off) pairs = _mm256_add_epi16(pairs, _mm256_load_si256((const __m256i *)off));
+    return _mm256_madd_epi16(pairs, ones16());
+#endif
+}
+
 /* Blocks p, p + bytes (one: only p) of R rows: acc[r] += their dot products with x; Q4_1 /
  * Q5_1: macc += their min terms m * sx, lanes as the factors' (rows of p | rows of p + bytes),
  * one add for all R rows (the twin's products, m * sx). */
@@ -259,15 +300,13 @@ INLINE void nib_pair(const int R, mg_format f, const uint8_t *p, size_t rb, size
         __m256i lo = _mm256_and_si256(v, m4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
         __m256i sum;
         if (f == MG_IQ4_NL) {
-            const __m256i plo = _mm256_maddubs_epi16(load32(qa), _mm256_sign_epi8(_mm256_shuffle_epi8(tbl, lo), x0));
-            const __m256i phi = _mm256_maddubs_epi16(load32(qa + 32), _mm256_sign_epi8(_mm256_shuffle_epi8(tbl, hi), x1));
-            sum = _mm256_add_epi32(_mm256_madd_epi16(plo, ones16()), _mm256_madd_epi16(phi, ones16()));
+            const __m256i plo = dot4(load32(qa), _mm256_sign_epi8(_mm256_shuffle_epi8(tbl, lo), x0));
+            const __m256i phi = dot4(load32(qa + 32), _mm256_sign_epi8(_mm256_shuffle_epi8(tbl, hi), x1));
+            sum = _mm256_add_epi32(plo, phi);
         } else {
             if (f == MG_MXFP4) lo = _mm256_shuffle_epi8(tbl, lo), hi = _mm256_shuffle_epi8(tbl, hi);
             if (f == MG_Q5_0 || f == MG_Q5_1) q5_0_bits(b, bytes, f == MG_Q5_0 ? 2 : 4, one, &lo, &hi);
-            __m256i pairs = _mm256_add_epi16(_mm256_maddubs_epi16(lo, x0), _mm256_maddubs_epi16(hi, x1));
-            if (!with_min) pairs = _mm256_add_epi16(pairs, _mm256_load_si256((const __m256i *)off));
-            sum = _mm256_madd_epi16(pairs, ones16());
+            sum = nib_sum(lo, hi, x0, x1, with_min ? NULL : off);
         }
         acc[r] = _mm256_fmadd_ps(_mm256_permutevar_ps(fr, _mm256_set1_epi32(r)), cvt_i32(sum), acc[r]);
     }
@@ -368,8 +407,7 @@ INLINE void rows_k4(const int R, const uint8_t *p, size_t rb, int64_t nb, const 
                     const __m256i qh = load32(b + 16);
                     lo = _mm256_or_si256(lo, q5_k_bit(qh, 2 * c)), hi = _mm256_or_si256(hi, q5_k_bit(qh, 2 * c + 1));
                 }
-                const __m256i slo = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, x0), ones16());
-                const __m256i shi = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, x1), ones16());
+                const __m256i slo = dot4(lo, x0), shi = dot4(hi, x1);
                 acc[r] = _mm256_fmadd_ps(_mm256_broadcast_ss(f[r] + 2 * c), cvt_i32(slo), acc[r]);
                 acc[r] = _mm256_fmadd_ps(_mm256_broadcast_ss(f[r] + 2 * c + 1), cvt_i32(shi), acc[r]);
             }
@@ -599,9 +637,7 @@ INLINE void rows_iq4_xs(const int R, const uint8_t *p, size_t rb, int64_t nb, co
                 const __m256i v = load32(p + (size_t)r * rb + 8 + 32 * m);
                 const __m256i lo = _mm256_shuffle_epi8(tbl, _mm256_and_si256(v, m4));
                 const __m256i hi = _mm256_shuffle_epi8(tbl, _mm256_and_si256(_mm256_srli_epi16(v, 4), m4));
-                const __m256i plo = _mm256_maddubs_epi16(a0, _mm256_sign_epi8(lo, x0));
-                const __m256i phi = _mm256_maddubs_epi16(a1, _mm256_sign_epi8(hi, x1));
-                const __m256i sum = _mm256_add_epi32(_mm256_madd_epi16(plo, ones16()), _mm256_madd_epi16(phi, ones16()));
+                const __m256i sum = _mm256_add_epi32(dot4(a0, _mm256_sign_epi8(lo, x0)), dot4(a1, _mm256_sign_epi8(hi, x1)));
                 const __m256 fac = _mm256_permutevar_ps(_mm256_load_ps(f[r]), _mm256_set1_epi32(m));
                 acc[r] = _mm256_fmadd_ps(fac, cvt_i32(sum), acc[r]);
             }
@@ -691,11 +727,11 @@ static const struct {
 
 /* Per token and column pass, x prepared once; then the rows in groups of ROWS[f].n, the rest
  * one by one (each row's result is the same either way, see store_sums). */
-void mg_avx2_linear_q8_rows(const mg_matrix *w, const mg_q8_act *xq, int64_t n_tok, float *y, int64_t y_stride,
+void Q8_ROWS(const mg_matrix *w, const mg_q8_act *xq, int64_t n_tok, float *y, int64_t y_stride,
                             int64_t r0, int64_t r1, int prefetch_l2) {
     const mg_format f = w->format;
     if (f == MG_FP4_E2M1) { /* native FP4, its scales apart (q8_fp4_avx2.c) */
-        mg_avx2_linear_q8_fp4(w, xq, n_tok, y, y_stride, r0, r1, prefetch_l2);
+        Q8_FP4_ROWS(w, xq, n_tok, y, y_stride, r0, r1, prefetch_l2);
         return;
     }
     if (!ROWS[f].group) { /* the grid formats' rows (q8_iq_avx2.c), else the scalar twin (mg_format_has_q8_path) */
@@ -710,5 +746,7 @@ void mg_avx2_linear_q8_rows(const mg_matrix *w, const mg_q8_act *xq, int64_t n_t
     mg_q8_drive_rows(w, xq, n_tok, y, y_stride, r0, r1, XP_MAX, prep, &x, ROWS[f].group, ROWS[f].n, ROWS[f].one);
 }
 
+#ifndef MG_Q8_ROWS_AVXVNNI
 MG_Q8_PREFETCH_ENTRIES(mg_avx2_linear_q8, mg_avx2_linear_q8_rows)
+#endif
 #endif

@@ -13,7 +13,9 @@
  * (the twin's products), computed 8 groups at a time per row from its 8 scale bytes.  Rows go
  * four per pass with prefetch of the group of rows ahead; each row is reduced alone, in the
  * same order whatever its group (as q8_avx2.c's).  Checked against the scalar twin by
- * tests/c/test_q8_fp4.c. */
+ * tests/c/test_q8_fp4.c.  q8_fp4_rows_avxvnni.c builds the rows again with AVX-VNNI, as
+ * q8_rows_avxvnni.c does q8_avx2.c's: two vpdpbusd from the offsets' i32 sums in place of the
+ * two vpmaddubsw, the i16 adds and the vpmaddwd (the same sums). */
 #include "kernels/tables.h"
 #include "kernels/q8_rows.h"
 #include "kernels/prefetch_rows.h"
@@ -24,12 +26,21 @@
 #include "kernels/q8_fp4.h"
 #include "kernels/unaligned.h"
 
+#if defined(MG_Q8_ROWS_AVXVNNI) && defined(__AVXVNNI__)
+#define FP4_VNNI 1
+#define FP4_ROWS mg_avxvnni_linear_q8_fp4
+#else
+#define FP4_VNNI 0
+#define FP4_ROWS mg_avx2_linear_q8_fp4
+#endif
+
 /* Widest column pass: the prepared x lives on the stack (wider rows add the passes' sums). */
 enum { XP_MAX = 8192, MIN_AHEAD = 8192 };
 
 typedef struct {
     int8_t q[XP_MAX] __attribute__((aligned(32)));      /* the pair layout (q8_fp4.h) */
-    int16_t off[XP_MAX / 4] __attribute__((aligned(32))); /* -12 * the 4 codes of each pair lane */
+    int16_t off[XP_MAX / 4] __attribute__((aligned(32))); /* -12 * the 4 codes of each pair lane (the
+                                                           * AVX-VNNI build: of each i32 lane) */
     float dx[XP_MAX / 32 + 8] __attribute__((aligned(32))); /* x's scales, zeros up to 8 on */
     int l2; /* the rows prefetch into L2, not L1 (kernels/prefetch_rows.h); set by the entry */
 } prep_x;
@@ -41,7 +52,8 @@ static void prep(const int8_t *q, const float *dx, int64_t kc, prep_x *x) {
     for (int64_t c = 0; c < kc64; c += 64) {
         const __m256i s = _mm256_add_epi16(_mm256_maddubs_epi16(k12, _mm256_load_si256((const __m256i *)(x->q + c))),
                                            _mm256_maddubs_epi16(k12, _mm256_load_si256((const __m256i *)(x->q + c + 32))));
-        _mm256_store_si256((__m256i *)(x->off + c / 4), _mm256_sub_epi16(_mm256_setzero_si256(), s));
+        const __m256i o = _mm256_sub_epi16(_mm256_setzero_si256(), s);
+        _mm256_store_si256((__m256i *)(x->off + c / 4), FP4_VNNI ? _mm256_madd_epi16(o, _mm256_set1_epi16(1)) : o);
     }
     memcpy(x->dx, dx, (size_t)(kc / 32) * sizeof(float));
     memset(x->dx + kc / 32, 0, 8 * sizeof(float));
@@ -74,7 +86,7 @@ INLINE void rows_fp4(const int R, const uint8_t *p, size_t rb, const uint8_t *s,
                      const prep_x *x, float *out) {
     static const int8_t U[16] = {12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0}; /* values2 + 12 */
     const __m256i tbl = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)U));
-    const __m256i m4 = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
+    const __m256i m4 = _mm256_set1_epi8(0x0f);
     const size_t group = (size_t)R * rb, ahead = group >= MIN_AHEAD ? group : (MIN_AHEAD + group - 1) / group * group;
     __m256 acc[4];
     for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
@@ -99,10 +111,14 @@ INLINE void rows_fp4(const int R, const uint8_t *p, size_t rb, const uint8_t *s,
                                             : _mm256_set_m128i(_mm_setzero_si128(), _mm_loadu_si128((const __m128i *)b));
                 const __m256i lo = _mm256_shuffle_epi8(tbl, _mm256_and_si256(v, m4));
                 const __m256i hi = _mm256_shuffle_epi8(tbl, _mm256_and_si256(_mm256_srli_epi16(v, 4), m4));
+#if FP4_VNNI
+                const __m256i sum = _mm256_dpbusd_avx_epi32(_mm256_dpbusd_avx_epi32(off, lo, x0), hi, x1);
+#else
                 const __m256i pairs =
                     _mm256_add_epi16(_mm256_add_epi16(_mm256_maddubs_epi16(lo, x0), _mm256_maddubs_epi16(hi, x1)), off);
-                acc[r] = _mm256_fmadd_ps(_mm256_permutevar8x32_ps(f[r], pick),
-                                         _mm256_cvtepi32_ps(_mm256_madd_epi16(pairs, ones)), acc[r]);
+                const __m256i sum = _mm256_madd_epi16(pairs, _mm256_set1_epi16(1));
+#endif
+                acc[r] = _mm256_fmadd_ps(_mm256_permutevar8x32_ps(f[r], pick), _mm256_cvtepi32_ps(sum), acc[r]);
             }
         }
     }
@@ -117,13 +133,14 @@ static void rows1(const uint8_t *p, size_t rb, const uint8_t *s, size_t sb, int6
     rows_fp4(1, p, rb, s, sb, ng, x, out);
 }
 
-void mg_avx2_linear_q8_fp4(const mg_matrix *w, const mg_q8_act *xq, int64_t n_tok, float *y, int64_t y_stride, int64_t r0,
+void FP4_ROWS(const mg_matrix *w, const mg_q8_act *xq, int64_t n_tok, float *y, int64_t y_stride, int64_t r0,
         int64_t r1, int l2) {
     prep_x x;
     x.l2 = l2;
     mg_q8_drive_rows_scaled(w, xq, n_tok, y, y_stride, r0, r1, XP_MAX, prep_any, &x, rows4, 4, rows1);
 }
 
+#if !FP4_VNNI
 /* The GEMM's decoder: per group, the 16 bytes' low and high nibbles through the value table and
  * interleaved back to element order (vpunpck*bw), the factor the twin's. */
 static void decode_fp4(const uint8_t *p, const uint8_t *s, int64_t ng, int8_t *codes, float *fac) {
@@ -139,6 +156,7 @@ static void decode_fp4(const uint8_t *p, const uint8_t *s, int64_t ng, int8_t *c
 }
 
 mg_q8_decode_fp4_fn *mg_avx2_q8_decoder_fp4(void) { return decode_fp4; }
-#else
+#endif
+#elif !defined(MG_Q8_ROWS_AVXVNNI)
 mg_q8_decode_fp4_fn *mg_avx2_q8_decoder_fp4(void) { return NULL; }
 #endif

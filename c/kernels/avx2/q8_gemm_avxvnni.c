@@ -157,7 +157,7 @@ static void linear_q8_to(const mg_matrix *w, const mg_q8_act *xq, int64_t n_tok,
     if (n_tok >= gemm_min_tok(w->format))
         mg_avxvnni_gemm_q8(w, xq, n_tok, y, y_stride, r0, r1);
     else
-        mg_avx2_linear_q8_rows(w, xq, n_tok, y, y_stride, r0, r1, l2);
+        mg_avxvnni_linear_q8_rows(w, xq, n_tok, y, y_stride, r0, r1, l2);
 }
 
 MG_Q8_PREFETCH_ENTRIES(mg_avxvnni_linear_q8, linear_q8_to)
