@@ -376,13 +376,14 @@ static void *dispatch_thread(void *p) {
 
 int main(void) {
     static const char *const names[] = {"scalar", "avx2", "avx512", "avx512bf16", "neon"};
-    const mg_kernels *tables[5 + MG_KERNEL_TABLES];
+    const mg_kernels *tables[7 + MG_KERNEL_TABLES];
     int n = 0;
     for (int i = 0; i < 5; i++) {
         const mg_kernels *k = mg_kernels_named(names[i]);
         if (k) tables[n++] = k;
     }
     n = add_prefetch_flipped(tables, n, MG_Q4_K); /* every case below runs both prefetch targets */
+    n = add_avx2_without_vnni(tables, n);         /* and the AVX2 rows as built for AVX2 alone */
     case_quantize();
     case_decoders(mg_kernels_named("avx2") != NULL);
     for (int k = 0; k < n; k++) {
@@ -416,23 +417,6 @@ int main(void) {
     }
     for (int k = 0; k < n; k++)
         if (!strcmp(tables[k]->name, "avx2")) case_range_independent(tables[k]);
-    /* the avx2 table of a CPU without AVX-VNNI (its int8 entries are the rows alone), with either
-     * prefetch target, where this CPU has AVX2 */
-    const mg_cpu_features detected = mg_cpu_detect();
-    for (int l2 = 0; l2 < 2 && detected.avx2 && detected.fma && detected.f16c && mg_kernels_named("avx2"); l2++) {
-        static mg_kernels plain[2][MG_KERNEL_TABLES]; /* static: the entries' parents point into it */
-        mg_cpu_features c = {0};
-        c.avx2 = c.fma = c.f16c = 1, c.prefetch_l2 = l2;
-        mg_kernels_build(&c, plain[l2]);
-        plain[l2][1].name = l2 ? "avx2 rows (prefetch into L2)" : "avx2 rows (prefetch into L1)";
-        CHECK(!plain[l2][1].linear_q8_gemm, "%s: no int8 GEMM", plain[l2][1].name);
-        for (int fi = 0; fi < N_FORMATS; fi++) {
-            bmat b;
-            make(&b, FORMATS[fi], 17, FORMATS[fi] == MG_Q8_0 || FORMATS[fi] == MG_Q4_0 ? 13 * 32 : 768);
-            case_linear(&plain[l2][1], &b, 1, 0, 17), case_linear(&plain[l2][1], &b, 3, 2, 15);
-            unmake(&b);
-        }
-    }
     /* rows wider than a kernel's stack copy of x (the VNNI and AVX2 loops prepare x in passes of
      * 8192 columns), in a group of four rows and one left over; for the 32-element formats also
      * a last pass of an odd number of blocks (the AVX2 loops take them two at a time) */
