@@ -15,6 +15,7 @@ from gateway import gguf_vocab
 from gateway.chat import ChatTemplateError
 from gateway.families import load_chat_setup
 from gateway.gguf_vocab import CONTROL, PRE_TOKENIZERS, UNUSED, USER_DEFINED, GGUFTokenizerError
+from gateway.model_path import split_parts
 from gateway.tokenizer import Tokenizer
 from reference_data import template_text
 
@@ -219,8 +220,8 @@ def test_server_reads_tokenizer_chat_and_stops_from_the_file(files: dict[str, Pa
     assert default_model_id(Path("/m/Qwen3-30B-A3B-Q4_K_M.gguf")) == "Qwen3-30B-A3B-Q4_K_M"
     assert default_model_id(Path("/m/Qwen3-30B-A3B")) == "Qwen3-30B-A3B"
     assert default_model_id(Path("/m/GLM-4.5-Q4_K_M-00001-of-00003.gguf")) == "GLM-4.5-Q4_K_M"
-    assert [p.name for p in gguf_vocab.split_parts("/m/G-00001-of-00002.gguf")] == ["G-00001-of-00002.gguf",
-                                                                                    "G-00002-of-00002.gguf"]
+    assert [p.name for p in split_parts("/m/G-00001-of-00002.gguf")] == ["G-00001-of-00002.gguf",
+                                                                          "G-00002-of-00002.gguf"]
     assert _gguf_summary(str(files["qwen3"])).startswith("GGUF v3, ") and "F32 x1" in _gguf_summary(str(files["qwen3"]))
 
 

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -252,29 +251,3 @@ def chat_inputs(vocab: GGUFVocab) -> tuple[dict[str, Any], dict[str, Any], str |
                         if (text := vocab.token_text(kind)) is not None
                         and not (kind == "bos" and pre is not None and pre.drop_bos)}
     return config, tokenizer_config, vocab.chat_template
-
-
-_SPLIT_PART = re.compile(r"^(?P<base>.*)-(?P<no>\d{5})-of-(?P<count>\d{5})$")
-
-
-def split_parts(path: str | os.PathLike[str]) -> list[Path]:
-    """The files of a model given by its first part NAME-00001-of-0000N.gguf (llama.cpp's split
-    naming), or [path] for a single file.  The tokenizer metadata is in the first part."""
-    p = Path(path)
-    m = _SPLIT_PART.match(p.stem)
-    if not m or int(m["no"]) != 1:
-        return [p]
-    return [p.with_name(f"{m['base']}-{k:05d}-of-{m['count']}{p.suffix}") for k in range(1, int(m["count"]) + 1)]
-
-
-def model_name(path: str | os.PathLike[str]) -> str:
-    """The file name without .gguf and without a split set's -00001-of-0000N."""
-    stem = Path(path).stem
-    m = _SPLIT_PART.match(stem)
-    return m["base"] if m else stem
-
-
-def is_gguf(path: str | os.PathLike[str]) -> bool:
-    """A model given as one .gguf file (rather than a checkpoint folder)."""
-    p = Path(path)
-    return p.suffix.lower() == ".gguf" and not p.is_dir()

@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from ..chat.types import ChatEncodingError, ChatTemplateError
-from ..gguf_vocab import GGUFVocab, chat_inputs, is_gguf, read_vocab
+from ..gguf_vocab import GGUFVocab, chat_inputs, read_vocab
+from ..model_path import is_gguf
 from ..tokenizer import special_token_text
 from .record import Family
 from .registry import FAMILIES, EncodedPrompt, encode, get_family, render

@@ -15,8 +15,8 @@ from aiohttp import web
 
 from ..families import ChatSetup, gguf_chat_setup, load_chat_setup
 from ..generate import Slot
-from ..gguf_vocab import build_tokenizer, is_gguf, model_name, read_vocab, split_parts, stop_token_ids
-from ..model_path import resolve_model_path
+from ..gguf_vocab import build_tokenizer, read_vocab, stop_token_ids
+from ..model_path import is_gguf, model_name, resolve_model_path, split_parts
 from ..prefix_cache import MIN_SNAPSHOT_TOKENS, PrefixCache
 from ..prefix_disk import DiskSnapshots, model_folder
 from ..scheduler import Scheduler
