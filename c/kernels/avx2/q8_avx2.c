@@ -727,8 +727,8 @@ static const struct {
 
 /* Per token and column pass, x prepared once; then the rows in groups of ROWS[f].n, the rest
  * one by one (each row's result is the same either way, see store_sums). */
-void Q8_ROWS(const mg_matrix *w, const mg_q8_act *xq, int64_t n_tok, float *y, int64_t y_stride,
-                            int64_t r0, int64_t r1, int prefetch_l2) {
+void Q8_ROWS(const mg_matrix *w, const mg_q8_act *xq, int64_t n_tok, float *y, int64_t y_stride, int64_t r0, int64_t r1,
+             int prefetch_l2) {
     const mg_format f = w->format;
     if (f == MG_FP4_E2M1) { /* native FP4, its scales apart (q8_fp4_avx2.c) */
         Q8_FP4_ROWS(w, xq, n_tok, y, y_stride, r0, r1, prefetch_l2);

@@ -133,8 +133,8 @@ static void rows1(const uint8_t *p, size_t rb, const uint8_t *s, size_t sb, int6
     rows_fp4(1, p, rb, s, sb, ng, x, out);
 }
 
-void FP4_ROWS(const mg_matrix *w, const mg_q8_act *xq, int64_t n_tok, float *y, int64_t y_stride, int64_t r0,
-        int64_t r1, int l2) {
+void FP4_ROWS(const mg_matrix *w, const mg_q8_act *xq, int64_t n_tok, float *y, int64_t y_stride, int64_t r0, int64_t r1,
+              int l2) {
     prep_x x;
     x.l2 = l2;
     mg_q8_drive_rows_scaled(w, xq, n_tok, y, y_stride, r0, r1, XP_MAX, prep_any, &x, rows4, 4, rows1);
