@@ -245,6 +245,19 @@ def test_widest_table_is_preferred_and_narrower_ones_stay_selectable() -> None:
         assert "avx2" in TABLES
 
 
+def _feature_in_new_process(feature: str, env: str, value: str | None) -> str:
+    """_core.cpu_features()[feature] as a new process detects it with the environment variable
+    env set to value (None: unset); features are read once, when the tables are built."""
+    code = "from gateway import _core; print(_core.cpu_features()[%r])" % feature
+    environ = {k: v for k, v in os.environ.items() if k != env}
+    package_root = str(Path(_core.__file__).resolve().parents[1])
+    environ["PYTHONPATH"] = os.pathsep.join(filter(None, [package_root, environ.get("PYTHONPATH")]))
+    if value is not None:
+        environ[env] = value
+    return subprocess.run([sys.executable, "-c", code], env=environ, capture_output=True, text=True,
+                          check=True).stdout.strip()
+
+
 @pytest.mark.skipif(platform.machine() != "x86_64" or not Path("/proc/cpuinfo").exists(),
                     reason="an x86 vendor rule, read from Linux's /proc/cpuinfo")
 @pytest.mark.parametrize("feature, env", [("denormal_assists", "MOEGATE_DENORMAL_ASSISTS"), ("prefetch_l2", "MOEGATE_PREFETCH_L2")])
@@ -253,18 +266,26 @@ def test_vendor_rules_and_their_overrides(feature: str, env: str) -> None:
     environment overrides the rule, anything else is ignored."""
     vendor = next(line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
                   if line.startswith("vendor_id"))
-    code = "from gateway import _core; print(_core.cpu_features()[%r])" % feature
     def run(value: str | None) -> str:
-        environ = {k: v for k, v in os.environ.items() if k != env}
-        package_root = str(Path(_core.__file__).resolve().parents[1])
-        environ["PYTHONPATH"] = os.pathsep.join(filter(None, [package_root, environ.get("PYTHONPATH")]))
-        if value is not None:
-            environ[env] = value
-        return subprocess.run([sys.executable, "-c", code], env=environ, capture_output=True, text=True,
-                              check=True).stdout.strip()
+        return _feature_in_new_process(feature, env, value)
     assert run(None) == str(vendor not in ("AuthenticAMD", "HygonGenuine"))
     assert run("0") == "False" and run("1") == "True"
     assert run("yes") == run(None)
+
+
+@pytest.mark.skipif(platform.machine() != "x86_64" or not Path("/proc/cpuinfo").exists(),
+                    reason="an x86 extension, read from Linux's /proc/cpuinfo")
+def test_avxvnni_follows_the_cpu_and_turns_off_by_environment() -> None:
+    """AVX-VNNI is what the CPU reports (with AVX2); MOEGATE_AVXVNNI=0 turns it off, so the
+    avx2 table of an AVX2-only CPU runs here; nothing turns it on where the CPU lacks it."""
+    flags = next(line.split(":", 1)[1].split() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                 if line.startswith("flags"))
+    def run(value: str | None) -> str:
+        return _feature_in_new_process("avxvnni", "MOEGATE_AVXVNNI", value)
+    has = "avx_vnni" in flags and "avx2" in flags
+    assert run(None) == str(has)
+    assert run("0") == "False"
+    assert run("1") == run("yes") == str(has)
 
 
 def test_linear_rejects_bad_sizes() -> None:

@@ -19,6 +19,14 @@ static int vendor_rule(int by_vendor, const char *name) {
     return env && (env[0] == '0' || env[0] == '1') && env[1] == 0 ? env[0] == '1' : by_vendor;
 }
 
+/* Whether the environment variable `name` is exactly 0: it turns off an extension the CPU has, so
+ * that one machine can run (and time) the code a CPU without it runs.  Nothing turns on an
+ * extension the CPU lacks. */
+static int turned_off(const char *name) {
+    const char *env = getenv(name);
+    return env && env[0] == '0' && env[1] == 0;
+}
+
 mg_cpu_features mg_cpu_detect(void) {
     mg_cpu_features f = {0};
     unsigned int a, b, c, d;
@@ -45,7 +53,7 @@ mg_cpu_features mg_cpu_detect(void) {
         f.avx512vnni = f.avx512 && ((c >> 11) & 1);
         /* subleaf 1 (a: the highest subleaf): EAX bit 4 AVX-VNNI (YMM state, checked above), bit 5 AVX512_BF16 */
         if (a >= 1 && __get_cpuid_count(7, 1, &a, &b, &c, &d)) {
-            f.avxvnni = f.avx2 && ((a >> 4) & 1);
+            f.avxvnni = f.avx2 && ((a >> 4) & 1) && !turned_off("MOEGATE_AVXVNNI");
             f.avx512bf16 = f.avx512 && ((a >> 5) & 1);
         }
     }

@@ -13,7 +13,8 @@ typedef struct mg_cpu_features {
     /* AVX512_VNNI (vpdpbusd) on top of avx512: the avx512 table's int8-activation entries */
     int avx512vnni;
     /* AVX-VNNI (the VEX, ymm vpdpbusd; Intel client CPUs from Alder Lake) on top of avx2: the
-     * avx2 table's int8 GEMM */
+     * avx2 table's int8 rows and GEMM.  MOEGATE_AVXVNNI=0 turns it off, to run and time on this
+     * CPU the avx2 table of an AVX2-only one (Zen 3, Skylake to Comet Lake) */
     int avxvnni;
     /* The dot-product extension (sdot / udot, FEAT_DotProd; Linux HWCAP_ASIMDDP) on top of neon:
      * the neon table's int8 GEMM */

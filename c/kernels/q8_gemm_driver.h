@@ -41,17 +41,19 @@ static inline mg_q8_decode_fn *mg_q8_gemm_decoder(mg_format f) {
  * copied accumulators between registers: the zmm tile ran at 1.75x the fp32 tiles, not 2.4x.) */
 typedef struct {
     const int32_t *q;    /* 4 codes per int32 */
-    const int32_t *comp; /* -128 * (sum of the group's codes): the bias of the x86 tiles' unsigned
-                          * weights (NEON's sdot is signed x signed and has none) */
+    const int32_t *comp; /* -bias * (sum of the group's codes): the bias of the x86 tiles' unsigned
+                          * weights (mg_q8_gemm_isa.code_bias; NEON's sdot is signed x signed and
+                          * has none) */
     const float *dx;     /* the scale of the group's 32 columns */
     const float *sx;     /* dx * (sum of the group's codes) (formats with mins) */
 } mg_q8_tile_x;
 
 /* Tokens [t0, t0 + T), columns [c0, c0 + kc), in a tile's layout at q (kc / 4 * T int32) and
  * comp, dx, sx (kc / G * T each); unit: the columns of a step, 4 or 8 (then kc is a multiple of
- * 8). */
+ * 8); bias: what the tiles added to the weights' codes. */
 static inline void mg_q8_gemm_prep_tile(const mg_q8_act *xq, int64_t t0, int T, int64_t c0, int64_t kc, int G,
-                                        int mins, int unit, int32_t *q, int32_t *comp, float *dx, float *sx) {
+                                        int mins, int unit, int bias, int32_t *q, int32_t *comp, float *dx,
+                                        float *sx) {
     const int64_t cols = xq->cols;
     for (int t = 0; t < T; t++) {
         const int8_t *xt = xq->q + (t0 + t) * cols + c0;
@@ -63,7 +65,7 @@ static inline void mg_q8_gemm_prep_tile(const mg_q8_act *xq, int64_t t0, int T, 
         for (int64_t g = 0; g < kc / G; g++) {
             int32_t sum = 0;
             for (int i = 0; i < G; i++) sum += xt[g * G + i];
-            comp[g * T + t] = -128 * sum;
+            comp[g * T + t] = -bias * sum;
             dx[g * T + t] = dt[g * G / 32];
             if (mins) sx[g * T + t] = G == 32 ? xq->s[(t0 + t) * (cols / 32) + c0 / 32 + g] : dt[g / 2] * (float)sum;
         }
@@ -124,6 +126,9 @@ typedef struct {
     /* The row entry, one token at a time, when the buffers cannot be allocated (it needs none;
      * called with n_tok = 1 so that it does not come back here). */
     mg_linear_q8_fn rows_entry;
+    /* What pack adds to format f's codes to make them unsigned (x's comp takes it off); NULL:
+     * 128, the VNNI tiles' bias for every format. */
+    int (*code_bias)(mg_format f);
 } mg_q8_gemm_isa;
 
 /* The GEMM: per column chunk, every token tile's x laid out once; then per panel of rows, the
@@ -136,6 +141,7 @@ static inline __attribute__((always_inline)) void mg_q8_gemm_drive(const mg_q8_g
     const int G = mg_q8_gemm_group(f), mins = mg_q8_gemm_has_mins(f);
     mg_q8_decode_fn *dec = mg_q8_gemm_decoder(f);
     const int64_t KC = isa->kc, ngc = KC / G;
+    const int bias = isa->code_bias ? isa->code_bias(f) : 128;
     /* one chunk's x of all tokens in the tiles' layout (q, comp, dx, sx), and the panel */
     int32_t *xbuf = aligned_alloc(64, ((size_t)n_tok * (size_t)(KC + 3 * 4 * ngc) + 63) / 64 * 64);
     void *p = aligned_alloc(64, (isa->panel_bytes + 63) / 64 * 64);
@@ -156,8 +162,8 @@ static inline __attribute__((always_inline)) void mg_q8_gemm_drive(const mg_q8_g
         const int64_t kc = w->cols - c0 < KC ? w->cols - c0 : KC;
         for (int64_t i = 0, t0 = 0; i < n_tiles; i++) {
             const int T = (int)((n_tok * (i + 1)) / n_tiles - t0);
-            mg_q8_gemm_prep_tile(xq, t0, T, c0, kc, G, mins, isa->xunit, xbuf + t0 * (KC / 4), xcomp + t0 * ngc,
-                                 xdx + t0 * ngc, xsx + t0 * ngc);
+            mg_q8_gemm_prep_tile(xq, t0, T, c0, kc, G, mins, isa->xunit, bias, xbuf + t0 * (KC / 4),
+                                 xcomp + t0 * ngc, xdx + t0 * ngc, xsx + t0 * ngc);
             t0 += T;
         }
         for (int64_t r = r0; r < r1; r += isa->rows) {

@@ -8,6 +8,8 @@
 #include "core/cpu.h"
 #include "kernels/tables.h"
 
+mg_linear_q8_fn mg_avx2_linear_q8_gemm(int prefetch_l2); /* kernels/avx2/avx2.h: NULL in a build without AVX2 */
+
 /* Appends to tables[n..] (room for MG_KERNEL_TABLES more) the flipped tables whose int8 entry of
  * format f differs from the detected table's of the same name, and returns the new count.  On
  * x86 every SIMD table's int8 entries are the q8_* rows (its own or inherited), so each must
@@ -36,9 +38,9 @@ static int add_prefetch_flipped(const mg_kernels **tables, int n, mg_format f) {
 }
 
 /* Appends the avx2 table of a CPU without AVX-VNNI, with either prefetch target (its int8
- * entries the AVX2 rows alone: q8_avx2.c and q8_fp4_avx2.c as built for AVX2), where this CPU
- * has AVX-VNNI and so takes their AVX-VNNI build (q8_*rows_avxvnni.c); returns the new count
- * (room for 2 more). */
+ * entries the vpmaddubsw GEMM of q8_gemm_avx2.c over the AVX2 rows, q8_avx2.c and q8_fp4_avx2.c
+ * as built for AVX2), where this CPU has AVX-VNNI and so takes the vpdpbusd GEMM and the rows'
+ * AVX-VNNI build (q8_*rows_avxvnni.c); returns the new count (room for 2 more). */
 static int add_avx2_without_vnni(const mg_kernels **tables, int n) {
     static mg_kernels plain[2][MG_KERNEL_TABLES]; /* static: the entries' parents point into it */
     const mg_cpu_features detected = mg_cpu_detect();
@@ -48,7 +50,8 @@ static int add_avx2_without_vnni(const mg_kernels **tables, int n) {
         c.avx2 = c.fma = c.f16c = 1, c.prefetch_l2 = l2;
         mg_kernels_build(&c, plain[l2]);
         plain[l2][1].name = l2 ? "avx2 without AVX-VNNI (prefetch into L2)" : "avx2 without AVX-VNNI (prefetch into L1)";
-        CHECK(!plain[l2][1].linear_q8_gemm, "%s: no int8 GEMM", plain[l2][1].name);
+        CHECK(plain[l2][1].linear_q8_gemm && plain[l2][1].linear_q8[MG_Q4_K] == mg_avx2_linear_q8_gemm(l2),
+              "%s: the vpmaddubsw GEMM's entry", plain[l2][1].name);
         tables[n++] = &plain[l2][1];
     }
     return n;

@@ -38,6 +38,27 @@ INLINE __m256i lane_mask(int64_t n) {
     return _mm256_cmpgt_epi32(_mm256_set1_epi32((int)n), idx);
 }
 
+/* 8 x 8 int32 transpose: out[s] = (in[0][s], ..., in[7][s]) (the int8 GEMMs' panels: 4 codes
+ * of 8 rows per line). */
+INLINE void mg_avx2_transpose8x8_epi32(__m256i r[8]) {
+    __m256i t[8];
+    for (int i = 0; i < 8; i += 2) {
+        t[i] = _mm256_unpacklo_epi32(r[i], r[i + 1]);     /* per 128-bit lane: i0 i+1_0 i1 i+1_1 */
+        t[i + 1] = _mm256_unpackhi_epi32(r[i], r[i + 1]); /* i2 i+1_2 i3 i+1_3 */
+    }
+    for (int i = 0; i < 8; i += 4) { /* per 128-bit lane L: r[i + c] = column 4L + c of rows i..i+3 */
+        r[i] = _mm256_unpacklo_epi64(t[i], t[i + 2]);
+        r[i + 1] = _mm256_unpackhi_epi64(t[i], t[i + 2]);
+        r[i + 2] = _mm256_unpacklo_epi64(t[i + 1], t[i + 3]);
+        r[i + 3] = _mm256_unpackhi_epi64(t[i + 1], t[i + 3]);
+    }
+    for (int c = 0; c < 4; c++) {
+        t[c] = _mm256_permute2x128_si256(r[c], r[4 + c], 0x20);     /* low lanes: column c */
+        t[4 + c] = _mm256_permute2x128_si256(r[c], r[4 + c], 0x31); /* high lanes: column 4 + c */
+    }
+    for (int s = 0; s < 8; s++) r[s] = t[s];
+}
+
 /* Values decoded per step, and the power of two the raw decoding must be multiplied by. */
 INLINE int64_t fmt_step(mg_format f) {
     return f == MG_FP4_E2M1 ? 32 : (f == MG_FP8_E4M3 ? 16 : 8);
@@ -220,6 +241,12 @@ mg_avx2_prefill_fn mg_avx2_prefill_ggml;
 void mg_avx2_linear_q8_rows(const mg_matrix *w, const mg_q8_act *xq, int64_t n_tok, float *y, int64_t y_stride,
                             int64_t r0, int64_t r1, int prefetch_l2);
 mg_linear_q8_fn mg_avx2_linear_q8(int prefetch_l2);
+/* q8_gemm_avx2.c: the int8 GEMM on vpmaddubsw, and the int8 entry that the avx2 table takes on a
+ * CPU without AVX-VNNI (the GEMM from a token count per format, mg_avx2_linear_q8_rows below it,
+ * prefetching as that does). */
+void mg_avx2_gemm_q8(const mg_matrix *w, const mg_q8_act *xq, int64_t n_tok, float *y, int64_t y_stride, int64_t r0,
+                     int64_t r1);
+mg_linear_q8_fn mg_avx2_linear_q8_gemm(int prefetch_l2);
 /* q8_act_avx2.c: activation rows quantised to int8 (core/q8_act.h), bit for bit the C one. */
 mg_q8_row_fn mg_avx2_q8_quantize_row;
 /* q8_gemm_avxvnni.c (compiled with AVX-VNNI as well): the int8 GEMM on ymm vpdpbusd, and the

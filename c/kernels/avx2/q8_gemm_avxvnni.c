@@ -43,26 +43,6 @@ typedef struct {
     float rfac[ROWS][KC / 16], rmn[ROWS][KC / 16];
 } panel;
 
-/* 8 x 8 int32 transpose: out[s] = (in[0][s], ..., in[7][s]). */
-INLINE void transpose8(__m256i r[8]) {
-    __m256i t[8];
-    for (int i = 0; i < 8; i += 2) {
-        t[i] = _mm256_unpacklo_epi32(r[i], r[i + 1]);     /* per 128-bit lane: i0 i+1_0 i1 i+1_1 */
-        t[i + 1] = _mm256_unpackhi_epi32(r[i], r[i + 1]); /* i2 i+1_2 i3 i+1_3 */
-    }
-    for (int i = 0; i < 8; i += 4) { /* per 128-bit lane L: r[i + c] = column 4L + c of rows i..i+3 */
-        r[i] = _mm256_unpacklo_epi64(t[i], t[i + 2]);
-        r[i + 1] = _mm256_unpackhi_epi64(t[i], t[i + 2]);
-        r[i + 2] = _mm256_unpacklo_epi64(t[i + 1], t[i + 3]);
-        r[i + 3] = _mm256_unpackhi_epi64(t[i + 1], t[i + 3]);
-    }
-    for (int c = 0; c < 4; c++) {
-        t[c] = _mm256_permute2x128_si256(r[c], r[4 + c], 0x20);     /* low lanes: column c */
-        t[4 + c] = _mm256_permute2x128_si256(r[c], r[4 + c], 0x31); /* high lanes: column 4 + c */
-    }
-    for (int s = 0; s < 8; s++) r[s] = t[s];
-}
-
 /* Decodes rows [r, r + nr) of w, columns [c0, c0 + kc), into the panel (rows nr.. as zeros). */
 static void pack(const mg_matrix *w, mg_q8_decode_fn *dec, int64_t r, int nr, int64_t c0, int64_t kc, void *vp) {
     panel *p = vp;
@@ -73,7 +53,7 @@ static void pack(const mg_matrix *w, mg_q8_decode_fn *dec, int64_t r, int nr, in
     for (int64_t j = 0; j < kc32 / 32; j++) {
         __m256i v[8];
         for (int i = 0; i < 8; i++) v[i] = _mm256_load_si256((const __m256i *)(p->codes[i] + 32 * j));
-        transpose8(v);
+        mg_avx2_transpose8x8_epi32(v);
         for (int s = 0; s < 8; s++) _mm256_store_si256((__m256i *)p->line[8 * j + s], _mm256_xor_si256(v[s], bias));
     }
 }
@@ -140,7 +120,7 @@ static void rows_entry(const mg_matrix *w, const mg_q8_act *xq, int64_t n_tok, f
 
 void mg_avxvnni_gemm_q8(const mg_matrix *w, const mg_q8_act *xq, int64_t n_tok, float *y, int64_t y_stride,
                         int64_t r0, int64_t r1) {
-    static const mg_q8_gemm_isa isa = {ROWS, 4, TILE, KC, sizeof(panel), pack, tile_any, rows_entry};
+    static const mg_q8_gemm_isa isa = {ROWS, 4, TILE, KC, sizeof(panel), pack, tile_any, rows_entry, NULL};
     mg_q8_gemm_drive(&isa, w, xq, n_tok, y, y_stride, r0, r1);
 }
 

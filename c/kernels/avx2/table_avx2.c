@@ -37,17 +37,18 @@ LINEAR_FN(linear_ggml, mg_avx2_decode_ggml, mg_avx2_prefill_ggml) /* ggml_avx2.c
 int mg_kernels_override_avx2(mg_kernels *k, const mg_cpu_features *f) {
     MG_LINEAR_SET(k, linear);
     if (f->denormal_assists) k->linear[MG_FP8_E4M3] = linear_fp8_f16; /* see decode_rows_avx2.c, step_fp8_f16 */
-    /* int8 activations: the maddubs rows (q8_avx2.c), which loop over the tokens; on a CPU with
-     * AVX-VNNI an entry with an int8 GEMM for several tokens (q8_gemm_avxvnni.c), so that prefill
-     * takes the int8 path too (linear_q8_gemm).  The avx512 table inherits both, and replaces
-     * them with its own where the CPU has AVX512_VNNI. */
-    const mg_linear_q8_fn vnni = f->avxvnni ? mg_avxvnni_linear_q8(f->prefetch_l2) : NULL;
+    /* int8 activations: an entry with an int8 GEMM for several tokens, so that prefill takes the
+     * int8 path too (linear_q8_gemm), and the rows (q8_avx2.c) for fewer: on a CPU with AVX-VNNI
+     * vpdpbusd's (q8_gemm_avxvnni.c, the rows built with it), else vpmaddubsw's
+     * (q8_gemm_avx2.c).  The avx512 table inherits the entry, and replaces it with its own where
+     * the CPU has AVX512_VNNI. */
+    const mg_linear_q8_fn q8 = f->avxvnni ? mg_avxvnni_linear_q8(f->prefetch_l2) : mg_avx2_linear_q8_gemm(f->prefetch_l2);
     for (int fmt = MG_Q8_0; fmt < MG_FORMAT_COUNT; fmt++) /* a format ggml_avx2.c lacks keeps the parent's */
         if (mg_avx2_ggml_takes((mg_format)fmt)) k->linear[fmt] = linear_ggml;
     for (int fmt = 0; fmt < MG_FORMAT_COUNT; fmt++) /* the block formats and FP4 (q8_fp4_avx2.c) */
-        if (mg_format_has_q8_path((mg_format)fmt)) k->linear_q8[fmt] = vnni ? vnni : mg_avx2_linear_q8(f->prefetch_l2);
+        if (mg_format_has_q8_path((mg_format)fmt)) k->linear_q8[fmt] = q8;
     k->q8_quantize_row = mg_avx2_q8_quantize_row; /* q8_act_avx2.c */
-    k->linear_q8_gemm = vnni != NULL;
+    k->linear_q8_gemm = 1;
     MG_VECTOR_OPS_SET(k, mg_avx2);
     k->attn_scores = mg_avx2_attn_scores, k->attn_values = mg_avx2_attn_values; /* attn_avx2.c */
     k->softmax = mg_avx2_softmax;

@@ -141,7 +141,7 @@ static void rows_entry(const mg_matrix *w, const mg_q8_act *xq, int64_t n_tok, f
 
 void mg_avx512vnni_gemm_q8(const mg_matrix *w, const mg_q8_act *xq, int64_t n_tok, float *y, int64_t y_stride,
                            int64_t r0, int64_t r1) {
-    static const mg_q8_gemm_isa isa = {ROWS, 4, TILE, KC, sizeof(panel), pack, tile_any, rows_entry};
+    static const mg_q8_gemm_isa isa = {ROWS, 4, TILE, KC, sizeof(panel), pack, tile_any, rows_entry, NULL};
     mg_q8_gemm_drive(&isa, w, xq, n_tok, y, y_stride, r0, r1);
 }
 #endif

@@ -201,7 +201,7 @@ static void tile_any(int T, int G, const void *vp, const mg_q8_tile_x *x, int mi
 
 void mg_neondot_gemm_q8(const mg_matrix *w, const mg_q8_act *xq, int64_t n_tok, float *y, int64_t y_stride,
                         int64_t r0, int64_t r1) {
-    static const mg_q8_gemm_isa isa = {ROWS, 4, TILE, KC, sizeof(panel), pack, tile_any, neon_q8_rows};
+    static const mg_q8_gemm_isa isa = {ROWS, 4, TILE, KC, sizeof(panel), pack, tile_any, neon_q8_rows, NULL};
     mg_q8_gemm_drive(&isa, w, xq, n_tok, y, y_stride, r0, r1);
 }
 
