@@ -205,8 +205,10 @@ void mg_avx2_gemm_q8(const mg_matrix *w, const mg_q8_act *xq, int64_t n_tok, flo
 }
 
 /* The token count from which this GEMM, which decodes each row once for all tokens, beats the
- * AVX2 rows, which decode it again per token: as on AVX-VNNI (q8_gemm_avxvnni.c). */
-static int64_t gemm_min_tok(mg_format f) { return f >= MG_IQ2_XXS ? 2 : 3; }
+ * AVX2 rows, which decode it again per token (one core, 256 x 2048, docs/KERNELS.md): 2 for the
+ * grid formats, whose rows are the slowest, 4 for the nibble planes (Q8_0 at 3 tokens: 54 GOPS
+ * against the rows' 58), else 3 (Q4_K level with the rows at 3, Q6_K 63 against 50). */
+static int64_t gemm_min_tok(mg_format f) { return f >= MG_IQ2_XXS ? 2 : code_forms(f).max > 129 ? 4 : 3; }
 
 /* The avx2 table's int8 entry on a CPU without AVX-VNNI: the GEMM for several tokens, the rows
  * for fewer. */
