@@ -30,6 +30,7 @@ INLINE float f16_at(const uint8_t *p) { /* vcvtph2ps: exact, denormals included 
 
 INLINE __m256i loadu256(const uint8_t *p) { return _mm256_loadu_si256((const __m256i *)p); }
 
+
 /* 16 bytes of Q4_0-ordered nibbles (element i low nibble of byte i, element 16 + i its high
  * nibble) as 32 bytes 0..15 in element order. */
 INLINE __m256i nibbles16(const uint8_t *p) {
@@ -158,6 +159,7 @@ INLINE __m256 dot_nibbles(const uint8_t *qs, const float *x, int off) {
         __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();                     \
         int64_t i = 0;                                                                      \
         for (; i + 2 <= nb; i += 2, p += 2 * (BYTES), x += 64) {                            \
+            mg_avx2_prefetch_ahead(p, 2 * (BYTES));                                         \
             acc0 = _mm256_fmadd_ps(_mm256_set1_ps(SCALE(p)), DOT(p, x), acc0);              \
             const uint8_t *p1 = p + (BYTES);                                                \
             acc1 = _mm256_fmadd_ps(_mm256_set1_ps(SCALE(p1)), DOT(p1, x + 32), acc1);       \
@@ -174,6 +176,7 @@ INLINE __m256 dot_nibbles(const uint8_t *qs, const float *x, int off) {
         float m0 = 0, m1 = 0;                                                               \
         int64_t i = 0;                                                                      \
         for (; i + 2 <= nb; i += 2, p += 2 * (BYTES), x += 64) {                            \
+            mg_avx2_prefetch_ahead(p, 2 * (BYTES));                                         \
             const uint8_t *p1 = p + (BYTES);                                                \
             acc0 = _mm256_fmadd_ps(_mm256_set1_ps(f16_at(p)), DOT(p, x), acc0);             \
             acc1 = _mm256_fmadd_ps(_mm256_set1_ps(f16_at(p1)), DOT(p1, x + 32), acc1);      \
@@ -222,6 +225,7 @@ INLINE float row_dot_k4(const uint8_t *p, int64_t nb, const float *x, const floa
     for (int64_t i = 0; i < nb; i++, p += bytes, x += 256, xs += 8) {
         uint8_t sc[8], mn[8];
         float ds[8] __attribute__((aligned(32)));
+        mg_avx2_prefetch_ahead(p, bytes);
         mg_ggml_k4_scales_mins(p + 4, sc, mn);
         _mm256_store_ps(ds, bytes_times(sc, f16_at(p)));
         accm = _mm256_fmadd_ps(bytes_times(mn, f16_at(p + 2)), _mm256_loadu_ps(xs), accm);
@@ -263,6 +267,7 @@ static float row_dot_q6_k(const uint8_t *p, int64_t nb, const float *x, const fl
     __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
     for (int64_t i = 0; i < nb; i++, p += 210, x += 256) {
         float ds[16] __attribute__((aligned(32)));
+        mg_avx2_prefetch_ahead(p, 210);
         const __m256i s16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(p + 192)));
         const __m256 d = _mm256_set1_ps(f16_at(p + 208));
         _mm256_store_ps(ds, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi16_epi32(_mm256_castsi256_si128(s16))), d));
@@ -331,6 +336,7 @@ static float row_dot_q2_k(const uint8_t *p, int64_t nb, const float *x, const fl
     const __m128i m4 = _mm_set1_epi8(0x0f);
     __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps(), accm = _mm256_setzero_ps();
     for (int64_t i = 0; i < nb; i++, p += 84, x += 256, xs += 16) {
+        mg_avx2_prefetch_ahead(p, 84);
         float ds[16] __attribute__((aligned(32)));
         const __m128i sc = _mm_loadu_si128((const __m128i *)p);
         q2_k_factors(_mm_and_si128(sc, m4), f16_at(p + 80), ds);
@@ -381,6 +387,7 @@ static float row_dot_q3_k(const uint8_t *p, int64_t nb, const float *x, const fl
     (void)xs;
     __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
     for (int64_t i = 0; i < nb; i++, p += 110, x += 256) {
+        mg_avx2_prefetch_ahead(p, 110);
         float ds[16] __attribute__((aligned(32)));
         q3_k_factors(p, ds);
         const __m256i hm = loadu256(p);
@@ -404,6 +411,7 @@ static float row_dot_iq4_xs(const uint8_t *p, int64_t nb, const float *x, const 
     const __m256i lut = lut16(MG_IQ4NL_VALUES);
     __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
     for (int64_t i = 0; i < nb; i++, p += 136, x += 256) {
+        mg_avx2_prefetch_ahead(p, 136);
         float dl[8] __attribute__((aligned(32)));
         _mm256_store_ps(dl, iq4_xs_scales(p, f16_at(p)));
         for (int j = 0; j < 8; j += 2) {

@@ -141,6 +141,7 @@ static float row_dot_iq2_xxs(const uint8_t *p, int64_t nb, const float *x, const
     (void)xs;
     __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
     for (int64_t i = 0; i < nb; i++, p += 66, x += 256) {
+        mg_avx2_prefetch_ahead(p, 66);
         const float d = f16_at(p);
         for (int ib = 0; ib < 8; ib += 2) {
             for (int h = 0; h < 2; h++) {
@@ -173,6 +174,7 @@ INLINE float row_dot_iq2_xs_s(const uint8_t *p, int64_t nb, const float *x, int 
     __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
     float fl[8] __attribute__((aligned(32))), fh[8] __attribute__((aligned(32)));
     for (int64_t i = 0; i < nb; i++, p += bytes, x += 256) {
+        mg_avx2_prefetch_ahead(p, bytes);
         iq2_xs_factors(p + (s2 ? 74 : 66), f16_at(p), fl, fh);
         for (int ib = 0; ib < 8; ib++) {
             const float *xb = x + 32 * ib;
@@ -218,6 +220,7 @@ static float row_dot_iq3_xxs(const uint8_t *p, int64_t nb, const float *x, const
     __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
     float f[8] __attribute__((aligned(32)));
     for (int64_t i = 0; i < nb; i++, p += 98, x += 256) {
+        mg_avx2_prefetch_ahead(p, 98);
         _mm256_store_ps(f, odd_factors(_mm256_srli_epi32(_mm256_loadu_si256((const __m256i *)(p + 66)), 28), f16_at(p)));
         for (int ib = 0; ib < 8; ib++) {
             const uint8_t *q = p + 2 + 8 * ib;
@@ -244,6 +247,7 @@ static float row_dot_iq3_s(const uint8_t *p, int64_t nb, const float *x, const f
     __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
     float f[8] __attribute__((aligned(32)));
     for (int64_t i = 0; i < nb; i++, p += 110, x += 256) {
+        mg_avx2_prefetch_ahead(p, 110);
         iq3_s_factors(p, f16_at(p), f);
         for (int ib = 0; ib < 8; ib++) {
             const uint8_t *q = p + 2 + 8 * ib, *signs = p + 74 + 4 * ib;
@@ -276,6 +280,7 @@ static float row_dot_iq1_s(const uint8_t *p, int64_t nb, const float *x, const f
     __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps(), accd = _mm256_setzero_ps();
     float f[8] __attribute__((aligned(32)));
     for (int64_t i = 0; i < nb; i++, p += 50, x += 256, xs += 8) {
+        mg_avx2_prefetch_ahead(p, 50);
         const __m256i qh = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(p + 34)));
         const __m256 dl = odd_factors(_mm256_and_si256(_mm256_srli_epi32(qh, 12), _mm256_set1_epi32(7)), f16_at(p));
         _mm256_store_ps(f, dl);
@@ -308,6 +313,7 @@ static float row_dot_iq1_m(const uint8_t *p, int64_t nb, const float *x, const f
     __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
     float f[16] __attribute__((aligned(32)));
     for (int64_t i = 0; i < nb; i++, p += 56, x += 256) {
+        mg_avx2_prefetch_ahead(p, 56);
         iq1_m_factors(p, mg_ggml_iq1_m_d(p), f);
         for (int k = 0; k < 32; k += 4) { /* groups k .. k + 3: factors k / 2, k / 2 + 1 */
             const unsigned h0 = p[32 + k / 2], h1 = p[33 + k / 2];
