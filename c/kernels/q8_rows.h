@@ -82,4 +82,16 @@ mg_q8_drive_rows_scaled(const mg_matrix *w, const mg_q8_act *xq, int64_t n_tok, 
     }                                                                                                  \
     mg_linear_q8_fn NAME(int prefetch_l2) { return prefetch_l2 ? TO##_l2 : TO##_l1; }
 
+/* The entries (as MG_Q8_PREFETCH_ENTRIES) of an int8 GEMM's table entry: GEMM (mg_linear_q8_fn)
+ * from MIN_TOK(format) tokens on, the row loops ROWS (with the prefetch argument) below. */
+#define MG_Q8_GEMM_ENTRIES(NAME, MIN_TOK, GEMM, ROWS)                                                   \
+    static void NAME##_to(const mg_matrix *w, const mg_q8_act *xq, int64_t n_tok, float *y, int64_t y_stride, \
+                          int64_t r0, int64_t r1, int l2) {                                              \
+        if (n_tok >= MIN_TOK(w->format))                                                                 \
+            GEMM(w, xq, n_tok, y, y_stride, r0, r1);                                                     \
+        else                                                                                             \
+            ROWS(w, xq, n_tok, y, y_stride, r0, r1, l2);                                                 \
+    }                                                                                                    \
+    MG_Q8_PREFETCH_ENTRIES(NAME, NAME##_to)
+
 #endif

@@ -19,15 +19,18 @@
 
 #if defined(__x86_64__) && defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #include "kernels/avx2/avx2.h"
+#include "kernels/avx2/q8_tile_avx2.h"
 
+/* Tokens per tile: 3 vectors each (two i16 sums, or an i16 and an int32 one, and the float
+ * accumulator) and 4 live vectors fit the 16 ymm; 3 measured the same or slower
+ * (docs/KERNELS.md). */
 #ifndef MG_AVX2_GEMM_TILE
 #define MG_AVX2_GEMM_TILE 4
 #endif
 enum {
-    ROWS = 8,   /* rows per panel: the 8 int32 lanes of a ymm */
-    KC = 1024,  /* columns per chunk: a multiple of 256 (every block) and of 32 (the transpose) */
-    TILE = MG_AVX2_GEMM_TILE,   /* tokens per tile: 3 vectors each (two i16 sums or an i16 and an int32 one, and the
-                 * float accumulator) and 4 live vectors fit the 16 ymm */
+    ROWS = 8,                 /* rows per panel: the 8 int32 lanes of a ymm */
+    KC = 1024,                /* columns per chunk: a multiple of 256 (every block) and of 32 (the transpose) */
+    TILE = MG_AVX2_GEMM_TILE, /* tokens per tile */
 };
 
 /* How a format's codes (the contract's, kernels/scalar/q8_scalar.c) become unsigned bytes: + bias,
@@ -112,11 +115,9 @@ INLINE void keep_in_register(__m256i *v) { __asm__("" : "+x"(*v)); }
  * nibble planes): y[t][0 .. nr) gains the chunk's sums (first: y is overwritten). */
 INLINE void tile(const int T, const int G, const int S, const int PLANES, const panel *p, const mg_q8_tile_x *x,
                  int mins, int64_t kc, float *y, int64_t y_stride, int nr, int first) {
-    const __m256i m = lane_mask(nr), ones = _mm256_set1_epi16(1), sixteen = _mm256_set1_epi16(16);
+    const __m256i ones = _mm256_set1_epi16(1), sixteen = _mm256_set1_epi16(16);
     __m256 acc[TILE];
-    for (int t = 0; t < T; t++)
-        acc[t] = first ? _mm256_setzero_ps() : nr == ROWS ? _mm256_loadu_ps(y + t * y_stride)
-                                                          : _mm256_maskload_ps(y + t * y_stride, m);
+    mg_avx2_tile_load(T, acc, y, y_stride, nr, first);
     const int32_t *xq = x->q;
     const int steps = G / 4, per_sum = S < steps ? S : steps;
     for (int64_t g = 0; g < kc / G; g++, xq += steps * T) {
@@ -146,21 +147,9 @@ INLINE void tile(const int T, const int G, const int S, const int PLANES, const 
                 s[t] = j0 == 0 ? _mm256_add_epi32(v, _mm256_set1_epi32(x->comp[g * T + t])) : _mm256_add_epi32(s[t], v);
             }
         }
-        const __m256 f = _mm256_load_ps(p->fac[g]);
-        for (int t = 0; t < T; t++)
-            acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[t]), _mm256_mul_ps(f, _mm256_set1_ps(x->dx[g * T + t])),
-                                     acc[t]);
-        if (mins) {
-            const __m256 mv = _mm256_load_ps(p->mn[g]);
-            for (int t = 0; t < T; t++) acc[t] = _mm256_fnmadd_ps(mv, _mm256_set1_ps(x->sx[g * T + t]), acc[t]);
-        }
+        mg_avx2_tile_group(T, acc, s, p->fac[g], p->mn[g], x, g, mins);
     }
-    for (int t = 0; t < T; t++) {
-        if (nr == ROWS)
-            _mm256_storeu_ps(y + t * y_stride, acc[t]);
-        else
-            _mm256_maskstore_ps(y + t * y_stride, m, acc[t]);
-    }
+    mg_avx2_tile_store(T, acc, y, y_stride, nr);
 }
 
 /* T, G, S and the planes as constants of the loops. */
@@ -193,14 +182,9 @@ static void tile_any(int T, int G, const void *vp, const mg_q8_tile_x *x, int mi
     }
 }
 
-static void rows_entry(const mg_matrix *w, const mg_q8_act *xq, int64_t n_tok, float *y, int64_t y_stride,
-                       int64_t r0, int64_t r1) {
-    mg_avx2_linear_q8_rows(w, xq, n_tok, y, y_stride, r0, r1, 0); /* one token, after a failed allocation */
-}
-
 void mg_avx2_gemm_q8(const mg_matrix *w, const mg_q8_act *xq, int64_t n_tok, float *y, int64_t y_stride, int64_t r0,
                      int64_t r1) {
-    static const mg_q8_gemm_isa isa = {ROWS, 4, TILE, KC, sizeof(panel), pack, tile_any, rows_entry, code_bias};
+    static const mg_q8_gemm_isa isa = {ROWS, 4, TILE, KC, sizeof(panel), pack, tile_any, mg_avx2_gemm_rows_entry, code_bias};
     mg_q8_gemm_drive(&isa, w, xq, n_tok, y, y_stride, r0, r1);
 }
 
@@ -212,15 +196,7 @@ static int64_t gemm_min_tok(mg_format f) { return f >= MG_IQ2_XXS ? 2 : code_for
 
 /* The avx2 table's int8 entry on a CPU without AVX-VNNI: the GEMM for several tokens, the rows
  * for fewer. */
-static void linear_q8_to(const mg_matrix *w, const mg_q8_act *xq, int64_t n_tok, float *y, int64_t y_stride,
-                         int64_t r0, int64_t r1, int l2) {
-    if (n_tok >= gemm_min_tok(w->format))
-        mg_avx2_gemm_q8(w, xq, n_tok, y, y_stride, r0, r1);
-    else
-        mg_avx2_linear_q8_rows(w, xq, n_tok, y, y_stride, r0, r1, l2);
-}
-
-MG_Q8_PREFETCH_ENTRIES(mg_avx2_linear_q8_gemm, linear_q8_to)
+MG_Q8_GEMM_ENTRIES(mg_avx2_linear_q8_gemm, gemm_min_tok, mg_avx2_gemm_q8, mg_avx2_linear_q8_rows)
 #else
 mg_linear_q8_fn mg_avx2_linear_q8_gemm(int prefetch_l2) { return NULL; }
 #endif

@@ -17,6 +17,7 @@
 
 #if defined(__x86_64__) && defined(__AVX2__) && defined(__FMA__) && defined(__F16C__) && defined(__AVXVNNI__)
 #include "kernels/avx2/avx2.h"
+#include "kernels/avx2/q8_tile_avx2.h"
 
 /* Compile-time knobs for measuring (TILE up to 8: the tile cases below). */
 #ifndef MG_AVXVNNI_TILE
@@ -62,11 +63,8 @@ static void pack(const mg_matrix *w, mg_q8_decode_fn *dec, int64_t r, int nr, in
  * (first: y is overwritten). */
 INLINE void tile(const int T, const int G, const panel *p, const mg_q8_tile_x *x, int mins, int64_t kc, float *y,
                  int64_t y_stride, int nr, int first) {
-    const __m256i m = lane_mask(nr);
     __m256 acc[TILE];
-    for (int t = 0; t < T; t++)
-        acc[t] = first ? _mm256_setzero_ps() : nr == ROWS ? _mm256_loadu_ps(y + t * y_stride)
-                                                          : _mm256_maskload_ps(y + t * y_stride, m);
+    mg_avx2_tile_load(T, acc, y, y_stride, nr, first);
     const int32_t *xq = x->q;
     for (int64_t g = 0; g < kc / G; g++, xq += G / 4 * T) {
         __m256i s[TILE];
@@ -76,21 +74,9 @@ INLINE void tile(const int T, const int G, const panel *p, const mg_q8_tile_x *x
             const __m256i wv = _mm256_load_si256((const __m256i *)p->line[g * (G / 4) + j]);
             for (int t = 0; t < T; t++) s[t] = _mm256_dpbusd_avx_epi32(s[t], wv, _mm256_set1_epi32(xq[j * T + t]));
         }
-        const __m256 f = _mm256_load_ps(p->fac[g]);
-        for (int t = 0; t < T; t++)
-            acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[t]), _mm256_mul_ps(f, _mm256_set1_ps(x->dx[g * T + t])),
-                                     acc[t]);
-        if (mins) {
-            const __m256 mv = _mm256_load_ps(p->mn[g]);
-            for (int t = 0; t < T; t++) acc[t] = _mm256_fnmadd_ps(mv, _mm256_set1_ps(x->sx[g * T + t]), acc[t]);
-        }
+        mg_avx2_tile_group(T, acc, s, p->fac[g], p->mn[g], x, g, mins);
     }
-    for (int t = 0; t < T; t++) {
-        if (nr == ROWS)
-            _mm256_storeu_ps(y + t * y_stride, acc[t]);
-        else
-            _mm256_maskstore_ps(y + t * y_stride, m, acc[t]);
-    }
+    mg_avx2_tile_store(T, acc, y, y_stride, nr);
 }
 
 #define TILE_CASE(N, G) \
@@ -113,14 +99,9 @@ static void tile_any(int T, int G, const void *vp, const mg_q8_tile_x *x, int mi
     }
 }
 
-static void rows_entry(const mg_matrix *w, const mg_q8_act *xq, int64_t n_tok, float *y, int64_t y_stride,
-                       int64_t r0, int64_t r1) {
-    mg_avx2_linear_q8_rows(w, xq, n_tok, y, y_stride, r0, r1, 0); /* one token, after a failed allocation */
-}
-
 void mg_avxvnni_gemm_q8(const mg_matrix *w, const mg_q8_act *xq, int64_t n_tok, float *y, int64_t y_stride,
                         int64_t r0, int64_t r1) {
-    static const mg_q8_gemm_isa isa = {ROWS, 4, TILE, KC, sizeof(panel), pack, tile_any, rows_entry, NULL};
+    static const mg_q8_gemm_isa isa = {ROWS, 4, TILE, KC, sizeof(panel), pack, tile_any, mg_avx2_gemm_rows_entry, NULL};
     mg_q8_gemm_drive(&isa, w, xq, n_tok, y, y_stride, r0, r1);
 }
 
@@ -132,15 +113,7 @@ static int64_t gemm_min_tok(mg_format f) { return f >= MG_IQ2_XXS ? 2 : 3; }
 
 /* The avx2 table's int8 entry on a CPU with AVX-VNNI: the GEMM for several tokens, the rows for
  * fewer. */
-static void linear_q8_to(const mg_matrix *w, const mg_q8_act *xq, int64_t n_tok, float *y, int64_t y_stride,
-                         int64_t r0, int64_t r1, int l2) {
-    if (n_tok >= gemm_min_tok(w->format))
-        mg_avxvnni_gemm_q8(w, xq, n_tok, y, y_stride, r0, r1);
-    else
-        mg_avxvnni_linear_q8_rows(w, xq, n_tok, y, y_stride, r0, r1, l2);
-}
-
-MG_Q8_PREFETCH_ENTRIES(mg_avxvnni_linear_q8, linear_q8_to)
+MG_Q8_GEMM_ENTRIES(mg_avxvnni_linear_q8, gemm_min_tok, mg_avxvnni_gemm_q8, mg_avxvnni_linear_q8_rows)
 #else
 mg_linear_q8_fn mg_avxvnni_linear_q8(int prefetch_l2) { return NULL; }
 #endif
