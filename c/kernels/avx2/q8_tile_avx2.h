@@ -2,7 +2,7 @@
  * one int32 lane per row): T tokens' float accumulators of a panel's rows, loaded from y and
  * stored back (nr < 8 rows through masks), and the end of a group, where the group's exact int32
  * sums s become floats, times the rows' factors and the token's dx, minus the mins' term
- * (kernels/q8_gemm.h).  Include after kernels/q8_gemm_driver.h and kernels/avx2/avx2.h. */
+ * (kernels/q8_gemm.h); and the driver's rows entry.  Include after kernels/q8_gemm_driver.h and kernels/avx2/avx2.h. */
 #ifndef MG_KERNELS_AVX2_Q8_TILE_AVX2_H
 #define MG_KERNELS_AVX2_Q8_TILE_AVX2_H
 
