@@ -113,7 +113,8 @@ class Engine:
         else prefill keeps f32.  Other weight formats (f32, bf16, f16, FP8) keep fp32 x, except
         that on a CPU with AVX512_BF16 the prefill of bf16 and FP8 weights exact in bf16
         (unscaled, power-of-two block or row scales) rounds x to bf16 (2x the fp32 tiles'
-        multiply-adds per instruction; about 1e-2 relative change in the logits, as int8).  info["activations"] is the one in use.
+        multiply-adds per instruction; about 1e-2 relative change in the logits, as int8).
+        info["activations"] is the one in use.
         emulate_disk_gbps: rehearsals only (tools/rehearse.py), with ram_gb: the expert store's
         reads complete no sooner than on a single-queue disk of this many GB/s (the bytes still
         come from the files; reads that come back faster, as a sparse file's holes do, are held).
