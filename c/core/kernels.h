@@ -32,9 +32,9 @@ typedef struct mg_kernels {
     /* int8 activations: set for the ggml block formats (MG_Q8_0 ...), NULL for the others,
      * which keep fp32 activations whatever the compute environment asks (c/core/linear.h). */
     mg_linear_q8_fn linear_q8[MG_FORMAT_COUNT];
-    /* Nonzero when the linear_q8 entries multiply many tokens at once (an int8 GEMM: the avx512
-     * table on a CPU with AVX512_VNNI), so that prefill takes them too; 0: they loop over the
-     * tokens of each row, and only decode (one token) takes them (core/linear.c). */
+    /* Nonzero when the linear_q8 entries multiply many tokens at once (an int8 GEMM: every x86
+     * table, the neon one with the dot product), so that prefill takes them too; 0: they loop
+     * over the tokens of each row, and only decode (one token) takes them (core/linear.c). */
     int linear_q8_gemm;
     /* The opt-in fast activations (act_int8) for the formats without linear_q8 entries: prefill
      * (n_tok > 1) with x rounded to bf16 on weights exact in bf16 (kernels/avx512bf16/

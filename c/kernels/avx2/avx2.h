@@ -248,12 +248,10 @@ int mg_avx2_ggml_takes(mg_format f); /* the formats the two above implement (oth
 void mg_avx2_ggml_dequant_block(mg_format f, const uint8_t *p, float *out);
 mg_avx2_prefill_fn mg_avx2_prefill_ggml;
 /* q8_avx2.c: the same formats with int8 activations (any n_tok, token by token, rows four per
- * pass: the table uses it for decode, see core/linear.c), the row loops prefetching into L2 or
- * L1 (prefetch_l2: mg_cpu_features.prefetch_l2); mg_avx2_linear_q8 gives the linear_q8 entry
- * for either. */
+ * pass: the int8 entries below take them for decode), the row loops prefetching into L2 or L1
+ * (prefetch_l2: mg_cpu_features.prefetch_l2). */
 void mg_avx2_linear_q8_rows(const mg_matrix *w, const mg_q8_act *xq, int64_t n_tok, float *y, int64_t y_stride,
                             int64_t r0, int64_t r1, int prefetch_l2);
-mg_linear_q8_fn mg_avx2_linear_q8(int prefetch_l2);
 /* q8_gemm_avx2.c: the int8 GEMM on vpmaddubsw, and the int8 entry that the avx2 table takes on a
  * CPU without AVX-VNNI (the GEMM from a token count per format, mg_avx2_linear_q8_rows below it,
  * prefetching as that does). */
@@ -277,10 +275,10 @@ void mg_avxvnni_linear_q8_rows(const mg_matrix *w, const mg_q8_act *xq, int64_t 
 void mg_avxvnni_linear_q8_fp4(const mg_matrix *w, const mg_q8_act *xq, int64_t n_tok, float *y, int64_t y_stride,
                               int64_t r0, int64_t r1, int l2);
 /* q8_fp4_avx2.c: native FP4 (MG_FP4_E2M1 with ue8m0 scales per 32, kernels/q8_fp4.h) with int8
- * activations, which mg_avx2_linear_q8 hands over (and the int8 GEMM's FP4 decoder). */
+ * activations, which mg_avx2_linear_q8_rows hands over (and the int8 GEMM's FP4 decoder). */
 void mg_avx2_linear_q8_fp4(const mg_matrix *w, const mg_q8_act *xq, int64_t n_tok, float *y, int64_t y_stride,
                            int64_t r0, int64_t r1, int l2);
-/* q8_iq_avx2.c: the IQ grid formats' int8 rows, which mg_avx2_linear_q8 hands over (for the
+/* q8_iq_avx2.c: the IQ grid formats' int8 rows, which mg_avx2_linear_q8_rows hands over (for the
  * formats mg_avx2_q8_iq_takes). */
 int mg_avx2_q8_iq_takes(mg_format f);
 void mg_avx2_linear_q8_iq(const mg_matrix *w, const mg_q8_act *xq, int64_t n_tok, float *y, int64_t y_stride, int64_t r0,

@@ -30,7 +30,6 @@ INLINE float f16_at(const uint8_t *p) { /* vcvtph2ps: exact, denormals included 
 
 INLINE __m256i loadu256(const uint8_t *p) { return _mm256_loadu_si256((const __m256i *)p); }
 
-
 /* 16 bytes of Q4_0-ordered nibbles (element i low nibble of byte i, element 16 + i its high
  * nibble) as 32 bytes 0..15 in element order. */
 INLINE __m256i nibbles16(const uint8_t *p) {

@@ -745,8 +745,4 @@ void Q8_ROWS(const mg_matrix *w, const mg_q8_act *xq, int64_t n_tok, float *y, i
     x.l2 = prefetch_l2;
     mg_q8_drive_rows(w, xq, n_tok, y, y_stride, r0, r1, XP_MAX, prep, &x, ROWS[f].group, ROWS[f].n, ROWS[f].one);
 }
-
-#ifndef MG_Q8_ROWS_AVXVNNI
-MG_Q8_PREFETCH_ENTRIES(mg_avx2_linear_q8, mg_avx2_linear_q8_rows)
-#endif
 #endif
