@@ -16,7 +16,11 @@ step below TWIN_TOLERANCE = 1e-4 (measured 1e-7 .. 4e-7); one step reached 2e-3,
 reordering moved a later layer's activation across a rounding boundary of its int8 code."""
 from __future__ import annotations
 
+import json
+import os
 import re
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -24,6 +28,7 @@ import numpy as np
 import pytest
 from tools.ckpt.gguf_file import write_gguf
 
+from gateway import _core
 from gateway.engine import Engine
 
 MEDIAN_TOLERANCE = 0.06
@@ -128,6 +133,51 @@ def test_int8_prefill_matches_int8_decode(case: str, gguf) -> None:
             assert float(np.median(step_errors(prefill, np.asarray(f32.eval(tokens))))) > 10 * TWIN_TOLERANCE
         finally:
             f32.close()
+
+
+# The avx2 table of a CPU without any VNNI (MOEGATE_AVXVNNI=0, read when the tables are built,
+# so in a process of its own): int8 prefill and int8 decode of the same tokens there.
+_PLAIN_AVX2 = """
+import json, sys
+import numpy as np
+from gateway import _core
+from gateway.engine import Engine
+path, tokens = sys.argv[1], [int(t) for t in sys.argv[2].split(",")]
+def run(one_by_one):
+    engine = Engine(path, max_ctx=64, activations="int8", kernels="avx2")
+    try:
+        if one_by_one:
+            logits = np.stack([np.asarray(engine.eval([t], last_only=True))[-1] for t in tokens])
+        else:
+            logits = np.asarray(engine.eval(tokens))
+        return engine.info["int8_prefill"], logits.tolist()
+    finally:
+        engine.close()
+gemm, prefill = run(False)
+print(json.dumps({"avxvnni": _core.cpu_features()["avxvnni"], "gemm": gemm, "prefill": prefill,
+                  "decode": run(True)[1]}))
+"""
+
+
+@pytest.mark.skipif(not _core.cpu_features()["avx2"], reason="the avx2 table: an x86 CPU with AVX2")
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_int8_prefill_on_avx2_without_vnni(case: str, gguf) -> None:
+    """q8_gemm_avx2.c (vpmaddubsw, for CPUs without any VNNI) in a whole model: as the test
+    above, prefill gives the logits of the same tokens decoded one at a time as closely as the
+    twin's, on the avx2 table of a CPU without AVX-VNNI (MOEGATE_AVXVNNI=0 where this one has
+    it); and that table has an int8 GEMM."""
+    path = gguf(case)
+    vocab = Engine(path, max_ctx=8).vocab_size
+    tokens = [int(t) for t in np.random.default_rng(7).integers(0, vocab, N_STEPS)]
+    package_root = str(Path(_core.__file__).resolve().parents[1])
+    env = {**os.environ, "MOEGATE_AVXVNNI": "0",
+           "PYTHONPATH": os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")]))}
+    out = subprocess.run([sys.executable, "-c", _PLAIN_AVX2, str(path), ",".join(map(str, tokens))], env=env,
+                         capture_output=True, text=True, check=True, timeout=300)
+    result = json.loads(out.stdout)
+    assert result["avxvnni"] is False and result["gemm"] is True, {k: result[k] for k in ("avxvnni", "gemm")}
+    errs = step_errors(np.asarray(result["prefill"]), np.asarray(result["decode"]))
+    assert float(np.median(errs)) < TWIN_TOLERANCE and float(np.max(errs)) < MEDIAN_TOLERANCE, errs
 
 
 def test_activations_reported_and_default_f32(gguf) -> None:
