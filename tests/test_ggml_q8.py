@@ -17,7 +17,6 @@ reordering moved a later layer's activation across a rounding boundary of its in
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 import sys
@@ -28,6 +27,7 @@ import numpy as np
 import pytest
 from tools.ckpt.gguf_file import write_gguf
 
+from child_env import gateway_child_env
 from gateway import _core
 from gateway.engine import Engine
 
@@ -142,10 +142,11 @@ import json, sys
 import numpy as np
 from gateway import _core
 from gateway.engine import Engine
-path, tokens = sys.argv[1], [int(t) for t in sys.argv[2].split(",")]
+path, n_steps = sys.argv[1], int(sys.argv[2])
 def run(one_by_one):
     engine = Engine(path, max_ctx=64, activations="int8", kernels="avx2")
     try:
+        tokens = [int(t) for t in np.random.default_rng(7).integers(0, engine.vocab_size, n_steps)]
         if one_by_one:
             logits = np.stack([np.asarray(engine.eval([t], last_only=True))[-1] for t in tokens])
         else:
@@ -166,14 +167,9 @@ def test_int8_prefill_on_avx2_without_vnni(case: str, gguf) -> None:
     above, prefill gives the logits of the same tokens decoded one at a time as closely as the
     twin's, on the avx2 table of a CPU without AVX-VNNI (MOEGATE_AVXVNNI=0 where this one has
     it); and that table has an int8 GEMM."""
-    path = gguf(case)
-    vocab = Engine(path, max_ctx=8).vocab_size
-    tokens = [int(t) for t in np.random.default_rng(7).integers(0, vocab, N_STEPS)]
-    package_root = str(Path(_core.__file__).resolve().parents[1])
-    env = {**os.environ, "MOEGATE_AVXVNNI": "0",
-           "PYTHONPATH": os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")]))}
-    out = subprocess.run([sys.executable, "-c", _PLAIN_AVX2, str(path), ",".join(map(str, tokens))], env=env,
-                         capture_output=True, text=True, check=True, timeout=300)
+    out = subprocess.run([sys.executable, "-c", _PLAIN_AVX2, str(gguf(case)), str(N_STEPS)],
+                         env=gateway_child_env(MOEGATE_AVXVNNI="0"), capture_output=True, text=True, check=True,
+                         timeout=300)
     result = json.loads(out.stdout)
     assert result["avxvnni"] is False and result["gemm"] is True, {k: result[k] for k in ("avxvnni", "gemm")}
     errs = step_errors(np.asarray(result["prefill"]), np.asarray(result["decode"]))

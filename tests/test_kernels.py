@@ -2,7 +2,7 @@
 dequantisation (and torch's own float8_e4m3fn decoding), on odd shapes and every weight format."""
 from __future__ import annotations
 
-import os
+import functools
 import platform
 import subprocess
 import sys
@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import torch
 
+from child_env import gateway_child_env
 from gateway import _core
 
 
@@ -249,11 +250,7 @@ def _feature_in_new_process(feature: str, env: str, value: str | None) -> str:
     """_core.cpu_features()[feature] as a new process detects it with the environment variable
     env set to value (None: unset); features are read once, when the tables are built."""
     code = "from gateway import _core; print(_core.cpu_features()[%r])" % feature
-    environ = {k: v for k, v in os.environ.items() if k != env}
-    package_root = str(Path(_core.__file__).resolve().parents[1])
-    environ["PYTHONPATH"] = os.pathsep.join(filter(None, [package_root, environ.get("PYTHONPATH")]))
-    if value is not None:
-        environ[env] = value
+    environ = gateway_child_env(unset=env, **({} if value is None else {env: value}))
     return subprocess.run([sys.executable, "-c", code], env=environ, capture_output=True, text=True,
                           check=True).stdout.strip()
 
@@ -266,8 +263,7 @@ def test_vendor_rules_and_their_overrides(feature: str, env: str) -> None:
     environment overrides the rule, anything else is ignored."""
     vendor = next(line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
                   if line.startswith("vendor_id"))
-    def run(value: str | None) -> str:
-        return _feature_in_new_process(feature, env, value)
+    run = functools.partial(_feature_in_new_process, feature, env)
     assert run(None) == str(vendor not in ("AuthenticAMD", "HygonGenuine"))
     assert run("0") == "False" and run("1") == "True"
     assert run("yes") == run(None)
@@ -280,8 +276,7 @@ def test_avxvnni_follows_the_cpu_and_turns_off_by_environment() -> None:
     avx2 table of an AVX2-only CPU runs here; nothing turns it on where the CPU lacks it."""
     flags = next(line.split(":", 1)[1].split() for line in Path("/proc/cpuinfo").read_text().splitlines()
                  if line.startswith("flags"))
-    def run(value: str | None) -> str:
-        return _feature_in_new_process("avxvnni", "MOEGATE_AVXVNNI", value)
+    run = functools.partial(_feature_in_new_process, "avxvnni", "MOEGATE_AVXVNNI")
     has = "avx_vnni" in flags and "avx2" in flags
     assert run(None) == str(has)
     assert run("0") == "False"

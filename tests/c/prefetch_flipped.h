@@ -12,8 +12,8 @@ mg_linear_q8_fn mg_avx2_linear_q8_gemm(int prefetch_l2); /* kernels/avx2/avx2.h:
 
 /* Appends to tables[n..] (room for MG_KERNEL_TABLES more) the flipped tables whose int8 entry of
  * format f differs from the detected table's of the same name, and returns the new count.  On
- * x86 every SIMD table's int8 entries are the q8_* rows (its own or inherited), so each must
- * differ; on arm64 none has the flag. */
+ * x86 every SIMD table's int8 entries (its own or inherited: a GEMM's entry over the q8_* rows)
+ * take the flag, so each must differ; on arm64 none has it. */
 static int add_prefetch_flipped(const mg_kernels **tables, int n, mg_format f) {
     static mg_kernels flipped[MG_KERNEL_TABLES]; /* static: the entries' parents point into it */
     static char names[MG_KERNEL_TABLES][48];
