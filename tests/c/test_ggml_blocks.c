@@ -181,6 +181,20 @@ static void case_batching(const mg_kernels *k, const bmat *b) {
     free(x), free(y_all), free(y_part);
 }
 
+/* 4. Decode outputs do not depend on how rows are grouped: the multi-row loops (up to four rows
+ * per pass, sharing x's loads) give each row the bits of that row decoded alone. */
+static void case_row_grouping(const mg_kernels *k, const bmat *b) {
+    const int64_t rows = b->m.rows, cols = b->m.cols;
+    float *x = malloc((size_t)cols * sizeof(float));
+    float *y_all = malloc((size_t)rows * sizeof(float)), *y_one = malloc((size_t)rows * sizeof(float));
+    for (int64_t c = 0; c < cols; c++) x[c] = rnd_sym();
+    k->linear[b->m.format](&b->m, x, cols, 1, y_all, rows, 0, rows);
+    for (int64_t r = 0; r < rows; r++) k->linear[b->m.format](&b->m, x, cols, 1, y_one, rows, r, r + 1);
+    CHECK(!memcmp(y_all, y_one, (size_t)rows * sizeof(float)), "%s %s %ldx%ld: a row alone differs from it in a group",
+          k->name, mg_format_name(b->m.format), (long)rows, (long)cols);
+    free(x), free(y_all), free(y_one);
+}
+
 /* The table the SIMD MXFP4 loops read in place of mg_ggml_e8m0_half (its denormals included). */
 static void case_e8m0_table(void) {
     for (int e = 0; e < 256; e++) {
@@ -243,7 +257,7 @@ int main(void) {
         for (int k = 1; k < n; k++) case_linear(tables[k], &b, 1, 0, 3), case_linear(tables[k], &b, 2, 1, 3);
         unmake(&b);
         make(&b, f, 37, e == 32 ? 544 : 512);
-        for (int k = 1; k < n; k++) case_batching(tables[k], &b);
+        for (int k = 1; k < n; k++) case_batching(tables[k], &b), case_row_grouping(tables[k], &b);
         unmake(&b);
     }
     printf("test_ggml_blocks: tables");

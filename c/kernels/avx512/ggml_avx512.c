@@ -31,44 +31,61 @@ INLINE __m512i i8x16(const uint8_t *p) { return _mm512_cvtepi8_epi32(_mm_loadu_s
  * 2^(e-128) of mg_ggml_e8m0_half). */
 INLINE __m512 table_f32(const int8_t *v) { return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)v))); }
 
-/* Blocks of 32 whose 16 nibble bytes sit at p (element i: low nibble of byte i, element 16 + i:
- * its high nibble): the codes' dot product with x[0..32) as 16 partial sums.  tbl: the value of
- * each code (Q4_0: code - 8). */
-INLINE __m512 dot_nib32(const uint8_t *p, const float *x, __m512 tbl) {
-    const __m512i v = u8x16(p);
-    const __m512 lo = _mm512_permutexvar_ps(_mm512_and_si512(v, _mm512_set1_epi32(15)), tbl);
-    const __m512 hi = _mm512_permutexvar_ps(_mm512_srli_epi32(v, 4), tbl);
-    return _mm512_fmadd_ps(hi, _mm512_loadu_ps(x + 16), _mm512_mul_ps(lo, _mm512_loadu_ps(x)));
-}
-
 static const int8_t Q4_0_VALUES[16] = {-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7};
 
-/* Blocks of 32 with one scale at the block's start: Q8_0, Q4_0, IQ4_NL, MXFP4. */
-INLINE float row_dot_32(mg_format f, const uint8_t *p, int64_t nb, const float *x) {
-    __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
-    const __m512 tbl = table_f32(f == MG_Q4_0 ? Q4_0_VALUES : f == MG_IQ4_NL ? MG_IQ4NL_VALUES : MG_MXFP4_VALUES2);
-    const size_t bytes = f == MG_Q8_0 ? 34 : f == MG_MXFP4 ? 17 : 18;
-    for (int64_t i = 0; i < nb; i++, p += bytes, x += 32) {
-        __m512 part;
-        float d;
-        if (f == MG_Q8_0) {
-            d = f16_at(p);
-            part = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i8x16(p + 18)), _mm512_loadu_ps(x + 16),
-                                   _mm512_mul_ps(_mm512_cvtepi32_ps(i8x16(p + 2)), _mm512_loadu_ps(x)));
-        } else if (f == MG_MXFP4) {
-            d = MG_E8M0_HALF[p[0]];
-            part = dot_nib32(p + 1, x, tbl);
-        } else {
-            d = f16_at(p);
-            part = dot_nib32(p + 2, x, tbl);
+/* Blocks of 32 with an f16 scale at the block's start (Q8_0, Q4_0, IQ4_NL, Q5_0), R (1..4) rows
+ * at once: as rows_k4, each row's arithmetic is the same whatever R (the even blocks into acc0,
+ * the odd into acc1, the same final sum), R weight streams in flight with a prefetch `ahead` on,
+ * and each x load serves the R rows.  One row streamed alone, as these formats had, left a Q8_0
+ * token at 0.35 of the read bandwidth, below the AVX2 rows.  A prefetch per block (34 bytes) or
+ * per pair of blocks (18 or 22) touches every line of the stream.  Q5_0: Q4_0's nibbles plus a
+ * fifth bit per element from the u32 qh (bit i: element i), moved into place per lane by
+ * vpsrlvd; value code - 16. */
+INLINE void rows_32(const int R, mg_format f, const uint8_t *const *p, const float *x, int64_t nb, size_t ahead,
+                    float *out) {
+    const __m512 tbl = table_f32(f == MG_Q4_0 ? Q4_0_VALUES : MG_IQ4NL_VALUES);
+    const size_t bytes = f == MG_Q8_0 ? 34 : f == MG_Q5_0 ? 22 : 18;
+    const __m512i iota = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    const __m512i iota12 = _mm512_add_epi32(iota, _mm512_set1_epi32(12)), m15 = _mm512_set1_epi32(15);
+    const __m512i m16 = _mm512_set1_epi32(16);
+    __m512 acc0[4], acc1[4];
+    for (int j = 0; j < R; j++) acc0[j] = acc1[j] = _mm512_setzero_ps();
+    for (int64_t i = 0; i < nb; i++, x += 32) {
+        const __m512 x0 = _mm512_loadu_ps(x), x1 = _mm512_loadu_ps(x + 16);
+        for (int j = 0; j < R; j++) {
+            const uint8_t *b = p[j] + (size_t)i * bytes;
+            if (f == MG_Q8_0 || !(i & 1)) _mm_prefetch((const char *)b + ahead, MG_AVX512_PREFETCH_HINT);
+            __m512 part;
+            if (f == MG_Q8_0) {
+                part = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i8x16(b + 18)), x1,
+                                       _mm512_mul_ps(_mm512_cvtepi32_ps(i8x16(b + 2)), x0));
+            } else if (f == MG_Q5_0) {
+                uint32_t qh;
+                memcpy(&qh, b + 2, 4);
+                const __m512i h = _mm512_set1_epi32((int)qh), v = u8x16(b + 6);
+                const __m512i lo = _mm512_or_si512(_mm512_and_si512(v, m15),
+                                                   _mm512_and_si512(_mm512_slli_epi32(_mm512_srlv_epi32(h, iota), 4), m16));
+                const __m512i hi = _mm512_or_si512(_mm512_srli_epi32(v, 4),
+                                                   _mm512_and_si512(_mm512_srlv_epi32(h, iota12), m16));
+                part = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(hi, m16)), x1,
+                                       _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(lo, m16)), x0));
+            } else { /* vpermps reads an index's low 4 bits: the low nibble needs no mask */
+                const __m512i v = u8x16(b + 2);
+                part = _mm512_fmadd_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(v, 4), tbl), x1,
+                                       _mm512_mul_ps(_mm512_permutexvar_ps(v, tbl), x0));
+            }
+            if (i & 1)
+                acc1[j] = _mm512_fmadd_ps(_mm512_set1_ps(f16_at(b)), part, acc1[j]);
+            else
+                acc0[j] = _mm512_fmadd_ps(_mm512_set1_ps(f16_at(b)), part, acc0[j]);
         }
-        if (i & 1)
-            acc1 = _mm512_fmadd_ps(_mm512_set1_ps(d), part, acc1);
-        else
-            acc0 = _mm512_fmadd_ps(_mm512_set1_ps(d), part, acc0);
     }
-    return _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
+    for (int j = 0; j < R; j++) out[j] = _mm512_reduce_add_ps(_mm512_add_ps(acc0[j], acc1[j]));
 }
+#define ROWS_Q8_0(R, ...) rows_32(R, MG_Q8_0, __VA_ARGS__)
+#define ROWS_Q4_0(R, ...) rows_32(R, MG_Q4_0, __VA_ARGS__)
+#define ROWS_Q5_0(R, ...) rows_32(R, MG_Q5_0, __VA_ARGS__)
+#define ROWS_IQ4_NL(R, ...) rows_32(R, MG_IQ4_NL, __VA_ARGS__)
 
 INLINE __m256 bytes_times(const uint8_t b[8], float v) {
     return _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)b))),
@@ -135,47 +152,37 @@ INLINE void rows_k4(const int R, const uint8_t *const *p, const float *x, const 
     }
 }
 
-/* IQ4_XS: 8 sub-blocks of 32 (16 nibble bytes each) with scales d * (s - 32). */
-INLINE float row_dot_iq4_xs(const uint8_t *p, int64_t nb, const float *x) {
+/* IQ4_XS: 8 sub-blocks of 32 (16 nibble bytes each) with scales d * (s - 32); R (1..4) rows at
+ * once, as rows_32. */
+INLINE void rows_iq4_xs(const int R, const uint8_t *const *p, const float *x, int64_t nb, size_t ahead, float *out) {
     const __m512 tbl = table_f32(MG_IQ4NL_VALUES);
-    __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
-    for (int64_t i = 0; i < nb; i++, p += 136, x += 256) {
-        const float d = f16_at(p);
-        uint16_t sh;
-        memcpy(&sh, p + 2, 2);
+    __m512 acc0[4], acc1[4];
+    for (int j = 0; j < R; j++) acc0[j] = acc1[j] = _mm512_setzero_ps();
+    for (int64_t i = 0; i < nb; i++, x += 256) {
+        float ds[4][8];
+        for (int r = 0; r < R; r++) {
+            const uint8_t *b = p[r] + (size_t)i * 136;
+            prefetch_block(b, 136, ahead);
+            const float d = f16_at(b);
+            uint16_t sh;
+            memcpy(&sh, b + 2, 2);
+            for (int j = 0; j < 8; j++)
+                ds[r][j] = d * (float)((((b[4 + j / 2] >> (4 * (j & 1))) & 15) | (((sh >> (2 * j)) & 3) << 4)) - 32);
+        }
         for (int j = 0; j < 8; j++) {
-            const int s = ((p[4 + j / 2] >> (4 * (j & 1))) & 15) | (((sh >> (2 * j)) & 3) << 4);
-            const __m512 part = dot_nib32(p + 8 + 16 * j, x + 32 * j, tbl);
-            if (j & 1)
-                acc1 = _mm512_fmadd_ps(_mm512_set1_ps(d * (float)(s - 32)), part, acc1);
-            else
-                acc0 = _mm512_fmadd_ps(_mm512_set1_ps(d * (float)(s - 32)), part, acc0);
+            const __m512 x0 = _mm512_loadu_ps(x + 32 * j), x1 = _mm512_loadu_ps(x + 32 * j + 16);
+            for (int r = 0; r < R; r++) {
+                const __m512i v = u8x16(p[r] + (size_t)i * 136 + 8 + 16 * j);
+                const __m512 part = _mm512_fmadd_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(v, 4), tbl), x1,
+                                                    _mm512_mul_ps(_mm512_permutexvar_ps(v, tbl), x0));
+                if (j & 1)
+                    acc1[r] = _mm512_fmadd_ps(_mm512_set1_ps(ds[r][j]), part, acc1[r]);
+                else
+                    acc0[r] = _mm512_fmadd_ps(_mm512_set1_ps(ds[r][j]), part, acc0[r]);
+            }
         }
     }
-    return _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
-}
-
-/* Q5_0: Q4_0's nibbles plus a fifth bit per element from the u32 qh (bit i: element i), moved
- * into place per lane by vpsrlvd; value code - 16. */
-INLINE float row_dot_q5_0(const uint8_t *p, int64_t nb, const float *x) {
-    const __m512i iota = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-    const __m512i iota12 = _mm512_add_epi32(iota, _mm512_set1_epi32(12)), m16 = _mm512_set1_epi32(16);
-    __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
-    for (int64_t i = 0; i < nb; i++, p += 22, x += 32) {
-        uint32_t qh;
-        memcpy(&qh, p + 2, 4);
-        const __m512i h = _mm512_set1_epi32((int)qh), v = u8x16(p + 6);
-        const __m512i lo = _mm512_or_si512(_mm512_and_si512(v, _mm512_set1_epi32(15)),
-                                           _mm512_and_si512(_mm512_slli_epi32(_mm512_srlv_epi32(h, iota), 4), m16));
-        const __m512i hi = _mm512_or_si512(_mm512_srli_epi32(v, 4), _mm512_and_si512(_mm512_srlv_epi32(h, iota12), m16));
-        const __m512 part = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(hi, m16)), _mm512_loadu_ps(x + 16),
-                                            _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(lo, m16)), _mm512_loadu_ps(x)));
-        if (i & 1)
-            acc1 = _mm512_fmadd_ps(_mm512_set1_ps(f16_at(p)), part, acc1);
-        else
-            acc0 = _mm512_fmadd_ps(_mm512_set1_ps(f16_at(p)), part, acc0);
-    }
-    return _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
+    for (int r = 0; r < R; r++) out[r] = _mm512_reduce_add_ps(_mm512_add_ps(acc0[r], acc1[r]));
 }
 
 /* Q6_K, R (1..4) rows at once, as rows_k4: per half h, ql bytes l (A, elements l and 64 + l) and
@@ -222,15 +229,12 @@ INLINE void rows_q6_k(const int R, const uint8_t *const *p, const float *x, int6
     for (int j = 0; j < R; j++) out[j] = _mm512_reduce_add_ps(_mm512_add_ps(acc0[j], acc1[j]));
 }
 
-/* MXFP4, R (1..4) rows at once: each row's arithmetic is row_dot_32's exactly (the same
- * products, the even blocks into acc0 and the odd into acc1, the same final sum), so outputs are
- * bitwise those of one row at a time; what changes is how the bytes arrive.  One row streamed
- * alone ran at 0.3-0.7 of the read bandwidth (DeepSeek-V4 GGUF experts, 1 thread), so, as
- * rows_bf16 does: R weight streams in flight, each x load shared by the R rows, and a prefetch
- * of the same bytes `ahead` on (a later group of rows, see rows_ahead).  Two more savings per
- * 32 weights: the scale is read from MG_E8M0_HALF, and the low nibbles go to vpermps unmasked
- * (it reads only an index's low 4 bits; the bytes are zero-extended, so the high nibble is all
- * the rest). */
+/* MXFP4, R (1..4) rows at once, as rows_32 (each row's arithmetic the same whatever R; R weight
+ * streams in flight, each x load shared by the R rows, a prefetch `ahead` on: one row streamed
+ * alone ran at 0.3-0.7 of the read bandwidth, DeepSeek-V4 GGUF experts, 1 thread).  Two more
+ * savings per 32 weights: the scale is read from MG_E8M0_HALF, and the low nibbles go to vpermps
+ * unmasked (it reads only an index's low 4 bits; the bytes are zero-extended, so the high nibble
+ * is all the rest). */
 INLINE void rows_mxfp4(const int R, const uint8_t *const *p, const float *x, int64_t nb, size_t ahead, float *out) {
     const __m512 tbl = table_f32(MG_MXFP4_VALUES2);
     __m512 a0[4], a1[4];
@@ -251,7 +255,7 @@ INLINE void rows_mxfp4(const int R, const uint8_t *const *p, const float *x, int
             a1[j] = _mm512_fmadd_ps(_mm512_set1_ps(MG_E8M0_HALF[b[17]]), o, a1[j]);
         }
     }
-    if (i < nb) { /* an odd last block: an even index, so acc0 as in row_dot_32 */
+    if (i < nb) { /* an odd last block: an even index, so acc0 as in rows_32 */
         const __m512 x0 = _mm512_loadu_ps(x), x1 = _mm512_loadu_ps(x + 16);
         for (int j = 0; j < R; j++) {
             const uint8_t *b = p[j] + 17 * i;
@@ -282,33 +286,25 @@ int mg_avx512_decode_ggml(const mg_matrix *w, const float *x, float *y, int64_t 
                 const float *xg = x + c0 + 32 * g;
                 xs[g] = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_loadu_ps(xg), _mm512_loadu_ps(xg + 16)));
             }
-        for (int64_t r = r0; r < r1; r++) {
+        for (int64_t r = r0, n; r < r1; r += n) {
             const uint8_t *p = (const uint8_t *)w->data + (size_t)r * rb + (size_t)(c0 / e * bytes);
             const int64_t nb = kc / e;
-            float part;
-            if (f == MG_MXFP4 || f == MG_Q4_K || f == MG_Q5_K || f == MG_Q6_K) { /* up to four rows per pass */
-                const int64_t n = r1 - r < 4 ? r1 - r : 4;
-                const uint8_t *ps[4];
-                float parts[4];
-                for (int64_t j = 0; j < n; j++) ps[j] = p + (size_t)j * rb;
-                if (f == MG_MXFP4)
-                    MG_ROWS_CALL(n, rb, parts, rows_mxfp4, ps, x + c0, nb);
-                else if (f == MG_Q6_K)
-                    MG_ROWS_CALL(n, rb, parts, rows_q6_k, ps, x + c0, nb);
-                else
-                    MG_ROWS_CALL(n, rb, parts, rows_k4, ps, x + c0, xs, nb, f == MG_Q5_K);
-                for (int64_t j = 0; j < n; j++) y[r + j] = c0 == 0 ? parts[j] : y[r + j] + parts[j];
-                r += n - 1;
-                continue;
-            }
+            n = r1 - r < 4 ? r1 - r : 4; /* up to four rows per pass */
+            const uint8_t *ps[4];
+            float parts[4];
+            for (int64_t j = 0; j < n; j++) ps[j] = p + (size_t)j * rb;
             switch (f) {
-            case MG_IQ4_XS: part = row_dot_iq4_xs(p, nb, x + c0); break;
-            case MG_Q5_0: part = row_dot_q5_0(p, nb, x + c0); break;
-            case MG_Q8_0: part = row_dot_32(MG_Q8_0, p, nb, x + c0); break;
-            case MG_Q4_0: part = row_dot_32(MG_Q4_0, p, nb, x + c0); break;
-            default: part = row_dot_32(MG_IQ4_NL, p, nb, x + c0); break; /* IQ4_NL: MXFP4 took rows_mxfp4 */
+            case MG_MXFP4: MG_ROWS_CALL(n, rb, parts, rows_mxfp4, ps, x + c0, nb); break;
+            case MG_Q6_K: MG_ROWS_CALL(n, rb, parts, rows_q6_k, ps, x + c0, nb); break;
+            case MG_Q4_K:
+            case MG_Q5_K: MG_ROWS_CALL(n, rb, parts, rows_k4, ps, x + c0, xs, nb, f == MG_Q5_K); break;
+            case MG_IQ4_XS: MG_ROWS_CALL(n, rb, parts, rows_iq4_xs, ps, x + c0, nb); break;
+            case MG_Q8_0: MG_ROWS_CALL(n, rb, parts, ROWS_Q8_0, ps, x + c0, nb); break;
+            case MG_Q4_0: MG_ROWS_CALL(n, rb, parts, ROWS_Q4_0, ps, x + c0, nb); break;
+            case MG_Q5_0: MG_ROWS_CALL(n, rb, parts, ROWS_Q5_0, ps, x + c0, nb); break;
+            default: MG_ROWS_CALL(n, rb, parts, ROWS_IQ4_NL, ps, x + c0, nb); break;
             }
-            y[r] = c0 == 0 ? part : y[r] + part;
+            for (int64_t j = 0; j < n; j++) y[r + j] = c0 == 0 ? parts[j] : y[r + j] + parts[j];
         }
     }
     return 1;
