@@ -44,13 +44,14 @@ INLINE void micro(const int H, const int T, const float *t0, const float *t1, co
     prefill_store(H, T, a, y, ys, nr, first, rs);
 }
 
-/* ---- tiles of Q4_K, Q6_K and Q8_0 (the Q4_K_M and Q8_0 files' formats) -------------------------
+/* ---- tiles of the K-quants Q4_K / Q5_K / Q6_K and the 32-element formats --------------------------
+ * (Q4_K_M, Q5_K_M, Q8_0, IQ4_XS files, and the MXFP4 experts of gpt-oss and DeepSeek-V4 GGUFs.)
  * The avx2 tile decodes 8 values per operation into a row-major buffer and transposes it 8 x 8
  * (about a third of prefill's kernel time for MoE experts of ~32 tokens, where it is paid once per
  * 32 tokens).  Here each row's block is decoded 16 values per operation and 16 rows are transposed
  * 16 x 16 in registers: half the operations per weight.  The values are the scalar decoder's
  * (core/ggml_blocks.h) bit for bit, as the avx2 ones: d * sub-scale is exact, so each value is one
- * rounding (one FMA for Q4_K's ds * q - dm, where ds * q is exact). */
+ * rounding (one FMA for Q4_K's and Q5_K's ds * q - dm, where ds * q is exact). */
 
 INLINE float f16_at(const uint8_t *p) {
     uint16_t h;
@@ -59,7 +60,7 @@ INLINE float f16_at(const uint8_t *p) {
 }
 INLINE __m512 u8x16_ps(const uint8_t *p) { return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)p))); }
 
-/* One block's 256 (Q8_0: 32) values at p into out. */
+/* One block's 256 (Q8_0 and the other 32-element formats: 32) values at p into out. */
 INLINE void block_q4_k(const uint8_t *p, float *out) {
     uint8_t sc[8], mn[8];
     mg_ggml_k4_scales_mins(p + 4, sc, mn);
@@ -101,13 +102,112 @@ INLINE void block_q8_0(const uint8_t *p, float *out) {
     _mm512_store_ps(out, _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(p + 2)))), d));
     _mm512_store_ps(out + 16, _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(p + 18)))), d));
 }
+/* Q5_K: Q4_K's nibbles with bit j of qh[l] as the fifth bit of element l of sub-block j. */
+INLINE void block_q5_k(const uint8_t *p, float *out) {
+    uint8_t sc[8], mn[8];
+    mg_ggml_k4_scales_mins(p + 4, sc, mn);
+    const float d = f16_at(p), dmin = f16_at(p + 2);
+    const uint8_t *qh = p + 16, *qs = p + 48;
+    const __m512i m4 = _mm512_set1_epi32(15), m16 = _mm512_set1_epi32(16);
+    for (int c = 0; c < 4; c++) {
+        const __m512 ds0 = _mm512_set1_ps(d * (float)sc[2 * c]), dm0 = _mm512_set1_ps(dmin * (float)mn[2 * c]);
+        const __m512 ds1 = _mm512_set1_ps(d * (float)sc[2 * c + 1]), dm1 = _mm512_set1_ps(dmin * (float)mn[2 * c + 1]);
+        for (int k = 0; k < 2; k++) {
+            const __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(qs + 32 * c + 16 * k)));
+            const __m512i h = _mm512_srli_epi32(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(qh + 16 * k))), 2 * c);
+            const __m512i lo = _mm512_or_si512(_mm512_and_si512(v, m4), _mm512_and_si512(_mm512_slli_epi32(h, 4), m16));
+            const __m512i hi = _mm512_or_si512(_mm512_srli_epi32(v, 4), _mm512_and_si512(_mm512_slli_epi32(h, 3), m16));
+            _mm512_store_ps(out + 64 * c + 16 * k, _mm512_fmsub_ps(_mm512_cvtepi32_ps(lo), ds0, dm0));
+            _mm512_store_ps(out + 64 * c + 32 + 16 * k, _mm512_fmsub_ps(_mm512_cvtepi32_ps(hi), ds1, dm1));
+        }
+    }
+}
+/* 32 values from 16 nibble bytes at q (element i the low nibble of byte i, 16 + i its high
+ * nibble): tbl[code] * d, tbl a 16-entry fp32 table read by vpermps (only an index's low 4 bits
+ * count, so the low nibble needs no mask).  The scalar decoder's d * table value, one rounding. */
+INLINE void nibbles_table(const uint8_t *q, __m512 tbl, __m512 d, float *out) {
+    const __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)q));
+    _mm512_store_ps(out, _mm512_mul_ps(_mm512_permutexvar_ps(v, tbl), d));
+    _mm512_store_ps(out + 16, _mm512_mul_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(v, 4), tbl), d));
+}
+INLINE __m512 table_ps(const int8_t *v) { return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)v))); }
+static const int8_t Q4_0_VALUES[16] = {-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7};
+/* IQ4_XS: eight sub-blocks of 32 with the 6-bit scale s, (d * (s - 32)) * table value. */
+INLINE void block_iq4_xs(const uint8_t *p, __m512 tbl, float *out) {
+    const float d = f16_at(p);
+    uint16_t sh;
+    memcpy(&sh, p + 2, 2);
+    for (int j = 0; j < 8; j++) {
+        const int s = ((p[4 + j / 2] >> (4 * (j & 1))) & 15) | (((sh >> (2 * j)) & 3) << 4);
+        nibbles_table(p + 8 + 16 * j, tbl, _mm512_set1_ps(d * (float)(s - 32)), out + 32 * j);
+    }
+}
+/* Q5_0: Q4_0's nibbles plus the fifth bit of element i at bit i of the u32 qh; d * (q - 16). */
+INLINE void block_q5_0(const uint8_t *p, float *out) {
+    const __m512i iota = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    const __m512i m15 = _mm512_set1_epi32(15), m16 = _mm512_set1_epi32(16);
+    uint32_t qh;
+    memcpy(&qh, p + 2, 4);
+    const __m512i h = _mm512_set1_epi32((int)qh), v = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(p + 6)));
+    const __m512i lo = _mm512_or_si512(_mm512_and_si512(v, m15), _mm512_and_si512(_mm512_slli_epi32(_mm512_srlv_epi32(h, iota), 4), m16));
+    const __m512i hi = _mm512_or_si512(_mm512_srli_epi32(v, 4),
+                                       _mm512_and_si512(_mm512_srlv_epi32(h, _mm512_add_epi32(iota, _mm512_set1_epi32(12))), m16));
+    const __m512 d = _mm512_set1_ps(f16_at(p));
+    _mm512_store_ps(out, _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(lo, m16)), d));
+    _mm512_store_ps(out + 16, _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(hi, m16)), d));
+}
 
-/* The tile of rows [r, r + nr) x columns [c0, c0 + kc) for Q4_K, Q6_K and Q8_0 (returns 0 for the
- * other formats: mg_avx2_prefill_tile's then).  256 columns of the 16 rows at a time: each row's
+/* The formats tile_ggml builds; the others take mg_avx2_prefill_tile. */
+INLINE int tile_ggml_takes(mg_format f) {
+    switch (f) {
+    case MG_Q4_K:
+    case MG_Q5_K:
+    case MG_Q6_K:
+    case MG_Q8_0:
+    case MG_Q4_0:
+    case MG_Q5_0:
+    case MG_IQ4_NL:
+    case MG_IQ4_XS:
+    case MG_MXFP4: return 1;
+    default: return 0;
+    }
+}
+
+/* One 256-column piece (n columns, 32-element formats: a multiple of 32) of one row at p. */
+INLINE void block_any(mg_format f, const uint8_t *p, int64_t n, float *out) {
+    const __m512 tbl = table_ps(f == MG_Q4_0 ? Q4_0_VALUES : f == MG_MXFP4 ? MG_MXFP4_VALUES2 : MG_IQ4NL_VALUES);
+    switch (f) {
+    case MG_Q4_K: block_q4_k(p, out); break;
+    case MG_Q5_K: block_q5_k(p, out); break;
+    case MG_Q6_K: block_q6_k(p, out); break;
+    case MG_IQ4_XS: block_iq4_xs(p, tbl, out); break;
+    case MG_Q8_0:
+        for (int64_t j = 0; j < n; j += 32) block_q8_0(p + (size_t)(j / 32 * 34), out + j);
+        break;
+    case MG_Q5_0:
+        for (int64_t j = 0; j < n; j += 32) block_q5_0(p + (size_t)(j / 32 * 22), out + j);
+        break;
+    case MG_MXFP4:
+        for (int64_t j = 0; j < n; j += 32) {
+            const uint8_t *b = p + (size_t)(j / 32 * 17);
+            nibbles_table(b + 1, tbl, _mm512_set1_ps(MG_E8M0_HALF[b[0]]), out + j);
+        }
+        break;
+    default: /* Q4_0, IQ4_NL */
+        for (int64_t j = 0; j < n; j += 32) {
+            const uint8_t *b = p + (size_t)(j / 32 * 18);
+            nibbles_table(b + 2, tbl, _mm512_set1_ps(f16_at(b)), out + j);
+        }
+        break;
+    }
+}
+
+/* The tile of rows [r, r + nr) x columns [c0, c0 + kc) for the formats of tile_ggml_takes
+ * (returns 0 for the others: mg_avx2_prefill_tile's then).  256 columns of the 16 rows at a time: each row's
  * values into a row-major buffer, then 16 x 16 transposes; lanes past nr repeat the last row. */
 static int tile_ggml(const mg_matrix *w, int64_t r, int64_t nr, int64_t c0, int64_t kc, float *tile) {
     const mg_format f = w->format;
-    if (f != MG_Q4_K && f != MG_Q6_K && f != MG_Q8_0) return 0;
+    if (!tile_ggml_takes(f)) return 0;
     int64_t e, bytes;
     mg_format_block(f, &e, &bytes);
     const size_t rb = mg_matrix_row_bytes(w);
@@ -116,14 +216,8 @@ static int tile_ggml(const mg_matrix *w, int64_t r, int64_t nr, int64_t c0, int6
     for (int i = 0; i < TR; i++)
         rows[i] = (const uint8_t *)w->data + (size_t)(r + (i < nr ? i : nr - 1)) * rb + (size_t)(c0 / e * bytes);
     for (int64_t b = 0; b < kc; b += 256) {
-        const int64_t n = kc - b < 256 ? kc - b : 256; /* Q8_0 rows: a multiple of 32 */
-        for (int i = 0; i < TR; i++) {
-            const uint8_t *p = rows[i] + (size_t)(b / e * bytes);
-            if (f == MG_Q4_K) block_q4_k(p, buf[i]);
-            else if (f == MG_Q6_K) block_q6_k(p, buf[i]);
-            else
-                for (int64_t j = 0; j < n; j += 32) block_q8_0(p + (size_t)(j / 32 * 34), buf[i] + j);
-        }
+        const int64_t n = kc - b < 256 ? kc - b : 256; /* rows of 32-element blocks: a multiple of 32 */
+        for (int i = 0; i < TR; i++) block_any(f, rows[i] + (size_t)(b / e * bytes), n, buf[i]);
         for (int64_t k = 0; k < n; k += 16) {
             __m512 v[16];
             for (int i = 0; i < 16; i++) v[i] = _mm512_load_ps(buf[i] + k);
