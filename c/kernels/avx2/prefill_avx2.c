@@ -290,6 +290,14 @@ INLINE void q4_k_columns(const uint8_t *codes, __m256 ds, __m256 dm, float *o) {
  * quarter of the data), widened a column at a time and scaled with a vector of the 8 rows'
  * sub-block scales and mins: each value is ds * q - dm in one FMA, as
  * mg_avx2_ggml_dequant_block computes it (ds * q exact), so the tile is the same bit for bit. */
+/* The next 256 columns (piece bytes from at) of a group's 8 rows, into L2: 8 streams that the
+ * hardware prefetcher follows badly, so that the first load of each row's piece waited on memory
+ * (a third of the Q4_K builder's time; prefill_avx512.c's builders do the same). */
+INLINE void prefetch_next_piece(const uint8_t *const rows[8], size_t at, size_t piece) {
+    for (int i = 0; i < 8; i++)
+        for (size_t l = 0; l < piece + 63; l += 64) _mm_prefetch((const char *)rows[i] + at + piece + l, _MM_HINT_T1);
+}
+
 INLINE void dequant_tile_q4_k(const mg_matrix *w, int64_t r, int64_t nr, int64_t c0, int64_t kc, float *tile) {
     const __m256i m4 = _mm256_set1_epi8(0x0f);
     uint8_t cols[256] __attribute__((aligned(32)));
@@ -297,6 +305,7 @@ INLINE void dequant_tile_q4_k(const mg_matrix *w, int64_t r, int64_t nr, int64_t
         const uint8_t *rows[8];
         if (!tile_group_rows(w, r, nr, g, (size_t)(c0 / 256 * 144), kc, tile, rows)) continue;
         for (int64_t b = 0; b < kc; b += 256) {
+            prefetch_next_piece(rows, (size_t)(b / 256 * 144), 144);
             __m256 ds[8], dm[8]; /* row i's eight sub-block factors, then transposed: [j] lane i */
             for (int i = 0; i < 8; i++) {
                 const uint8_t *p = rows[i] + (size_t)(b / 256 * 144);
@@ -346,6 +355,7 @@ INLINE void dequant_tile_q6_k(const mg_matrix *w, int64_t r, int64_t nr, int64_t
         const uint8_t *rows[8];
         if (!tile_group_rows(w, r, nr, g, (size_t)(c0 / 256 * 210), kc, tile, rows)) continue;
         for (int64_t b = 0; b < kc; b += 256) {
+            prefetch_next_piece(rows, (size_t)(b / 256 * 210), 210);
             const size_t blk = (size_t)(b / 256 * 210);
             __m256 s[2][8]; /* row i's 16 factors d * scale, then transposed: s[j / 8][j % 8] lane i */
             for (int i = 0; i < 8; i++) {
@@ -389,6 +399,7 @@ INLINE void dequant_tile_ggml(const mg_matrix *w, int64_t r, int64_t nr, int64_t
         const uint8_t *rows[8];
         if (!tile_group_rows(w, r, nr, g, (size_t)(c0 / e * bytes), kc, tile, rows)) continue;
         for (int64_t b = 0; b < kc; b += e) {
+            if (b % 256 == 0) prefetch_next_piece(rows, (size_t)(b / e * bytes), (size_t)(256 / e * bytes));
             for (int i = 0; i < 8; i++) mg_avx2_ggml_dequant_block(w->format, rows[i] + (size_t)(b / e * bytes), buf[i]);
             for (int64_t k = 0; k < e; k += 8) {
                 __m256 v[8];
