@@ -286,10 +286,6 @@ INLINE void q4_k_columns(const uint8_t *codes, __m256 ds, __m256 dm, float *o) {
     }
 }
 
-/* Q4_K tiles without float transposes: a chunk's 8 rows of codes are transposed as bytes (a
- * quarter of the data), widened a column at a time and scaled with a vector of the 8 rows'
- * sub-block scales and mins: each value is ds * q - dm in one FMA, as
- * mg_avx2_ggml_dequant_block computes it (ds * q exact), so the tile is the same bit for bit. */
 /* The next 256 columns (piece bytes from at) of a group's 8 rows, into L2: 8 streams that the
  * hardware prefetcher follows badly, so that the first load of each row's piece waited on memory
  * (a third of the Q4_K builder's time; prefill_avx512.c's builders do the same). */
@@ -298,6 +294,10 @@ INLINE void prefetch_next_piece(const uint8_t *const rows[8], size_t at, size_t 
         for (size_t l = 0; l < piece + 63; l += 64) _mm_prefetch((const char *)rows[i] + at + piece + l, _MM_HINT_T1);
 }
 
+/* Q4_K tiles without float transposes: a chunk's 8 rows of codes are transposed as bytes (a
+ * quarter of the data), widened a column at a time and scaled with a vector of the 8 rows'
+ * sub-block scales and mins: each value is ds * q - dm in one FMA, as
+ * mg_avx2_ggml_dequant_block computes it (ds * q exact), so the tile is the same bit for bit. */
 INLINE void dequant_tile_q4_k(const mg_matrix *w, int64_t r, int64_t nr, int64_t c0, int64_t kc, float *tile) {
     const __m256i m4 = _mm256_set1_epi8(0x0f);
     uint8_t cols[256] __attribute__((aligned(32)));

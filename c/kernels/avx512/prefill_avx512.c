@@ -58,51 +58,15 @@ INLINE float f16_at(const uint8_t *p) {
     memcpy(&h, p, 2);
     return _cvtsh_ss(h);
 }
-INLINE __m512 u8x16_ps(const uint8_t *p) { return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)p))); }
 
 /* One block's 256 (Q8_0 and the other 32-element formats: 32) values at p into out. */
-INLINE void block_q4_k(const uint8_t *p, float *out) {
-    uint8_t sc[8], mn[8];
-    mg_ggml_k4_scales_mins(p + 4, sc, mn);
-    const float d = f16_at(p), dmin = f16_at(p + 2);
-    const uint8_t *qs = p + 16;
-    const __m512i m4 = _mm512_set1_epi32(15);
-    for (int c = 0; c < 4; c++) {
-        const __m512 ds0 = _mm512_set1_ps(d * (float)sc[2 * c]), dm0 = _mm512_set1_ps(dmin * (float)mn[2 * c]);
-        const __m512 ds1 = _mm512_set1_ps(d * (float)sc[2 * c + 1]), dm1 = _mm512_set1_ps(dmin * (float)mn[2 * c + 1]);
-        for (int k = 0; k < 2; k++) {
-            const __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(qs + 32 * c + 16 * k)));
-            _mm512_store_ps(out + 64 * c + 16 * k, _mm512_fmsub_ps(_mm512_cvtepi32_ps(_mm512_and_si512(v, m4)), ds0, dm0));
-            _mm512_store_ps(out + 64 * c + 32 + 16 * k, _mm512_fmsub_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(v, 4)), ds1, dm1));
-        }
-    }
-}
-INLINE void block_q6_k(const uint8_t *p, float *out) {
-    const __m512i m4 = _mm512_set1_epi32(15), m30 = _mm512_set1_epi32(0x30), k32 = _mm512_set1_epi32(32);
-    const float d = f16_at(p + 208);
-    const int8_t *sc = (const int8_t *)(p + 192);
-    for (int h = 0; h < 2; h++)
-        for (int k = 0; k < 2; k++) {
-            const __m512i qa = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(p + 64 * h + 16 * k)));
-            const __m512i qb = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(p + 64 * h + 32 + 16 * k)));
-            const __m512i qh = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(p + 128 + 32 * h + 16 * k)));
-            const __m512i v[4] = {
-                _mm512_or_si512(_mm512_and_si512(qa, m4), _mm512_and_si512(_mm512_slli_epi32(qh, 4), m30)),
-                _mm512_or_si512(_mm512_and_si512(qb, m4), _mm512_and_si512(_mm512_slli_epi32(qh, 2), m30)),
-                _mm512_or_si512(_mm512_srli_epi32(qa, 4), _mm512_and_si512(qh, m30)),
-                _mm512_or_si512(_mm512_srli_epi32(qb, 4), _mm512_and_si512(_mm512_srli_epi32(qh, 2), m30))};
-            for (int g = 0; g < 4; g++) /* elements 128h + 32g + 16k .. + 16: scale 8h + 2g + k */
-                _mm512_store_ps(out + 128 * h + 32 * g + 16 * k,
-                                _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(v[g], k32)),
-                                              _mm512_set1_ps(d * (float)sc[8 * h + 2 * g + k])));
-        }
-}
 INLINE void block_q8_0(const uint8_t *p, float *out) {
     const __m512 d = _mm512_set1_ps(f16_at(p));
     _mm512_store_ps(out, _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(p + 2)))), d));
     _mm512_store_ps(out + 16, _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(p + 18)))), d));
 }
-/* Q5_K: Q4_K's nibbles with bit j of qh[l] as the fifth bit of element l of sub-block j. */
+/* Q5_K: chunk c's byte l holds element l of sub-blocks 2c (low nibble) and 2c + 1 (high), bit j
+ * of qh[l] is the fifth bit of element l of sub-block j; ds * q - dm in one FMA (ds * q exact). */
 INLINE void block_q5_k(const uint8_t *p, float *out) {
     uint8_t sc[8], mn[8];
     mg_ggml_k4_scales_mins(p + 4, sc, mn);
@@ -173,13 +137,12 @@ INLINE int tile_ggml_takes(mg_format f) {
     }
 }
 
-/* One 256-column piece (n columns, 32-element formats: a multiple of 32) of one row at p. */
+/* One 256-column piece (n columns, 32-element formats: a multiple of 32) of one row at p, for the
+ * formats tile_ggml does not build straight into the tile (Q4_K, Q6_K). */
 INLINE void block_any(mg_format f, const uint8_t *p, int64_t n, float *out) {
     const __m512 tbl = table_ps(f == MG_Q4_0 ? Q4_0_VALUES : f == MG_MXFP4 ? MG_MXFP4_VALUES2 : MG_IQ4NL_VALUES);
     switch (f) {
-    case MG_Q4_K: block_q4_k(p, out); break;
     case MG_Q5_K: block_q5_k(p, out); break;
-    case MG_Q6_K: block_q6_k(p, out); break;
     case MG_IQ4_XS: block_iq4_xs(p, tbl, out); break;
     case MG_Q8_0:
         for (int64_t j = 0; j < n; j += 32) block_q8_0(p + (size_t)(j / 32 * 34), out + j);
@@ -205,9 +168,10 @@ INLINE void block_any(mg_format f, const uint8_t *p, int64_t n, float *out) {
 /* Q4_K's 256 columns at column b of the tile, straight into its columns: the 16 rows' code bytes
  * are transposed as dwords (one line per 4 byte columns: lane i holds row i's 4 bytes), so that
  * a shift and a mask give a column's 16 codes, and one FMA with vectors of the 16 rows'
- * sub-block factors its values, ds * q - dm as block_q4_k computes them.  Where block_q4_k and
- * a 16 x 16 float transpose move every value twice more (about 10 operations per 16 values),
- * this takes 5 and a 16 x 16 dword transpose per 4096 codes. */
+ * sub-block factors its values, ds * q - dm (ds * q exact, so one rounding, the scalar
+ * decoder's bits).  Where decoding each row into a buffer and a 16 x 16 float transpose move
+ * every value twice more (about 10 operations per 16 values), this takes 5 and a 16 x 16 dword
+ * transpose per 4096 codes. */
 INLINE void tile_q4_k_block(const uint8_t *const rows[TR], float *tile) {
     float ds[8][TR] __attribute__((aligned(64))), dm[8][TR] __attribute__((aligned(64)));
     for (int i = 0; i < TR; i++) {
@@ -242,7 +206,7 @@ INLINE void tile_q4_k_block(const uint8_t *const rows[TR], float *tile) {
 /* Q6_K the same way: per half h, the 16 rows' ql bytes 64h .. 64h + 63 and qh bytes 32h ..
  * 32h + 31 transposed as dwords; byte m of ql holds the low 4 bits of elements m (low nibble) and
  * 64 + m (high), qh byte m % 32 their top 2 bits at bit 2 * (m / 32) and 2 * (m / 32 + 2).  Each
- * value is (d * scale) * (q - 32), as block_q6_k computes it. */
+ * value is (d * scale) * (q - 32), as the scalar decoder computes it. */
 INLINE void tile_q6_k_block(const uint8_t *const rows[TR], float *tile) {
     float ds[16][TR] __attribute__((aligned(64)));
     for (int i = 0; i < TR; i++) {
@@ -255,7 +219,7 @@ INLINE void tile_q6_k_block(const uint8_t *const rows[TR], float *tile) {
         __m512 v[16], u[16];
         for (int i = 0; i < TR; i++) {
             v[i] = _mm512_loadu_ps(rows[i] + 64 * h);
-            u[i] = _mm512_castps256_ps512(_mm256_loadu_ps((const float *)(rows[i] + 128 + 32 * h)));
+            u[i] = _mm512_zextps256_ps512(_mm256_loadu_ps((const float *)(rows[i] + 128 + 32 * h)));
         }
         transpose16_ps(v); /* v[s]: ql bytes 64h + 4s .. + 3 of the 16 rows */
         transpose16_ps(u); /* u[s], s < 8: qh bytes 32h + 4s .. + 3 */
