@@ -9,45 +9,26 @@
  *    no conversion at all (IQ4_NL, IQ4_XS, MXFP4), where AVX2 needs a byte table, widening and
  *    vcvtdq2ps.
  * Scalar twin: core/ggml_blocks.h through the scalar table; tests/c/test_ggml_blocks.c. */
-#include <string.h>
 #include "kernels/tables.h"
 
 #if defined(__x86_64__) && defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && \
     defined(__AVX512DQ__) && defined(__FMA__) && defined(__F16C__)
 #include "kernels/avx512/avx512.h"
-#include "core/ggml_blocks.h"
+#include "kernels/avx512/ggml_avx512.h"
 
-INLINE float f16_at(const uint8_t *p) { /* vcvtph2ps: exact, denormals included */
-    uint16_t h;
-    memcpy(&h, p, 2);
-    return _cvtsh_ss(h);
-}
-
-/* 16 bytes at p zero- (sign-) extended to 16 dword lanes. */
-INLINE __m512i u8x16(const uint8_t *p) { return _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)p)); }
-INLINE __m512i i8x16(const uint8_t *p) { return _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p)); }
-
-/* The value tables as fp32 (IQ4: the int8 table; MXFP4: twice the e2m1 values, to go with the
- * 2^(e-128) of mg_ggml_e8m0_half). */
-INLINE __m512 table_f32(const int8_t *v) { return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)v))); }
-
-static const int8_t Q4_0_VALUES[16] = {-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7};
+/* A block of 32's 16 partial sums: values lo (elements 0-15) and hi (16-31) times x0, x1. */
+INLINE __m512 dot32(__m512 lo, __m512 hi, __m512 x0, __m512 x1) { return _mm512_fmadd_ps(hi, x1, _mm512_mul_ps(lo, x0)); }
 
 /* Blocks of 32 with an f16 scale at the block's start (Q8_0, Q4_0, IQ4_NL, Q5_0), R (1..4) rows
  * at once: as rows_k4, each row's arithmetic is the same whatever R (the even blocks into acc0,
  * the odd into acc1, the same final sum), R weight streams in flight with a prefetch `ahead` on,
  * and each x load serves the R rows.  One row streamed alone, as these formats had, left a Q8_0
  * token at 0.35 of the read bandwidth, below the AVX2 rows.  A prefetch per block (34 bytes) or
- * per pair of blocks (18 or 22) touches every line of the stream.  Q5_0: Q4_0's nibbles plus a
- * fifth bit per element from the u32 qh (bit i: element i), moved into place per lane by
- * vpsrlvd; value code - 16. */
+ * per pair of blocks (18 or 22) touches every line of the stream. */
 INLINE void rows_32(const int R, mg_format f, const uint8_t *const *p, const float *x, int64_t nb, size_t ahead,
                     float *out) {
     const __m512 tbl = table_f32(f == MG_Q4_0 ? Q4_0_VALUES : MG_IQ4NL_VALUES);
     const size_t bytes = f == MG_Q8_0 ? 34 : f == MG_Q5_0 ? 22 : 18;
-    const __m512i iota = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-    const __m512i iota12 = _mm512_add_epi32(iota, _mm512_set1_epi32(12)), m15 = _mm512_set1_epi32(15);
-    const __m512i m16 = _mm512_set1_epi32(16);
     __m512 acc0[4], acc1[4];
     for (int j = 0; j < R; j++) acc0[j] = acc1[j] = _mm512_setzero_ps();
     for (int64_t i = 0; i < nb; i++, x += 32) {
@@ -55,25 +36,14 @@ INLINE void rows_32(const int R, mg_format f, const uint8_t *const *p, const flo
         for (int j = 0; j < R; j++) {
             const uint8_t *b = p[j] + (size_t)i * bytes;
             if (f == MG_Q8_0 || !(i & 1)) _mm_prefetch((const char *)b + ahead, MG_AVX512_PREFETCH_HINT);
-            __m512 part;
-            if (f == MG_Q8_0) {
-                part = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i8x16(b + 18)), x1,
-                                       _mm512_mul_ps(_mm512_cvtepi32_ps(i8x16(b + 2)), x0));
-            } else if (f == MG_Q5_0) {
-                uint32_t qh;
-                memcpy(&qh, b + 2, 4);
-                const __m512i h = _mm512_set1_epi32((int)qh), v = u8x16(b + 6);
-                const __m512i lo = _mm512_or_si512(_mm512_and_si512(v, m15),
-                                                   _mm512_and_si512(_mm512_slli_epi32(_mm512_srlv_epi32(h, iota), 4), m16));
-                const __m512i hi = _mm512_or_si512(_mm512_srli_epi32(v, 4),
-                                                   _mm512_and_si512(_mm512_srlv_epi32(h, iota12), m16));
-                part = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(hi, m16)), x1,
-                                       _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(lo, m16)), x0));
-            } else { /* vpermps reads an index's low 4 bits: the low nibble needs no mask */
-                const __m512i v = u8x16(b + 2);
-                part = _mm512_fmadd_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(v, 4), tbl), x1,
-                                       _mm512_mul_ps(_mm512_permutexvar_ps(v, tbl), x0));
-            }
+            __m512 lo, hi;
+            if (f == MG_Q8_0)
+                lo = _mm512_cvtepi32_ps(i8x16(b + 2)), hi = _mm512_cvtepi32_ps(i8x16(b + 18));
+            else if (f == MG_Q5_0)
+                q5_0_values(b, &lo, &hi);
+            else
+                nibble_values(b + 2, tbl, &lo, &hi);
+            const __m512 part = dot32(lo, hi, x0, x1);
             if (i & 1)
                 acc1[j] = _mm512_fmadd_ps(_mm512_set1_ps(f16_at(b)), part, acc1[j]);
             else
@@ -105,7 +75,6 @@ INLINE void prefetch_block(const uint8_t *b, size_t bytes, size_t ahead) {
 INLINE void rows_k4(const int R, const uint8_t *const *p, const float *x, const float *xs, int64_t nb, int q5,
                     size_t ahead, float *out) {
     const size_t bytes = q5 ? 176 : 144;
-    const __m512i m4 = _mm512_set1_epi32(15), m16 = _mm512_set1_epi32(16);
     const __m512 nib = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15); /* a code's value */
     __m512 acc0[4], acc1[4];
     __m256 accm[4];
@@ -131,11 +100,10 @@ INLINE void rows_k4(const int R, const uint8_t *const *p, const float *x, const 
                     const __m512i v = u8x16(qs + 16 * k);
                     __m512 fl, fu;
                     if (q5) {
-                        const __m512i t = _mm512_srli_epi32(u8x16(qh + 16 * k), 2 * c);
-                        const __m512i l = _mm512_or_si512(_mm512_and_si512(v, m4), _mm512_and_si512(_mm512_slli_epi32(t, 4), m16));
-                        const __m512i u = _mm512_or_si512(_mm512_srli_epi32(v, 4), _mm512_and_si512(_mm512_slli_epi32(t, 3), m16));
+                        __m512i l, u;
+                        q5_k_codes(v, qh + 16 * k, c, &l, &u);
                         fl = _mm512_cvtepi32_ps(l), fu = _mm512_cvtepi32_ps(u);
-                    } else { /* vpermps reads an index's low 4 bits: the low nibble needs no mask */
+                    } else { /* nibble_values' vpermps on the widened bytes */
                         fl = _mm512_permutexvar_ps(v, nib), fu = _mm512_permutexvar_ps(_mm512_srli_epi32(v, 4), nib);
                     }
                     lo = _mm512_fmadd_ps(fl, k ? xl1 : xl0, lo);
@@ -172,9 +140,9 @@ INLINE void rows_iq4_xs(const int R, const uint8_t *const *p, const float *x, in
         for (int j = 0; j < 8; j++) {
             const __m512 x0 = _mm512_loadu_ps(x + 32 * j), x1 = _mm512_loadu_ps(x + 32 * j + 16);
             for (int r = 0; r < R; r++) {
-                const __m512i v = u8x16(p[r] + (size_t)i * 136 + 8 + 16 * j);
-                const __m512 part = _mm512_fmadd_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(v, 4), tbl), x1,
-                                                    _mm512_mul_ps(_mm512_permutexvar_ps(v, tbl), x0));
+                __m512 lo, hi;
+                nibble_values(p[r] + (size_t)i * 136 + 8 + 16 * j, tbl, &lo, &hi);
+                const __m512 part = dot32(lo, hi, x0, x1);
                 if (j & 1)
                     acc1[r] = _mm512_fmadd_ps(_mm512_set1_ps(ds[r][j]), part, acc1[r]);
                 else
@@ -200,7 +168,7 @@ INLINE void rows_q6_k(const int R, const uint8_t *const *p, const float *x, int6
             const uint8_t *b = p[j] + (size_t)i * 210;
             prefetch_block(b, 210, ahead);
             _mm512_store_ps(ds[j], _mm512_mul_ps(_mm512_set1_ps(f16_at(b + 208)),
-                                                 _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(b + 192))))));
+                                                 _mm512_cvtepi32_ps(i8x16(b + 192))));
         }
         for (int h = 0; h < 2; h++)
             for (int k = 0; k < 2; k++) {
@@ -231,10 +199,8 @@ INLINE void rows_q6_k(const int R, const uint8_t *const *p, const float *x, int6
 
 /* MXFP4, R (1..4) rows at once, as rows_32 (each row's arithmetic the same whatever R; R weight
  * streams in flight, each x load shared by the R rows, a prefetch `ahead` on: one row streamed
- * alone ran at 0.3-0.7 of the read bandwidth, DeepSeek-V4 GGUF experts, 1 thread).  Two more
- * savings per 32 weights: the scale is read from MG_E8M0_HALF, and the low nibbles go to vpermps
- * unmasked (it reads only an index's low 4 bits; the bytes are zero-extended, so the high nibble
- * is all the rest). */
+ * alone ran at 0.3-0.7 of the read bandwidth, DeepSeek-V4 GGUF experts, 1 thread).  The scale
+ * is read from MG_E8M0_HALF. */
 INLINE void rows_mxfp4(const int R, const uint8_t *const *p, const float *x, int64_t nb, size_t ahead, float *out) {
     const __m512 tbl = table_f32(MG_MXFP4_VALUES2);
     __m512 a0[4], a1[4];
@@ -246,11 +212,10 @@ INLINE void rows_mxfp4(const int R, const uint8_t *const *p, const float *x, int
         for (int j = 0; j < R; j++) {
             const uint8_t *b = p[j] + 17 * i;
             _mm_prefetch((const char *)b + ahead, MG_AVX512_PREFETCH_HINT);
-            const __m512i v = u8x16(b + 1), u = u8x16(b + 18);
-            const __m512 e = _mm512_fmadd_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(v, 4), tbl), x1,
-                                             _mm512_mul_ps(_mm512_permutexvar_ps(v, tbl), x0));
-            const __m512 o = _mm512_fmadd_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(u, 4), tbl), x3,
-                                             _mm512_mul_ps(_mm512_permutexvar_ps(u, tbl), x2));
+            __m512 el, eh, ol, oh;
+            nibble_values(b + 1, tbl, &el, &eh);
+            nibble_values(b + 18, tbl, &ol, &oh);
+            const __m512 e = dot32(el, eh, x0, x1), o = dot32(ol, oh, x2, x3);
             a0[j] = _mm512_fmadd_ps(_mm512_set1_ps(MG_E8M0_HALF[b[0]]), e, a0[j]);
             a1[j] = _mm512_fmadd_ps(_mm512_set1_ps(MG_E8M0_HALF[b[17]]), o, a1[j]);
         }
@@ -259,9 +224,9 @@ INLINE void rows_mxfp4(const int R, const uint8_t *const *p, const float *x, int
         const __m512 x0 = _mm512_loadu_ps(x), x1 = _mm512_loadu_ps(x + 16);
         for (int j = 0; j < R; j++) {
             const uint8_t *b = p[j] + 17 * i;
-            const __m512i v = u8x16(b + 1);
-            const __m512 e = _mm512_fmadd_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(v, 4), tbl), x1,
-                                             _mm512_mul_ps(_mm512_permutexvar_ps(v, tbl), x0));
+            __m512 el, eh;
+            nibble_values(b + 1, tbl, &el, &eh);
+            const __m512 e = dot32(el, eh, x0, x1);
             a0[j] = _mm512_fmadd_ps(_mm512_set1_ps(MG_E8M0_HALF[b[0]]), e, a0[j]);
         }
     }

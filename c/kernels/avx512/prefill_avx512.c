@@ -18,7 +18,7 @@
     defined(__AVX512DQ__) && defined(__FMA__) && defined(__F16C__)
 #include "kernels/avx512/avx512.h"
 #include "kernels/avx2/prefill_tile.h"
-#include "core/ggml_blocks.h"
+#include "kernels/avx512/ggml_avx512.h"
 
 enum { TR = MG_PREFILL_TILE_ROWS, TC = MG_PREFILL_TILE_COLS, MICRO_TOK = 12 };
 
@@ -53,17 +53,11 @@ INLINE void micro(const int H, const int T, const float *t0, const float *t1, co
  * (core/ggml_blocks.h) bit for bit, as the avx2 ones: d * sub-scale is exact, so each value is one
  * rounding (one FMA for Q4_K's and Q5_K's ds * q - dm, where ds * q is exact). */
 
-INLINE float f16_at(const uint8_t *p) {
-    uint16_t h;
-    memcpy(&h, p, 2);
-    return _cvtsh_ss(h);
-}
-
 /* One block's 256 (Q8_0 and the other 32-element formats: 32) values at p into out. */
 INLINE void block_q8_0(const uint8_t *p, float *out) {
     const __m512 d = _mm512_set1_ps(f16_at(p));
-    _mm512_store_ps(out, _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(p + 2)))), d));
-    _mm512_store_ps(out + 16, _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(p + 18)))), d));
+    _mm512_store_ps(out, _mm512_mul_ps(_mm512_cvtepi32_ps(i8x16(p + 2)), d));
+    _mm512_store_ps(out + 16, _mm512_mul_ps(_mm512_cvtepi32_ps(i8x16(p + 18)), d));
 }
 /* Q5_K: chunk c's byte l holds element l of sub-blocks 2c (low nibble) and 2c + 1 (high), bit j
  * of qh[l] is the fifth bit of element l of sub-block j; ds * q - dm in one FMA (ds * q exact). */
@@ -72,30 +66,25 @@ INLINE void block_q5_k(const uint8_t *p, float *out) {
     mg_ggml_k4_scales_mins(p + 4, sc, mn);
     const float d = f16_at(p), dmin = f16_at(p + 2);
     const uint8_t *qh = p + 16, *qs = p + 48;
-    const __m512i m4 = _mm512_set1_epi32(15), m16 = _mm512_set1_epi32(16);
     for (int c = 0; c < 4; c++) {
         const __m512 ds0 = _mm512_set1_ps(d * (float)sc[2 * c]), dm0 = _mm512_set1_ps(dmin * (float)mn[2 * c]);
         const __m512 ds1 = _mm512_set1_ps(d * (float)sc[2 * c + 1]), dm1 = _mm512_set1_ps(dmin * (float)mn[2 * c + 1]);
         for (int k = 0; k < 2; k++) {
-            const __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(qs + 32 * c + 16 * k)));
-            const __m512i h = _mm512_srli_epi32(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(qh + 16 * k))), 2 * c);
-            const __m512i lo = _mm512_or_si512(_mm512_and_si512(v, m4), _mm512_and_si512(_mm512_slli_epi32(h, 4), m16));
-            const __m512i hi = _mm512_or_si512(_mm512_srli_epi32(v, 4), _mm512_and_si512(_mm512_slli_epi32(h, 3), m16));
+            __m512i lo, hi;
+            q5_k_codes(u8x16(qs + 32 * c + 16 * k), qh + 16 * k, c, &lo, &hi);
             _mm512_store_ps(out + 64 * c + 16 * k, _mm512_fmsub_ps(_mm512_cvtepi32_ps(lo), ds0, dm0));
             _mm512_store_ps(out + 64 * c + 32 + 16 * k, _mm512_fmsub_ps(_mm512_cvtepi32_ps(hi), ds1, dm1));
         }
     }
 }
-/* 32 values from 16 nibble bytes at q (element i the low nibble of byte i, 16 + i its high
- * nibble): tbl[code] * d, tbl a 16-entry fp32 table read by vpermps (only an index's low 4 bits
- * count, so the low nibble needs no mask).  The scalar decoder's d * table value, one rounding. */
+/* 32 values from 16 nibble bytes at q through the table tbl, times d: the scalar decoder's
+ * d * table value, one rounding. */
 INLINE void nibbles_table(const uint8_t *q, __m512 tbl, __m512 d, float *out) {
-    const __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)q));
-    _mm512_store_ps(out, _mm512_mul_ps(_mm512_permutexvar_ps(v, tbl), d));
-    _mm512_store_ps(out + 16, _mm512_mul_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(v, 4), tbl), d));
+    __m512 lo, hi;
+    nibble_values(q, tbl, &lo, &hi);
+    _mm512_store_ps(out, _mm512_mul_ps(lo, d));
+    _mm512_store_ps(out + 16, _mm512_mul_ps(hi, d));
 }
-INLINE __m512 table_ps(const int8_t *v) { return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)v))); }
-static const int8_t Q4_0_VALUES[16] = {-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7};
 /* IQ4_XS: eight sub-blocks of 32 with the 6-bit scale s, (d * (s - 32)) * table value. */
 INLINE void block_iq4_xs(const uint8_t *p, __m512 tbl, float *out) {
     const float d = f16_at(p);
@@ -106,19 +95,13 @@ INLINE void block_iq4_xs(const uint8_t *p, __m512 tbl, float *out) {
         nibbles_table(p + 8 + 16 * j, tbl, _mm512_set1_ps(d * (float)(s - 32)), out + 32 * j);
     }
 }
-/* Q5_0: Q4_0's nibbles plus the fifth bit of element i at bit i of the u32 qh; d * (q - 16). */
+/* Q5_0: d * (q - 16). */
 INLINE void block_q5_0(const uint8_t *p, float *out) {
-    const __m512i iota = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-    const __m512i m15 = _mm512_set1_epi32(15), m16 = _mm512_set1_epi32(16);
-    uint32_t qh;
-    memcpy(&qh, p + 2, 4);
-    const __m512i h = _mm512_set1_epi32((int)qh), v = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(p + 6)));
-    const __m512i lo = _mm512_or_si512(_mm512_and_si512(v, m15), _mm512_and_si512(_mm512_slli_epi32(_mm512_srlv_epi32(h, iota), 4), m16));
-    const __m512i hi = _mm512_or_si512(_mm512_srli_epi32(v, 4),
-                                       _mm512_and_si512(_mm512_srlv_epi32(h, _mm512_add_epi32(iota, _mm512_set1_epi32(12))), m16));
     const __m512 d = _mm512_set1_ps(f16_at(p));
-    _mm512_store_ps(out, _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(lo, m16)), d));
-    _mm512_store_ps(out + 16, _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(hi, m16)), d));
+    __m512 lo, hi;
+    q5_0_values(p, &lo, &hi);
+    _mm512_store_ps(out, _mm512_mul_ps(lo, d));
+    _mm512_store_ps(out + 16, _mm512_mul_ps(hi, d));
 }
 
 /* The formats tile_ggml builds; the others take mg_avx2_prefill_tile. */
@@ -140,7 +123,7 @@ INLINE int tile_ggml_takes(mg_format f) {
 /* One 256-column piece (n columns, 32-element formats: a multiple of 32) of one row at p, for the
  * formats tile_ggml does not build straight into the tile (Q4_K, Q6_K). */
 INLINE void block_any(mg_format f, const uint8_t *p, int64_t n, float *out) {
-    const __m512 tbl = table_ps(f == MG_Q4_0 ? Q4_0_VALUES : f == MG_MXFP4 ? MG_MXFP4_VALUES2 : MG_IQ4NL_VALUES);
+    const __m512 tbl = table_f32(f == MG_Q4_0 ? Q4_0_VALUES : f == MG_MXFP4 ? MG_MXFP4_VALUES2 : MG_IQ4NL_VALUES);
     switch (f) {
     case MG_Q5_K: block_q5_k(p, out); break;
     case MG_IQ4_XS: block_iq4_xs(p, tbl, out); break;

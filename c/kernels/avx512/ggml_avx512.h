@@ -1,0 +1,59 @@
+/* What the AVX-512 loops over GGUF blocks share: decode (ggml_avx512.c) and the prefill tiles
+ * (prefill_avx512.c) read the same codes the same way, so each format's widening is written
+ * once.  Every value is the scalar decoder's (core/ggml_blocks.h) bit for bit.  Include after
+ * avx512.h, only from those two files. */
+#ifndef MG_KERNELS_AVX512_GGML_H
+#define MG_KERNELS_AVX512_GGML_H
+
+#include <string.h>
+#include "core/ggml_blocks.h"
+
+INLINE float f16_at(const uint8_t *p) { /* vcvtph2ps: exact, denormals included */
+    uint16_t h;
+    memcpy(&h, p, 2);
+    return _cvtsh_ss(h);
+}
+
+/* 16 bytes at p zero- (sign-) extended to 16 dword lanes. */
+INLINE __m512i u8x16(const uint8_t *p) { return _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)p)); }
+INLINE __m512i i8x16(const uint8_t *p) { return _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p)); }
+
+/* The value tables as fp32 (IQ4: the int8 table; MXFP4: twice the e2m1 values, to go with the
+ * 2^(e-128) of mg_ggml_e8m0_half; Q4_0: code - 8). */
+INLINE __m512 table_f32(const int8_t *v) { return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)v))); }
+static const int8_t Q4_0_VALUES[16] = {-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7};
+
+/* A block of 32's 16 nibble bytes at q (element i the low nibble of byte i, 16 + i its high
+ * nibble) as values through tbl: vpermps reads only an index's low 4 bits, so the low nibble
+ * needs no mask. */
+INLINE void nibble_values(const uint8_t *q, __m512 tbl, __m512 *lo, __m512 *hi) {
+    const __m512i v = u8x16(q);
+    *lo = _mm512_permutexvar_ps(v, tbl);
+    *hi = _mm512_permutexvar_ps(_mm512_srli_epi32(v, 4), tbl);
+}
+
+/* Q5_0 block b's values code - 16 (elements 0-15, 16-31): Q4_0's nibbles plus a fifth bit per
+ * element from the u32 qh (bit i: element i), moved into place per lane by vpsrlvd. */
+INLINE void q5_0_values(const uint8_t *b, __m512 *lo, __m512 *hi) {
+    const __m512i iota = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    const __m512i m15 = _mm512_set1_epi32(15), m16 = _mm512_set1_epi32(16);
+    uint32_t qh;
+    memcpy(&qh, b + 2, 4);
+    const __m512i h = _mm512_set1_epi32((int)qh), v = u8x16(b + 6);
+    const __m512i l = _mm512_or_si512(_mm512_and_si512(v, m15), _mm512_and_si512(_mm512_slli_epi32(_mm512_srlv_epi32(h, iota), 4), m16));
+    const __m512i u = _mm512_or_si512(_mm512_srli_epi32(v, 4),
+                                      _mm512_and_si512(_mm512_srlv_epi32(h, _mm512_add_epi32(iota, _mm512_set1_epi32(12))), m16));
+    *lo = _mm512_cvtepi32_ps(_mm512_sub_epi32(l, m16));
+    *hi = _mm512_cvtepi32_ps(_mm512_sub_epi32(u, m16));
+}
+
+/* Q5_K's codes of chunk c: v the chunk's 16 code bytes k (widened), qh the 16 qh bytes k; byte
+ * l's low nibble with bit 2c of qh[l] (sub-block 2c), its high nibble with bit 2c + 1 (2c + 1). */
+INLINE void q5_k_codes(__m512i v, const uint8_t *qh, int c, __m512i *lo, __m512i *hi) {
+    const __m512i m4 = _mm512_set1_epi32(15), m16 = _mm512_set1_epi32(16);
+    const __m512i t = _mm512_srli_epi32(u8x16(qh), 2 * c);
+    *lo = _mm512_or_si512(_mm512_and_si512(v, m4), _mm512_and_si512(_mm512_slli_epi32(t, 4), m16));
+    *hi = _mm512_or_si512(_mm512_srli_epi32(v, 4), _mm512_and_si512(_mm512_slli_epi32(t, 3), m16));
+}
+
+#endif
