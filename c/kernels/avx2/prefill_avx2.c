@@ -13,6 +13,7 @@
 #include "kernels/avx2/avx2.h"
 #include "core/ggml_blocks.h"
 #include "kernels/avx2/q6_k_codes.h"
+#include "kernels/prefetch_rows.h"
 
 /* Rows go along the vector lanes: the tile holds TILE_ROWS rows of TILE_COLS columns
  * column-major (tile[c * TILE_ROWS + i]), so one column is two ymm of 16 row values, and the
@@ -290,8 +291,7 @@ INLINE void q4_k_columns(const uint8_t *codes, __m256 ds, __m256 dm, float *o) {
  * hardware prefetcher follows badly, so that the first load of each row's piece waited on memory
  * (a third of the Q4_K builder's time; prefill_avx512.c's builders do the same). */
 INLINE void prefetch_next_piece(const uint8_t *const rows[8], size_t at, size_t piece) {
-    for (int i = 0; i < 8; i++)
-        for (size_t l = 0; l < piece + 63; l += 64) _mm_prefetch((const char *)rows[i] + at + piece + l, _MM_HINT_T1);
+    for (int i = 0; i < 8; i++) mg_prefetch_rows(rows[i] + at + piece, piece + 63, 1); /* + 63: a piece's last line */
 }
 
 /* Q4_K tiles without float transposes: a chunk's 8 rows of codes are transposed as bytes (a

@@ -19,6 +19,7 @@
 #include "kernels/avx512/avx512.h"
 #include "kernels/avx2/prefill_tile.h"
 #include "kernels/avx512/ggml_avx512.h"
+#include "kernels/prefetch_rows.h"
 
 enum { TR = MG_PREFILL_TILE_ROWS, TC = MG_PREFILL_TILE_COLS, MICRO_TOK = 12 };
 
@@ -242,10 +243,8 @@ static int tile_ggml(const mg_matrix *w, int64_t r, int64_t nr, int64_t c0, int6
         /* The 16 rows are 16 streams that the hardware prefetcher follows badly: without this the
          * first load of each row's piece waited on memory (a fifth of the builder's time).  The
          * next 256 columns of each row (past the chunk's end: the next chunk's start), into L2;
-         * two pieces ahead measured slower. */
-        for (int i = 0; i < TR; i++)
-            for (size_t l = 0; l < piece + 63; l += 64)
-                _mm_prefetch((const char *)rows[i] + (size_t)(b / e * bytes) + piece + l, MG_AVX512_PREFETCH_HINT);
+         * two pieces ahead measured slower (+ 63: a piece's last line). */
+        for (int i = 0; i < TR; i++) mg_prefetch_rows(rows[i] + (size_t)(b / e * bytes) + piece, piece + 63, 1);
         if (f == MG_Q4_K || f == MG_Q6_K) {
             const uint8_t *blk[TR];
             for (int i = 0; i < TR; i++) blk[i] = rows[i] + (size_t)(b / 256 * bytes);
