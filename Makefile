@@ -122,12 +122,14 @@ serve: install
 rehearse: install
 	$(PYTHON) tools/rehearse.py $(ARGS)
 
+# The last line: a 4096-token prompt, as coding agents send (its attention outweighs the weights).
 bench: install test-deps
 	$(PYTHON) tools/bench.py
 	$(PYTHON) tools/bench_models.py
 	$(PYTHON) tools/bench_experts.py
 	$(PYTHON) tools/bench_structured.py
 	$(PYTHON) tools/bench_llamacpp.py
+	$(PYTHON) tools/bench_llamacpp.py --models qwen3_moe --quants Q4_K_M --same-file-only --prefill-tokens 4096
 
 # Seeded, capped at FUZZ_EXAMPLES cases per operation and FUZZ_SECONDS in all (a few minutes):
 # too slow for `make test`.  Exit code non-zero when schemathesis found a failure.

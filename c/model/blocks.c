@@ -232,6 +232,7 @@ typedef struct {
     int64_t per_worker;
     int heads_per_item; /* query heads one work item covers (a slice of one kv group) */
     int items_per_group;
+    int tokens_per_item; /* a block of consecutive tokens */
 } attn_job;
 
 void mg_attn_scores(const mg_kernels *k, const float *q, int64_t q_stride, int m, const float *kr,
@@ -268,65 +269,105 @@ static const float *kv_rows(mg_kv_type type, const void *base, int64_t row_strid
     return buf;
 }
 
-/* Query heads [h0, h1) of kv group g for token t.  s: (h1 - h0) score rows of s_row floats,
- * then KV_BLOCK converted rows (bf16 caches).  Keys, then values, go by blocks of KV_BLOCK
- * rows, each block used by every head of the slice while it is in L1; per head: the scaled
- * scores, a softmax (with the head's sink), the probabilities' sum of values in position
- * order. */
-static void attn_group(const mg_attn_args *a, const mg_kernels *kern, int64_t t, int g, int h0, int h1, float *s,
-                       int64_t s_row) {
+/* The keys token t attends to: positions [*lo, pos0 + t], a window's worth at most. */
+static int64_t attn_span(const mg_attn_args *a, int64_t t, int64_t *lo) {
     const int64_t pos = a->pos0 + t;
-    const int64_t lo = a->window > 0 && pos - a->window + 1 > 0 ? pos - a->window + 1 : 0, n = pos - lo + 1;
+    *lo = a->window > 0 && pos - a->window + 1 > 0 ? pos - a->window + 1 : 0;
+    return pos - *lo + 1;
+}
+
+/* Query heads [h0, h1) of kv group g for tokens [t0, t1).  s: (t1 - t0) * (h1 - h0) score rows
+ * of s_row floats (token by token, its heads in order; position lo + j of a token's span at
+ * column j), then KV_BLOCK converted rows (bf16 caches).  Keys, then values, go by blocks of
+ * KV_BLOCK rows over the tokens' joint span, each block used by every token and head of the
+ * item while it is in L1: in a prefill, a block of tokens reads the cache once where a token at
+ * a time read all of it per token (at a 4096-token prompt, attention was 71 % of a prefill and
+ * its key loads waited on memory).  Per row: the scaled scores, a softmax (with the head's
+ * sink), the probabilities' sum of values in position order.  A row's results do not depend on
+ * the tokens or heads beside it (the block products' contract, core/kernels.h, whatever keys
+ * share a call; values in position order from the loaded output), so they are bit for bit
+ * those of one token at a time. */
+static void attn_group(const mg_attn_args *a, const mg_kernels *kern, int64_t t0, int64_t t1, int g, int h0,
+                       int h1, float *s, int64_t s_row) {
     const int nh = h1 - h0, dk = a->qk_dim, dv = a->v_dim;
-    float *buf = s + (int64_t)nh * s_row;
-    const float *q = a->q + t * a->q_stride + (int64_t)h0 * dk;
-    float *out = a->out + t * a->out_stride + (int64_t)h0 * dv;
-    for (int64_t j0 = 0; j0 < n; j0 += KV_BLOCK) {
-        const int64_t nb = n - j0 < KV_BLOCK ? n - j0 : KV_BLOCK;
-        int64_t stride;
-        const float *rows = kv_rows(a->kv_type, a->k, a->k_stride, g, dk, lo + j0, nb, buf, &stride);
-        mg_attn_scores(kern, q, dk, nh, rows, stride, nb, dk, a->scale, s + j0, s_row);
-    }
-    for (int i = 0; i < nh; i++) {
-        kern->softmax(s + i * s_row, n, a->sinks ? a->sinks[h0 + i] : -INFINITY);
-        memset(out + (int64_t)i * dv, 0, sizeof(float) * (size_t)dv);
-    }
-    for (int64_t j0 = 0; j0 < n; j0 += KV_BLOCK) {
-        const int64_t nb = n - j0 < KV_BLOCK ? n - j0 : KV_BLOCK;
-        int64_t stride;
-        const float *rows = kv_rows(a->kv_type, a->v, a->v_stride, g, dv, lo + j0, nb, buf, &stride);
-        mg_attn_values(kern, out, dv, nh, s + j0, s_row, rows, stride, nb, dv);
+    float *buf = s + (t1 - t0) * nh * s_row;
+    int64_t first, last;
+    attn_span(a, t0, &first);
+    last = a->pos0 + t1 - 1;
+    for (int pass = 0; pass < 2; pass++) { /* 0: scores, 1: values */
+        const void *base = pass ? a->v : a->k;
+        const int64_t row_stride = pass ? a->v_stride : a->k_stride, dim = pass ? dv : dk;
+        for (int64_t j0 = first; j0 <= last; j0 += KV_BLOCK) {
+            const int64_t nb = last + 1 - j0 < KV_BLOCK ? last + 1 - j0 : KV_BLOCK;
+            int64_t stride;
+            const float *rows = kv_rows(a->kv_type, base, row_stride, g, (int)dim, j0, nb, buf, &stride);
+            for (int64_t t = t0; t < t1; t++) {
+                int64_t lo;
+                const int64_t n = attn_span(a, t, &lo), hi = lo + n; /* hi: one past the span */
+                const int64_t j = j0 > lo ? j0 : lo, je = j0 + nb < hi ? j0 + nb : hi;
+                if (j >= je) continue;
+                float *st = s + (t - t0) * nh * s_row + (j - lo);
+                if (pass)
+                    mg_attn_values(kern, a->out + t * a->out_stride + (int64_t)h0 * dv, dv, nh, st, s_row,
+                                   rows + (j - j0) * stride, stride, je - j, dv);
+                else
+                    mg_attn_scores(kern, a->q + t * a->q_stride + (int64_t)h0 * dk, dk, nh, rows + (j - j0) * stride,
+                                   stride, je - j, dk, a->scale, st, s_row);
+            }
+        }
+        if (pass) break;
+        for (int64_t t = t0; t < t1; t++) {
+            int64_t lo;
+            const int64_t n = attn_span(a, t, &lo);
+            for (int i = 0; i < nh; i++) {
+                kern->softmax(s + ((t - t0) * nh + i) * s_row, n, a->sinks ? a->sinks[h0 + i] : -INFINITY);
+                memset(a->out + t * a->out_stride + (int64_t)(h0 + i) * dv, 0, sizeof(float) * (size_t)dv);
+            }
+        }
     }
 }
 
 static void attn_task(void *ctx, int worker, int n_workers) {
     const attn_job *job = ctx;
     const mg_attn_args *a = job->a;
-    int64_t begin, end;
     float *s = job->scratch + (int64_t)worker * job->per_worker;
     const int hpg = a->n_heads / a->n_kv, per = job->items_per_group;
-    mg_split_range(a->n_tok * a->n_kv * per, 1, worker, n_workers, &begin, &end);
-    for (int64_t i = begin; i < end; i++) {
-        const int64_t t = i / ((int64_t)a->n_kv * per);
+    const int64_t n_blocks = (a->n_tok + job->tokens_per_item - 1) / job->tokens_per_item;
+    /* items by turns, not in ranges: with a causal mask a later token costs more, and the last
+     * items of a prefill would fall to one worker */
+    for (int64_t i = worker; i < n_blocks * a->n_kv * per; i += n_workers) {
+        const int64_t tb = i / ((int64_t)a->n_kv * per);
         const int g = (int)(i / per % a->n_kv), b = (int)(i % per);
         const int h0 = g * hpg + b * job->heads_per_item;
         const int h1 = h0 + job->heads_per_item < (g + 1) * hpg ? h0 + job->heads_per_item : (g + 1) * hpg;
-        if (h0 < h1) attn_group(a, job->k, t, g, h0, h1, s, a->pos0 + a->n_tok);
+        const int64_t t0 = tb * job->tokens_per_item;
+        const int64_t t1 = t0 + job->tokens_per_item < a->n_tok ? t0 + job->tokens_per_item : a->n_tok;
+        if (h0 < h1) attn_group(a, job->k, t0, t1, g, h0, h1, s, a->pos0 + a->n_tok);
     }
 }
 
-/* Work items: each kv group's heads are cut into slices so that there are at least as many
- * (token, group, slice) items as workers (decode with few kv heads still uses them all). */
+/* Score rows a worker keeps at most (floats): the token blocks shrink for long contexts. */
+enum { ATTN_SCORE_FLOATS = 4 << 20, ATTN_TOKENS = 64 };
+
+/* Work items: blocks of up to ATTN_TOKENS tokens, and each kv group's heads cut into slices so
+ * that there are at least as many (block, group, slice) items as workers (decode with few kv
+ * heads still uses them all). */
 static attn_job attn_plan(const mg_compute *c, const mg_attn_args *a, float *scratch) {
-    attn_job job = {a, c->k, scratch, a->pos0 + a->n_tok, 1, 1};
+    attn_job job = {a, c->k, scratch, a->pos0 + a->n_tok, 1, 1, 1};
     const int threads = mg_pool_threads(c->pool), hpg = a->n_heads / a->n_kv;
-    const int64_t groups = a->n_tok * a->n_kv;
+    const int64_t span = a->pos0 + a->n_tok; /* a score row's floats */
+    int64_t tpi = ATTN_SCORE_FLOATS / ((int64_t)hpg * span);
+    tpi = tpi < 1 ? 1 : tpi > ATTN_TOKENS ? ATTN_TOKENS : tpi;
+    /* enough blocks for every worker */
+    while (tpi > 1 && (a->n_tok + tpi - 1) / tpi * a->n_kv < threads) tpi /= 2;
+    job.tokens_per_item = (int)tpi;
+    const int64_t groups = (a->n_tok + tpi - 1) / tpi * a->n_kv;
     int per = groups >= threads ? 1 : (int)((threads + groups - 1) / groups);
     if (per > hpg) per = hpg;
     job.heads_per_item = (hpg + per - 1) / per;
     job.items_per_group = (hpg + job.heads_per_item - 1) / job.heads_per_item;
     const int64_t dmax = a->qk_dim > a->v_dim ? a->qk_dim : a->v_dim;
-    job.per_worker = (int64_t)job.heads_per_item * (a->pos0 + a->n_tok) + (a->kv_type == MG_KV_F32 ? 0 : KV_BLOCK * dmax);
+    job.per_worker = tpi * job.heads_per_item * span + (a->kv_type == MG_KV_F32 ? 0 : KV_BLOCK * dmax);
     return job;
 }
 

@@ -153,8 +153,7 @@ static inline __m256 exp8(__m256 x) {
 }
 
 /* Three passes over the row (in L1): the max, e^(x_j - max) stored and summed per lane, the
- * scaling by 1 / sum.  The avx512 table keeps this one: after the zmm products it is a tenth of
- * attention (docs/KERNELS.md). */
+ * scaling by 1 / sum.  attn_avx512.c has the same at zmm width. */
 void mg_avx2_softmax(float *x, int64_t n, float sink) {
     const int64_t nf = n & ~(int64_t)7;
     const __m256i tail = lane_mask(n - nf);

@@ -263,10 +263,12 @@ void mg_avx512vnni_linear_q8_iq(const mg_matrix *w, const mg_q8_act *xq, int64_t
 float mg_avx512_read_sum(const float *p, int64_t n);
 
 /* attn_avx512.c: the attention block products (core/kernels.h): scores in tiles of 4 query rows x
- * 4 key rows, values in tiles of 4 output rows x 64 columns, the values bit for bit the avx2 ones. */
+ * 4 key rows, values in tiles of 4 output rows x 64 columns, the values bit for bit the avx2 ones;
+ * and the softmax between them (the avx2 one's polynomial at zmm width). */
 void mg_avx512_attn_scores(const float *q, int64_t q_stride, int m, const float *k, int64_t k_stride, int64_t n,
                            int64_t dim, float scale, float *s, int64_t s_stride);
 void mg_avx512_attn_values(float *o, int64_t o_stride, int m, const float *p, int64_t p_stride, const float *v,
                            int64_t v_stride, int64_t n, int64_t dim);
+void mg_avx512_softmax(float *x, int64_t n, float sink);
 
 #endif

@@ -1,5 +1,5 @@
 /* The avx512 table (parent: avx2, see c/kernels/tables.h): the linear entries' decode and
- * prefill, read_sum and the attention block products are overridden; the other vector ops stay
+ * prefill, read_sum, the attention block products and the softmax are overridden; the other vector ops stay
  * the parent's (they are not bandwidth bound at these sizes).  A new op family is a
  * <family>_avx512.c file whose entry points avx512.h declares and whose entries are set here. */
 #include "kernels/tables.h"
@@ -52,7 +52,7 @@ LINEAR_GGML(linear_iq3_s, MG_IQ3_S)
 LINEAR_GGML(linear_iq1_s, MG_IQ1_S)
 LINEAR_GGML(linear_iq1_m, MG_IQ1_M)
 
-/* The vector ops stay the parent's (avx2): they are not bandwidth bound at these sizes. */
+/* The other vector ops stay the parent's (avx2): they are not bandwidth bound at these sizes. */
 int mg_kernels_override_avx512(mg_kernels *k, const mg_cpu_features *f) {
     MG_LINEAR_SET(k, linear);
     if (f->denormal_assists) k->linear[MG_FP8_E4M3] = linear_fp8_f16; /* see decode_rows_avx512.c, rows_fp8_folded */
@@ -66,6 +66,7 @@ int mg_kernels_override_avx512(mg_kernels *k, const mg_cpu_features *f) {
     k->linear[MG_IQ1_S] = linear_iq1_s, k->linear[MG_IQ1_M] = linear_iq1_m;
     k->read_sum = mg_avx512_read_sum;
     k->attn_scores = mg_avx512_attn_scores, k->attn_values = mg_avx512_attn_values; /* attn_avx512.c */
+    k->softmax = mg_avx512_softmax;
     /* int8 activations: vpdpbusd kernels (q8_avx512vnni.c) when the CPU has AVX512_VNNI: the
      * one table entry chosen by a feature beyond the table's own (a separate table would sit
      * between avx512 and avx512bf16 and make the bf16 table require VNNI); without it the avx2
