@@ -103,4 +103,12 @@ mg_linear_q8_fn mg_neoni8mm_linear_q8(void);
 /* vector_neon.c: the vector ops of mg_kernels. */
 MG_VECTOR_OPS_DECLARE(mg_neon)
 
+/* attn_neon.c: the attention block products (core/kernels.h), the values bit for bit a loop of
+ * mg_neon_axpy, and the softmax between them. */
+void mg_neon_attn_scores(const float *q, int64_t q_stride, int m, const float *k, int64_t k_stride, int64_t n,
+                         int64_t dim, float scale, float *s, int64_t s_stride);
+void mg_neon_attn_values(float *o, int64_t o_stride, int m, const float *p, int64_t p_stride, const float *v,
+                         int64_t v_stride, int64_t n, int64_t dim);
+void mg_neon_softmax(float *x, int64_t n, float sink);
+
 #endif

@@ -24,9 +24,8 @@ int mg_kernels_override_neon(mg_kernels *k, const mg_cpu_features *f) {
     }
     k->linear_q8_gemm = dot != NULL;
     MG_VECTOR_OPS_SET(k, mg_neon);
-    /* attention: the scalar loops would replace NEON's dot and axpy; NULL lets the caller loop
-     * over those (core/kernels.h) */
-    k->attn_scores = NULL, k->attn_values = NULL;
+    /* attention: block products and a polynomial softmax (attn_neon.c) */
+    k->attn_scores = mg_neon_attn_scores, k->attn_values = mg_neon_attn_values, k->softmax = mg_neon_softmax;
     return 1;
 }
 #else
