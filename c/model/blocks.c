@@ -349,17 +349,17 @@ static void attn_task(void *ctx, int worker, int n_workers) {
 /* Score rows a worker keeps at most (floats): the token blocks shrink for long contexts. */
 enum { ATTN_SCORE_FLOATS = 4 << 20, ATTN_TOKENS = 64 };
 
-/* Work items: blocks of up to ATTN_TOKENS tokens, and each kv group's heads cut into slices so
- * that there are at least as many (block, group, slice) items as workers (decode with few kv
- * heads still uses them all). */
+/* Work items: blocks of up to ATTN_TOKENS tokens (at most n_tok), and each kv group's heads cut
+ * into slices so that there are at least as many (block, group, slice) items as workers (decode
+ * with few kv heads still uses them all). */
 static attn_job attn_plan(const mg_compute *c, const mg_attn_args *a, float *scratch) {
     attn_job job = {a, c->k, scratch, a->pos0 + a->n_tok, 1, 1, 1};
     const int threads = mg_pool_threads(c->pool), hpg = a->n_heads / a->n_kv;
     const int64_t span = a->pos0 + a->n_tok; /* a score row's floats */
     int64_t tpi = ATTN_SCORE_FLOATS / ((int64_t)hpg * span);
-    tpi = tpi < 1 ? 1 : tpi > ATTN_TOKENS ? ATTN_TOKENS : tpi;
-    /* enough blocks for every worker */
-    while (tpi > 1 && (a->n_tok + tpi - 1) / tpi * a->n_kv < threads) tpi /= 2;
+    tpi = tpi > ATTN_TOKENS ? ATTN_TOKENS : tpi > a->n_tok ? a->n_tok : tpi < 1 ? 1 : tpi;
+    /* twice as many (block, group) items as workers: a causal prefill's blocks cost unequally */
+    while (tpi > 1 && (a->n_tok + tpi - 1) / tpi * a->n_kv < 2 * threads) tpi /= 2;
     job.tokens_per_item = (int)tpi;
     const int64_t groups = (a->n_tok + tpi - 1) / tpi * a->n_kv;
     int per = groups >= threads ? 1 : (int)((threads + groups - 1) / groups);
