@@ -166,11 +166,10 @@ void mg_neon_softmax(float *x, int64_t n, float sink) {
     for (int64_t j = 0; j < nf; j += 4) MAX_STEP(vld1q_f32(x + j))
     MAX_STEP(vld1q_f32(t))
 #undef MAX_STEP
-    float mx = vgetq_lane_f32(mv, 0);
-    for (int l = 1; l < 4; l++) {
-        const float v = l == 1 ? vgetq_lane_f32(mv, 1) : l == 2 ? vgetq_lane_f32(mv, 2) : vgetq_lane_f32(mv, 3);
-        mx = v > mx ? v : mx;
-    }
+    float lanes[4];
+    vst1q_f32(lanes, mv);
+    float mx = lanes[0];
+    for (int l = 1; l < 4; l++) mx = lanes[l] > mx ? lanes[l] : mx;
     const float32x4_t mxv = vdupq_n_f32(mx);
     /* the sink's term in lane 0 (0 without a sink) */
     float32x4_t sum = vsetq_lane_f32(vgetq_lane_f32(exp4(vdupq_n_f32(sink - mx)), 0), vdupq_n_f32(0.0f), 0);
