@@ -276,6 +276,36 @@ static int64_t attn_span(const mg_attn_args *a, int64_t t, int64_t *lo) {
     return pos - *lo + 1;
 }
 
+/* One product of attn_group over the block's joint span: the scores (values 0) into s, or the
+ * values (values 1) from the probabilities in s into the outputs. */
+static void attn_pass(const mg_attn_args *a, const mg_kernels *kern, int64_t t0, int64_t t1, int g, int h0, int nh,
+                      float *s, int64_t s_row, int values) {
+    const int dk = a->qk_dim, dv = a->v_dim, dim = values ? dv : dk;
+    float *buf = s + (t1 - t0) * nh * s_row;
+    int64_t first;
+    attn_span(a, t0, &first);
+    const int64_t last = a->pos0 + t1 - 1;
+    for (int64_t j0 = first; j0 <= last; j0 += KV_BLOCK) {
+        const int64_t nb = last + 1 - j0 < KV_BLOCK ? last + 1 - j0 : KV_BLOCK;
+        int64_t stride;
+        const float *rows = kv_rows(a->kv_type, values ? a->v : a->k, values ? a->v_stride : a->k_stride, g, dim,
+                                    j0, nb, buf, &stride);
+        for (int64_t t = t0; t < t1; t++) {
+            int64_t lo;
+            const int64_t n = attn_span(a, t, &lo), end = lo + n; /* end: one past the token's span */
+            const int64_t j = j0 > lo ? j0 : lo, je = j0 + nb < end ? j0 + nb : end;
+            if (j >= je) continue;
+            float *st = s + (t - t0) * nh * s_row + (j - lo);
+            if (values)
+                mg_attn_values(kern, a->out + t * a->out_stride + (int64_t)h0 * dv, dv, nh, st, s_row,
+                               rows + (j - j0) * stride, stride, je - j, dv);
+            else
+                mg_attn_scores(kern, a->q + t * a->q_stride + (int64_t)h0 * dk, dk, nh, rows + (j - j0) * stride,
+                               stride, je - j, dk, a->scale, st, s_row);
+        }
+    }
+}
+
 /* Query heads [h0, h1) of kv group g for tokens [t0, t1).  s: (t1 - t0) * (h1 - h0) score rows
  * of s_row floats (token by token, its heads in order; position lo + j of a token's span at
  * column j), then KV_BLOCK converted rows (bf16 caches).  Keys, then values, go by blocks of
@@ -289,42 +319,17 @@ static int64_t attn_span(const mg_attn_args *a, int64_t t, int64_t *lo) {
  * those of one token at a time. */
 static void attn_group(const mg_attn_args *a, const mg_kernels *kern, int64_t t0, int64_t t1, int g, int h0,
                        int h1, float *s, int64_t s_row) {
-    const int nh = h1 - h0, dk = a->qk_dim, dv = a->v_dim;
-    float *buf = s + (t1 - t0) * nh * s_row;
-    int64_t first, last;
-    attn_span(a, t0, &first);
-    last = a->pos0 + t1 - 1;
-    for (int pass = 0; pass < 2; pass++) { /* 0: scores, 1: values */
-        const void *base = pass ? a->v : a->k;
-        const int64_t row_stride = pass ? a->v_stride : a->k_stride, dim = pass ? dv : dk;
-        for (int64_t j0 = first; j0 <= last; j0 += KV_BLOCK) {
-            const int64_t nb = last + 1 - j0 < KV_BLOCK ? last + 1 - j0 : KV_BLOCK;
-            int64_t stride;
-            const float *rows = kv_rows(a->kv_type, base, row_stride, g, (int)dim, j0, nb, buf, &stride);
-            for (int64_t t = t0; t < t1; t++) {
-                int64_t lo;
-                const int64_t n = attn_span(a, t, &lo), hi = lo + n; /* hi: one past the span */
-                const int64_t j = j0 > lo ? j0 : lo, je = j0 + nb < hi ? j0 + nb : hi;
-                if (j >= je) continue;
-                float *st = s + (t - t0) * nh * s_row + (j - lo);
-                if (pass)
-                    mg_attn_values(kern, a->out + t * a->out_stride + (int64_t)h0 * dv, dv, nh, st, s_row,
-                                   rows + (j - j0) * stride, stride, je - j, dv);
-                else
-                    mg_attn_scores(kern, a->q + t * a->q_stride + (int64_t)h0 * dk, dk, nh, rows + (j - j0) * stride,
-                                   stride, je - j, dk, a->scale, st, s_row);
-            }
-        }
-        if (pass) break;
-        for (int64_t t = t0; t < t1; t++) {
-            int64_t lo;
-            const int64_t n = attn_span(a, t, &lo);
-            for (int i = 0; i < nh; i++) {
-                kern->softmax(s + ((t - t0) * nh + i) * s_row, n, a->sinks ? a->sinks[h0 + i] : -INFINITY);
-                memset(a->out + t * a->out_stride + (int64_t)(h0 + i) * dv, 0, sizeof(float) * (size_t)dv);
-            }
+    const int nh = h1 - h0, dv = a->v_dim;
+    attn_pass(a, kern, t0, t1, g, h0, nh, s, s_row, 0);
+    for (int64_t t = t0; t < t1; t++) {
+        int64_t lo;
+        const int64_t n = attn_span(a, t, &lo);
+        for (int i = 0; i < nh; i++) {
+            kern->softmax(s + ((t - t0) * nh + i) * s_row, n, a->sinks ? a->sinks[h0 + i] : -INFINITY);
+            memset(a->out + t * a->out_stride + (int64_t)(h0 + i) * dv, 0, sizeof(float) * (size_t)dv);
         }
     }
+    attn_pass(a, kern, t0, t1, g, h0, nh, s, s_row, 1);
 }
 
 static void attn_task(void *ctx, int worker, int n_workers) {
