@@ -67,6 +67,34 @@ INLINE void prefetch_block(const uint8_t *b, size_t bytes, size_t ahead) {
     for (size_t l = 0; l < bytes; l += 64) _mm_prefetch((const char *)b + ahead + l, MG_AVX512_PREFETCH_HINT);
 }
 
+/* 64 code bytes at p in a register: an empty asm keeps the compiler from folding the load into
+ * each of the eight shifts that read it, since a 64-byte load at a block's offset mostly spans
+ * two cache lines, and eight such split loads cost more than the shifts. */
+INLINE __m512i codes64(const uint8_t *p) {
+    __m512i v = _mm512_loadu_si512((const void *)p);
+    __asm__("" : "+v"(v));
+    return v;
+}
+
+/* x in the lane order of rows_q6_k, arranged once per call and read by every row: that loop
+ * takes a half block's 64 ql bytes as 16 dword lanes and shifts each dword in place, so lane j
+ * of its vector (n, b) holds the code of element
+ *     128 h + 64 n + 32 (j / 8) + 4 (j % 8) + b      (h: the half block, b and n: 0..3, 0..1)
+ * and xp holds, for each h, n, b, those 16 elements of x. */
+INLINE void lane_order(const float *x, int64_t cols, float *xp) {
+    for (int b = 0; b < 4; b++) {
+        const __m512i idx = _mm512_setr_epi32(b, 4 + b, 8 + b, 12 + b, 16 + b, 20 + b, 24 + b, 28 + b, b, 4 + b,
+                                              8 + b, 12 + b, 16 + b, 20 + b, 24 + b, 28 + b);
+        for (int64_t h = 0; h < cols; h += 128)
+            for (int n = 0; n < 2; n++) {
+                const float *w = x + h + 64 * n;
+                const __m512 lo = _mm512_permutex2var_ps(_mm512_loadu_ps(w), idx, _mm512_loadu_ps(w + 16));
+                const __m512 hi = _mm512_permutex2var_ps(_mm512_loadu_ps(w + 32), idx, _mm512_loadu_ps(w + 48));
+                _mm512_storeu_ps(xp + h + 16 * (4 * n + b), _mm512_mask_blend_ps(0xff00, lo, hi));
+            }
+    }
+}
+
 /* Q4_K / Q5_K (q5), R (1..4) rows at once (p[j]: row j's blocks): chunk c's byte l holds element l
  * of sub-blocks 2c (low nibble) and 2c + 1 (high); Q5_K's bit 2c (2c + 1) of qh[l] is their fifth
  * bit.  As rows_mxfp4: each row's arithmetic is the same whatever R (so outputs do not depend on
@@ -153,46 +181,61 @@ INLINE void rows_iq4_xs(const int R, const uint8_t *const *p, const float *x, in
     for (int r = 0; r < R; r++) out[r] = _mm512_reduce_add_ps(_mm512_add_ps(acc0[r], acc1[r]));
 }
 
-/* Q6_K, R (1..4) rows at once, as rows_k4: per half h, ql bytes l (A, elements l and 64 + l) and
- * 32 + l (B, elements 32 + l and 96 + l), qh byte l holding the top 2 bits of elements l, 32 + l,
- * 64 + l, 96 + l; each byte widened once to a dword lane.  A scale per 16 elements, one per
- * vector: the block's 16 products d * sc in one vector (the same single rounding as one at a
- * time), broadcast from memory. */
-INLINE void rows_q6_k(const int R, const uint8_t *const *p, const float *x, int64_t nb, size_t ahead, float *out) {
-    const __m512i m4 = _mm512_set1_epi32(15), m30 = _mm512_set1_epi32(0x30), k32 = _mm512_set1_epi32(32);
+/* Q6_K, R (1..4) rows at once: per half h, ql byte l holds the low 4 bits of elements l (low
+ * nibble) and 64 + l (high), ql byte 32 + l those of 32 + l and 96 + l; qh byte l the top 2 bits
+ * of l, 32 + l, 64 + l, 96 + l (bits 0-1, 2-3, 4-5, 6-7).  The half's 64 ql bytes as 16 dwords,
+ * and its 32 qh bytes as the dwords [qh, qh >> 2] (so lanes 8-15, the ql bytes 32 + l, find their
+ * elements' top bits where lanes 0-7 do), shifted by 8 b + 4 n: lane j's code belongs to element
+ * 64 n + 32 (j / 8) + 4 (j % 8) + b (lane_order).  The 6-bit code goes into the
+ * mantissa of 2^23 (two vpternlogd: the nibble, the top bits, the exponent), and one subtraction
+ * of 2^23 + 32 gives code - 32 exactly: no widening, no conversion.  Lane j's scale is number
+ * 8 h + 4 n + j / 4 for every b, so the four products b go into one vector, then one FMA with
+ * their factors d * sc (the block's 16 products in one vector: the scalar's rounding).  As
+ * rows_k4 otherwise: each row's arithmetic the same whatever R, R weight streams with a prefetch
+ * `ahead` on, each x load shared by the R rows.  Against the loop that widened 16 code bytes at a
+ * time (three vpmovzxbd, four conversions and four subtractions per 64 weights), 1.15-1.25x
+ * the weight GB/s on a Sapphire Rapids-class core (docs/KERNELS.md). */
+INLINE void rows_q6_k(const int R, const uint8_t *const *p, const float *xp, int64_t nb, size_t ahead, float *out) {
+    const __m512i nibble = _mm512_set1_epi32(15), low6 = _mm512_set1_epi32(63), two23 = _mm512_set1_epi32(0x4b000000);
+    const __m512 bias = _mm512_set1_ps(8388608.0f + 32.0f);
     __m512 acc0[4], acc1[4];
     for (int j = 0; j < R; j++) acc0[j] = acc1[j] = _mm512_setzero_ps();
-    for (int64_t i = 0; i < nb; i++, x += 256) {
-        float ds[4][16] __attribute__((aligned(64)));
+    for (int64_t i = 0; i < nb; i++, xp += 256) {
+        __m512 ds[4];
         for (int j = 0; j < R; j++) {
             const uint8_t *b = p[j] + (size_t)i * 210;
             prefetch_block(b, 210, ahead);
-            _mm512_store_ps(ds[j], _mm512_mul_ps(_mm512_set1_ps(f16_at(b + 208)),
-                                                 _mm512_cvtepi32_ps(i8x16(b + 192))));
+            ds[j] = _mm512_mul_ps(_mm512_set1_ps(f16_at(b + 208)), _mm512_cvtepi32_ps(i8x16(b + 192)));
         }
-        for (int h = 0; h < 2; h++)
-            for (int k = 0; k < 2; k++) {
-                __m512 xv[4];
-                for (int g = 0; g < 4; g++) xv[g] = _mm512_loadu_ps(x + 128 * h + 32 * g + 16 * k);
-                for (int j = 0; j < R; j++) {
-                    const uint8_t *b = p[j] + (size_t)i * 210;
-                    const __m512i qa = u8x16(b + 64 * h + 16 * k), qb = u8x16(b + 64 * h + 32 + 16 * k);
-                    const __m512i qh = u8x16(b + 128 + 32 * h + 16 * k);
-                    const __m512i v[4] = {
-                        _mm512_or_si512(_mm512_and_si512(qa, m4), _mm512_and_si512(_mm512_slli_epi32(qh, 4), m30)),
-                        _mm512_or_si512(_mm512_and_si512(qb, m4), _mm512_and_si512(_mm512_slli_epi32(qh, 2), m30)),
-                        _mm512_or_si512(_mm512_srli_epi32(qa, 4), _mm512_and_si512(qh, m30)),
-                        _mm512_or_si512(_mm512_srli_epi32(qb, 4), _mm512_and_si512(_mm512_srli_epi32(qh, 2), m30))};
-                    for (int g = 0; g < 4; g++) { /* elements 128h + 32g + 16k .. + 16: scale 8h + 2g + k */
-                        const __m512 part = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(v[g], k32)), xv[g]);
-                        const __m512 sv = _mm512_set1_ps(ds[j][8 * h + 2 * g + k]);
-                        if (g & 1)
-                            acc1[j] = _mm512_fmadd_ps(sv, part, acc1[j]);
-                        else
-                            acc0[j] = _mm512_fmadd_ps(sv, part, acc0[j]);
+        for (int h = 0; h < 2; h++) {
+            __m512 xv[8];
+            for (int v = 0; v < 8; v++) xv[v] = _mm512_loadu_ps(xp + 128 * h + 16 * v);
+            for (int j = 0; j < R; j++) {
+                const uint8_t *b = p[j] + (size_t)i * 210;
+                const __m512i ql = codes64(b + 64 * h);
+                const __m256i qh = _mm256_loadu_si256((const __m256i *)(b + 128 + 32 * h));
+                const __m512i top = _mm512_inserti64x4(_mm512_castsi256_si512(qh), _mm256_srli_epi32(qh, 2), 1);
+                for (int n = 0; n < 2; n++) {
+                    __m512 part = _mm512_setzero_ps();
+                    for (int k = 0; k < 4; k++) {
+                        const int s = 8 * k + 4 * n;
+                        const __m512i lo = s ? _mm512_srli_epi32(ql, s) : ql;
+                        const __m512i hi = s ? _mm512_srli_epi32(top, s - 4) : _mm512_slli_epi32(top, 4);
+                        /* bits 0-3 from lo, the rest from hi; then bits 0-5 under 2^23's exponent */
+                        const __m512i code = _mm512_ternarylogic_epi32(nibble, lo, hi, 0xca);
+                        const __m512 v = _mm512_sub_ps(
+                            _mm512_castsi512_ps(_mm512_ternarylogic_epi32(code, low6, two23, 0xea)), bias);
+                        part = k ? _mm512_fmadd_ps(v, xv[4 * n + k], part) : _mm512_mul_ps(v, xv[4 * n]);
                     }
+                    const __m512i which = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+                    const __m512 f = _mm512_permutexvar_ps(_mm512_add_epi32(which, _mm512_set1_epi32(8 * h + 4 * n)), ds[j]);
+                    if (n)
+                        acc1[j] = _mm512_fmadd_ps(f, part, acc1[j]);
+                    else
+                        acc0[j] = _mm512_fmadd_ps(f, part, acc0[j]);
                 }
             }
+        }
     }
     for (int j = 0; j < R; j++) out[j] = _mm512_reduce_add_ps(_mm512_add_ps(acc0[j], acc1[j]));
 }
@@ -233,24 +276,28 @@ INLINE void rows_mxfp4(const int R, const uint8_t *const *p, const float *x, int
     for (int j = 0; j < R; j++) out[j] = _mm512_reduce_add_ps(_mm512_add_ps(a0[j], a1[j]));
 }
 
-/* Columns per pass: the per-32 sums of x of one pass fit a stack array. */
-enum { GGML_PASS_COLS = 65536 };
+/* Columns per pass: the per-32 sums of x of one pass fit a stack array, and so does x in
+ * lane_order for Q6_K. */
+enum { GGML_PASS_COLS = 65536, LANE_PASS_COLS = 8192 };
 
 int mg_avx512_decode_ggml(const mg_matrix *w, const float *x, float *y, int64_t r0, int64_t r1) {
     const mg_format f = w->format;
     if (!(mg_format_is_ggml_block(f) && f <= MG_IQ4_XS)) return 0; /* the newer formats: the parent's */
     int64_t e, bytes;
     mg_format_block(f, &e, &bytes);
-    const int mins = f == MG_Q4_K || f == MG_Q5_K;
+    const int mins = f == MG_Q4_K || f == MG_Q5_K, lanes = f == MG_Q6_K;
+    const int64_t pass = lanes ? LANE_PASS_COLS : GGML_PASS_COLS;
     const size_t rb = mg_matrix_row_bytes(w);
     float xs[GGML_PASS_COLS / 32] __attribute__((aligned(64)));
-    for (int64_t c0 = 0; c0 < w->cols; c0 += GGML_PASS_COLS) {
-        const int64_t kc = w->cols - c0 < GGML_PASS_COLS ? w->cols - c0 : GGML_PASS_COLS;
+    float xp[LANE_PASS_COLS] __attribute__((aligned(64)));
+    for (int64_t c0 = 0; c0 < w->cols; c0 += pass) {
+        const int64_t kc = w->cols - c0 < pass ? w->cols - c0 : pass;
         if (mins)
             for (int64_t g = 0; g < kc / 32; g++) {
                 const float *xg = x + c0 + 32 * g;
                 xs[g] = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_loadu_ps(xg), _mm512_loadu_ps(xg + 16)));
             }
+        if (lanes) lane_order(x + c0, kc, xp);
         for (int64_t r = r0, n; r < r1; r += n) {
             const uint8_t *p = (const uint8_t *)w->data + (size_t)r * rb + (size_t)(c0 / e * bytes);
             const int64_t nb = kc / e;
@@ -260,7 +307,7 @@ int mg_avx512_decode_ggml(const mg_matrix *w, const float *x, float *y, int64_t 
             for (int64_t j = 0; j < n; j++) ps[j] = p + (size_t)j * rb;
             switch (f) {
             case MG_MXFP4: MG_ROWS_CALL(n, rb, parts, rows_mxfp4, ps, x + c0, nb); break;
-            case MG_Q6_K: MG_ROWS_CALL(n, rb, parts, rows_q6_k, ps, x + c0, nb); break;
+            case MG_Q6_K: MG_ROWS_CALL(n, rb, parts, rows_q6_k, ps, xp, nb); break;
             case MG_Q4_K:
             case MG_Q5_K: MG_ROWS_CALL(n, rb, parts, rows_k4, ps, x + c0, xs, nb, f == MG_Q5_K); break;
             case MG_IQ4_XS: MG_ROWS_CALL(n, rb, parts, rows_iq4_xs, ps, x + c0, nb); break;
