@@ -183,20 +183,21 @@ INLINE void rows_iq4_xs(const int R, const uint8_t *const *p, const float *x, in
 
 /* Q6_K, R (1..4) rows at once: per half h, ql byte l holds the low 4 bits of elements l (low
  * nibble) and 64 + l (high), ql byte 32 + l those of 32 + l and 96 + l; qh byte l the top 2 bits
- * of l, 32 + l, 64 + l, 96 + l (bits 0-1, 2-3, 4-5, 6-7).  The half's 64 ql bytes as 16 dwords,
- * and its 32 qh bytes as the dwords [qh, qh >> 2] (so lanes 8-15, the ql bytes 32 + l, find their
- * elements' top bits where lanes 0-7 do), shifted by 8 b + 4 n: lane j's code belongs to element
- * 64 n + 32 (j / 8) + 4 (j % 8) + b (lane_order).  The 6-bit code goes into the
- * mantissa of 2^23 (two vpternlogd: the nibble, the top bits, the exponent), and one subtraction
- * of 2^23 + 32 gives code - 32 exactly: no widening, no conversion.  Lane j's scale is number
- * 8 h + 4 n + j / 4 for every b, so the four products b go into one vector, then one FMA with
- * their factors d * sc (the block's 16 products in one vector: the scalar's rounding).  As
- * rows_k4 otherwise: each row's arithmetic the same whatever R, R weight streams with a prefetch
- * `ahead` on, each x load shared by the R rows.  Against the loop that widened 16 code bytes at a
- * time (three vpmovzxbd, four conversions and four subtractions per 64 weights), 1.15-1.25x
- * the weight GB/s on a Sapphire Rapids-class core (docs/KERNELS.md). */
+ * of l, 32 + l, 64 + l, 96 + l (bits 0-1, 2-3, 4-5, 6-7).  The half's 64 ql bytes are taken as
+ * 16 dwords, its 32 qh bytes as the dwords [qh, qh >> 2] (so that lanes 8-15, the ql bytes
+ * 32 + l, find their elements' top bits where lanes 0-7 do).  One vpternlogd per nibble n puts
+ * every byte's whole 6-bit code in its bits 0-5; then per byte b a shift by 8 b, one vpternlogd
+ * that sets those 6 bits under 2^23's exponent, and one subtraction of 2^23 + 32 give code - 32
+ * exactly: no widening, no conversion.  Lane j of vector (n, b) belongs to element
+ * 64 n + 32 (j / 8) + 4 (j % 8) + b (x in lane_order) and to scale 8 h + 4 n + j / 4 for every b,
+ * so the four products b go into one vector, then one FMA with their factors d * sc (the block's
+ * 16 products in one vector: the scalar's rounding).  As rows_k4 otherwise: each row's arithmetic
+ * the same whatever R, R weight streams with a prefetch `ahead` on, each x load shared by the R
+ * rows.  Against the loop that widened 16 code bytes at a time (three vpmovzxbd, four
+ * conversions and four subtractions per 64 weights), 1.6x the weight GB/s in L2 and 1.25x from
+ * memory on a Sapphire Rapids-class core (docs/KERNELS.md). */
 INLINE void rows_q6_k(const int R, const uint8_t *const *p, const float *xp, int64_t nb, size_t ahead, float *out) {
-    const __m512i nibble = _mm512_set1_epi32(15), low6 = _mm512_set1_epi32(63), two23 = _mm512_set1_epi32(0x4b000000);
+    const __m512i nibbles = _mm512_set1_epi32(0x0f0f0f0f), low6 = _mm512_set1_epi32(63), two23 = _mm512_set1_epi32(0x4b000000);
     const __m512 bias = _mm512_set1_ps(8388608.0f + 32.0f);
     __m512 acc0[4], acc1[4];
     for (int j = 0; j < R; j++) acc0[j] = acc1[j] = _mm512_setzero_ps();
@@ -215,16 +216,15 @@ INLINE void rows_q6_k(const int R, const uint8_t *const *p, const float *xp, int
                 const __m512i ql = codes64(b + 64 * h);
                 const __m256i qh = _mm256_loadu_si256((const __m256i *)(b + 128 + 32 * h));
                 const __m512i top = _mm512_inserti64x4(_mm512_castsi256_si512(qh), _mm256_srli_epi32(qh, 2), 1);
+                /* each byte's two codes: bits 0-3 from ql's nibble n, 4-5 from top's bits 4n..4n+1 */
+                const __m512i codes[2] = {_mm512_ternarylogic_epi32(nibbles, ql, _mm512_slli_epi32(top, 4), 0xca),
+                                          _mm512_ternarylogic_epi32(nibbles, _mm512_srli_epi32(ql, 4), top, 0xca)};
                 for (int n = 0; n < 2; n++) {
                     __m512 part = _mm512_setzero_ps();
                     for (int k = 0; k < 4; k++) {
-                        const int s = 8 * k + 4 * n;
-                        const __m512i lo = s ? _mm512_srli_epi32(ql, s) : ql;
-                        const __m512i hi = s ? _mm512_srli_epi32(top, s - 4) : _mm512_slli_epi32(top, 4);
-                        /* bits 0-3 from lo, the rest from hi; then bits 0-5 under 2^23's exponent */
-                        const __m512i code = _mm512_ternarylogic_epi32(nibble, lo, hi, 0xca);
-                        const __m512 v = _mm512_sub_ps(
-                            _mm512_castsi512_ps(_mm512_ternarylogic_epi32(code, low6, two23, 0xea)), bias);
+                        const __m512i c = k ? _mm512_srli_epi32(codes[n], 8 * k) : codes[n];
+                        /* byte k's bits 0-5 under 2^23's exponent, minus 2^23 + 32 */
+                        const __m512 v = _mm512_sub_ps(_mm512_castsi512_ps(_mm512_ternarylogic_epi32(c, low6, two23, 0xea)), bias);
                         part = k ? _mm512_fmadd_ps(v, xv[4 * n + k], part) : _mm512_mul_ps(v, xv[4 * n]);
                     }
                     const __m512i which = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
