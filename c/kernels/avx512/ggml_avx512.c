@@ -20,7 +20,7 @@
 INLINE __m512 dot32(__m512 lo, __m512 hi, __m512 x0, __m512 x1) { return _mm512_fmadd_ps(hi, x1, _mm512_mul_ps(lo, x0)); }
 
 /* Blocks of 32 with an f16 scale at the block's start (Q8_0, Q4_0, IQ4_NL, Q5_0), R (1..4) rows
- * at once: as rows_k4, each row's arithmetic is the same whatever R (the even blocks into acc0,
+ * at once: as rows_q4_k, each row's arithmetic is the same whatever R (the even blocks into acc0,
  * the odd into acc1, the same final sum), R weight streams in flight with a prefetch `ahead` on,
  * and each x load serves the R rows.  One row streamed alone, as these formats had, left a Q8_0
  * token at 0.35 of the read bandwidth, below the AVX2 rows.  A prefetch per block (34 bytes) or
@@ -76,33 +76,97 @@ INLINE __m512i codes64(const uint8_t *p) {
     return v;
 }
 
-/* x in the lane order of rows_q6_k, arranged once per call and read by every row: that loop
- * takes a half block's 64 ql bytes as 16 dword lanes and shifts each dword in place, so lane j
- * of its vector (n, b) holds the code of element
- *     128 h + 64 n + 32 (j / 8) + 4 (j % 8) + b      (h: the half block, b and n: 0..3, 0..1)
- * and xp holds, for each h, n, b, those 16 elements of x. */
-INLINE void lane_order(const float *x, int64_t cols, float *xp) {
+/* x in the lane order of rows_q5_k and rows_q6_k, arranged once per call and read by every row:
+ * those loops take 64 code bytes as 16 dword lanes and shift each dword in place, so lane j of
+ * their vector (n, b) (n: a byte's nibble, b: the byte of the dword) holds the code of element
+ *     128 g + n * n_stride + (j / 8) * lane_stride + 4 * (j % 8) + b
+ * of the 128-element group g; xp holds, for each g, n in 0..1 and b in 0..3, those 16 elements
+ * of x.  Q5_K: (n_stride, lane_stride) = (32, 64); Q6_K: (64, 32). */
+INLINE void lane_order(const float *x, int64_t cols, int n_stride, int lane_stride, float *xp) {
     for (int b = 0; b < 4; b++) {
         const __m512i idx = _mm512_setr_epi32(b, 4 + b, 8 + b, 12 + b, 16 + b, 20 + b, 24 + b, 28 + b, b, 4 + b,
                                               8 + b, 12 + b, 16 + b, 20 + b, 24 + b, 28 + b);
-        for (int64_t h = 0; h < cols; h += 128)
+        for (int64_t g = 0; g < cols; g += 128)
             for (int n = 0; n < 2; n++) {
-                const float *w = x + h + 64 * n;
+                const float *w = x + g + n * n_stride, *u = w + lane_stride;
                 const __m512 lo = _mm512_permutex2var_ps(_mm512_loadu_ps(w), idx, _mm512_loadu_ps(w + 16));
-                const __m512 hi = _mm512_permutex2var_ps(_mm512_loadu_ps(w + 32), idx, _mm512_loadu_ps(w + 48));
-                _mm512_storeu_ps(xp + h + 16 * (4 * n + b), _mm512_mask_blend_ps(0xff00, lo, hi));
+                const __m512 hi = _mm512_permutex2var_ps(_mm512_loadu_ps(u), idx, _mm512_loadu_ps(u + 16));
+                _mm512_storeu_ps(xp + g + 16 * (4 * n + b), _mm512_mask_blend_ps(0xff00, lo, hi));
             }
     }
 }
 
-/* Q4_K / Q5_K (q5), R (1..4) rows at once (p[j]: row j's blocks): chunk c's byte l holds element l
- * of sub-blocks 2c (low nibble) and 2c + 1 (high); Q5_K's bit 2c (2c + 1) of qh[l] is their fifth
- * bit.  As rows_mxfp4: each row's arithmetic is the same whatever R (so outputs do not depend on
- * how rows are grouped), R weight streams in flight with a prefetch `ahead` on, and each x load
- * serves the R rows (one row streamed alone left a Q4_K_M token at 0.38 of the read bandwidth). */
-INLINE void rows_k4(const int R, const uint8_t *const *p, const float *x, const float *xs, int64_t nb, int q5,
-                    size_t ahead, float *out) {
-    const size_t bytes = q5 ? 176 : 144;
+/* Q5_K, R (1..4) rows at once: chunk c's byte l holds element l of sub-blocks 2c (low nibble) and
+ * 2c + 1 (high), and bit s of qh[l] the fifth bit of element l of sub-block s.  As rows_q6_k: the
+ * 64 bytes of chunks 2g and 2g + 1 as 16 dwords, qh as the dwords [qh >> 4g, qh >> (4g + 2)] (the
+ * bits of sub-blocks 4g, 4g + 1 in lanes 0-7, of 4g + 2, 4g + 3 in lanes 8-15, at bits 0 and 1 of
+ * each byte); one vpternlogd per nibble n puts every byte's 5-bit code in its bits 0-4, then per
+ * byte b a shift, one vpternlogd under 2^23's exponent and one subtraction of 2^23 give the code
+ * exactly.  Lane j of vector (n, b) belongs to element 64 (j / 8) + 32 n + 4 (j % 8) + b of the
+ * group (lane_order) and to sub-block 4g + 2 (j / 8) + n for every b: the four products b go
+ * into one vector, then one FMA with their factors d * sc.  The mins through the per-32 sums of
+ * x, as rows_q4_k; each row's arithmetic the same whatever R. */
+INLINE void rows_q5_k(const int R, const uint8_t *const *p, const float *xp, const float *xs, int64_t nb,
+                      size_t ahead, float *out) {
+    const __m512i nibbles = _mm512_set1_epi32(0x0f0f0f0f), low5 = _mm512_set1_epi32(31),
+                  two23 = _mm512_set1_epi32(0x4b000000);
+    const __m512 bias = _mm512_set1_ps(8388608.0f);
+    __m512 acc0[4], acc1[4];
+    __m256 accm[4];
+    for (int j = 0; j < R; j++) acc0[j] = acc1[j] = _mm512_setzero_ps(), accm[j] = _mm256_setzero_ps();
+    for (int64_t i = 0; i < nb; i++, xp += 256, xs += 8) {
+        __m512 ds[4];
+        for (int j = 0; j < R; j++) {
+            const uint8_t *b = p[j] + (size_t)i * 176;
+            prefetch_block(b, 176, ahead);
+            uint8_t sc[8], mn[8];
+            mg_ggml_k4_scales_mins(b + 4, sc, mn);
+            ds[j] = _mm512_castps256_ps512(bytes_times(sc, f16_at(b)));
+            accm[j] = _mm256_fmadd_ps(bytes_times(mn, f16_at(b + 2)), _mm256_loadu_ps(xs), accm[j]);
+        }
+        for (int g = 0; g < 2; g++) {
+            __m512 xv[8];
+            for (int v = 0; v < 8; v++) xv[v] = _mm512_loadu_ps(xp + 128 * g + 16 * v);
+            for (int j = 0; j < R; j++) {
+                const uint8_t *b = p[j] + (size_t)i * 176;
+                const __m512i ql = codes64(b + 48 + 64 * g);
+                const __m256i qh = _mm256_loadu_si256((const __m256i *)(b + 16));
+                const __m512i top = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_srli_epi32(qh, 4 * g)),
+                                                       _mm256_srli_epi32(qh, 4 * g + 2), 1);
+                const __m512i codes[2] = {_mm512_ternarylogic_epi32(nibbles, ql, _mm512_slli_epi32(top, 4), 0xca),
+                                          _mm512_ternarylogic_epi32(nibbles, _mm512_srli_epi32(ql, 4),
+                                                                    _mm512_slli_epi32(top, 3), 0xca)};
+                for (int n = 0; n < 2; n++) {
+                    __m512 part = _mm512_setzero_ps();
+                    for (int k = 0; k < 4; k++) {
+                        const __m512i c = k ? _mm512_srli_epi32(codes[n], 8 * k) : codes[n];
+                        const __m512 v = _mm512_sub_ps(_mm512_castsi512_ps(_mm512_ternarylogic_epi32(c, low5, two23, 0xea)), bias);
+                        part = k ? _mm512_fmadd_ps(v, xv[4 * n + k], part) : _mm512_mul_ps(v, xv[4 * n]);
+                    }
+                    const __m512i which = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 2, 2, 2, 2, 2, 2, 2, 2);
+                    const __m512 f = _mm512_permutexvar_ps(_mm512_add_epi32(which, _mm512_set1_epi32(4 * g + n)), ds[j]);
+                    if (n)
+                        acc1[j] = _mm512_fmadd_ps(f, part, acc1[j]);
+                    else
+                        acc0[j] = _mm512_fmadd_ps(f, part, acc0[j]);
+                }
+            }
+        }
+    }
+    for (int j = 0; j < R; j++) {
+        const __m256 m = accm[j];
+        out[j] = _mm512_reduce_add_ps(_mm512_add_ps(acc0[j], acc1[j])) - (m[0] + m[1] + m[2] + m[3] + m[4] + m[5] + m[6] + m[7]);
+    }
+}
+
+/* Q4_K, R (1..4) rows at once (p[j]: row j's blocks): chunk c's byte l holds element l of
+ * sub-blocks 2c (low nibble) and 2c + 1 (high).  As rows_mxfp4: each row's arithmetic is the same
+ * whatever R (so outputs do not depend on how rows are grouped), R weight streams in flight with
+ * a prefetch `ahead` on, and each x load serves the R rows (one row streamed alone left a Q4_K_M
+ * token at 0.38 of the read bandwidth).  The codes become fp32 by vpermps from the table 0..15;
+ * rows_q6_k's way (shifts in place, x in lane order) measured the same here. */
+INLINE void rows_q4_k(const int R, const uint8_t *const *p, const float *x, const float *xs, int64_t nb,
+                      size_t ahead, float *out) {
     const __m512 nib = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15); /* a code's value */
     __m512 acc0[4], acc1[4];
     __m256 accm[4];
@@ -110,8 +174,8 @@ INLINE void rows_k4(const int R, const uint8_t *const *p, const float *x, const 
     for (int64_t i = 0; i < nb; i++, x += 256, xs += 8) {
         float ds[4][8] __attribute__((aligned(32)));
         for (int j = 0; j < R; j++) {
-            const uint8_t *b = p[j] + (size_t)i * bytes;
-            prefetch_block(b, bytes, ahead);
+            const uint8_t *b = p[j] + (size_t)i * 144;
+            prefetch_block(b, 144, ahead);
             uint8_t sc[8], mn[8];
             mg_ggml_k4_scales_mins(b + 4, sc, mn);
             _mm256_store_ps(ds[j], bytes_times(sc, f16_at(b)));
@@ -121,19 +185,11 @@ INLINE void rows_k4(const int R, const uint8_t *const *p, const float *x, const 
             const __m512 xl0 = _mm512_loadu_ps(x + 64 * c), xl1 = _mm512_loadu_ps(x + 64 * c + 16);
             const __m512 xh0 = _mm512_loadu_ps(x + 64 * c + 32), xh1 = _mm512_loadu_ps(x + 64 * c + 48);
             for (int j = 0; j < R; j++) {
-                const uint8_t *b = p[j] + (size_t)i * bytes;
-                const uint8_t *qs = b + (q5 ? 48 : 16) + 32 * c, *qh = b + 16;
+                const uint8_t *qs = p[j] + (size_t)i * 144 + 16 + 32 * c;
                 __m512 lo = _mm512_setzero_ps(), hi = _mm512_setzero_ps();
                 for (int k = 0; k < 2; k++) {
                     const __m512i v = u8x16(qs + 16 * k);
-                    __m512 fl, fu;
-                    if (q5) {
-                        __m512i l, u;
-                        q5_k_codes(v, qh + 16 * k, c, &l, &u);
-                        fl = _mm512_cvtepi32_ps(l), fu = _mm512_cvtepi32_ps(u);
-                    } else { /* nibble_values' vpermps on the widened bytes */
-                        fl = _mm512_permutexvar_ps(v, nib), fu = _mm512_permutexvar_ps(_mm512_srli_epi32(v, 4), nib);
-                    }
+                    const __m512 fl = _mm512_permutexvar_ps(v, nib), fu = _mm512_permutexvar_ps(_mm512_srli_epi32(v, 4), nib);
                     lo = _mm512_fmadd_ps(fl, k ? xl1 : xl0, lo);
                     hi = _mm512_fmadd_ps(fu, k ? xh1 : xh0, hi);
                 }
@@ -189,9 +245,9 @@ INLINE void rows_iq4_xs(const int R, const uint8_t *const *p, const float *x, in
  * every byte's whole 6-bit code in its bits 0-5; then per byte b a shift by 8 b, one vpternlogd
  * that sets those 6 bits under 2^23's exponent, and one subtraction of 2^23 + 32 give code - 32
  * exactly: no widening, no conversion.  Lane j of vector (n, b) belongs to element
- * 64 n + 32 (j / 8) + 4 (j % 8) + b (x in lane_order) and to scale 8 h + 4 n + j / 4 for every b,
+ * 64 n + 32 (j / 8) + 4 (j % 8) + b of the half (x in lane_order) and to scale 8 h + 4 n + j / 4 for every b,
  * so the four products b go into one vector, then one FMA with their factors d * sc (the block's
- * 16 products in one vector: the scalar's rounding).  As rows_k4 otherwise: each row's arithmetic
+ * 16 products in one vector: the scalar's rounding).  As rows_q4_k otherwise: each row's arithmetic
  * the same whatever R, R weight streams with a prefetch `ahead` on, each x load shared by the R
  * rows.  Against the loop that widened 16 code bytes at a time (three vpmovzxbd, four
  * conversions and four subtractions per 64 weights), 1.6x the weight GB/s in L2 and 1.25x from
@@ -277,7 +333,7 @@ INLINE void rows_mxfp4(const int R, const uint8_t *const *p, const float *x, int
 }
 
 /* Columns per pass: the per-32 sums of x of one pass fit a stack array, and so does x in
- * lane_order for Q6_K. */
+ * lane_order for Q5_K and Q6_K. */
 enum { GGML_PASS_COLS = 65536, LANE_PASS_COLS = 8192 };
 
 int mg_avx512_decode_ggml(const mg_matrix *w, const float *x, float *y, int64_t r0, int64_t r1) {
@@ -285,7 +341,7 @@ int mg_avx512_decode_ggml(const mg_matrix *w, const float *x, float *y, int64_t 
     if (!(mg_format_is_ggml_block(f) && f <= MG_IQ4_XS)) return 0; /* the newer formats: the parent's */
     int64_t e, bytes;
     mg_format_block(f, &e, &bytes);
-    const int mins = f == MG_Q4_K || f == MG_Q5_K, lanes = f == MG_Q6_K;
+    const int mins = f == MG_Q4_K || f == MG_Q5_K, lanes = f == MG_Q5_K || f == MG_Q6_K;
     const int64_t pass = lanes ? LANE_PASS_COLS : GGML_PASS_COLS;
     const size_t rb = mg_matrix_row_bytes(w);
     float xs[GGML_PASS_COLS / 32] __attribute__((aligned(64)));
@@ -297,7 +353,7 @@ int mg_avx512_decode_ggml(const mg_matrix *w, const float *x, float *y, int64_t 
                 const float *xg = x + c0 + 32 * g;
                 xs[g] = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_loadu_ps(xg), _mm512_loadu_ps(xg + 16)));
             }
-        if (lanes) lane_order(x + c0, kc, xp);
+        if (lanes) lane_order(x + c0, kc, f == MG_Q5_K ? 32 : 64, f == MG_Q5_K ? 64 : 32, xp);
         for (int64_t r = r0, n; r < r1; r += n) {
             const uint8_t *p = (const uint8_t *)w->data + (size_t)r * rb + (size_t)(c0 / e * bytes);
             const int64_t nb = kc / e;
@@ -308,8 +364,8 @@ int mg_avx512_decode_ggml(const mg_matrix *w, const float *x, float *y, int64_t 
             switch (f) {
             case MG_MXFP4: MG_ROWS_CALL(n, rb, parts, rows_mxfp4, ps, x + c0, nb); break;
             case MG_Q6_K: MG_ROWS_CALL(n, rb, parts, rows_q6_k, ps, xp, nb); break;
-            case MG_Q4_K:
-            case MG_Q5_K: MG_ROWS_CALL(n, rb, parts, rows_k4, ps, x + c0, xs, nb, f == MG_Q5_K); break;
+            case MG_Q4_K: MG_ROWS_CALL(n, rb, parts, rows_q4_k, ps, x + c0, xs, nb); break;
+            case MG_Q5_K: MG_ROWS_CALL(n, rb, parts, rows_q5_k, ps, xp, xs, nb); break;
             case MG_IQ4_XS: MG_ROWS_CALL(n, rb, parts, rows_iq4_xs, ps, x + c0, nb); break;
             case MG_Q8_0: MG_ROWS_CALL(n, rb, parts, ROWS_Q8_0, ps, x + c0, nb); break;
             case MG_Q4_0: MG_ROWS_CALL(n, rb, parts, ROWS_Q4_0, ps, x + c0, nb); break;
