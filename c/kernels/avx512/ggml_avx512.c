@@ -20,7 +20,7 @@
 INLINE __m512 dot32(__m512 lo, __m512 hi, __m512 x0, __m512 x1) { return _mm512_fmadd_ps(hi, x1, _mm512_mul_ps(lo, x0)); }
 
 /* Blocks of 32 with an f16 scale at the block's start (Q8_0, Q4_0, IQ4_NL, Q5_0), R (1..4) rows
- * at once: as rows_q4_k, each row's arithmetic is the same whatever R (the even blocks into acc0,
+ * at once: as rows_k4, each row's arithmetic is the same whatever R (the even blocks into acc0,
  * the odd into acc1, the same final sum), R weight streams in flight with a prefetch `ahead` on,
  * and each x load serves the R rows.  One row streamed alone, as these formats had, left a Q8_0
  * token at 0.35 of the read bandwidth, below the AVX2 rows.  A prefetch per block (34 bytes) or
@@ -76,12 +76,12 @@ INLINE __m512i codes64(const uint8_t *p) {
     return v;
 }
 
-/* x in the lane order of rows_q5_k and rows_q6_k, arranged once per call and read by every row:
+/* x in the lane order of rows_k4 and rows_q6_k, arranged once per call and read by every row:
  * those loops take 64 code bytes as 16 dword lanes and shift each dword in place, so lane j of
  * their vector (n, b) (n: a byte's nibble, b: the byte of the dword) holds the code of element
  *     128 g + n * n_stride + (j / 8) * lane_stride + 4 * (j % 8) + b
  * of the 128-element group g; xp holds, for each g, n in 0..1 and b in 0..3, those 16 elements
- * of x.  Q5_K: (n_stride, lane_stride) = (32, 64); Q6_K: (64, 32). */
+ * of x.  Q4_K and Q5_K: (n_stride, lane_stride) = (32, 64); Q6_K: (64, 32). */
 INLINE void lane_order(const float *x, int64_t cols, int n_stride, int lane_stride, float *xp) {
     for (int b = 0; b < 4; b++) {
         const __m512i idx = _mm512_setr_epi32(b, 4 + b, 8 + b, 12 + b, 16 + b, 20 + b, 24 + b, 28 + b, b, 4 + b,
@@ -96,29 +96,37 @@ INLINE void lane_order(const float *x, int64_t cols, int n_stride, int lane_stri
     }
 }
 
-/* Q5_K, R (1..4) rows at once: chunk c's byte l holds element l of sub-blocks 2c (low nibble) and
- * 2c + 1 (high), and bit s of qh[l] the fifth bit of element l of sub-block s.  As rows_q6_k: the
- * 64 bytes of chunks 2g and 2g + 1 as 16 dwords, qh as the dwords [qh >> 4g, qh >> (4g + 2)] (the
- * bits of sub-blocks 4g, 4g + 1 in lanes 0-7, of 4g + 2, 4g + 3 in lanes 8-15, at bits 0 and 1 of
- * each byte); one vpternlogd per nibble n puts every byte's 5-bit code in its bits 0-4, then per
- * byte b a shift, one vpternlogd under 2^23's exponent and one subtraction of 2^23 give the code
- * exactly.  Lane j of vector (n, b) belongs to element 64 (j / 8) + 32 n + 4 (j % 8) + b of the
- * group (lane_order) and to sub-block 4g + 2 (j / 8) + n for every b: the four products b go
- * into one vector, then one FMA with their factors d * sc.  The mins through the per-32 sums of
- * x, as rows_q4_k; each row's arithmetic the same whatever R. */
-INLINE void rows_q5_k(const int R, const uint8_t *const *p, const float *xp, const float *xs, int64_t nb,
-                      size_t ahead, float *out) {
-    const __m512i nibbles = _mm512_set1_epi32(0x0f0f0f0f), low5 = _mm512_set1_epi32(31),
-                  two23 = _mm512_set1_epi32(0x4b000000);
-    const __m512 bias = _mm512_set1_ps(8388608.0f);
+/* Q4_K / Q5_K (q5), R (1..4) rows at once (p[j]: row j's blocks): chunk c's byte l holds element l
+ * of sub-blocks 2c (low nibble) and 2c + 1 (high); Q5_K's bit s of qh[l] is the fifth bit of
+ * element l of sub-block s.  As rows_q6_k: the 64 bytes of chunks 2g and 2g + 1 are taken as 16
+ * dwords, so lane j of vector (n, b) (a shift by 8 b + 4 n) holds the code of element
+ * 64 (j / 8) + 32 n + 4 (j % 8) + b of the group (x in lane_order), of sub-block
+ * 4g + 2 (j / 8) + n for every b: the four products b go into one vector, then one FMA with their
+ * factors d * sc, and the mins go through the per-32 sums of x.
+ *  - Q4_K: vpermps from the table 0..15 reads an index's low 4 bits, so the shifted dword is the
+ *    index as it is;
+ *  - Q5_K: qh as the dwords [qh >> 4g, qh >> (4g + 2)] (the fifth bits of sub-blocks 4g, 4g + 1 in
+ *    lanes 0-7, of 4g + 2, 4g + 3 in lanes 8-15, at bits 0 and 1 of each byte); one vpternlogd per
+ *    nibble puts every byte's 5-bit code in its bits 0-4, and vpermt2ps from the table 0..31 in
+ *    two registers reads an index's low 5 bits.
+ * No widening and no conversion: against the loops that widened 16 code bytes at a time, Q4_K
+ * 1.1x and Q5_K 1.45x the weight GB/s in L2 on a Sapphire Rapids-class core (docs/KERNELS.md).
+ * Each row's arithmetic is the same whatever R (outputs do not depend on how rows are grouped),
+ * R weight streams in flight with a prefetch `ahead` on, and each x load serves the R rows. */
+INLINE void rows_k4(const int R, const uint8_t *const *p, const float *xp, const float *xs, int64_t nb, int q5,
+                    size_t ahead, float *out) {
+    const size_t bytes = q5 ? 176 : 144, qs = q5 ? 48 : 16;
+    const __m512i nibbles = _mm512_set1_epi32(0x0f0f0f0f);
+    const __m512 values = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), /* a code's value */
+        values16 = _mm512_add_ps(values, _mm512_set1_ps(16));
     __m512 acc0[4], acc1[4];
     __m256 accm[4];
     for (int j = 0; j < R; j++) acc0[j] = acc1[j] = _mm512_setzero_ps(), accm[j] = _mm256_setzero_ps();
     for (int64_t i = 0; i < nb; i++, xp += 256, xs += 8) {
         __m512 ds[4];
         for (int j = 0; j < R; j++) {
-            const uint8_t *b = p[j] + (size_t)i * 176;
-            prefetch_block(b, 176, ahead);
+            const uint8_t *b = p[j] + (size_t)i * bytes;
+            prefetch_block(b, bytes, ahead);
             uint8_t sc[8], mn[8];
             mg_ggml_k4_scales_mins(b + 4, sc, mn);
             ds[j] = _mm512_castps256_ps512(bytes_times(sc, f16_at(b)));
@@ -128,19 +136,21 @@ INLINE void rows_q5_k(const int R, const uint8_t *const *p, const float *xp, con
             __m512 xv[8];
             for (int v = 0; v < 8; v++) xv[v] = _mm512_loadu_ps(xp + 128 * g + 16 * v);
             for (int j = 0; j < R; j++) {
-                const uint8_t *b = p[j] + (size_t)i * 176;
-                const __m512i ql = codes64(b + 48 + 64 * g);
-                const __m256i qh = _mm256_loadu_si256((const __m256i *)(b + 16));
-                const __m512i top = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_srli_epi32(qh, 4 * g)),
-                                                       _mm256_srli_epi32(qh, 4 * g + 2), 1);
-                const __m512i codes[2] = {_mm512_ternarylogic_epi32(nibbles, ql, _mm512_slli_epi32(top, 4), 0xca),
-                                          _mm512_ternarylogic_epi32(nibbles, _mm512_srli_epi32(ql, 4),
-                                                                    _mm512_slli_epi32(top, 3), 0xca)};
+                const uint8_t *b = p[j] + (size_t)i * bytes;
+                const __m512i ql = codes64(b + qs + 64 * g);
+                __m512i codes[2] = {ql, _mm512_srli_epi32(ql, 4)};
+                if (q5) {
+                    const __m256i qh = _mm256_loadu_si256((const __m256i *)(b + 16));
+                    const __m512i top = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_srli_epi32(qh, 4 * g)),
+                                                           _mm256_srli_epi32(qh, 4 * g + 2), 1);
+                    codes[0] = _mm512_ternarylogic_epi32(nibbles, codes[0], _mm512_slli_epi32(top, 4), 0xca);
+                    codes[1] = _mm512_ternarylogic_epi32(nibbles, codes[1], _mm512_slli_epi32(top, 3), 0xca);
+                }
                 for (int n = 0; n < 2; n++) {
                     __m512 part = _mm512_setzero_ps();
                     for (int k = 0; k < 4; k++) {
                         const __m512i c = k ? _mm512_srli_epi32(codes[n], 8 * k) : codes[n];
-                        const __m512 v = _mm512_sub_ps(_mm512_castsi512_ps(_mm512_ternarylogic_epi32(c, low5, two23, 0xea)), bias);
+                        const __m512 v = q5 ? _mm512_permutex2var_ps(values, c, values16) : _mm512_permutexvar_ps(c, values);
                         part = k ? _mm512_fmadd_ps(v, xv[4 * n + k], part) : _mm512_mul_ps(v, xv[4 * n]);
                     }
                     const __m512i which = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 2, 2, 2, 2, 2, 2, 2, 2);
@@ -150,51 +160,6 @@ INLINE void rows_q5_k(const int R, const uint8_t *const *p, const float *xp, con
                     else
                         acc0[j] = _mm512_fmadd_ps(f, part, acc0[j]);
                 }
-            }
-        }
-    }
-    for (int j = 0; j < R; j++) {
-        const __m256 m = accm[j];
-        out[j] = _mm512_reduce_add_ps(_mm512_add_ps(acc0[j], acc1[j])) - (m[0] + m[1] + m[2] + m[3] + m[4] + m[5] + m[6] + m[7]);
-    }
-}
-
-/* Q4_K, R (1..4) rows at once (p[j]: row j's blocks): chunk c's byte l holds element l of
- * sub-blocks 2c (low nibble) and 2c + 1 (high).  As rows_mxfp4: each row's arithmetic is the same
- * whatever R (so outputs do not depend on how rows are grouped), R weight streams in flight with
- * a prefetch `ahead` on, and each x load serves the R rows (one row streamed alone left a Q4_K_M
- * token at 0.38 of the read bandwidth).  The codes become fp32 by vpermps from the table 0..15;
- * rows_q6_k's way (shifts in place, x in lane order) measured the same here. */
-INLINE void rows_q4_k(const int R, const uint8_t *const *p, const float *x, const float *xs, int64_t nb,
-                      size_t ahead, float *out) {
-    const __m512 nib = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15); /* a code's value */
-    __m512 acc0[4], acc1[4];
-    __m256 accm[4];
-    for (int j = 0; j < R; j++) acc0[j] = acc1[j] = _mm512_setzero_ps(), accm[j] = _mm256_setzero_ps();
-    for (int64_t i = 0; i < nb; i++, x += 256, xs += 8) {
-        float ds[4][8] __attribute__((aligned(32)));
-        for (int j = 0; j < R; j++) {
-            const uint8_t *b = p[j] + (size_t)i * 144;
-            prefetch_block(b, 144, ahead);
-            uint8_t sc[8], mn[8];
-            mg_ggml_k4_scales_mins(b + 4, sc, mn);
-            _mm256_store_ps(ds[j], bytes_times(sc, f16_at(b)));
-            accm[j] = _mm256_fmadd_ps(bytes_times(mn, f16_at(b + 2)), _mm256_loadu_ps(xs), accm[j]);
-        }
-        for (int c = 0; c < 4; c++) {
-            const __m512 xl0 = _mm512_loadu_ps(x + 64 * c), xl1 = _mm512_loadu_ps(x + 64 * c + 16);
-            const __m512 xh0 = _mm512_loadu_ps(x + 64 * c + 32), xh1 = _mm512_loadu_ps(x + 64 * c + 48);
-            for (int j = 0; j < R; j++) {
-                const uint8_t *qs = p[j] + (size_t)i * 144 + 16 + 32 * c;
-                __m512 lo = _mm512_setzero_ps(), hi = _mm512_setzero_ps();
-                for (int k = 0; k < 2; k++) {
-                    const __m512i v = u8x16(qs + 16 * k);
-                    const __m512 fl = _mm512_permutexvar_ps(v, nib), fu = _mm512_permutexvar_ps(_mm512_srli_epi32(v, 4), nib);
-                    lo = _mm512_fmadd_ps(fl, k ? xl1 : xl0, lo);
-                    hi = _mm512_fmadd_ps(fu, k ? xh1 : xh0, hi);
-                }
-                acc0[j] = _mm512_fmadd_ps(_mm512_set1_ps(ds[j][2 * c]), lo, acc0[j]);
-                acc1[j] = _mm512_fmadd_ps(_mm512_set1_ps(ds[j][2 * c + 1]), hi, acc1[j]);
             }
         }
     }
@@ -247,7 +212,7 @@ INLINE void rows_iq4_xs(const int R, const uint8_t *const *p, const float *x, in
  * exactly: no widening, no conversion.  Lane j of vector (n, b) belongs to element
  * 64 n + 32 (j / 8) + 4 (j % 8) + b of the half (x in lane_order) and to scale 8 h + 4 n + j / 4 for every b,
  * so the four products b go into one vector, then one FMA with their factors d * sc (the block's
- * 16 products in one vector: the scalar's rounding).  As rows_q4_k otherwise: each row's arithmetic
+ * 16 products in one vector: the scalar's rounding).  As rows_k4 otherwise: each row's arithmetic
  * the same whatever R, R weight streams with a prefetch `ahead` on, each x load shared by the R
  * rows.  Against the loop that widened 16 code bytes at a time (three vpmovzxbd, four
  * conversions and four subtractions per 64 weights), 1.6x the weight GB/s in L2 and 1.25x from
@@ -333,7 +298,7 @@ INLINE void rows_mxfp4(const int R, const uint8_t *const *p, const float *x, int
 }
 
 /* Columns per pass: the per-32 sums of x of one pass fit a stack array, and so does x in
- * lane_order for Q5_K and Q6_K. */
+ * lane_order for Q4_K, Q5_K and Q6_K. */
 enum { GGML_PASS_COLS = 65536, LANE_PASS_COLS = 8192 };
 
 int mg_avx512_decode_ggml(const mg_matrix *w, const float *x, float *y, int64_t r0, int64_t r1) {
@@ -341,7 +306,7 @@ int mg_avx512_decode_ggml(const mg_matrix *w, const float *x, float *y, int64_t 
     if (!(mg_format_is_ggml_block(f) && f <= MG_IQ4_XS)) return 0; /* the newer formats: the parent's */
     int64_t e, bytes;
     mg_format_block(f, &e, &bytes);
-    const int mins = f == MG_Q4_K || f == MG_Q5_K, lanes = f == MG_Q5_K || f == MG_Q6_K;
+    const int mins = f == MG_Q4_K || f == MG_Q5_K, lanes = mins || f == MG_Q6_K;
     const int64_t pass = lanes ? LANE_PASS_COLS : GGML_PASS_COLS;
     const size_t rb = mg_matrix_row_bytes(w);
     float xs[GGML_PASS_COLS / 32] __attribute__((aligned(64)));
@@ -353,7 +318,7 @@ int mg_avx512_decode_ggml(const mg_matrix *w, const float *x, float *y, int64_t 
                 const float *xg = x + c0 + 32 * g;
                 xs[g] = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_loadu_ps(xg), _mm512_loadu_ps(xg + 16)));
             }
-        if (lanes) lane_order(x + c0, kc, f == MG_Q5_K ? 32 : 64, f == MG_Q5_K ? 64 : 32, xp);
+        if (lanes) lane_order(x + c0, kc, mins ? 32 : 64, mins ? 64 : 32, xp);
         for (int64_t r = r0, n; r < r1; r += n) {
             const uint8_t *p = (const uint8_t *)w->data + (size_t)r * rb + (size_t)(c0 / e * bytes);
             const int64_t nb = kc / e;
@@ -364,8 +329,8 @@ int mg_avx512_decode_ggml(const mg_matrix *w, const float *x, float *y, int64_t 
             switch (f) {
             case MG_MXFP4: MG_ROWS_CALL(n, rb, parts, rows_mxfp4, ps, x + c0, nb); break;
             case MG_Q6_K: MG_ROWS_CALL(n, rb, parts, rows_q6_k, ps, xp, nb); break;
-            case MG_Q4_K: MG_ROWS_CALL(n, rb, parts, rows_q4_k, ps, x + c0, xs, nb); break;
-            case MG_Q5_K: MG_ROWS_CALL(n, rb, parts, rows_q5_k, ps, xp, xs, nb); break;
+            case MG_Q4_K:
+            case MG_Q5_K: MG_ROWS_CALL(n, rb, parts, rows_k4, ps, xp, xs, nb, f == MG_Q5_K); break;
             case MG_IQ4_XS: MG_ROWS_CALL(n, rb, parts, rows_iq4_xs, ps, x + c0, nb); break;
             case MG_Q8_0: MG_ROWS_CALL(n, rb, parts, ROWS_Q8_0, ps, x + c0, nb); break;
             case MG_Q4_0: MG_ROWS_CALL(n, rb, parts, ROWS_Q4_0, ps, x + c0, nb); break;
