@@ -110,7 +110,7 @@ INLINE void lane_order(const float *x, int64_t cols, int n_stride, int lane_stri
  *    nibble puts every byte's 5-bit code in its bits 0-4, and vpermt2ps from the table 0..31 in
  *    two registers reads an index's low 5 bits.
  * No widening and no conversion: against the loops that widened 16 code bytes at a time, Q4_K
- * 1.1x and Q5_K 1.45x the weight GB/s in L2 on a Sapphire Rapids-class core (docs/KERNELS.md).
+ * 1.05x and Q5_K 1.45x the weight GB/s in L2 on a Sapphire Rapids-class core (docs/KERNELS.md).
  * Each row's arithmetic is the same whatever R (outputs do not depend on how rows are grouped),
  * R weight streams in flight with a prefetch `ahead` on, and each x load serves the R rows. */
 INLINE void rows_k4(const int R, const uint8_t *const *p, const float *xp, const float *xs, int64_t nb, int q5,
@@ -210,12 +210,12 @@ INLINE void rows_iq4_xs(const int R, const uint8_t *const *p, const float *x, in
  * every byte's whole 6-bit code in its bits 0-5; then per byte b a shift by 8 b, one vpternlogd
  * that sets those 6 bits under 2^23's exponent, and one subtraction of 2^23 + 32 give code - 32
  * exactly: no widening, no conversion.  Lane j of vector (n, b) belongs to element
- * 64 n + 32 (j / 8) + 4 (j % 8) + b of the half (x in lane_order) and to scale 8 h + 4 n + j / 4 for every b,
- * so the four products b go into one vector, then one FMA with their factors d * sc (the block's
- * 16 products in one vector: the scalar's rounding).  As rows_k4 otherwise: each row's arithmetic
+ * 64 n + 32 (j / 8) + 4 (j % 8) + b of the half (x in lane_order) and to scale 8 h + 4 n + j / 4
+ * for every b, so the four products b go into one vector, then one FMA with their factors d * sc
+ * (the block's 16 products in one vector: the scalar's rounding).  As rows_k4 otherwise: each row's arithmetic
  * the same whatever R, R weight streams with a prefetch `ahead` on, each x load shared by the R
  * rows.  Against the loop that widened 16 code bytes at a time (three vpmovzxbd, four
- * conversions and four subtractions per 64 weights), 1.6x the weight GB/s in L2 and 1.25x from
+ * conversions and four subtractions per 64 weights), 1.6x the weight GB/s in L2 and 1.3x from
  * memory on a Sapphire Rapids-class core (docs/KERNELS.md). */
 INLINE void rows_q6_k(const int R, const uint8_t *const *p, const float *xp, int64_t nb, size_t ahead, float *out) {
     const __m512i nibbles = _mm512_set1_epi32(0x0f0f0f0f), low6 = _mm512_set1_epi32(63), two23 = _mm512_set1_epi32(0x4b000000);
