@@ -76,21 +76,23 @@ INLINE __m512i codes64(const uint8_t *p) {
     return v;
 }
 
-/* x in the lane order of rows_k4 and rows_q6_k, arranged once per call and read by every row:
- * those loops take 64 code bytes as 16 dword lanes and shift each dword in place, so lane j of
- * their vector (n, b) (n: a byte's nibble, b: the byte of the dword) holds the code of element
- *     128 g + n * n_stride + (j / 8) * lane_stride + 4 * (j % 8) + b
+/* x in the lane order of rows_k4, rows_q6_k and rows_iq4_xs, arranged once per call and read by
+ * every row: those loops take 64 code bytes as 16 dword lanes and shift each dword in place, so
+ * lane j of their vector (n, b) (n: a byte's nibble, b: the byte of the dword) holds the code of
+ * element
+ *     128 g + n * n_stride + (j / 8) * lane_stride + (j % 8 / 4) * pair + 4 * (j % 4) + b
  * of the 128-element group g; xp holds, for each g, n in 0..1 and b in 0..3, those 16 elements
- * of x.  Q4_K and Q5_K: (n_stride, lane_stride) = (32, 64); Q6_K: (64, 32). */
-INLINE void lane_order(const float *x, int64_t cols, int n_stride, int lane_stride, float *xp) {
+ * of x.  (n_stride, lane_stride, pair): Q4_K and Q5_K (32, 64, 16), Q6_K (64, 32, 16), IQ4_XS
+ * (16, 64, 32). */
+INLINE void lane_order(const float *x, int64_t cols, int n_stride, int lane_stride, int pair, float *xp) {
     for (int b = 0; b < 4; b++) {
         const __m512i idx = _mm512_setr_epi32(b, 4 + b, 8 + b, 12 + b, 16 + b, 20 + b, 24 + b, 28 + b, b, 4 + b,
                                               8 + b, 12 + b, 16 + b, 20 + b, 24 + b, 28 + b);
         for (int64_t g = 0; g < cols; g += 128)
             for (int n = 0; n < 2; n++) {
                 const float *w = x + g + n * n_stride, *u = w + lane_stride;
-                const __m512 lo = _mm512_permutex2var_ps(_mm512_loadu_ps(w), idx, _mm512_loadu_ps(w + 16));
-                const __m512 hi = _mm512_permutex2var_ps(_mm512_loadu_ps(u), idx, _mm512_loadu_ps(u + 16));
+                const __m512 lo = _mm512_permutex2var_ps(_mm512_loadu_ps(w), idx, _mm512_loadu_ps(w + pair));
+                const __m512 hi = _mm512_permutex2var_ps(_mm512_loadu_ps(u), idx, _mm512_loadu_ps(u + pair));
                 _mm512_storeu_ps(xp + g + 16 * (4 * n + b), _mm512_mask_blend_ps(0xff00, lo, hi));
             }
     }
@@ -169,33 +171,52 @@ INLINE void rows_k4(const int R, const uint8_t *const *p, const float *xp, const
     }
 }
 
-/* IQ4_XS: 8 sub-blocks of 32 (16 nibble bytes each) with scales d * (s - 32); R (1..4) rows at
- * once, as rows_32. */
-INLINE void rows_iq4_xs(const int R, const uint8_t *const *p, const float *x, int64_t nb, size_t ahead, float *out) {
+/* IQ4_XS: 8 sub-blocks of 32 (16 nibble bytes each: element l the low nibble of byte l, 16 + l
+ * its high nibble) with scales d * (s - 32); R (1..4) rows at once.  As rows_k4: the 64 bytes
+ * of sub-blocks 4g .. 4g + 3 as 16 dwords shifted in place, lane j of vector (n, b) the code of
+ * element 32 (j / 4) + 16 n + 4 (j % 4) + b of the group (x in lane_order), made fp32 by vpermps
+ * from the value table.  Both nibbles of a lane belong to sub-block 4g + j / 4, so all eight
+ * products of a group go into one vector and one FMA with its factors finishes them.  Each row's
+ * arithmetic the same whatever R. */
+INLINE void rows_iq4_xs(const int R, const uint8_t *const *p, const float *xp, int64_t nb, size_t ahead, float *out) {
     const __m512 tbl = table_f32(MG_IQ4NL_VALUES);
+    const __m512i which = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+    const __m256i sl_shift = _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28), sh_shift = _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14);
     __m512 acc0[4], acc1[4];
     for (int j = 0; j < R; j++) acc0[j] = acc1[j] = _mm512_setzero_ps();
-    for (int64_t i = 0; i < nb; i++, x += 256) {
-        float ds[4][8];
+    for (int64_t i = 0; i < nb; i++, xp += 256) {
+        __m512 ds[4];
         for (int r = 0; r < R; r++) {
             const uint8_t *b = p[r] + (size_t)i * 136;
             prefetch_block(b, 136, ahead);
-            const float d = f16_at(b);
-            uint16_t sh;
-            memcpy(&sh, b + 2, 2);
-            for (int j = 0; j < 8; j++)
-                ds[r][j] = d * (float)((((b[4 + j / 2] >> (4 * (j & 1))) & 15) | (((sh >> (2 * j)) & 3) << 4)) - 32);
+            /* sub-block j's 6-bit scale: bits 4j..4j+3 of the u32 scales_l, bits 2j, 2j + 1 of
+             * the u16 scales_h on top; lane j of a vector, shifted by vpsrlvd */
+            uint32_t lo, hi;
+            memcpy(&lo, b + 4, 4);
+            memcpy(&hi, b + 2, 4); /* scales_h in the low half (the rest is shifted out or masked) */
+            const __m256i sl = _mm256_srlv_epi32(_mm256_set1_epi32((int)lo), sl_shift),
+                          shv = _mm256_srlv_epi32(_mm256_set1_epi32((int)hi), sh_shift);
+            const __m256i sc = _mm256_or_si256(_mm256_and_si256(sl, _mm256_set1_epi32(15)),
+                                               _mm256_slli_epi32(_mm256_and_si256(shv, _mm256_set1_epi32(3)), 4));
+            ds[r] = _mm512_castps256_ps512(_mm256_mul_ps(_mm256_set1_ps(f16_at(b)),
+                                                         _mm256_cvtepi32_ps(_mm256_sub_epi32(sc, _mm256_set1_epi32(32)))));
         }
-        for (int j = 0; j < 8; j++) {
-            const __m512 x0 = _mm512_loadu_ps(x + 32 * j), x1 = _mm512_loadu_ps(x + 32 * j + 16);
+        for (int g = 0; g < 2; g++) {
+            __m512 xv[8];
+            for (int v = 0; v < 8; v++) xv[v] = _mm512_loadu_ps(xp + 128 * g + 16 * v);
             for (int r = 0; r < R; r++) {
-                __m512 lo, hi;
-                nibble_values(p[r] + (size_t)i * 136 + 8 + 16 * j, tbl, &lo, &hi);
-                const __m512 part = dot32(lo, hi, x0, x1);
-                if (j & 1)
-                    acc1[r] = _mm512_fmadd_ps(_mm512_set1_ps(ds[r][j]), part, acc1[r]);
+                const __m512i q = codes64(p[r] + (size_t)i * 136 + 8 + 64 * g), codes[2] = {q, _mm512_srli_epi32(q, 4)};
+                __m512 part = _mm512_setzero_ps();
+                for (int n = 0; n < 2; n++)
+                    for (int k = 0; k < 4; k++) {
+                        const __m512 v = _mm512_permutexvar_ps(k ? _mm512_srli_epi32(codes[n], 8 * k) : codes[n], tbl);
+                        part = n || k ? _mm512_fmadd_ps(v, xv[4 * n + k], part) : _mm512_mul_ps(v, xv[0]);
+                    }
+                const __m512 fac = _mm512_permutexvar_ps(_mm512_add_epi32(which, _mm512_set1_epi32(4 * g)), ds[r]);
+                if (g)
+                    acc1[r] = _mm512_fmadd_ps(fac, part, acc1[r]);
                 else
-                    acc0[r] = _mm512_fmadd_ps(_mm512_set1_ps(ds[r][j]), part, acc0[r]);
+                    acc0[r] = _mm512_fmadd_ps(fac, part, acc0[r]);
             }
         }
     }
@@ -298,7 +319,7 @@ INLINE void rows_mxfp4(const int R, const uint8_t *const *p, const float *x, int
 }
 
 /* Columns per pass: the per-32 sums of x of one pass fit a stack array, and so does x in
- * lane_order for Q4_K, Q5_K and Q6_K. */
+ * lane_order for Q4_K, Q5_K, Q6_K and IQ4_XS. */
 enum { GGML_PASS_COLS = 65536, LANE_PASS_COLS = 8192 };
 
 int mg_avx512_decode_ggml(const mg_matrix *w, const float *x, float *y, int64_t r0, int64_t r1) {
@@ -306,7 +327,7 @@ int mg_avx512_decode_ggml(const mg_matrix *w, const float *x, float *y, int64_t 
     if (!(mg_format_is_ggml_block(f) && f <= MG_IQ4_XS)) return 0; /* the newer formats: the parent's */
     int64_t e, bytes;
     mg_format_block(f, &e, &bytes);
-    const int mins = f == MG_Q4_K || f == MG_Q5_K, lanes = mins || f == MG_Q6_K;
+    const int mins = f == MG_Q4_K || f == MG_Q5_K, lanes = mins || f == MG_Q6_K || f == MG_IQ4_XS;
     const int64_t pass = lanes ? LANE_PASS_COLS : GGML_PASS_COLS;
     const size_t rb = mg_matrix_row_bytes(w);
     float xs[GGML_PASS_COLS / 32] __attribute__((aligned(64)));
@@ -318,7 +339,8 @@ int mg_avx512_decode_ggml(const mg_matrix *w, const float *x, float *y, int64_t 
                 const float *xg = x + c0 + 32 * g;
                 xs[g] = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_loadu_ps(xg), _mm512_loadu_ps(xg + 16)));
             }
-        if (lanes) lane_order(x + c0, kc, mins ? 32 : 64, mins ? 64 : 32, xp);
+        if (lanes) /* (n_stride, lane_stride, pair): see lane_order */
+            lane_order(x + c0, kc, mins ? 32 : f == MG_Q6_K ? 64 : 16, f == MG_Q6_K ? 32 : 64, f == MG_IQ4_XS ? 32 : 16, xp);
         for (int64_t r = r0, n; r < r1; r += n) {
             const uint8_t *p = (const uint8_t *)w->data + (size_t)r * rb + (size_t)(c0 / e * bytes);
             const int64_t nb = kc / e;
@@ -331,7 +353,7 @@ int mg_avx512_decode_ggml(const mg_matrix *w, const float *x, float *y, int64_t 
             case MG_Q6_K: MG_ROWS_CALL(n, rb, parts, rows_q6_k, ps, xp, nb); break;
             case MG_Q4_K:
             case MG_Q5_K: MG_ROWS_CALL(n, rb, parts, rows_k4, ps, xp, xs, nb, f == MG_Q5_K); break;
-            case MG_IQ4_XS: MG_ROWS_CALL(n, rb, parts, rows_iq4_xs, ps, x + c0, nb); break;
+            case MG_IQ4_XS: MG_ROWS_CALL(n, rb, parts, rows_iq4_xs, ps, xp, nb); break;
             case MG_Q8_0: MG_ROWS_CALL(n, rb, parts, ROWS_Q8_0, ps, x + c0, nb); break;
             case MG_Q4_0: MG_ROWS_CALL(n, rb, parts, ROWS_Q4_0, ps, x + c0, nb); break;
             case MG_Q5_0: MG_ROWS_CALL(n, rb, parts, ROWS_Q5_0, ps, x + c0, nb); break;
