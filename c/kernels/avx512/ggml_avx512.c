@@ -19,19 +19,34 @@
 /* A block of 32's 16 partial sums: values lo (elements 0-15) and hi (16-31) times x0, x1. */
 INLINE __m512 dot32(__m512 lo, __m512 hi, __m512 x0, __m512 x1) { return _mm512_fmadd_ps(hi, x1, _mm512_mul_ps(lo, x0)); }
 
+/* The f16 scales at the start of n (1..16) blocks `bytes` apart from b, as floats into s: one
+ * masked gather (4 bytes a block: the scale and two code bytes, inside the block) and one
+ * conversion per 16 blocks, where each block took a scalar load, a vcvtph2ps and a broadcast. */
+INLINE void block_scales16(const uint8_t *b, __m512i offsets, int n, float *s) {
+    const __m512i v = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), (__mmask16)((1u << n) - 1), offsets, b, 1);
+    _mm512_store_ps(s, _mm512_cvtph_ps(_mm512_cvtepi32_epi16(v)));
+}
+
 /* Blocks of 32 with an f16 scale at the block's start (Q8_0, Q4_0, IQ4_NL, Q5_0), R (1..4) rows
  * at once: as rows_k4, each row's arithmetic is the same whatever R (the even blocks into acc0,
  * the odd into acc1, the same final sum), R weight streams in flight with a prefetch `ahead` on,
  * and each x load serves the R rows.  One row streamed alone, as these formats had, left a Q8_0
  * token at 0.35 of the read bandwidth, below the AVX2 rows.  A prefetch per block (34 bytes) or
- * per pair of blocks (18 or 22) touches every line of the stream. */
+ * per pair of blocks (18 or 22) touches every line of the stream.  The scales of 16 blocks at a
+ * time come from block_scales16 and are broadcast from memory. */
 INLINE void rows_32(const int R, mg_format f, const uint8_t *const *p, const float *x, int64_t nb, size_t ahead,
                     float *out) {
     const __m512 tbl = table_f32(f == MG_Q4_0 ? Q4_0_VALUES : MG_IQ4NL_VALUES);
     const size_t bytes = f == MG_Q8_0 ? 34 : f == MG_Q5_0 ? 22 : 18;
+    const __m512i offsets = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                               _mm512_set1_epi32((int)bytes));
+    float scales[4][16] __attribute__((aligned(64)));
     __m512 acc0[4], acc1[4];
     for (int j = 0; j < R; j++) acc0[j] = acc1[j] = _mm512_setzero_ps();
     for (int64_t i = 0; i < nb; i++, x += 32) {
+        if (!(i & 15))
+            for (int j = 0; j < R; j++)
+                block_scales16(p[j] + (size_t)i * bytes, offsets, nb - i < 16 ? (int)(nb - i) : 16, scales[j]);
         const __m512 x0 = _mm512_loadu_ps(x), x1 = _mm512_loadu_ps(x + 16);
         for (int j = 0; j < R; j++) {
             const uint8_t *b = p[j] + (size_t)i * bytes;
@@ -43,11 +58,11 @@ INLINE void rows_32(const int R, mg_format f, const uint8_t *const *p, const flo
                 q5_0_values(b, &lo, &hi);
             else
                 nibble_values(b + 2, tbl, &lo, &hi);
-            const __m512 part = dot32(lo, hi, x0, x1);
+            const __m512 part = dot32(lo, hi, x0, x1), d = _mm512_set1_ps(scales[j][i & 15]);
             if (i & 1)
-                acc1[j] = _mm512_fmadd_ps(_mm512_set1_ps(f16_at(b)), part, acc1[j]);
+                acc1[j] = _mm512_fmadd_ps(d, part, acc1[j]);
             else
-                acc0[j] = _mm512_fmadd_ps(_mm512_set1_ps(f16_at(b)), part, acc0[j]);
+                acc0[j] = _mm512_fmadd_ps(d, part, acc0[j]);
         }
     }
     for (int j = 0; j < R; j++) out[j] = _mm512_reduce_add_ps(_mm512_add_ps(acc0[j], acc1[j]));
