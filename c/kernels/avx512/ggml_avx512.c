@@ -113,6 +113,14 @@ INLINE void lane_order(const float *x, int64_t cols, int n_stride, int lane_stri
     }
 }
 
+/* The factors of a lane-order vector: lane j takes ds[first + runs[j]], where runs maps lanes to
+ * their sub-blocks (or scales) within the group. */
+INLINE __m512 lane_factors(__m512 ds, __m512i runs, int first) {
+    return _mm512_permutexvar_ps(_mm512_add_epi32(runs, _mm512_set1_epi32(first)), ds);
+}
+#define HALVES_2APART _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 2, 2, 2, 2, 2, 2, 2, 2)
+#define RUNS_OF_4 _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3)
+
 /* Q4_K / Q5_K (q5), R (1..4) rows at once (p[j]: row j's blocks): chunk c's byte l holds element l
  * of sub-blocks 2c (low nibble) and 2c + 1 (high); Q5_K's bit s of qh[l] is the fifth bit of
  * element l of sub-block s.  As rows_q6_k: the 64 bytes of chunks 2g and 2g + 1 are taken as 16
@@ -170,8 +178,7 @@ INLINE void rows_k4(const int R, const uint8_t *const *p, const float *xp, const
                         const __m512 v = q5 ? _mm512_permutex2var_ps(values, c, values16) : _mm512_permutexvar_ps(c, values);
                         part = k ? _mm512_fmadd_ps(v, xv[4 * n + k], part) : _mm512_mul_ps(v, xv[4 * n]);
                     }
-                    const __m512i which = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 2, 2, 2, 2, 2, 2, 2, 2);
-                    const __m512 f = _mm512_permutexvar_ps(_mm512_add_epi32(which, _mm512_set1_epi32(4 * g + n)), ds[j]);
+                    const __m512 f = lane_factors(ds[j], HALVES_2APART, 4 * g + n);
                     if (n)
                         acc1[j] = _mm512_fmadd_ps(f, part, acc1[j]);
                     else
@@ -195,7 +202,6 @@ INLINE void rows_k4(const int R, const uint8_t *const *p, const float *xp, const
  * arithmetic the same whatever R. */
 INLINE void rows_iq4_xs(const int R, const uint8_t *const *p, const float *xp, int64_t nb, size_t ahead, float *out) {
     const __m512 tbl = table_f32(MG_IQ4NL_VALUES);
-    const __m512i which = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
     const __m256i sl_shift = _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28), sh_shift = _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14);
     __m512 acc0[4], acc1[4];
     for (int j = 0; j < R; j++) acc0[j] = acc1[j] = _mm512_setzero_ps();
@@ -227,7 +233,7 @@ INLINE void rows_iq4_xs(const int R, const uint8_t *const *p, const float *xp, i
                         const __m512 v = _mm512_permutexvar_ps(k ? _mm512_srli_epi32(codes[n], 8 * k) : codes[n], tbl);
                         part = n || k ? _mm512_fmadd_ps(v, xv[4 * n + k], part) : _mm512_mul_ps(v, xv[0]);
                     }
-                const __m512 fac = _mm512_permutexvar_ps(_mm512_add_epi32(which, _mm512_set1_epi32(4 * g)), ds[r]);
+                const __m512 fac = lane_factors(ds[r], RUNS_OF_4, 4 * g);
                 if (g)
                     acc1[r] = _mm512_fmadd_ps(fac, part, acc1[r]);
                 else
@@ -284,8 +290,7 @@ INLINE void rows_q6_k(const int R, const uint8_t *const *p, const float *xp, int
                         const __m512 v = _mm512_sub_ps(_mm512_castsi512_ps(_mm512_ternarylogic_epi32(c, low6, two23, 0xea)), bias);
                         part = k ? _mm512_fmadd_ps(v, xv[4 * n + k], part) : _mm512_mul_ps(v, xv[4 * n]);
                     }
-                    const __m512i which = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
-                    const __m512 f = _mm512_permutexvar_ps(_mm512_add_epi32(which, _mm512_set1_epi32(8 * h + 4 * n)), ds[j]);
+                    const __m512 f = lane_factors(ds[j], RUNS_OF_4, 8 * h + 4 * n);
                     if (n)
                         acc1[j] = _mm512_fmadd_ps(f, part, acc1[j]);
                     else
@@ -354,8 +359,14 @@ int mg_avx512_decode_ggml(const mg_matrix *w, const float *x, float *y, int64_t 
                 const float *xg = x + c0 + 32 * g;
                 xs[g] = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_loadu_ps(xg), _mm512_loadu_ps(xg + 16)));
             }
-        if (lanes) /* (n_stride, lane_stride, pair): see lane_order */
-            lane_order(x + c0, kc, mins ? 32 : f == MG_Q6_K ? 64 : 16, f == MG_Q6_K ? 32 : 64, f == MG_IQ4_XS ? 32 : 16, xp);
+        if (lanes) { /* (n_stride, lane_stride, pair): see lane_order */
+            if (f == MG_Q6_K)
+                lane_order(x + c0, kc, 64, 32, 16, xp);
+            else if (f == MG_IQ4_XS)
+                lane_order(x + c0, kc, 16, 64, 32, xp);
+            else
+                lane_order(x + c0, kc, 32, 64, 16, xp);
+        }
         for (int64_t r = r0, n; r < r1; r += n) {
             const uint8_t *p = (const uint8_t *)w->data + (size_t)r * rb + (size_t)(c0 / e * bytes);
             const int64_t nb = kc / e;
