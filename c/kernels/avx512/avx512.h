@@ -206,6 +206,19 @@ INLINE float scale_block128(const mg_matrix *w, int64_t r, int64_t c) {
     return mg_e8m0_to_f32(((const uint8_t *)w->scale)[at]);
 }
 
+/* Q3_K's 16 scales minus 32 (12 bytes at s, mg_ggml_q3_k_scale) as bytes: the low nibbles are
+ * bytes 0-7 then their high nibbles; the top 2 bits of scale 4j + b are bits 2j.. of byte
+ * 8 + b, so dword lane j of those 4 bytes shifted right by 2j holds them in byte b.  Reads the
+ * 12 bytes only (the block may end the matrix). */
+INLINE __m128i q3_k_scales(const uint8_t *s) {
+    uint32_t c;
+    memcpy(&c, s + 8, 4);
+    const __m128i a = _mm_loadl_epi64((const __m128i *)s);
+    const __m128i lo = _mm_and_si128(_mm_unpacklo_epi64(a, _mm_srli_epi16(a, 4)), _mm_set1_epi8(15));
+    const __m128i hi = _mm_and_si128(_mm_srlv_epi32(_mm_set1_epi32((int)c), _mm_setr_epi32(0, 2, 4, 6)), _mm_set1_epi8(3));
+    return _mm_sub_epi8(_mm_or_si128(lo, _mm_slli_epi16(hi, 4)), _mm_set1_epi8(32));
+}
+
 /* ---- entry points of the op families ------------------------------------------------------ */
 
 /* decode_avx512.c: decode (n_tok == 1) of rows [r0, r1); returns 0, having written nothing, for

@@ -2,12 +2,15 @@
  * prefill, stay the avx2 table's (c/kernels/avx2/ggml_avx2.c, whose comment explains the plan:
  * fp32 activations, each sub-block's dot product of codes and x scaled once, K-quant mins
  * through per-32 sums of x).  What 512-bit registers add here:
- *  - 16 code bytes widened to 16 dword lanes by one vpmovzxbd / vpmovsxbd from memory, nibbles
- *    split by a mask and a shift (Q8_0, Q4_0, Q4_K, Q5_K: half the operations per weight of
- *    the AVX2 loop);
+ *  - the 256-element blocks (Q4_K, Q5_K, Q6_K, IQ4_XS, Q2_K, Q3_K): 64 code bytes as 16 dword
+ *    lanes, each shifted in place, against x arranged once per call in that lane order
+ *    (lane_order): no widening, and no conversion where a table gives the values;
+ *  - the blocks of 32 (17-34 bytes, which do not fit 64-byte lanes): 16 code bytes widened to
+ *    16 dword lanes by one vpmovzxbd / vpmovsxbd from memory, nibbles split by a mask and a
+ *    shift (Q8_0, Q4_0: half the operations per weight of the AVX2 loop);
  *  - a whole 16-entry fp32 value table in one register, read by one vpermps per 16 codes with
- *    no conversion at all (IQ4_NL, IQ4_XS, MXFP4), where AVX2 needs a byte table, widening and
- *    vcvtdq2ps.
+ *    no conversion at all (IQ4_NL, IQ4_XS, MXFP4, Q4_K, Q2_K, Q3_K), where AVX2 needs a byte
+ *    table, widening and vcvtdq2ps.
  * Scalar twin: core/ggml_blocks.h through the scalar table; tests/c/test_ggml_blocks.c. */
 #include "kernels/tables.h"
 
@@ -91,20 +94,20 @@ INLINE __m512i codes64(const uint8_t *p) {
     return v;
 }
 
-/* x in the lane order of rows_k4, rows_q6_k and rows_iq4_xs, arranged once per call and read by
- * every row: those loops take 64 code bytes as 16 dword lanes and shift each dword in place, so
- * lane j of their vector (n, b) (n: a byte's nibble, b: the byte of the dword) holds the code of
- * element
- *     128 g + n * n_stride + (j / 8) * lane_stride + (j % 8 / 4) * pair + 4 * (j % 4) + b
- * of the 128-element group g; xp holds, for each g, n in 0..1 and b in 0..3, those 16 elements
- * of x.  (n_stride, lane_stride, pair): Q4_K and Q5_K (32, 64, 16), Q6_K (64, 32, 16), IQ4_XS
- * (16, 64, 32). */
-INLINE void lane_order(const float *x, int64_t cols, int n_stride, int lane_stride, int pair, float *xp) {
+/* x in the lane order of rows_k4, rows_q6_k, rows_iq4_xs, rows_q2_k and rows_q3_k, arranged once per call
+ * and read by every row: those loops take 64 code bytes as 16 dword lanes and shift each dword
+ * in place, so lane j of their vector (n, b) (n: a byte's nibble, or its 2-bit field, b: the
+ * byte of the dword) holds the code of element
+ *     64 nn g + n * n_stride + (j / 8) * lane_stride + (j % 8 / 4) * pair + 4 * (j % 4) + b
+ * of the group g of 64 nn elements (nn fields per byte); xp holds, for each g, n in 0..nn-1 and
+ * b in 0..3, those 16 elements of x.  (nn, n_stride, lane_stride, pair): Q4_K and Q5_K
+ * (2, 32, 64, 16), Q6_K (2, 64, 32, 16), IQ4_XS (2, 16, 64, 32), Q2_K and Q3_K (4, 32, 128, 16). */
+INLINE void lane_order(const float *x, int64_t cols, int nn, int n_stride, int lane_stride, int pair, float *xp) {
     for (int b = 0; b < 4; b++) {
         const __m512i idx = _mm512_setr_epi32(b, 4 + b, 8 + b, 12 + b, 16 + b, 20 + b, 24 + b, 28 + b, b, 4 + b,
                                               8 + b, 12 + b, 16 + b, 20 + b, 24 + b, 28 + b);
-        for (int64_t g = 0; g < cols; g += 128)
-            for (int n = 0; n < 2; n++) {
+        for (int64_t g = 0; g < cols; g += 64 * nn)
+            for (int n = 0; n < nn; n++) {
                 const float *w = x + g + n * n_stride, *u = w + lane_stride;
                 const __m512 lo = _mm512_permutex2var_ps(_mm512_loadu_ps(w), idx, _mm512_loadu_ps(w + pair));
                 const __m512 hi = _mm512_permutex2var_ps(_mm512_loadu_ps(u), idx, _mm512_loadu_ps(u + pair));
@@ -120,6 +123,7 @@ INLINE __m512 lane_factors(__m512 ds, __m512i runs, int first) {
 }
 #define HALVES_2APART _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 2, 2, 2, 2, 2, 2, 2, 2)
 #define RUNS_OF_4 _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3)
+#define PAIRS_8APART _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 8, 8, 8, 8, 9, 9, 9, 9)
 
 /* Q4_K / Q5_K (q5), R (1..4) rows at once (p[j]: row j's blocks): chunk c's byte l holds element l
  * of sub-blocks 2c (low nibble) and 2c + 1 (high); Q5_K's bit s of qh[l] is the fifth bit of
@@ -302,6 +306,93 @@ INLINE void rows_q6_k(const int R, const uint8_t *const *p, const float *xp, int
     for (int j = 0; j < R; j++) out[j] = _mm512_reduce_add_ps(_mm512_add_ps(acc0[j], acc1[j]));
 }
 
+/* Q2_K and Q3_K: bits 2s, 2s + 1 of qs byte 32h + l are the low 2 bits of element 128h + 32s + l;
+ * Q3_K's bit 4h + s of hmask byte l is its third (clear: minus 4).  As rows_k4: the 64 qs bytes
+ * are taken as 16 dwords, so lane j of vector (s, b) (a shift by 2s + 8b) holds the code of
+ * element 128 (j / 8) + 32 s + 4 (j % 8) + b (x in lane_order) of sub-block
+ * 8 (j / 8) + 2 s + (j % 8) / 4 for every b: four products b into one vector, then one FMA with
+ * their factors d * sc.  vpermps reads an index's low 4 bits, so the shifted dword indexes a
+ * table as it is (Q2_K: i & 3).  Against the avx2 rows these formats took (widened bytes, a
+ * conversion per 8 codes), no widening and no conversion (docs/KERNELS.md).  Each row's
+ * arithmetic is the same whatever R, R weight streams in flight with a prefetch `ahead` on, each
+ * x load serves the R rows. */
+/* The products of one vector group s of a row: the four vectors b of the shifted dword codes
+ * (a shift by first + 8b) through tbl, times x's vectors xv[0..3], summed. */
+INLINE __m512 k23_part(__m512i codes, int first, __m512 tbl, const __m512 *xv) {
+    __m512 part = _mm512_mul_ps(_mm512_permutexvar_ps(first ? _mm512_srli_epi32(codes, first) : codes, tbl), xv[0]);
+    for (int k = 1; k < 4; k++) part = _mm512_fmadd_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(codes, first + 8 * k), tbl), xv[k], part);
+    return part;
+}
+
+/* Q2_K, R (1..4) rows at once (layout above); the mins dmin * m of the 16 sub-blocks go
+ * through x's sums per 16 columns (xs). */
+INLINE void rows_q2_k(const int R, const uint8_t *const *p, const float *xp, const float *xs, int64_t nb, size_t ahead,
+                      float *out) {
+    const __m512 tbl = _mm512_setr_ps(0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3); /* i & 3 */
+    __m512 acc0[4], acc1[4], accm[4];
+    for (int j = 0; j < R; j++) acc0[j] = acc1[j] = accm[j] = _mm512_setzero_ps();
+    for (int64_t i = 0; i < nb; i++, xp += 256, xs += 16) {
+        __m512 ds[4];
+        for (int j = 0; j < R; j++) {
+            const uint8_t *b = p[j] + (size_t)i * 84;
+            prefetch_block(b, 84, ahead);
+            const __m512i sc = u8x16(b); /* scales[16]: the low nibble d's factor, the high nibble the min's */
+            ds[j] = _mm512_mul_ps(_mm512_set1_ps(f16_at(b + 80)), _mm512_cvtepi32_ps(_mm512_and_si512(sc, _mm512_set1_epi32(15))));
+            const __m512 m = _mm512_mul_ps(_mm512_set1_ps(f16_at(b + 82)), _mm512_cvtepi32_ps(_mm512_srli_epi32(sc, 4)));
+            accm[j] = _mm512_fmadd_ps(m, _mm512_loadu_ps(xs), accm[j]);
+        }
+        for (int g = 0; g < 2; g++) { /* s = 2g, 2g + 1 */
+            __m512 xv[8];
+            for (int v = 0; v < 8; v++) xv[v] = _mm512_loadu_ps(xp + 128 * g + 16 * v);
+            for (int j = 0; j < R; j++) {
+                const __m512i q = codes64(p[j] + (size_t)i * 84 + 16);
+                acc0[j] = _mm512_fmadd_ps(lane_factors(ds[j], PAIRS_8APART, 4 * g), k23_part(q, 4 * g, tbl, xv), acc0[j]);
+                acc1[j] = _mm512_fmadd_ps(lane_factors(ds[j], PAIRS_8APART, 4 * g + 2), k23_part(q, 4 * g + 2, tbl, xv + 4),
+                                          acc1[j]);
+            }
+        }
+    }
+    for (int j = 0; j < R; j++) out[j] = _mm512_reduce_add_ps(_mm512_add_ps(acc0[j], acc1[j])) - _mm512_reduce_add_ps(accm[j]);
+}
+
+/* Q3_K, R (1..4) rows at once (layout above): hmask as the dwords [hm, hm >> 4] (lanes 8-15,
+ * half 1, find their bits where lanes 0-7 find half 0's), moved to bit 2 of every byte and
+ * merged under the 2-bit fields of qs >> 2s by one vpternlogd per s; then the table
+ * (i & 7) - 4, whose bit 3 is don't-care. */
+INLINE void rows_q3_k(const int R, const uint8_t *const *p, const float *xp, int64_t nb, size_t ahead, float *out) {
+    const __m512i low2 = _mm512_set1_epi32(0x03030303);
+    const __m512 tbl = _mm512_setr_ps(-4, -3, -2, -1, 0, 1, 2, 3, -4, -3, -2, -1, 0, 1, 2, 3);
+    __m512 acc0[4], acc1[4];
+    for (int j = 0; j < R; j++) acc0[j] = acc1[j] = _mm512_setzero_ps();
+    for (int64_t i = 0; i < nb; i++, xp += 256) {
+        __m512 ds[4];
+        for (int j = 0; j < R; j++) {
+            const uint8_t *b = p[j] + (size_t)i * 110;
+            prefetch_block(b, 110, ahead);
+            ds[j] = _mm512_mul_ps(_mm512_set1_ps(f16_at(b + 108)), _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q3_k_scales(b + 96))));
+        }
+        for (int g = 0; g < 2; g++) { /* s = 2g, 2g + 1 */
+            __m512 xv[8];
+            for (int v = 0; v < 8; v++) xv[v] = _mm512_loadu_ps(xp + 128 * g + 16 * v);
+            for (int j = 0; j < R; j++) {
+                const uint8_t *b = p[j] + (size_t)i * 110;
+                const __m512i q = codes64(b + 32);
+                const __m256i hm = _mm256_loadu_si256((const __m256i *)b);
+                const __m512i top = _mm512_inserti64x4(_mm512_castsi256_si512(hm), _mm256_srli_epi32(hm, 4), 1);
+                /* bits 0-1 from qs >> 2s, bit 2 from top's bit s: s = 2g (shift top left 2 or
+                 * right 0), s = 2g + 1 (left 1 or right 1) */
+                const __m512i c0 = _mm512_ternarylogic_epi32(low2, g ? _mm512_srli_epi32(q, 4) : q,
+                                                             g ? top : _mm512_slli_epi32(top, 2), 0xca);
+                const __m512i c1 = _mm512_ternarylogic_epi32(low2, _mm512_srli_epi32(q, 4 * g + 2),
+                                                             g ? _mm512_srli_epi32(top, 1) : _mm512_slli_epi32(top, 1), 0xca);
+                acc0[j] = _mm512_fmadd_ps(lane_factors(ds[j], PAIRS_8APART, 4 * g), k23_part(c0, 0, tbl, xv), acc0[j]);
+                acc1[j] = _mm512_fmadd_ps(lane_factors(ds[j], PAIRS_8APART, 4 * g + 2), k23_part(c1, 0, tbl, xv + 4), acc1[j]);
+            }
+        }
+    }
+    for (int j = 0; j < R; j++) out[j] = _mm512_reduce_add_ps(_mm512_add_ps(acc0[j], acc1[j]));
+}
+
 /* MXFP4, R (1..4) rows at once, as rows_32 (each row's arithmetic the same whatever R; R weight
  * streams in flight, each x load shared by the R rows, a prefetch `ahead` on: one row streamed
  * alone ran at 0.3-0.7 of the read bandwidth, DeepSeek-V4 GGUF experts, 1 thread).  The scale
@@ -339,15 +430,16 @@ INLINE void rows_mxfp4(const int R, const uint8_t *const *p, const float *x, int
 }
 
 /* Columns per pass: the per-32 sums of x of one pass fit a stack array, and so does x in
- * lane_order for Q4_K, Q5_K, Q6_K and IQ4_XS. */
+ * lane_order for Q4_K, Q5_K, Q6_K, IQ4_XS, Q2_K and Q3_K (and Q2_K's sums per 16). */
 enum { GGML_PASS_COLS = 65536, LANE_PASS_COLS = 8192 };
 
 int mg_avx512_decode_ggml(const mg_matrix *w, const float *x, float *y, int64_t r0, int64_t r1) {
     const mg_format f = w->format;
-    if (!(mg_format_is_ggml_block(f) && f <= MG_IQ4_XS)) return 0; /* the newer formats: the parent's */
+    const int k23 = f == MG_Q2_K || f == MG_Q3_K;
+    if (!(mg_format_is_ggml_block(f) && (f <= MG_IQ4_XS || k23))) return 0; /* the others: the parent's */
     int64_t e, bytes;
     mg_format_block(f, &e, &bytes);
-    const int mins = f == MG_Q4_K || f == MG_Q5_K, lanes = mins || f == MG_Q6_K || f == MG_IQ4_XS;
+    const int mins = f == MG_Q4_K || f == MG_Q5_K, lanes = mins || k23 || f == MG_Q6_K || f == MG_IQ4_XS;
     const int64_t pass = lanes ? LANE_PASS_COLS : GGML_PASS_COLS;
     const size_t rb = mg_matrix_row_bytes(w);
     float xs[GGML_PASS_COLS / 32] __attribute__((aligned(64)));
@@ -359,13 +451,17 @@ int mg_avx512_decode_ggml(const mg_matrix *w, const float *x, float *y, int64_t 
                 const float *xg = x + c0 + 32 * g;
                 xs[g] = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_loadu_ps(xg), _mm512_loadu_ps(xg + 16)));
             }
+        if (f == MG_Q2_K) /* its mins: per 16 */
+            for (int64_t g = 0; g < kc / 16; g++) xs[g] = _mm512_reduce_add_ps(_mm512_loadu_ps(x + c0 + 16 * g));
         if (lanes) { /* (n_stride, lane_stride, pair): see lane_order */
             if (f == MG_Q6_K)
-                lane_order(x + c0, kc, 64, 32, 16, xp);
+                lane_order(x + c0, kc, 2, 64, 32, 16, xp);
             else if (f == MG_IQ4_XS)
-                lane_order(x + c0, kc, 16, 64, 32, xp);
+                lane_order(x + c0, kc, 2, 16, 64, 32, xp);
+            else if (k23)
+                lane_order(x + c0, kc, 4, 32, 128, 16, xp);
             else
-                lane_order(x + c0, kc, 32, 64, 16, xp);
+                lane_order(x + c0, kc, 2, 32, 64, 16, xp);
         }
         for (int64_t r = r0, n; r < r1; r += n) {
             const uint8_t *p = (const uint8_t *)w->data + (size_t)r * rb + (size_t)(c0 / e * bytes);
@@ -380,6 +476,8 @@ int mg_avx512_decode_ggml(const mg_matrix *w, const float *x, float *y, int64_t 
             case MG_Q4_K:
             case MG_Q5_K: MG_ROWS_CALL(n, rb, parts, rows_k4, ps, xp, xs, nb, f == MG_Q5_K); break;
             case MG_IQ4_XS: MG_ROWS_CALL(n, rb, parts, rows_iq4_xs, ps, xp, nb); break;
+            case MG_Q2_K: MG_ROWS_CALL(n, rb, parts, rows_q2_k, ps, xp, xs, nb); break;
+            case MG_Q3_K: MG_ROWS_CALL(n, rb, parts, rows_q3_k, ps, xp, nb); break;
             case MG_Q8_0: MG_ROWS_CALL(n, rb, parts, ROWS_Q8_0, ps, x + c0, nb); break;
             case MG_Q4_0: MG_ROWS_CALL(n, rb, parts, ROWS_Q4_0, ps, x + c0, nb); break;
             case MG_Q5_0: MG_ROWS_CALL(n, rb, parts, ROWS_Q5_0, ps, x + c0, nb); break;

@@ -274,19 +274,6 @@ static void prep_k23(const int8_t *q, const float *dx, int64_t cols, int q3, pre
     p->codes = p->q, p->dx = dx;
 }
 
-/* Q3_K's 16 scales minus 32 (12 bytes at s, mg_ggml_q3_k_scale) as bytes: the low nibbles are
- * bytes 0-7 then their high nibbles; the top 2 bits of scale 4j + b are bits 2j.. of byte
- * 8 + b, so dword lane j of those 4 bytes shifted right by 2j holds them in byte b.  Reads the
- * 12 bytes only (the block may end the matrix). */
-INLINE __m128i q3_k_scales(const uint8_t *s) {
-    uint32_t c;
-    memcpy(&c, s + 8, 4);
-    const __m128i a = _mm_loadl_epi64((const __m128i *)s);
-    const __m128i lo = _mm_and_si128(_mm_unpacklo_epi64(a, _mm_srli_epi16(a, 4)), _mm_set1_epi8(15));
-    const __m128i hi = _mm_and_si128(_mm_srlv_epi32(_mm_set1_epi32((int)c), _mm_setr_epi32(0, 2, 4, 6)), _mm_set1_epi8(3));
-    return _mm_sub_epi8(_mm_or_si128(lo, _mm_slli_epi16(hi, 4)), _mm_set1_epi8(32));
-}
-
 /* R rows (1 or 4) of Q2_K (q3 = 0) or Q3_K.  The factors per 16 columns d * k * dx (d * k
  * exact), one vpermps each for the lanes of a zmm of codes ([2s x4, 2s+1 x4, 8+2s x4, 9+2s x4]
  * of the 16).  Q3_K's high bits: bit s (first 32 bytes) and 4 + s (last 32) of hmask, a mask
