@@ -22,58 +22,76 @@
 /* A block of 32's 16 partial sums: values lo (elements 0-15) and hi (16-31) times x0, x1. */
 INLINE __m512 dot32(__m512 lo, __m512 hi, __m512 x0, __m512 x1) { return _mm512_fmadd_ps(hi, x1, _mm512_mul_ps(lo, x0)); }
 
-/* The f16 scales at the start of n (1..16) blocks `bytes` apart from b, as floats into s: one
- * masked gather (4 bytes a block: the scale and two code bytes, inside the block) and one
- * conversion per 16 blocks, where each block took a scalar load, a vcvtph2ps and a broadcast. */
-INLINE void block_scales16(const uint8_t *b, __m512i offsets, int n, float *s) {
+/* The f16 scales at the start of n (1..16) blocks `bytes` apart from b, as floats into s (and,
+ * when m is not NULL, the f16 mins that follow them into m): one masked gather (4 bytes a block:
+ * the scale and two more bytes, inside the block) and one conversion per 16 blocks, where each
+ * block took a scalar load, a vcvtph2ps and a broadcast. */
+INLINE void block_scales16(const uint8_t *b, __m512i offsets, int n, float *s, float *m) {
     const __m512i v = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), (__mmask16)((1u << n) - 1), offsets, b, 1);
     _mm512_store_ps(s, _mm512_cvtph_ps(_mm512_cvtepi32_epi16(v)));
+    if (m) _mm512_store_ps(m, _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(v, 16))));
 }
 
-/* Blocks of 32 with an f16 scale at the block's start (Q8_0, Q4_0, IQ4_NL, Q5_0), R (1..4) rows
- * at once: as rows_k4, each row's arithmetic is the same whatever R (the even blocks into acc0,
- * the odd into acc1, the same final sum), R weight streams in flight with a prefetch `ahead` on,
- * and each x load serves the R rows.  One row streamed alone, as these formats had, left a Q8_0
- * token at 0.35 of the read bandwidth, below the AVX2 rows.  A prefetch per block (34 bytes) or
- * per pair of blocks (18 or 22) touches every line of the stream.  The scales of 16 blocks at a
- * time come from block_scales16 and are broadcast from memory. */
+/* The codes 0..15 of Q4_1 and Q5_1 (their values: d * code + m). */
+static const int8_t U4_VALUES[16] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+
+/* Blocks of 32 with an f16 scale at the block's start (Q8_0, Q4_0, IQ4_NL, Q5_0; Q4_1 and Q5_1
+ * with an f16 min after it), R (1..4) rows at once: as rows_k4, each row's arithmetic is the same
+ * whatever R (the even blocks into acc0, the odd into acc1, the same final sum), R weight streams
+ * in flight with a prefetch `ahead` on, and each x load serves the R rows.  One row streamed
+ * alone, as these formats had, left a Q8_0 token at 0.35 of the read bandwidth, below the AVX2
+ * rows.  A prefetch per block (34 bytes) or per pair of blocks (18-24) touches every line of the
+ * stream.  The scales of 16 blocks at a time come from block_scales16 and are broadcast from
+ * memory.  The fifth bits of Q5_0 and Q5_1 are mask registers (nibble5_values); the mins of Q4_1
+ * and Q5_1 are m * (sum of the block's x), the sum shared by the R rows. */
 INLINE void rows_32(const int R, mg_format f, const uint8_t *const *p, const float *x, int64_t nb, size_t ahead,
                     float *out) {
-    const __m512 tbl = table_f32(f == MG_Q4_0 ? Q4_0_VALUES : MG_IQ4NL_VALUES);
-    const size_t bytes = f == MG_Q8_0 ? 34 : f == MG_Q5_0 ? 22 : 18;
+    const int with_min = f == MG_Q4_1 || f == MG_Q5_1;
+    const __m512 tbl = table_f32(f == MG_Q4_0 ? Q4_0_VALUES : f == MG_Q5_0 ? Q5_0_VALUES : with_min ? U4_VALUES : MG_IQ4NL_VALUES);
+    const size_t bytes = f == MG_Q8_0 ? 34 : f == MG_Q5_0 ? 22 : f == MG_Q4_1 ? 20 : f == MG_Q5_1 ? 24 : 18;
+    const size_t codes = f == MG_Q8_0 || f == MG_Q4_0 || f == MG_IQ4_NL ? 2 : f == MG_Q4_1 ? 4 : f == MG_Q5_0 ? 6 : 8;
     const __m512i offsets = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
                                                _mm512_set1_epi32((int)bytes));
-    float scales[4][16] __attribute__((aligned(64)));
-    __m512 acc0[4], acc1[4];
-    for (int j = 0; j < R; j++) acc0[j] = acc1[j] = _mm512_setzero_ps();
+    float scales[4][16] __attribute__((aligned(64))), mins[4][16] __attribute__((aligned(64)));
+    __m512 acc0[4], acc1[4], accm[4];
+    for (int j = 0; j < R; j++) acc0[j] = acc1[j] = accm[j] = _mm512_setzero_ps();
     for (int64_t i = 0; i < nb; i++, x += 32) {
         if (!(i & 15))
             for (int j = 0; j < R; j++)
-                block_scales16(p[j] + (size_t)i * bytes, offsets, nb - i < 16 ? (int)(nb - i) : 16, scales[j]);
+                block_scales16(p[j] + (size_t)i * bytes, offsets, nb - i < 16 ? (int)(nb - i) : 16, scales[j],
+                               with_min ? mins[j] : NULL);
         const __m512 x0 = _mm512_loadu_ps(x), x1 = _mm512_loadu_ps(x + 16);
+        const __m512 xsum = with_min ? _mm512_add_ps(x0, x1) : x0;
         for (int j = 0; j < R; j++) {
             const uint8_t *b = p[j] + (size_t)i * bytes;
             if (f == MG_Q8_0 || !(i & 1)) _mm_prefetch((const char *)b + ahead, MG_AVX512_PREFETCH_HINT);
             __m512 lo, hi;
-            if (f == MG_Q8_0)
+            if (f == MG_Q8_0) {
                 lo = _mm512_cvtepi32_ps(i8x16(b + 2)), hi = _mm512_cvtepi32_ps(i8x16(b + 18));
-            else if (f == MG_Q5_0)
-                q5_0_values(b, &lo, &hi);
-            else
-                nibble_values(b + 2, tbl, &lo, &hi);
+            } else if (f == MG_Q5_0 || f == MG_Q5_1) {
+                uint32_t qh;
+                memcpy(&qh, b + codes - 4, 4);
+                nibble5_values(b + codes, qh, tbl, &lo, &hi);
+            } else {
+                nibble_values(b + codes, tbl, &lo, &hi);
+            }
             const __m512 part = dot32(lo, hi, x0, x1), d = _mm512_set1_ps(scales[j][i & 15]);
             if (i & 1)
                 acc1[j] = _mm512_fmadd_ps(d, part, acc1[j]);
             else
                 acc0[j] = _mm512_fmadd_ps(d, part, acc0[j]);
+            if (with_min) accm[j] = _mm512_fmadd_ps(_mm512_set1_ps(mins[j][i & 15]), xsum, accm[j]);
         }
     }
-    for (int j = 0; j < R; j++) out[j] = _mm512_reduce_add_ps(_mm512_add_ps(acc0[j], acc1[j]));
+    for (int j = 0; j < R; j++)
+        out[j] = _mm512_reduce_add_ps(_mm512_add_ps(acc0[j], acc1[j])) + (with_min ? _mm512_reduce_add_ps(accm[j]) : 0.0f);
 }
 #define ROWS_Q8_0(R, ...) rows_32(R, MG_Q8_0, __VA_ARGS__)
 #define ROWS_Q4_0(R, ...) rows_32(R, MG_Q4_0, __VA_ARGS__)
 #define ROWS_Q5_0(R, ...) rows_32(R, MG_Q5_0, __VA_ARGS__)
 #define ROWS_IQ4_NL(R, ...) rows_32(R, MG_IQ4_NL, __VA_ARGS__)
+#define ROWS_Q4_1(R, ...) rows_32(R, MG_Q4_1, __VA_ARGS__)
+#define ROWS_Q5_1(R, ...) rows_32(R, MG_Q5_1, __VA_ARGS__)
 
 INLINE __m256 bytes_times(const uint8_t b[8], float v) {
     return _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)b))),
@@ -436,7 +454,7 @@ enum { GGML_PASS_COLS = 65536, LANE_PASS_COLS = 8192 };
 int mg_avx512_decode_ggml(const mg_matrix *w, const float *x, float *y, int64_t r0, int64_t r1) {
     const mg_format f = w->format;
     const int k23 = f == MG_Q2_K || f == MG_Q3_K;
-    if (!(mg_format_is_ggml_block(f) && (f <= MG_IQ4_XS || k23))) return 0; /* the others: the parent's */
+    if (!(mg_format_is_ggml_block(f) && (f <= MG_Q5_1 || k23))) return 0; /* the others: the parent's */
     int64_t e, bytes;
     mg_format_block(f, &e, &bytes);
     const int mins = f == MG_Q4_K || f == MG_Q5_K, lanes = mins || k23 || f == MG_Q6_K || f == MG_IQ4_XS;
@@ -481,6 +499,8 @@ int mg_avx512_decode_ggml(const mg_matrix *w, const float *x, float *y, int64_t 
             case MG_Q8_0: MG_ROWS_CALL(n, rb, parts, ROWS_Q8_0, ps, x + c0, nb); break;
             case MG_Q4_0: MG_ROWS_CALL(n, rb, parts, ROWS_Q4_0, ps, x + c0, nb); break;
             case MG_Q5_0: MG_ROWS_CALL(n, rb, parts, ROWS_Q5_0, ps, x + c0, nb); break;
+            case MG_Q4_1: MG_ROWS_CALL(n, rb, parts, ROWS_Q4_1, ps, x + c0, nb); break;
+            case MG_Q5_1: MG_ROWS_CALL(n, rb, parts, ROWS_Q5_1, ps, x + c0, nb); break;
             default: MG_ROWS_CALL(n, rb, parts, ROWS_IQ4_NL, ps, x + c0, nb); break;
             }
             for (int64_t j = 0; j < n; j++) y[r + j] = c0 == 0 ? parts[j] : y[r + j] + parts[j];

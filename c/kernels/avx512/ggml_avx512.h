@@ -32,19 +32,22 @@ INLINE void nibble_values(const uint8_t *q, __m512 tbl, __m512 *lo, __m512 *hi) 
     *hi = _mm512_permutexvar_ps(_mm512_srli_epi32(v, 4), tbl);
 }
 
-/* Q5_0 block b's values code - 16 (elements 0-15, 16-31): Q4_0's nibbles plus a fifth bit per
- * element from the u32 qh (bit i: element i), moved into place per lane by vpsrlvd. */
+/* The values of a block of 32 with a fifth bit per element (Q5_0, Q5_1): the nibbles at q
+ * through tbl, plus 16 where bit i of the u32 qh (element i) is set: the bits as mask
+ * registers of one masked add per 16 values (exact: tbl holds small integers). */
+INLINE void nibble5_values(const uint8_t *q, uint32_t qh, __m512 tbl, __m512 *lo, __m512 *hi) {
+    const __m512 k16 = _mm512_set1_ps(16.0f);
+    nibble_values(q, tbl, lo, hi);
+    *lo = _mm512_mask_add_ps(*lo, (__mmask16)qh, *lo, k16);
+    *hi = _mm512_mask_add_ps(*hi, (__mmask16)(qh >> 16), *hi, k16);
+}
+
+/* Q5_0 block b's values code - 16 (elements 0-15, 16-31). */
+static const int8_t Q5_0_VALUES[16] = {-16, -15, -14, -13, -12, -11, -10, -9, -8, -7, -6, -5, -4, -3, -2, -1};
 INLINE void q5_0_values(const uint8_t *b, __m512 *lo, __m512 *hi) {
-    const __m512i iota = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-    const __m512i m15 = _mm512_set1_epi32(15), m16 = _mm512_set1_epi32(16);
     uint32_t qh;
     memcpy(&qh, b + 2, 4);
-    const __m512i h = _mm512_set1_epi32((int)qh), v = u8x16(b + 6);
-    const __m512i l = _mm512_or_si512(_mm512_and_si512(v, m15), _mm512_and_si512(_mm512_slli_epi32(_mm512_srlv_epi32(h, iota), 4), m16));
-    const __m512i u = _mm512_or_si512(_mm512_srli_epi32(v, 4),
-                                      _mm512_and_si512(_mm512_srlv_epi32(h, _mm512_add_epi32(iota, _mm512_set1_epi32(12))), m16));
-    *lo = _mm512_cvtepi32_ps(_mm512_sub_epi32(l, m16));
-    *hi = _mm512_cvtepi32_ps(_mm512_sub_epi32(u, m16));
+    nibble5_values(b + 6, qh, table_f32(Q5_0_VALUES), lo, hi);
 }
 
 /* Q5_K's codes of chunk c: v the chunk's 16 code bytes k (widened), qh the 16 qh bytes k; byte

@@ -37,14 +37,14 @@ LINEAR_GGML(linear_q6_k, MG_Q6_K)
 LINEAR_GGML(linear_mxfp4, MG_MXFP4)
 LINEAR_GGML(linear_iq4_nl, MG_IQ4_NL)
 LINEAR_GGML(linear_iq4_xs, MG_IQ4_XS)
+/* Prefill through the 512-bit micro-kernels on the avx2 dequantised tiles (mg_avx2_prefill_tile),
+ * 1.5-2x the avx2 GEMM's; decode by ggml_avx512.c's rows. */
 LINEAR_GGML(linear_q2_k, MG_Q2_K)
 LINEAR_GGML(linear_q3_k, MG_Q3_K)
-/* Decoded by the parent (mg_avx512_decode_ggml declines them); prefill through the 512-bit
- * micro-kernels on the avx2 dequantised tiles (mg_avx2_prefill_tile), 1.5-2x the avx2 GEMM's
- * (Q2_K and Q3_K too: their prefill tiles are avx2's). */
 LINEAR_GGML(linear_q4_1, MG_Q4_1)
 LINEAR_GGML(linear_q5_1, MG_Q5_1)
-/* The grid formats the same way (decode: iq_avx2.c's loops; tiles: its exact dequantisation). */
+/* The grid formats: decoded by the parent (mg_avx512_decode_ggml declines them: iq_avx2.c's
+ * loops), prefill as above (tiles: its exact dequantisation). */
 LINEAR_GGML(linear_iq2_xxs, MG_IQ2_XXS)
 LINEAR_GGML(linear_iq2_xs, MG_IQ2_XS)
 LINEAR_GGML(linear_iq2_s, MG_IQ2_S)
