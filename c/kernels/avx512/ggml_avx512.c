@@ -32,9 +32,6 @@ INLINE void block_scales16(const uint8_t *b, __m512i offsets, int n, float *s, f
     if (m) _mm512_store_ps(m, _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(v, 16))));
 }
 
-/* The codes 0..15 of Q4_1 and Q5_1 (their values: d * code + m). */
-static const int8_t U4_VALUES[16] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
-
 /* Blocks of 32 with an f16 scale at the block's start (Q8_0, Q4_0, IQ4_NL, Q5_0; Q4_1 and Q5_1
  * with an f16 min after it), R (1..4) rows at once: as rows_k4, each row's arithmetic is the same
  * whatever R (the even blocks into acc0, the odd into acc1, the same final sum), R weight streams

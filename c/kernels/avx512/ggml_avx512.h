@@ -22,6 +22,8 @@ INLINE __m512i i8x16(const uint8_t *p) { return _mm512_cvtepi8_epi32(_mm_loadu_s
  * 2^(e-128) of mg_ggml_e8m0_half; Q4_0: code - 8). */
 INLINE __m512 table_f32(const int8_t *v) { return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)v))); }
 static const int8_t Q4_0_VALUES[16] = {-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7};
+/* The codes 0..15 of Q4_1 and Q5_1 (their values: d * code + m). */
+static const int8_t U4_VALUES[16] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
 
 /* A block of 32's 16 nibble bytes at q (element i the low nibble of byte i, 16 + i its high
  * nibble) as values through tbl: vpermps reads only an index's low 4 bits, so the low nibble

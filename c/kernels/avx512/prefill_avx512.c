@@ -105,6 +105,61 @@ INLINE void block_q5_0(const uint8_t *p, float *out) {
     _mm512_store_ps(out + 16, _mm512_mul_ps(hi, d));
 }
 
+/* Q4_1 (q5 = 0) and Q5_1: d * q + m, one FMA (d * q exact). */
+INLINE void block_q4_1_q5_1(const uint8_t *p, int q5, float *out) {
+    const __m512 d = _mm512_set1_ps(f16_at(p)), m = _mm512_set1_ps(f16_at(p + 2)), tbl = table_f32(U4_VALUES);
+    __m512 lo, hi;
+    if (q5) {
+        uint32_t qh;
+        memcpy(&qh, p + 4, 4);
+        nibble5_values(p + 8, qh, tbl, &lo, &hi);
+    } else {
+        nibble_values(p + 4, tbl, &lo, &hi);
+    }
+    _mm512_store_ps(out, _mm512_fmadd_ps(lo, d, m));
+    _mm512_store_ps(out + 16, _mm512_fmadd_ps(hi, d, m));
+}
+/* Q2_K: element 128h + 32s + l is bits 2s, 2s + 1 of qs[32h + l]; (d * sc) * q - dmin * m in one
+ * FMA (the product exact), sub-block 8h + 2s + k for l in 16k .. 16k + 15. */
+INLINE void block_q2_k(const uint8_t *p, float *out) {
+    const float d = f16_at(p + 80), dmin = f16_at(p + 82);
+    const __m512i m3 = _mm512_set1_epi32(3);
+    for (int h = 0; h < 2; h++)
+        for (int k = 0; k < 2; k++) {
+            const __m512i q = u8x16(p + 16 + 32 * h + 16 * k);
+            for (int s = 0; s < 4; s++) {
+                const int g = 8 * h + 2 * s + k;
+                const __m512i c = _mm512_and_si512(s ? _mm512_srli_epi32(q, 2 * s) : q, m3);
+                _mm512_store_ps(out + 128 * h + 32 * s + 16 * k,
+                                _mm512_fmsub_ps(_mm512_cvtepi32_ps(c), _mm512_set1_ps(d * (float)(p[g] & 15)),
+                                                _mm512_set1_ps(dmin * (float)(p[g] >> 4))));
+            }
+        }
+}
+/* Q3_K: Q2_K's low 2 bits with the third from bit 4h + s of hmask[l], merged into bit 2 by one
+ * vpternlogd and read by vpermps from the table (i & 7) - 4 (bit 3 is don't-care); times
+ * d * scale, exact as the scalar decoder's (d * scale) * q. */
+INLINE void block_q3_k(const uint8_t *p, float *out) {
+    const float d = f16_at(p + 108);
+    int8_t sc[16];
+    _mm_storeu_si128((__m128i *)sc, q3_k_scales(p + 96));
+    const __m512 tbl = _mm512_setr_ps(-4, -3, -2, -1, 0, 1, 2, 3, -4, -3, -2, -1, 0, 1, 2, 3);
+    const __m512i m3 = _mm512_set1_epi32(3);
+    for (int k = 0; k < 2; k++) {
+        const __m512i hm = u8x16(p + 16 * k);
+        for (int h = 0; h < 2; h++) {
+            const __m512i q = u8x16(p + 32 + 32 * h + 16 * k);
+            for (int s = 0; s < 4; s++) {
+                const int bit = 4 * h + s; /* to bit 2 */
+                const __m512i hb = bit >= 2 ? _mm512_srli_epi32(hm, (unsigned)(bit - 2)) : _mm512_slli_epi32(hm, (unsigned)(2 - bit));
+                const __m512i idx = _mm512_ternarylogic_epi32(m3, s ? _mm512_srli_epi32(q, 2 * s) : q, hb, 0xca);
+                _mm512_store_ps(out + 128 * h + 32 * s + 16 * k,
+                                _mm512_mul_ps(_mm512_permutexvar_ps(idx, tbl), _mm512_set1_ps(d * (float)sc[8 * h + 2 * s + k])));
+            }
+        }
+    }
+}
+
 /* The formats tile_ggml builds; the others take mg_avx2_prefill_tile. */
 INLINE int tile_ggml_takes(mg_format f) {
     switch (f) {
@@ -116,7 +171,11 @@ INLINE int tile_ggml_takes(mg_format f) {
     case MG_Q5_0:
     case MG_IQ4_NL:
     case MG_IQ4_XS:
-    case MG_MXFP4: return 1;
+    case MG_MXFP4:
+    case MG_Q4_1:
+    case MG_Q5_1:
+    case MG_Q2_K:
+    case MG_Q3_K: return 1;
     default: return 0;
     }
 }
@@ -128,6 +187,14 @@ INLINE void block_any(mg_format f, const uint8_t *p, int64_t n, float *out) {
     switch (f) {
     case MG_Q5_K: block_q5_k(p, out); break;
     case MG_IQ4_XS: block_iq4_xs(p, tbl, out); break;
+    case MG_Q2_K: block_q2_k(p, out); break;
+    case MG_Q3_K: block_q3_k(p, out); break;
+    case MG_Q4_1:
+        for (int64_t j = 0; j < n; j += 32) block_q4_1_q5_1(p + (size_t)(j / 32 * 20), 0, out + j);
+        break;
+    case MG_Q5_1:
+        for (int64_t j = 0; j < n; j += 32) block_q4_1_q5_1(p + (size_t)(j / 32 * 24), 1, out + j);
+        break;
     case MG_Q8_0:
         for (int64_t j = 0; j < n; j += 32) block_q8_0(p + (size_t)(j / 32 * 34), out + j);
         break;
