@@ -344,42 +344,55 @@ INLINE void rows_k23(const int R, const uint8_t *p, size_t rb, int64_t nb, const
  * unsigned already (sums start at 0); their mins m * sx go into lanes 0 and 8 only, once per
  * block (a masked add). */
 
-/* The 32 codes + 128 of one block, in element order (table formats: the nibble indices, looked
- * up by the caller). */
-INLINE __m256i ucodes32(mg_format f, const uint8_t *p) {
-    switch (f) {
-    case MG_Q8_0: return _mm256_loadu_si256((const __m256i *)(p + 2)); /* xor 0x80 by the caller */
-    case MG_Q5_0: {
-        uint32_t qh;
-        memcpy(&qh, p + 2, 4);
-        const __m256i hi = _mm256_and_si256(_mm256_movm_epi8(qh), _mm256_set1_epi8(0x10));
-        return _mm256_add_epi8(_mm256_or_si256(nib32(p + 6), hi), _mm256_set1_epi8(128 - 16));
-    }
-    case MG_MXFP4: return nib32(p + 1);
-    case MG_Q4_1: return nib32(p + 4);
-    case MG_Q5_1: {
-        uint32_t qh;
-        memcpy(&qh, p + 4, 4);
-        return _mm256_or_si256(nib32(p + 8), _mm256_and_si256(_mm256_movm_epi8(qh), _mm256_set1_epi8(0x10)));
-    }
-    default: return nib32(p + 2); /* Q4_0, IQ4_NL */
-    }
-}
+/* Whether two blocks of format f go into a zmm as nibble halves (nibbles2): every 32-element
+ * format but Q8_0, whose bytes are its codes. */
+INLINE int nibble_format(mg_format f) { return f != MG_Q8_0; }
 
-/* off per 64 columns: -128 * (sum of each 4 codes); a last half chunk reads only its 32. */
-static void prep_32(const int8_t *q, const float *dx, const float *sx, int64_t cols, prep_x *p) {
+/* off per 64 columns: -128 * (sum of each 4 codes); a last half chunk reads only its 32.  For the
+ * nibble formats x's 16-byte quarters of each 64 columns go in the order 0 2 1 3 (into p->q), the
+ * order of nibbles2's codes: both blocks' low nibbles, then both blocks' high nibbles. */
+static void prep_32(mg_format f, const int8_t *q, const float *dx, const float *sx, int64_t cols, prep_x *p) {
     const __m512i k128 = _mm512_set1_epi8((char)0x80);
     for (int64_t c = 0; c < cols; c += 64) {
-        const __m512i x = _mm512_maskz_loadu_epi8(cols - c >= 64 ? ~0ull : 0xffffffffull, q + c);
+        __m512i x = _mm512_maskz_loadu_epi8(cols - c >= 64 ? ~0ull : 0xffffffffull, q + c);
+        if (nibble_format(f)) {
+            x = _mm512_shuffle_i64x2(x, x, _MM_SHUFFLE(3, 1, 2, 0));
+            _mm512_store_si512((void *)(p->q + c), x);
+        }
         _mm512_store_si512((void *)(p->off + c / 4), _mm512_sub_epi32(_mm512_setzero_si512(), udot(k128, x)));
     }
-    p->codes = q, p->dx = dx, p->sx = sx;
+    p->codes = nibble_format(f) ? p->q : q, p->dx = dx, p->sx = sx;
 }
 
-/* Both scales of blocks p and p + bytes times dx[0..1], spread to [f0 x 8 | f1 x 8]: one
- * vcvtph2ps, one vmulps and one vpermps (the same products wd * dx as the scalar twin). */
+/* The codes (+ 128 for the signed formats; table formats: the nibble indices, looked up by the
+ * caller) of the blocks at p and p + bytes (two: 0, the bytes past a last odd block) as
+ * [block 0's elements 0-15 | block 1's 0-15 | block 0's 16-31 | block 1's 16-31]: one 32-byte
+ * register of both blocks' nibble bytes, shifted once for the high nibbles, where element order
+ * took a shift and an insert per block.  Q5_0 / Q5_1's fifth bits: one 64-bit mask of the two
+ * qh words in that order, one masked add. */
+INLINE __m512i nibbles2(mg_format f, const uint8_t *p, size_t bytes, int two) {
+    const size_t at = f == MG_MXFP4 ? 1 : f == MG_Q4_1 ? 4 : f == MG_Q5_0 ? 6 : f == MG_Q5_1 ? 8 : 2;
+    const __m128i b0 = _mm_loadu_si128((const __m128i *)(p + at));
+    const __m256i v = two ? _mm256_inserti128_si256(_mm256_castsi128_si256(b0), _mm_loadu_si128((const __m128i *)(p + bytes + at)), 1)
+                          : _mm256_zextsi128_si256(b0);
+    __m512i u = _mm512_and_si512(_mm512_inserti64x4(_mm512_castsi256_si512(v), _mm256_srli_epi16(v, 4), 1), _mm512_set1_epi8(0x0f));
+    if (f == MG_Q5_0 || f == MG_Q5_1) {
+        uint32_t h0, h1 = 0;
+        memcpy(&h0, p + at - 4, 4);
+        if (two) memcpy(&h1, p + bytes + at - 4, 4);
+        const uint64_t m = (uint64_t)(h0 & 0xffff) | (uint64_t)(h1 & 0xffff) << 16 | (uint64_t)(h0 >> 16) << 32 | (uint64_t)(h1 >> 16) << 48;
+        u = _mm512_mask_add_epi8(u, m, u, _mm512_set1_epi8(0x10));
+        if (f == MG_Q5_0) u = _mm512_add_epi8(u, _mm512_set1_epi8(128 - 16)); /* q - 16 + 128 */
+    }
+    return u;
+}
+
+/* Both scales of blocks p and p + bytes times dx[0..1], spread to the lanes of their blocks:
+ * [f0 x 8 | f1 x 8] (Q8_0), [f0 x 4, f1 x 4, f0 x 4, f1 x 4] (the nibble formats): one vcvtph2ps,
+ * one vmulps and one vpermps (the same products wd * dx as the scalar twin). */
 INLINE __m512 scales2(mg_format f, const uint8_t *p, size_t bytes, const float *dx) {
-    const __m512i spread01 = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi32(1), 1);
+    const __m512i spread01 = nibble_format(f) ? _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1, 1)
+                                              : _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi32(1), 1);
     __m128 s2;
     if (f == MG_MXFP4) {
         s2 = _mm_setr_ps(mg_ggml_e8m0_half(p[0]), mg_ggml_e8m0_half(p[bytes]), 0.0f, 0.0f);
@@ -418,22 +431,27 @@ INLINE void rows_32(const int R, mg_format f, const uint8_t *p, size_t rb, int64
 #pragma GCC unroll 4
         for (int r = 0; r < R; r++) {
             const uint8_t *b = p + r * rb;
-            __m512i u = join(ucodes32(f, b), ucodes32(f, b + bytes));
-            u = lut ? _mm512_shuffle_epi8(tbl, u) : f == MG_Q8_0 ? _mm512_xor_si512(u, k80) : u;
+            __m512i u = f == MG_Q8_0 ? _mm512_xor_si512(join(_mm256_loadu_si256((const __m256i *)(b + 2)),
+                                                              _mm256_loadu_si256((const __m256i *)(b + bytes + 2))), k80)
+                                     : nibbles2(f, b, bytes, 1);
+            if (lut) u = _mm512_shuffle_epi8(tbl, u);
             acc[r] = fma_i32(scales2(f, b, bytes, dx), _mm512_dpbusd_epi32(o, u, xv), acc[r]);
-            if (with_min) acc[r] = _mm512_mask_add_ps(acc[r], 0x0101, acc[r], scales2(MG_Q4_0, b + 2, bytes, sx));
+            if (with_min) acc[r] = _mm512_mask_add_ps(acc[r], 0x0011, acc[r], scales2(f, b + 2, bytes, sx)); /* lanes 0, 4: the two blocks */
         }
     }
     if (i < nb) { /* the odd last block: codes (and so products) of the upper half zero */
-        const __m512i xv = _mm512_maskz_loadu_epi8(0xffffffffull, q);
+        /* the nibble formats' x: prepared as 64 bytes, the zeros included (prep_32) */
+        const __m512i xv = _mm512_maskz_loadu_epi8(nibble_format(f) ? ~0ull : 0xffffffffull, q);
         const __m512i o = with_min ? _mm512_setzero_si512() : _mm512_load_si512((const void *)off);
         for (int r = 0; r < R; r++) {
             const uint8_t *b = p + r * rb;
-            __m512i u = _mm512_castsi256_si512(ucodes32(f, b));
-            u = lut ? _mm512_shuffle_epi8(tbl, u) : f == MG_Q8_0 ? _mm512_xor_si512(u, k80) : u;
-            u = _mm512_maskz_mov_epi8(0xffffffffull, u);
-            const float s0 = f == MG_MXFP4 ? mg_ggml_e8m0_half(b[0]) : f16_at(b);
-            acc[r] = fma_i32(pair(s0 * dx[0], 0.0f), _mm512_dpbusd_epi32(o, u, xv), acc[r]);
+            __m512i u = f == MG_Q8_0 ? _mm512_xor_si512(_mm512_zextsi256_si512(_mm256_loadu_si256((const __m256i *)(b + 2))), k80)
+                                     : nibbles2(f, b, bytes, 0);
+            if (lut) u = _mm512_shuffle_epi8(tbl, u);
+            /* the lanes past the block: x's codes there are 0 (prep_32), so are their products */
+            const float s0 = (f == MG_MXFP4 ? mg_ggml_e8m0_half(b[0]) : f16_at(b)) * dx[0];
+            const __m512 f0 = nibble_format(f) ? _mm512_maskz_mov_ps(0x0f0f, _mm512_set1_ps(s0)) : pair(s0, 0.0f);
+            acc[r] = fma_i32(f0, _mm512_dpbusd_epi32(o, u, xv), acc[r]);
             if (with_min) acc[r] = _mm512_mask_add_ps(acc[r], 0x0001, acc[r], _mm512_set1_ps(f16_at(b + 2) * sx[0]));
         }
     }
@@ -513,7 +531,7 @@ static void prep(mg_format f, const int8_t *q, const float *dx, const float *sx,
     else if (f == MG_Q2_K || f == MG_Q3_K)
         prep_k23(q, dx, kc, f == MG_Q3_K, x);
     else
-        prep_32(q, dx, sx, kc, x);
+        prep_32(f, q, dx, sx, kc, x);
 }
 
 /* Per token and column pass, x prepared once; then the rows four at a time (the last 0-3 one
