@@ -46,7 +46,7 @@ INLINE void rows_32(const int R, mg_format f, const uint8_t *const *p, const flo
     const int with_min = f == MG_Q4_1 || f == MG_Q5_1;
     const __m512 tbl = table_f32(f == MG_Q4_0 ? Q4_0_VALUES : f == MG_Q5_0 ? Q5_0_VALUES : with_min ? U4_VALUES : MG_IQ4NL_VALUES);
     const size_t bytes = f == MG_Q8_0 ? 34 : f == MG_Q5_0 ? 22 : f == MG_Q4_1 ? 20 : f == MG_Q5_1 ? 24 : 18;
-    const size_t codes = f == MG_Q8_0 || f == MG_Q4_0 || f == MG_IQ4_NL ? 2 : f == MG_Q4_1 ? 4 : f == MG_Q5_0 ? 6 : 8;
+    const size_t qs = f == MG_Q8_0 || f == MG_Q4_0 || f == MG_IQ4_NL ? 2 : f == MG_Q4_1 ? 4 : f == MG_Q5_0 ? 6 : 8; /* the codes */
     const __m512i offsets = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
                                                _mm512_set1_epi32((int)bytes));
     float scales[4][16] __attribute__((aligned(64))), mins[4][16] __attribute__((aligned(64)));
@@ -67,10 +67,10 @@ INLINE void rows_32(const int R, mg_format f, const uint8_t *const *p, const flo
                 lo = _mm512_cvtepi32_ps(i8x16(b + 2)), hi = _mm512_cvtepi32_ps(i8x16(b + 18));
             } else if (f == MG_Q5_0 || f == MG_Q5_1) {
                 uint32_t qh;
-                memcpy(&qh, b + codes - 4, 4);
-                nibble5_values(b + codes, qh, tbl, &lo, &hi);
+                memcpy(&qh, b + qs - 4, 4);
+                nibble5_values(b + qs, qh, tbl, &lo, &hi);
             } else {
-                nibble_values(b + codes, tbl, &lo, &hi);
+                nibble_values(b + qs, tbl, &lo, &hi);
             }
             const __m512 part = dot32(lo, hi, x0, x1), d = _mm512_set1_ps(scales[j][i & 15]);
             if (i & 1)
