@@ -341,7 +341,7 @@ INLINE void rows_k23(const int R, const uint8_t *p, size_t rb, int64_t nb, const
  * part 128 * sum x is taken off by starting each sum at -128 * (sum of the 4 codes of x),
  * prepared once per token: one xor (or nothing) instead of the sign trick's three operations
  * per 64 weights.  Exact: (w + 128) x - 128 x = w x, |lane| < 2^17.  Q4_1 and Q5_1's codes are
- * unsigned already (sums start at 0); their mins m * sx go into lanes 0 and 8 only, once per
+ * unsigned already (sums start at 0); their mins m * sx go into one lane of each block only, once per
  * block (a masked add). */
 
 /* Whether two blocks of format f go into a zmm as nibble halves (nibbles2): every 32-element
