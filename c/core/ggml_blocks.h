@@ -108,6 +108,18 @@ static inline void mg_ggml_k4_scales_mins(const uint8_t *s, uint8_t sc[8], uint8
     memcpy(mn, &mn_lo, 4), memcpy(mn + 4, &mn_hi, 4);
 }
 
+/* Where the codes of a block of 32 start (the bytes of Q8_0, the 16 nibble bytes of the others):
+ * after the f16 d (MXFP4: the e8m0 byte), Q4_1 / Q5_1's f16 min and Q5_0 / Q5_1's u32 qh. */
+static inline size_t mg_ggml_qs_at(mg_format f) {
+    switch (f) {
+    case MG_MXFP4: return 1;
+    case MG_Q4_1: return 4;
+    case MG_Q5_0: return 6;
+    case MG_Q5_1: return 8;
+    default: return 2; /* Q8_0, Q4_0, IQ4_NL */
+    }
+}
+
 /* Q8_0 (34 bytes): f16 d, int8 q[32]; d * q. */
 static inline void mg_ggml_block_q8_0(const uint8_t *b, float *out) {
     const float d = mg_ggml_f16_at(b);

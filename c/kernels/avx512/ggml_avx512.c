@@ -44,9 +44,9 @@ INLINE void block_scales16(const uint8_t *b, __m512i offsets, int n, float *s, f
 INLINE void rows_32(const int R, mg_format f, const uint8_t *const *p, const float *x, int64_t nb, size_t ahead,
                     float *out) {
     const int with_min = f == MG_Q4_1 || f == MG_Q5_1;
-    const __m512 tbl = table_f32(f == MG_Q4_0 ? Q4_0_VALUES : f == MG_Q5_0 ? Q5_0_VALUES : with_min ? U4_VALUES : MG_IQ4NL_VALUES);
+    const __m512 tbl = nibble_table(f);
     const size_t bytes = f == MG_Q8_0 ? 34 : f == MG_Q5_0 ? 22 : f == MG_Q4_1 ? 20 : f == MG_Q5_1 ? 24 : 18;
-    const size_t qs = f == MG_Q8_0 || f == MG_Q4_0 || f == MG_IQ4_NL ? 2 : f == MG_Q4_1 ? 4 : f == MG_Q5_0 ? 6 : 8; /* the codes */
+    const size_t qs = mg_ggml_qs_at(f);
     const __m512i offsets = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
                                                _mm512_set1_epi32((int)bytes));
     float scales[4][16] __attribute__((aligned(64))), mins[4][16] __attribute__((aligned(64)));

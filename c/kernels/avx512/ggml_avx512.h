@@ -44,12 +44,19 @@ INLINE void nibble5_values(const uint8_t *q, uint32_t qh, __m512 tbl, __m512 *lo
     *hi = _mm512_mask_add_ps(*hi, (__mmask16)(qh >> 16), *hi, k16);
 }
 
-/* Q5_0 block b's values code - 16 (elements 0-15, 16-31). */
+/* Q5_0's values of the low 4 bits (code - 16; nibble5_values adds the fifth bit's 16). */
 static const int8_t Q5_0_VALUES[16] = {-16, -15, -14, -13, -12, -11, -10, -9, -8, -7, -6, -5, -4, -3, -2, -1};
-INLINE void q5_0_values(const uint8_t *b, __m512 *lo, __m512 *hi) {
-    uint32_t qh;
-    memcpy(&qh, b + 2, 4);
-    nibble5_values(b + 6, qh, table_f32(Q5_0_VALUES), lo, hi);
+
+/* The value table of a nibble format's codes, as nibble_values and nibble5_values read it. */
+INLINE __m512 nibble_table(mg_format f) {
+    switch (f) {
+    case MG_Q4_0: return table_f32(Q4_0_VALUES);
+    case MG_Q5_0: return table_f32(Q5_0_VALUES);
+    case MG_Q4_1:
+    case MG_Q5_1: return table_f32(U4_VALUES);
+    case MG_MXFP4: return table_f32(MG_MXFP4_VALUES2);
+    default: return table_f32(MG_IQ4NL_VALUES); /* IQ4_NL, IQ4_XS */
+    }
 }
 
 /* Q5_K's codes of chunk c: v the chunk's 16 code bytes k (widened), qh the 16 qh bytes k; byte

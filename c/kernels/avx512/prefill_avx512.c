@@ -96,28 +96,34 @@ INLINE void block_iq4_xs(const uint8_t *p, __m512 tbl, float *out) {
         nibbles_table(p + 8 + 16 * j, tbl, _mm512_set1_ps(d * (float)(s - 32)), out + 32 * j);
     }
 }
-/* Q5_0: d * (q - 16). */
-INLINE void block_q5_0(const uint8_t *p, float *out) {
-    const __m512 d = _mm512_set1_ps(f16_at(p));
+/* A block of 32 of the nibble formats (Q4_0, IQ4_NL, MXFP4, Q5_0, Q4_1, Q5_1): d * value (Q4_1,
+ * Q5_1: + m, one FMA), the values through tbl (nibble_table) with Q5's fifth bits; d * value is
+ * exact, so one rounding, the scalar decoder's bits. */
+INLINE void block_32(mg_format f, const uint8_t *b, __m512 tbl, float *out) {
+    const size_t qs = mg_ggml_qs_at(f);
+    const __m512 d = _mm512_set1_ps(f == MG_MXFP4 ? MG_E8M0_HALF[b[0]] : f16_at(b));
     __m512 lo, hi;
-    q5_0_values(p, &lo, &hi);
-    _mm512_store_ps(out, _mm512_mul_ps(lo, d));
-    _mm512_store_ps(out + 16, _mm512_mul_ps(hi, d));
-}
-
-/* Q4_1 (q5 = 0) and Q5_1: d * q + m, one FMA (d * q exact). */
-INLINE void block_q4_1_q5_1(const uint8_t *p, int q5, float *out) {
-    const __m512 d = _mm512_set1_ps(f16_at(p)), m = _mm512_set1_ps(f16_at(p + 2)), tbl = table_f32(U4_VALUES);
-    __m512 lo, hi;
-    if (q5) {
+    if (f == MG_Q5_0 || f == MG_Q5_1) {
         uint32_t qh;
-        memcpy(&qh, p + 4, 4);
-        nibble5_values(p + 8, qh, tbl, &lo, &hi);
+        memcpy(&qh, b + qs - 4, 4);
+        nibble5_values(b + qs, qh, tbl, &lo, &hi);
     } else {
-        nibble_values(p + 4, tbl, &lo, &hi);
+        nibble_values(b + qs, tbl, &lo, &hi);
     }
-    _mm512_store_ps(out, _mm512_fmadd_ps(lo, d, m));
-    _mm512_store_ps(out + 16, _mm512_fmadd_ps(hi, d, m));
+    if (f == MG_Q4_1 || f == MG_Q5_1) {
+        const __m512 m = _mm512_set1_ps(f16_at(b + 2));
+        _mm512_store_ps(out, _mm512_fmadd_ps(lo, d, m));
+        _mm512_store_ps(out + 16, _mm512_fmadd_ps(hi, d, m));
+    } else {
+        _mm512_store_ps(out, _mm512_mul_ps(lo, d));
+        _mm512_store_ps(out + 16, _mm512_mul_ps(hi, d));
+    }
+}
+/* The n / 32 blocks of 32 of one piece of a row at p. */
+INLINE void blocks_32(mg_format f, const uint8_t *p, int64_t n, __m512 tbl, float *out) {
+    int64_t e, bytes;
+    mg_format_block(f, &e, &bytes);
+    for (int64_t j = 0; j < n; j += 32) block_32(f, p + (size_t)(j / 32 * bytes), tbl, out + j);
 }
 /* Q2_K: element 128h + 32s + l is bits 2s, 2s + 1 of qs[32h + l]; (d * sc) * q - dmin * m in one
  * FMA (the product exact), sub-block 8h + 2s + k for l in 16k .. 16k + 15. */
@@ -183,36 +189,22 @@ INLINE int tile_ggml_takes(mg_format f) {
 /* One 256-column piece (n columns, 32-element formats: a multiple of 32) of one row at p, for the
  * formats tile_ggml does not build straight into the tile (Q4_K, Q6_K). */
 INLINE void block_any(mg_format f, const uint8_t *p, int64_t n, float *out) {
-    const __m512 tbl = table_f32(f == MG_Q4_0 ? Q4_0_VALUES : f == MG_MXFP4 ? MG_MXFP4_VALUES2 : MG_IQ4NL_VALUES);
+    const __m512 tbl = nibble_table(f);
     switch (f) {
     case MG_Q5_K: block_q5_k(p, out); break;
     case MG_IQ4_XS: block_iq4_xs(p, tbl, out); break;
     case MG_Q2_K: block_q2_k(p, out); break;
     case MG_Q3_K: block_q3_k(p, out); break;
-    case MG_Q4_1:
-        for (int64_t j = 0; j < n; j += 32) block_q4_1_q5_1(p + (size_t)(j / 32 * 20), 0, out + j);
-        break;
-    case MG_Q5_1:
-        for (int64_t j = 0; j < n; j += 32) block_q4_1_q5_1(p + (size_t)(j / 32 * 24), 1, out + j);
-        break;
     case MG_Q8_0:
         for (int64_t j = 0; j < n; j += 32) block_q8_0(p + (size_t)(j / 32 * 34), out + j);
         break;
-    case MG_Q5_0:
-        for (int64_t j = 0; j < n; j += 32) block_q5_0(p + (size_t)(j / 32 * 22), out + j);
-        break;
-    case MG_MXFP4:
-        for (int64_t j = 0; j < n; j += 32) {
-            const uint8_t *b = p + (size_t)(j / 32 * 17);
-            nibbles_table(b + 1, tbl, _mm512_set1_ps(MG_E8M0_HALF[b[0]]), out + j);
-        }
-        break;
-    default: /* Q4_0, IQ4_NL */
-        for (int64_t j = 0; j < n; j += 32) {
-            const uint8_t *b = p + (size_t)(j / 32 * 18);
-            nibbles_table(b + 2, tbl, _mm512_set1_ps(f16_at(b)), out + j);
-        }
-        break;
+    /* the format a constant in each call, so each loop is that format's */
+    case MG_Q4_0: blocks_32(MG_Q4_0, p, n, tbl, out); break;
+    case MG_Q5_0: blocks_32(MG_Q5_0, p, n, tbl, out); break;
+    case MG_Q4_1: blocks_32(MG_Q4_1, p, n, tbl, out); break;
+    case MG_Q5_1: blocks_32(MG_Q5_1, p, n, tbl, out); break;
+    case MG_MXFP4: blocks_32(MG_MXFP4, p, n, tbl, out); break;
+    default: blocks_32(MG_IQ4_NL, p, n, tbl, out); break;
     }
 }
 

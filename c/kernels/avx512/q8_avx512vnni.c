@@ -371,7 +371,7 @@ static void prep_32(mg_format f, const int8_t *q, const float *dx, const float *
  * took a shift and an insert per block.  Q5_0 / Q5_1's fifth bits: one 64-bit mask of the two
  * qh words in that order, one masked add. */
 INLINE __m512i nibbles2(mg_format f, const uint8_t *p, size_t bytes, int two) {
-    const size_t at = f == MG_MXFP4 ? 1 : f == MG_Q4_1 ? 4 : f == MG_Q5_0 ? 6 : f == MG_Q5_1 ? 8 : 2;
+    const size_t at = mg_ggml_qs_at(f);
     const __m128i b0 = _mm_loadu_si128((const __m128i *)(p + at));
     const __m256i v = two ? _mm256_inserti128_si256(_mm256_castsi128_si256(b0), _mm_loadu_si128((const __m128i *)(p + bytes + at)), 1)
                           : _mm256_zextsi128_si256(b0);
