@@ -95,6 +95,11 @@ INLINE __m256 bytes_times(const uint8_t b[8], float v) {
                          _mm256_set1_ps(v));
 }
 
+/* The halves of a block (g or h: the 128 elements of one 64-byte code vector) fully unrolled:
+ * each shift and factor lane map is then a constant, and gcc, left to itself, kept some of these
+ * loops rolled (Q4_K and Q5_K 1.06-1.12x, Q6_K 1.05x in L2 unrolled, docs/KERNELS.md). */
+#define UNROLL2 _Pragma("GCC unroll 2")
+
 /* Prefetch of the bytes of one row's block `ahead` on (a later group of rows, rows_ahead). */
 INLINE void prefetch_block(const uint8_t *b, size_t bytes, size_t ahead) {
     for (size_t l = 0; l < bytes; l += 64) _mm_prefetch((const char *)b + ahead + l, MG_AVX512_PREFETCH_HINT);
@@ -176,7 +181,7 @@ INLINE void rows_k4(const int R, const uint8_t *const *p, const float *xp, const
             ds[j] = _mm512_castps256_ps512(bytes_times(sc, f16_at(b)));
             accm[j] = _mm256_fmadd_ps(bytes_times(mn, f16_at(b + 2)), _mm256_loadu_ps(xs), accm[j]);
         }
-        for (int g = 0; g < 2; g++) {
+        UNROLL2 for (int g = 0; g < 2; g++) {
             __m512 xv[8];
             for (int v = 0; v < 8; v++) xv[v] = _mm512_loadu_ps(xp + 128 * g + 16 * v);
             for (int j = 0; j < R; j++) {
@@ -241,7 +246,7 @@ INLINE void rows_iq4_xs(const int R, const uint8_t *const *p, const float *xp, i
             ds[r] = _mm512_castps256_ps512(_mm256_mul_ps(_mm256_set1_ps(f16_at(b)),
                                                          _mm256_cvtepi32_ps(_mm256_sub_epi32(sc, _mm256_set1_epi32(32)))));
         }
-        for (int g = 0; g < 2; g++) {
+        UNROLL2 for (int g = 0; g < 2; g++) {
             __m512 xv[8];
             for (int v = 0; v < 8; v++) xv[v] = _mm512_loadu_ps(xp + 128 * g + 16 * v);
             for (int r = 0; r < R; r++) {
@@ -279,8 +284,11 @@ INLINE void rows_iq4_xs(const int R, const uint8_t *const *p, const float *xp, i
  * conversions and four subtractions per 64 weights), 1.6x the weight GB/s in L2 and 1.3x from
  * memory on a Sapphire Rapids-class core (docs/KERNELS.md). */
 INLINE void rows_q6_k(const int R, const uint8_t *const *p, const float *xp, int64_t nb, size_t ahead, float *out) {
-    const __m512i nibbles = _mm512_set1_epi32(0x0f0f0f0f), low6 = _mm512_set1_epi32(63), two23 = _mm512_set1_epi32(0x4b000000);
-    const __m512 bias = _mm512_set1_ps(8388608.0f + 32.0f);
+    const __m512i nibbles = _mm512_set1_epi32(0x0f0f0f0f);
+    /* for k = 0, 1, 2: bits 8k..8k+5, the exponent of 2^(23 - 8k), and 2^(23 - 8k) + 32 */
+    const __m512i low6[3] = {_mm512_set1_epi32(63), _mm512_set1_epi32(63 << 8), _mm512_set1_epi32(63 << 16)},
+                  exponent[3] = {_mm512_set1_epi32(150 << 23), _mm512_set1_epi32(142 << 23), _mm512_set1_epi32(134 << 23)};
+    const __m512 bias[3] = {_mm512_set1_ps(8388608.0f + 32.0f), _mm512_set1_ps(32768.0f + 32.0f), _mm512_set1_ps(128.0f + 32.0f)};
     __m512 acc0[4], acc1[4];
     for (int j = 0; j < R; j++) acc0[j] = acc1[j] = _mm512_setzero_ps();
     for (int64_t i = 0; i < nb; i++, xp += 256) {
@@ -290,7 +298,7 @@ INLINE void rows_q6_k(const int R, const uint8_t *const *p, const float *xp, int
             prefetch_block(b, 210, ahead);
             ds[j] = _mm512_mul_ps(_mm512_set1_ps(f16_at(b + 208)), _mm512_cvtepi32_ps(i8x16(b + 192)));
         }
-        for (int h = 0; h < 2; h++) {
+        UNROLL2 for (int h = 0; h < 2; h++) {
             __m512 xv[8];
             for (int v = 0; v < 8; v++) xv[v] = _mm512_loadu_ps(xp + 128 * h + 16 * v);
             for (int j = 0; j < R; j++) {
@@ -304,9 +312,14 @@ INLINE void rows_q6_k(const int R, const uint8_t *const *p, const float *xp, int
                 for (int n = 0; n < 2; n++) {
                     __m512 part = _mm512_setzero_ps();
                     for (int k = 0; k < 4; k++) {
-                        const __m512i c = k ? _mm512_srli_epi32(codes[n], 8 * k) : codes[n];
-                        /* byte k's bits 0-5 under 2^23's exponent, minus 2^23 + 32 */
-                        const __m512 v = _mm512_sub_ps(_mm512_castsi512_ps(_mm512_ternarylogic_epi32(c, low6, two23, 0xea)), bias);
+                        /* byte k's 6 bits where they are (bits 8k..8k+5, inside the mantissa for
+                         * k < 3) under the exponent of 2^(23 - 8k): the float 2^(23 - 8k) + code,
+                         * minus 2^(23 - 8k) + 32; byte 3 shifted down first, as its bits overlap
+                         * the exponent */
+                        const int at = k < 3 ? k : 0;
+                        const __m512i c = k < 3 ? codes[n] : _mm512_srli_epi32(codes[n], 24);
+                        const __m512 v = _mm512_sub_ps(
+                            _mm512_castsi512_ps(_mm512_ternarylogic_epi32(c, low6[at], exponent[at], 0xea)), bias[at]);
                         part = k ? _mm512_fmadd_ps(v, xv[4 * n + k], part) : _mm512_mul_ps(v, xv[4 * n]);
                     }
                     const __m512 f = lane_factors(ds[j], RUNS_OF_4, 8 * h + 4 * n);
@@ -356,7 +369,7 @@ INLINE void rows_q2_k(const int R, const uint8_t *const *p, const float *xp, con
             const __m512 m = _mm512_mul_ps(_mm512_set1_ps(f16_at(b + 82)), _mm512_cvtepi32_ps(_mm512_srli_epi32(sc, 4)));
             accm[j] = _mm512_fmadd_ps(m, _mm512_loadu_ps(xs), accm[j]);
         }
-        for (int g = 0; g < 2; g++) { /* s = 2g, 2g + 1 */
+        UNROLL2 for (int g = 0; g < 2; g++) { /* s = 2g, 2g + 1 */
             __m512 xv[8];
             for (int v = 0; v < 8; v++) xv[v] = _mm512_loadu_ps(xp + 128 * g + 16 * v);
             for (int j = 0; j < R; j++) {
@@ -386,7 +399,7 @@ INLINE void rows_q3_k(const int R, const uint8_t *const *p, const float *xp, int
             prefetch_block(b, 110, ahead);
             ds[j] = _mm512_mul_ps(_mm512_set1_ps(f16_at(b + 108)), _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q3_k_scales(b + 96))));
         }
-        for (int g = 0; g < 2; g++) { /* s = 2g, 2g + 1 */
+        UNROLL2 for (int g = 0; g < 2; g++) { /* s = 2g, 2g + 1 */
             __m512 xv[8];
             for (int v = 0; v < 8; v++) xv[v] = _mm512_loadu_ps(xp + 128 * g + 16 * v);
             for (int j = 0; j < R; j++) {
