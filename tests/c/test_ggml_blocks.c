@@ -108,13 +108,15 @@ static void unmake(bmat *b) { free(b->data), free(b->dense); }
 
 #define SENTINEL 1234.5f
 
-/* 1. One matrix, one table, n_tok tokens, rows [r0, r1), strides cols + 3 and rows + 5. */
-static void case_linear(const mg_kernels *k, const bmat *b, int64_t n_tok, int64_t r0, int64_t r1) {
+/* 1. One matrix, one table, n_tok tokens, rows [r0, r1), strides cols + 3 and rows + 5; x random
+ * in (-1, 1) times xmul.  A tiny xmul (2^-118) makes the AVX2 decoders that scale x by up to
+ * 2^-24 (lane order) take their other loops: scaled, such x would be fp32 denormals. */
+static void case_linear_x(const mg_kernels *k, const bmat *b, int64_t n_tok, int64_t r0, int64_t r1, float xmul) {
     const int64_t rows = b->m.rows, cols = b->m.cols, xs = cols + 3, ys = rows + 5;
     float *x = malloc((size_t)(n_tok * xs) * sizeof(float));
     float *y = malloc((size_t)(n_tok * ys) * sizeof(float));
     float *y_ref = malloc((size_t)(n_tok * ys) * sizeof(float));
-    for (int64_t i = 0; i < n_tok * xs; i++) x[i] = rnd_sym();
+    for (int64_t i = 0; i < n_tok * xs; i++) x[i] = rnd_sym() * xmul;
     for (int64_t i = 0; i < n_tok * ys; i++) y[i] = y_ref[i] = SENTINEL;
     k->linear[b->m.format](&b->m, x, xs, n_tok, y, ys, r0, r1);
     mg_kernels_scalar()->linear[b->m.format](&b->m, x, xs, n_tok, y_ref, ys, r0, r1);
@@ -133,13 +135,16 @@ static void case_linear(const mg_kernels *k, const bmat *b, int64_t n_tok, int64
                 exact += p, mag += fabs(p);
             }
             const double err = fmax(fabs(got - exact), fabs(got - (double)y_ref[t * ys + r]));
-            if (!(err <= 1e-5 * mag + 1e-30)) bad++, worst = fmax(worst, err / (mag + 1e-30));
+            if (!(err <= 1e-5 * mag + 1e-30 * xmul)) bad++, worst = fmax(worst, err / (mag + 1e-30 * xmul));
         }
     }
-    CHECK(!bad && untouched, "%s %s %ldx%ld n_tok=%ld rows [%ld, %ld): %d outputs off (worst err/mag %.3g), untouched %d",
-          k->name, mg_format_name(b->m.format), (long)rows, (long)cols, (long)n_tok, (long)r0, (long)r1, bad, worst,
-          untouched);
+    CHECK(!bad && untouched, "%s %s %ldx%ld n_tok=%ld rows [%ld, %ld) x * %g: %d outputs off (worst err/mag %.3g), untouched %d",
+          k->name, mg_format_name(b->m.format), (long)rows, (long)cols, (long)n_tok, (long)r0, (long)r1, (double)xmul, bad,
+          worst, untouched);
     free(x), free(y), free(y_ref);
+}
+static void case_linear(const mg_kernels *k, const bmat *b, int64_t n_tok, int64_t r0, int64_t r1) {
+    case_linear_x(k, b, n_tok, r0, r1, 1.0f);
 }
 
 /* 2. x = e_c: every output is one weight, exactly (decode with one token per column, prefill
@@ -245,6 +250,7 @@ int main(void) {
                         case_linear(tables[k], &b, toks[ti], 0, b.m.rows);
                         if (b.m.rows >= 3) case_linear(tables[k], &b, toks[ti], 1, b.m.rows - 1);
                     }
+                    case_linear_x(tables[k], &b, 1, 0, b.m.rows, 0x1p-118f);
                 }
                 /* exactness for every table, the scalar one included (its decoder vs itself) */
                 if (b.m.cols <= 1408)

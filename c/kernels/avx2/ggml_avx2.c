@@ -422,6 +422,117 @@ static float row_dot_iq4_xs(const uint8_t *p, int64_t nb, const float *x, const 
     return hsum8(_mm256_add_ps(acc0, acc1));
 }
 
+/* ---- Q4_K and Q6_K with the codes left in place (lane order) ------------------------------ */
+
+/* A 32-byte vector of codes (a Q4_K chunk's qs, a Q6_K group from q6_k_codes) taken as 8 dword
+ * lanes: byte k of lane j holds the code of element 4j + k of its 32.  A mask leaves that code
+ * where it is, its value times 2^(8k) (a Q4_K high nibble: 2^(8k + 4)), and vcvtdq2ps makes it
+ * fp32 exactly, so x's element 4j + k is stored in lane j of vector k times 2^-(8k) (2^-(8k + 4)),
+ * a power of two (lane_order_x, once per call).  Per 8 codes that is a mask, a conversion and an
+ * FMA, where the loops above widen bytes to dwords with a shuffle per 8 codes and shift the high
+ * nibbles: on a Golden Cove core (Alder Lake's performance core), Q4_K ... GB/s in L2
+ * (docs/KERNELS.md).  A Q4_K high nibble of byte 3 (times 2^28, not a signed dword) is shifted
+ * down instead, its x not scaled. */
+
+/* The scales of x's vectors k = 0..3 for a 32 whose codes sit at bit 8k + nib. */
+INLINE __m128 lane_scales(int nib) {
+    return nib ? _mm_setr_ps(0x1p-4f, 0x1p-12f, 0x1p-20f, 1.0f) : _mm_setr_ps(1.0f, 0x1p-8f, 0x1p-16f, 0x1p-24f);
+}
+
+/* out[8k + j] = x[4j + k] * sc[k] for one 32 of x: the 4 x 8 transpose of its four vectors. */
+INLINE void lane_order32(const float *x, __m128 sc, float *out) {
+    const __m256 a0 = _mm256_loadu_ps(x), a1 = _mm256_loadu_ps(x + 8), a2 = _mm256_loadu_ps(x + 16), a3 = _mm256_loadu_ps(x + 24);
+    const __m256 b0 = _mm256_permute2f128_ps(a0, a2, 0x20), b1 = _mm256_permute2f128_ps(a0, a2, 0x31), /* x0-3 | x16-19, x4-7 | x20-23 */
+        b2 = _mm256_permute2f128_ps(a1, a3, 0x20), b3 = _mm256_permute2f128_ps(a1, a3, 0x31);
+    const __m256 t0 = _mm256_unpacklo_ps(b0, b1), t1 = _mm256_unpackhi_ps(b0, b1), t2 = _mm256_unpacklo_ps(b2, b3),
+                 t3 = _mm256_unpackhi_ps(b2, b3);
+    const __m256 s = _mm256_castps128_ps256(sc);
+    _mm256_storeu_ps(out, _mm256_mul_ps(_mm256_shuffle_ps(t0, t2, 0x44), _mm256_permute_ps(_mm256_permute2f128_ps(s, s, 0), 0x00)));
+    _mm256_storeu_ps(out + 8, _mm256_mul_ps(_mm256_shuffle_ps(t0, t2, 0xee), _mm256_permute_ps(_mm256_permute2f128_ps(s, s, 0), 0x55)));
+    _mm256_storeu_ps(out + 16, _mm256_mul_ps(_mm256_shuffle_ps(t1, t3, 0x44), _mm256_permute_ps(_mm256_permute2f128_ps(s, s, 0), 0xaa)));
+    _mm256_storeu_ps(out + 24, _mm256_mul_ps(_mm256_shuffle_ps(t1, t3, 0xee), _mm256_permute_ps(_mm256_permute2f128_ps(s, s, 0), 0xff)));
+}
+
+/* x's cols (a multiple of 256) in lane order into xq: Q4_K (k4: the 32s alternate low and high
+ * nibbles) or Q6_K.  0 when some x is non-zero below 2^-102 in magnitude, which the scaling by
+ * up to 2^-24 would make an fp32 denormal (inexact, and a microcode assist per multiply on
+ * Intel cores): the caller then takes the loops above. */
+INLINE int lane_order_x(const float *x, int64_t cols, int k4, float *xq) {
+    const __m256 tiny = _mm256_set1_ps(0x1p-102f), sign = _mm256_set1_ps(-0.0f);
+    __m256 bad = _mm256_setzero_ps();
+    for (int64_t g = 0; g < cols; g += 32) {
+        for (int v = 0; v < 32; v += 8) {
+            const __m256 a = _mm256_loadu_ps(x + g + v), m = _mm256_andnot_ps(sign, a);
+            bad = _mm256_or_ps(bad, _mm256_and_ps(_mm256_cmp_ps(m, tiny, _CMP_LT_OQ), _mm256_cmp_ps(m, _mm256_setzero_ps(), _CMP_NEQ_OQ)));
+        }
+        lane_order32(x + g, lane_scales(k4 && (g & 32)), xq + g);
+    }
+    return _mm256_movemask_ps(bad) == 0;
+}
+
+/* Q4_K in lane order (see above): chunk c's 32 bytes, the low nibbles sub-block 2c, the high
+ * 2c + 1; the mins as in row_dot_k4. */
+static float row_dot_q4_k_lanes(const uint8_t *p, int64_t nb, const float *xq, const float *xs) {
+    __m256i m[8];
+    for (int t = 0; t < 8; t++) m[t] = _mm256_set1_epi32((int)(0xfu << (8 * (t & 3) + 4 * (t >> 2))));
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps(), accm = _mm256_setzero_ps();
+    for (int64_t i = 0; i < nb; i++, p += 144, xq += 256, xs += 8) {
+        uint8_t sc[8], mn[8];
+        float ds[8] __attribute__((aligned(32)));
+        mg_avx2_prefetch_ahead(p, 144);
+        mg_ggml_k4_scales_mins(p + 4, sc, mn);
+        _mm256_store_ps(ds, bytes_times(sc, f16_at(p)));
+        accm = _mm256_fmadd_ps(bytes_times(mn, f16_at(p + 2)), _mm256_loadu_ps(xs), accm);
+        for (int c = 0; c < 4; c++) {
+            const __m256i v = loadu256(p + 16 + 32 * c);
+            const float *xc = xq + 64 * c;
+            __m256 lo = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_and_si256(v, m[0])), _mm256_loadu_ps(xc));
+            __m256 hi = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_and_si256(v, m[4])), _mm256_loadu_ps(xc + 32));
+            for (int k = 1; k < 4; k++) {
+                lo = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_and_si256(v, m[k])), _mm256_loadu_ps(xc + 8 * k), lo);
+                const __m256i h = k < 3 ? _mm256_and_si256(v, m[4 + k]) : _mm256_srli_epi32(v, 28);
+                hi = _mm256_fmadd_ps(_mm256_cvtepi32_ps(h), _mm256_loadu_ps(xc + 32 + 8 * k), hi);
+            }
+            acc0 = _mm256_fmadd_ps(_mm256_broadcast_ss(ds + 2 * c), lo, acc0);
+            acc1 = _mm256_fmadd_ps(_mm256_broadcast_ss(ds + 2 * c + 1), hi, acc1);
+        }
+    }
+    return hsum8(_mm256_sub_ps(_mm256_add_ps(acc0, acc1), accm));
+}
+
+/* Q6_K in lane order: the unsigned codes (0..63) of group g of half h, byte k of lane j element
+ * 4j + k of the group, lanes 0-3 sub-block 8h + 2g, lanes 4-7 the next; the codes' offset 32 goes
+ * through x's sums per 16 columns (xs): sum (q - 32) x = sum q x - 32 sum x per sub-block. */
+static float row_dot_q6_k_lanes(const uint8_t *p, int64_t nb, const float *xq, const float *xs) {
+    __m256i m[4];
+    for (int k = 0; k < 4; k++) m[k] = _mm256_set1_epi32((int)(0xffu << (8 * k)));
+    const __m256i pair[4] = {_mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1), _mm256_setr_epi32(2, 2, 2, 2, 3, 3, 3, 3),
+                             _mm256_setr_epi32(4, 4, 4, 4, 5, 5, 5, 5), _mm256_setr_epi32(6, 6, 6, 6, 7, 7, 7, 7)};
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps(), accm = _mm256_setzero_ps();
+    for (int64_t i = 0; i < nb; i++, p += 210, xq += 256, xs += 16) {
+        mg_avx2_prefetch_ahead(p, 210);
+        const __m256i s16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(p + 192)));
+        const __m256 d = _mm256_set1_ps(f16_at(p + 208));
+        const __m256 ds[2] = {_mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi16_epi32(_mm256_castsi256_si128(s16))), d),
+                              _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi16_epi32(_mm256_extracti128_si256(s16, 1))), d)};
+        accm = _mm256_fmadd_ps(ds[1], _mm256_loadu_ps(xs + 8), _mm256_fmadd_ps(ds[0], _mm256_loadu_ps(xs), accm));
+        for (int h = 0; h < 2; h++)
+            for (int g = 0; g < 4; g++) {
+                const __m256i v = q6_k_codes(p, h, g);
+                const float *xg = xq + 128 * h + 32 * g;
+                __m256 part = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_and_si256(v, m[0])), _mm256_loadu_ps(xg));
+                for (int k = 1; k < 4; k++)
+                    part = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_and_si256(v, m[k])), _mm256_loadu_ps(xg + 8 * k), part);
+                const __m256 f = _mm256_permutevar8x32_ps(ds[h], pair[g]);
+                if (g & 1)
+                    acc1 = _mm256_fmadd_ps(f, part, acc1);
+                else
+                    acc0 = _mm256_fmadd_ps(f, part, acc0);
+            }
+    }
+    return hsum8(_mm256_fnmadd_ps(_mm256_set1_ps(32.0f), accm, _mm256_add_ps(acc0, acc1)));
+}
+
 typedef mg_avx2_row_dot_fn row_dot_fn;
 
 static row_dot_fn *row_dot_of(mg_format f) {
@@ -448,6 +559,8 @@ int mg_avx2_ggml_takes(mg_format f) { return row_dot_of(f) != NULL; }
 /* Columns per pass: the sums of x per 16 columns of one pass fit a stack array (16 KiB).
  * Almost every matrix is one pass; wider rows add the passes' partial sums. */
 enum { GGML_PASS_COLS = 65536 };
+/* Columns per pass in lane order (x's copy in xq on the stack, 32 KiB). */
+enum { LANE_PASS_COLS = 8192 };
 
 /* The columns each sum of x in xs covers for format f: 32 for the mins of Q4_1, Q5_1, Q4_K and
  * Q5_K and IQ1_S's deltas; 16 for Q2_K's (sub-blocks of 16); 0: no mins. */
@@ -466,12 +579,17 @@ static int xs_group(mg_format f) {
 void mg_avx2_decode_ggml(const mg_matrix *w, const float *x, float *y, int64_t r0, int64_t r1) {
     int64_t e, bytes;
     mg_format_block(w->format, &e, &bytes);
-    row_dot_fn *dot = row_dot_of(w->format);
-    const int xg = xs_group(w->format);
+    const int lanes = w->format == MG_Q4_K || w->format == MG_Q6_K;
+    const int64_t pass = lanes ? LANE_PASS_COLS : GGML_PASS_COLS;
     const size_t rb = mg_matrix_row_bytes(w);
     float xs[GGML_PASS_COLS / 16] __attribute__((aligned(32)));
-    for (int64_t c0 = 0; c0 < w->cols; c0 += GGML_PASS_COLS) {
-        const int64_t kc = w->cols - c0 < GGML_PASS_COLS ? w->cols - c0 : GGML_PASS_COLS;
+    float xq[LANE_PASS_COLS] __attribute__((aligned(32)));
+    for (int64_t c0 = 0; c0 < w->cols; c0 += pass) {
+        const int64_t kc = w->cols - c0 < pass ? w->cols - c0 : pass;
+        const int in_lanes = lanes && lane_order_x(x + c0, kc, w->format == MG_Q4_K, xq);
+        row_dot_fn *dot = !in_lanes ? row_dot_of(w->format) : w->format == MG_Q4_K ? row_dot_q4_k_lanes : row_dot_q6_k_lanes;
+        const float *xr = in_lanes ? xq : x + c0;
+        const int xg = in_lanes && w->format == MG_Q6_K ? 16 : xs_group(w->format);
         for (int64_t g = 0; xg && g < kc / xg; g++) {
             const float *xp = x + c0 + xg * g;
             __m256 s = _mm256_add_ps(_mm256_loadu_ps(xp), _mm256_loadu_ps(xp + 8));
@@ -480,7 +598,7 @@ void mg_avx2_decode_ggml(const mg_matrix *w, const float *x, float *y, int64_t r
         }
         for (int64_t r = r0; r < r1; r++) {
             const uint8_t *p = (const uint8_t *)w->data + (size_t)r * rb + (size_t)(c0 / e * bytes);
-            const float part = dot(p, kc / e, x + c0, xs);
+            const float part = dot(p, kc / e, xr, xs);
             y[r] = c0 == 0 ? part : y[r] + part;
         }
     }
