@@ -430,9 +430,9 @@ static float row_dot_iq4_xs(const uint8_t *p, int64_t nb, const float *x, const 
  * fp32 exactly, so x's element 4j + k is stored in lane j of vector k times 2^-(8k) (2^-(8k + 4)),
  * a power of two (lane_order_x, once per call).  Per 8 codes that is a mask, a conversion and an
  * FMA, where the loops above widen bytes to dwords with a shuffle per 8 codes and shift the high
- * nibbles: on a Golden Cove core (Alder Lake's performance core), Q4_K ... GB/s in L2
- * (docs/KERNELS.md).  A Q4_K high nibble of byte 3 (times 2^28, not a signed dword) is shifted
- * down instead, its x not scaled. */
+ * nibbles: on a Golden Cove core (Alder Lake's performance core), one core in L2, Q6_K 1.15x,
+ * Q5_K 1.7x, Q4_K 1.05x the weight GB/s (docs/KERNELS.md).  A Q4_K high nibble of byte 3 (times
+ * 2^28, not a signed dword) is shifted down instead, its x not scaled. */
 
 /* The scales of x's vectors k = 0..3 for a 32 whose codes sit at bit 8k + nib. */
 INLINE __m128 lane_scales(int nib) {
@@ -454,7 +454,7 @@ INLINE void lane_order32(const float *x, __m128 sc, float *out) {
 }
 
 /* x's cols (a multiple of 256) in lane order into xq: Q4_K (k4: the 32s alternate low and high
- * nibbles) or Q6_K.  0 when some x is non-zero below 2^-102 in magnitude, which the scaling by
+ * nibbles) or Q5_K / Q6_K (codes assembled as bytes).  0 when some x is non-zero below 2^-102 in magnitude, which the scaling by
  * up to 2^-24 would make an fp32 denormal (inexact, and a microcode assist per multiply on
  * Intel cores): the caller then takes the loops above. */
 INLINE int lane_order_x(const float *x, int64_t cols, int k4, float *xq) {
@@ -495,6 +495,44 @@ static float row_dot_q4_k_lanes(const uint8_t *p, int64_t nb, const float *xq, c
             }
             acc0 = _mm256_fmadd_ps(_mm256_broadcast_ss(ds + 2 * c), lo, acc0);
             acc1 = _mm256_fmadd_ps(_mm256_broadcast_ss(ds + 2 * c + 1), hi, acc1);
+        }
+    }
+    return hsum8(_mm256_sub_ps(_mm256_add_ps(acc0, acc1), accm));
+}
+
+/* Q5_K in lane order: chunk c's 5-bit codes assembled as bytes first (the low nibbles with bit 2c
+ * of qh[l] as their fifth bit: sub-block 2c; the high nibbles with bit 2c + 1: 2c + 1), then
+ * each byte in place as Q6_K's; x in lane_order_x's Q6_K order (its 32s unscaled by nibble). */
+INLINE __m256i q5_k_fifth(__m256i qh, int bit) { /* bit `bit` of each byte of qh moved to bit 4 */
+    const __m256i b = bit < 4 ? _mm256_slli_epi16(qh, 4 - bit) : bit > 4 ? _mm256_srli_epi16(qh, bit - 4) : qh;
+    return _mm256_and_si256(b, _mm256_set1_epi8(0x10));
+}
+static float row_dot_q5_k_lanes(const uint8_t *p, int64_t nb, const float *xq, const float *xs) {
+    __m256i m[4];
+    for (int k = 0; k < 4; k++) m[k] = _mm256_set1_epi32((int)(0xffu << (8 * k)));
+    const __m256i m4 = _mm256_set1_epi8(0x0f);
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps(), accm = _mm256_setzero_ps();
+    for (int64_t i = 0; i < nb; i++, p += 176, xq += 256, xs += 8) {
+        uint8_t sc[8], mn[8];
+        float ds[8] __attribute__((aligned(32)));
+        mg_avx2_prefetch_ahead(p, 176);
+        mg_ggml_k4_scales_mins(p + 4, sc, mn);
+        _mm256_store_ps(ds, bytes_times(sc, f16_at(p)));
+        accm = _mm256_fmadd_ps(bytes_times(mn, f16_at(p + 2)), _mm256_loadu_ps(xs), accm);
+        const __m256i qh = loadu256(p + 16);
+        for (int c = 0; c < 4; c++) {
+            const __m256i v = loadu256(p + 48 + 32 * c);
+            const __m256i lo = _mm256_or_si256(_mm256_and_si256(v, m4), q5_k_fifth(qh, 2 * c)),
+                          hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v, 4), m4), q5_k_fifth(qh, 2 * c + 1));
+            const float *xc = xq + 64 * c;
+            __m256 a = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_and_si256(lo, m[0])), _mm256_loadu_ps(xc));
+            __m256 b = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_and_si256(hi, m[0])), _mm256_loadu_ps(xc + 32));
+            for (int k = 1; k < 4; k++) {
+                a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_and_si256(lo, m[k])), _mm256_loadu_ps(xc + 8 * k), a);
+                b = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_and_si256(hi, m[k])), _mm256_loadu_ps(xc + 32 + 8 * k), b);
+            }
+            acc0 = _mm256_fmadd_ps(_mm256_broadcast_ss(ds + 2 * c), a, acc0);
+            acc1 = _mm256_fmadd_ps(_mm256_broadcast_ss(ds + 2 * c + 1), b, acc1);
         }
     }
     return hsum8(_mm256_sub_ps(_mm256_add_ps(acc0, acc1), accm));
@@ -579,7 +617,7 @@ static int xs_group(mg_format f) {
 void mg_avx2_decode_ggml(const mg_matrix *w, const float *x, float *y, int64_t r0, int64_t r1) {
     int64_t e, bytes;
     mg_format_block(w->format, &e, &bytes);
-    const int lanes = w->format == MG_Q4_K || w->format == MG_Q6_K;
+    const int lanes = w->format == MG_Q4_K || w->format == MG_Q5_K || w->format == MG_Q6_K;
     const int64_t pass = lanes ? LANE_PASS_COLS : GGML_PASS_COLS;
     const size_t rb = mg_matrix_row_bytes(w);
     float xs[GGML_PASS_COLS / 16] __attribute__((aligned(32)));
@@ -587,7 +625,10 @@ void mg_avx2_decode_ggml(const mg_matrix *w, const float *x, float *y, int64_t r
     for (int64_t c0 = 0; c0 < w->cols; c0 += pass) {
         const int64_t kc = w->cols - c0 < pass ? w->cols - c0 : pass;
         const int in_lanes = lanes && lane_order_x(x + c0, kc, w->format == MG_Q4_K, xq);
-        row_dot_fn *dot = !in_lanes ? row_dot_of(w->format) : w->format == MG_Q4_K ? row_dot_q4_k_lanes : row_dot_q6_k_lanes;
+        row_dot_fn *dot = !in_lanes                ? row_dot_of(w->format)
+                          : w->format == MG_Q4_K ? row_dot_q4_k_lanes
+                          : w->format == MG_Q5_K ? row_dot_q5_k_lanes
+                                                 : row_dot_q6_k_lanes;
         const float *xr = in_lanes ? xq : x + c0;
         const int xg = in_lanes && w->format == MG_Q6_K ? 16 : xs_group(w->format);
         for (int64_t g = 0; xg && g < kc / xg; g++) {
