@@ -95,15 +95,17 @@ INLINE __m256 bytes_times(const uint8_t b[8], float v) {
                          _mm256_set1_ps(v));
 }
 
-/* IQ4_XS: the 8 sub-block scales d * (s - 32). */
+/* IQ4_XS: the 8 sub-block scales d * (s - 32), s of sub-block j being bits 4j..4j+3 of the u32
+ * scales_l under bits 2j, 2j + 1 of the u16 scales_h: lane j shifted by vpsrlvd, where a scalar
+ * loop assembled each one (2 operations per 8 scales instead of about 40). */
 INLINE __m256 iq4_xs_scales(const uint8_t *b, float d) {
-    uint16_t sh;
-    uint32_t sl;
-    memcpy(&sh, b + 2, 2);
+    uint32_t sl, sh;
     memcpy(&sl, b + 4, 4);
-    int32_t s[8];
-    for (int j = 0; j < 8; j++) s[j] = (int32_t)(((sl >> (4 * j)) & 15) | (((uint32_t)sh >> (2 * j)) & 3) << 4) - 32;
-    return _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_loadu_si256((const __m256i *)s)), _mm256_set1_ps(d));
+    memcpy(&sh, b + 2, 4); /* scales_h in the low half (the rest is shifted out or masked) */
+    const __m256i lo = _mm256_srlv_epi32(_mm256_set1_epi32((int)sl), _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28)),
+                  hi = _mm256_srlv_epi32(_mm256_set1_epi32((int)sh), _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14));
+    const __m256i s = _mm256_or_si256(_mm256_and_si256(lo, _mm256_set1_epi32(15)), _mm256_slli_epi32(_mm256_and_si256(hi, _mm256_set1_epi32(3)), 4));
+    return _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(s, _mm256_set1_epi32(32))), _mm256_set1_ps(d));
 }
 
 /* ---- decode: one row's dot product with x over nb blocks --------------------------------- */
@@ -434,10 +436,12 @@ static float row_dot_iq4_xs(const uint8_t *p, int64_t nb, const float *x, const 
  * Q5_K 1.7x, Q4_K 1.05x the weight GB/s (docs/KERNELS.md).  A Q4_K high nibble of byte 3 (times
  * 2^28, not a signed dword) is shifted down instead, its x not scaled. */
 
-/* The scales of x's vectors k = 0..3 for a 32 whose codes sit at bit 8k + nib. */
-INLINE __m128 lane_scales(int nib) {
-    return nib ? _mm_setr_ps(0x1p-4f, 0x1p-12f, 0x1p-20f, 1.0f) : _mm_setr_ps(1.0f, 0x1p-8f, 0x1p-16f, 0x1p-24f);
-}
+/* The scales of x's vectors k = 0..3 for a 32 whose codes sit at bits 8k (BYTES), at bit
+ * 8k + 4 with byte 3's shifted down (HIGH_NIBBLES), or at 8k with byte 3's shifted down
+ * (BYTES_TOP_SHIFTED: unsigned codes of 8 bits, which times 2^24 are not signed dwords). */
+#define BYTES _mm_setr_ps(1.0f, 0x1p-8f, 0x1p-16f, 0x1p-24f)
+#define HIGH_NIBBLES _mm_setr_ps(0x1p-4f, 0x1p-12f, 0x1p-20f, 1.0f)
+#define BYTES_TOP_SHIFTED _mm_setr_ps(1.0f, 0x1p-8f, 0x1p-16f, 1.0f)
 
 /* out[8k + j] = x[4j + k] * sc[k] for one 32 of x: the 4 x 8 transpose of its four vectors. */
 INLINE void lane_order32(const float *x, __m128 sc, float *out) {
@@ -453,11 +457,12 @@ INLINE void lane_order32(const float *x, __m128 sc, float *out) {
     _mm256_storeu_ps(out + 24, _mm256_mul_ps(_mm256_shuffle_ps(t1, t3, 0xee), _mm256_permute_ps(_mm256_permute2f128_ps(s, s, 0), 0xff)));
 }
 
-/* x's cols (a multiple of 256) in lane order into xq: Q4_K (k4: the 32s alternate low and high
- * nibbles) or Q5_K / Q6_K (codes assembled as bytes).  0 when some x is non-zero below 2^-102 in magnitude, which the scaling by
- * up to 2^-24 would make an fp32 denormal (inexact, and a microcode assist per multiply on
- * Intel cores): the caller then takes the loops above. */
-INLINE int lane_order_x(const float *x, int64_t cols, int k4, float *xq) {
+/* x's cols (a multiple of 256) in lane order into xq, the 32s scaled by even and odd in turn
+ * (Q4_K: BYTES, HIGH_NIBBLES; Q5_K, Q6_K: BYTES; IQ4_XS: BYTES_TOP_SHIFTED).  0 when some x is
+ * non-zero below 2^-102 in magnitude, which the scaling by up to 2^-24 would make an fp32
+ * denormal (inexact, and a microcode assist per multiply on Intel cores): the caller then takes
+ * the loops above. */
+INLINE int lane_order_x(const float *x, int64_t cols, __m128 even, __m128 odd, float *xq) {
     const __m256 tiny = _mm256_set1_ps(0x1p-102f), sign = _mm256_set1_ps(-0.0f);
     __m256 bad = _mm256_setzero_ps();
     for (int64_t g = 0; g < cols; g += 32) {
@@ -465,7 +470,7 @@ INLINE int lane_order_x(const float *x, int64_t cols, int k4, float *xq) {
             const __m256 a = _mm256_loadu_ps(x + g + v), m = _mm256_andnot_ps(sign, a);
             bad = _mm256_or_ps(bad, _mm256_and_ps(_mm256_cmp_ps(m, tiny, _CMP_LT_OQ), _mm256_cmp_ps(m, _mm256_setzero_ps(), _CMP_NEQ_OQ)));
         }
-        lane_order32(x + g, lane_scales(k4 && (g & 32)), xq + g);
+        lane_order32(x + g, g & 32 ? odd : even, xq + g);
     }
     return _mm256_movemask_ps(bad) == 0;
 }
@@ -536,6 +541,38 @@ static float row_dot_q5_k_lanes(const uint8_t *p, int64_t nb, const float *xq, c
         }
     }
     return hsum8(_mm256_sub_ps(_mm256_add_ps(acc0, acc1), accm));
+}
+
+/* IQ4_XS in lane order: sub-block j's 32 values as bytes in element order (nibbles16 and the
+ * table), offset by 128 so that they are unsigned (1..241) and each byte is taken in place as
+ * Q6_K's, byte 3 shifted down (x: BYTES_TOP_SHIFTED); the offset goes through x's sums per 32
+ * (xs): sum (v + 128) x - 128 sum x. */
+static float row_dot_iq4_xs_lanes(const uint8_t *p, int64_t nb, const float *xq, const float *xs) {
+    __m256i m[4];
+    for (int k = 0; k < 4; k++) m[k] = _mm256_set1_epi32((int)(0xffu << (8 * k)));
+    const __m256i lut = _mm256_add_epi8(lut16(MG_IQ4NL_VALUES), _mm256_set1_epi8(-128)); /* v + 128, mod 256 */
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps(), accm = _mm256_setzero_ps();
+    for (int64_t i = 0; i < nb; i++, p += 136, xq += 256, xs += 8) {
+        mg_avx2_prefetch_ahead(p, 136);
+        float dl[8] __attribute__((aligned(32)));
+        const __m256 scales = iq4_xs_scales(p, f16_at(p));
+        _mm256_store_ps(dl, scales);
+        accm = _mm256_fmadd_ps(scales, _mm256_loadu_ps(xs), accm);
+        for (int j = 0; j < 8; j++) {
+            const __m256i v = _mm256_shuffle_epi8(lut, nibbles16(p + 8 + 16 * j));
+            const float *xj = xq + 32 * j;
+            __m256 part = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_and_si256(v, m[0])), _mm256_loadu_ps(xj));
+            for (int k = 1; k < 4; k++) {
+                const __m256i c = k < 3 ? _mm256_and_si256(v, m[k]) : _mm256_srli_epi32(v, 24);
+                part = _mm256_fmadd_ps(_mm256_cvtepi32_ps(c), _mm256_loadu_ps(xj + 8 * k), part);
+            }
+            if (j & 1)
+                acc1 = _mm256_fmadd_ps(_mm256_broadcast_ss(dl + j), part, acc1);
+            else
+                acc0 = _mm256_fmadd_ps(_mm256_broadcast_ss(dl + j), part, acc0);
+        }
+    }
+    return hsum8(_mm256_fnmadd_ps(_mm256_set1_ps(128.0f), accm, _mm256_add_ps(acc0, acc1)));
 }
 
 /* Q6_K in lane order: the unsigned codes (0..63) of group g of half h, byte k of lane j element
@@ -617,20 +654,22 @@ static int xs_group(mg_format f) {
 void mg_avx2_decode_ggml(const mg_matrix *w, const float *x, float *y, int64_t r0, int64_t r1) {
     int64_t e, bytes;
     mg_format_block(w->format, &e, &bytes);
-    const int lanes = w->format == MG_Q4_K || w->format == MG_Q5_K || w->format == MG_Q6_K;
+    const int lanes = w->format == MG_Q4_K || w->format == MG_Q5_K || w->format == MG_Q6_K || w->format == MG_IQ4_XS;
     const int64_t pass = lanes ? LANE_PASS_COLS : GGML_PASS_COLS;
     const size_t rb = mg_matrix_row_bytes(w);
     float xs[GGML_PASS_COLS / 16] __attribute__((aligned(32)));
     float xq[LANE_PASS_COLS] __attribute__((aligned(32)));
     for (int64_t c0 = 0; c0 < w->cols; c0 += pass) {
         const int64_t kc = w->cols - c0 < pass ? w->cols - c0 : pass;
-        const int in_lanes = lanes && lane_order_x(x + c0, kc, w->format == MG_Q4_K, xq);
+        const __m128 even = w->format == MG_IQ4_XS ? BYTES_TOP_SHIFTED : BYTES, odd = w->format == MG_Q4_K ? HIGH_NIBBLES : even;
+        const int in_lanes = lanes && lane_order_x(x + c0, kc, even, odd, xq);
         row_dot_fn *dot = !in_lanes                ? row_dot_of(w->format)
                           : w->format == MG_Q4_K ? row_dot_q4_k_lanes
                           : w->format == MG_Q5_K ? row_dot_q5_k_lanes
-                                                 : row_dot_q6_k_lanes;
+                          : w->format == MG_Q6_K ? row_dot_q6_k_lanes
+                                                 : row_dot_iq4_xs_lanes;
         const float *xr = in_lanes ? xq : x + c0;
-        const int xg = in_lanes && w->format == MG_Q6_K ? 16 : xs_group(w->format);
+        const int xg = in_lanes && w->format == MG_Q6_K ? 16 : in_lanes && w->format == MG_IQ4_XS ? 32 : xs_group(w->format);
         for (int64_t g = 0; xg && g < kc / xg; g++) {
             const float *xp = x + c0 + xg * g;
             __m256 s = _mm256_add_ps(_mm256_loadu_ps(xp), _mm256_loadu_ps(xp + 8));
