@@ -1,6 +1,9 @@
 /* Kernel-level speed of the int8-activation entries (linear_q8) of the avx2 and avx512 tables on
  * the qwen3_moe bench model's shapes: weight GB/s on one core, thread CPU time (so a busy
  * neighbour's time slices do not count; its memory traffic still does), best of 5 timings.
+ * F32=1 times the fp32 entries (linear, the default --activations f32) instead; HUGE=1 asks for
+ * 2 MiB pages (MADV_HUGEPAGE), as the engine's mapping of a GGUF file mostly has on kernels with
+ * large folios in the page cache.
  *   L2 / L3: one matrix read again and again (compute bound);
  *   gate / attq / atto / down: one of 16-128 matrices picked at random per call, as a decode
  *   step meets them (from memory, each call a new stream);  head: the model's output matrix
@@ -16,6 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <sys/mman.h>
 #include "core/cpu.h"
 #include "core/kernels.h"
 #include "core/matrix.h"
@@ -23,10 +27,11 @@
 #include "bench_util.h"
 
 
-/* Random code bytes with sane f16 scales (d, and Q4_K / Q5_K's dmin) in every block. */
+/* Random code bytes with sane f16 scales (d, and the K-quants' dmin) in every block. */
 static void fill(mg_format f, uint8_t *d, size_t n, int64_t b) {
     for (size_t i = 0; i < n; i++) d[i] = (uint8_t)(rnd() >> 20);
-    const int off0 = f == MG_Q6_K ? 208 : 0, off1 = f == MG_Q4_K || f == MG_Q5_K ? 2 : -1;
+    const int off0 = f == MG_Q6_K ? 208 : f == MG_Q2_K ? 80 : f == MG_Q3_K ? 108 : 0,
+              off1 = f == MG_Q4_K || f == MG_Q5_K ? 2 : f == MG_Q2_K ? 82 : -1;
     for (size_t k = 0; k < n / (size_t)b; k++) {
         const uint16_t h = (uint16_t)(0x1c00 | (rnd() & 0x3ff));
         memcpy(d + k * (size_t)b + off0, &h, 2);
@@ -50,8 +55,13 @@ int main(int argc, char **argv) {
         {"q4_k gate 256x2048 x128", MG_Q4_K, 256, 2048, 128}, {"q4_k attq 4096x2048 x16", MG_Q4_K, 4096, 2048, 16},
         {"q4_k atto 2048x4096 x16", MG_Q4_K, 2048, 4096, 16}, {"q6_k down 2048x256 x128", MG_Q6_K, 2048, 256, 128},
         {"q8_0 down 2048x256 x128", MG_Q8_0, 2048, 256, 128},
+        {"q5_k gate 256x2048 x128", MG_Q5_K, 256, 2048, 128},
+        {"q2_k L2 256x2048", MG_Q2_K, 256, 2048, 1},        {"q3_k L2 256x2048", MG_Q3_K, 256, 2048, 1},
+        {"iq4_xs L2 256x2048", MG_IQ4_XS, 256, 2048, 1},    {"q2_k gate 256x2048 x128", MG_Q2_K, 256, 2048, 128},
+        {"q3_k gate 256x2048 x128", MG_Q3_K, 256, 2048, 128}, {"iq4_xs gate 256x2048 x128", MG_IQ4_XS, 256, 2048, 128},
     };
     const char *tabs[] = {"avx2", "avx512"};
+    const int f32 = getenv("F32") != NULL;
     const char *only = argc > 1 ? argv[1] : "";
     const double seconds = argc > 2 ? atof(argv[2]) : 0.3;
     enum { MAXC = 4096 };
@@ -65,7 +75,9 @@ int main(int argc, char **argv) {
         memset(&m, 0, sizeof m);
         m.format = cases[ci].f, m.rows = cases[ci].rows, m.cols = cases[ci].cols, m.scale_kind = MG_SCALE_NONE;
         const size_t mb = (size_t)m.rows * mg_matrix_row_bytes(&m);
-        uint8_t *data = aligned_alloc(64, mb * (size_t)cases[ci].nmat);
+        const size_t huge = (size_t)2 << 20, total = (mb * (size_t)cases[ci].nmat + huge - 1) / huge * huge;
+        uint8_t *data = aligned_alloc(huge, total);
+        if (getenv("HUGE")) madvise(data, total, MADV_HUGEPAGE);
         fill(m.format, data, mb * (size_t)cases[ci].nmat, b);
         void *mem = aligned_alloc(64, (mg_q8_act_bytes(1, m.cols) + 63) & ~(size_t)63);
         mg_q8_act xq;
@@ -80,7 +92,10 @@ int main(int argc, char **argv) {
                 int64_t n = 0;
                 while (cpu_now() - t0 < seconds / 5) {
                     m.data = data + mb * (rnd() % (uint64_t)cases[ci].nmat);
-                    k->linear_q8[m.format](&m, &xq, 1, y, m.rows, 0, m.rows);
+                    if (f32)
+                        k->linear[m.format](&m, x, m.cols, 1, y, m.rows, 0, m.rows);
+                    else
+                        k->linear_q8[m.format](&m, &xq, 1, y, m.rows, 0, m.rows);
                     n++;
                 }
                 const double gbs = (double)n * (double)mb / (cpu_now() - t0) / 1e9;

@@ -9,7 +9,8 @@
  * multiplied by its sub-block's scale once, instead of scaling every weight.  The mins (Q4_1,
  * Q5_1 and the K-quants) do not touch the codes at all: sum_l (ds*q_l - dm) x_l =
  * ds * (q . x) - dm * sum(x), and the sums of x per 32 columns (per 16 for Q2_K and Q3_K) are
- * computed once per call and shared by every row.
+ * computed once per call and shared by every row.  Q4_K, Q5_K, Q6_K and IQ4_XS leave their codes
+ * in place instead (lane order, below): no widening shuffle at all.
  *
  * Dequantisation (mg_avx2_ggml_dequant_block, for prefill's tiles): exact values, equal bit for
  * bit to the scalar decoder: every value is one rounding of an exact product (ggml_blocks.h), and
@@ -424,17 +425,18 @@ static float row_dot_iq4_xs(const uint8_t *p, int64_t nb, const float *x, const 
     return hsum8(_mm256_add_ps(acc0, acc1));
 }
 
-/* ---- Q4_K and Q6_K with the codes left in place (lane order) ------------------------------ */
+/* ---- Q4_K, Q5_K, Q6_K and IQ4_XS with the codes left in place (lane order) ---------------- */
 
-/* A 32-byte vector of codes (a Q4_K chunk's qs, a Q6_K group from q6_k_codes) taken as 8 dword
- * lanes: byte k of lane j holds the code of element 4j + k of its 32.  A mask leaves that code
- * where it is, its value times 2^(8k) (a Q4_K high nibble: 2^(8k + 4)), and vcvtdq2ps makes it
- * fp32 exactly, so x's element 4j + k is stored in lane j of vector k times 2^-(8k) (2^-(8k + 4)),
- * a power of two (lane_order_x, once per call).  Per 8 codes that is a mask, a conversion and an
- * FMA, where the loops above widen bytes to dwords with a shuffle per 8 codes and shift the high
- * nibbles: on a Golden Cove core (Alder Lake's performance core), one core in L2, Q6_K 1.15x,
- * Q5_K 1.7x, Q4_K 1.05x the weight GB/s (docs/KERNELS.md).  A Q4_K high nibble of byte 3 (times
- * 2^28, not a signed dword) is shifted down instead, its x not scaled. */
+/* A 32-byte vector of codes (a Q4_K chunk's qs; a Q5_K, Q6_K or IQ4_XS 32 assembled as bytes)
+ * taken as 8 dword lanes: byte k of lane j holds the code of element 4j + k of its 32.  A mask
+ * leaves that code where it is, its value times 2^(8k) (a Q4_K high nibble: 2^(8k + 4)), and
+ * vcvtdq2ps makes it fp32 exactly, so x's element 4j + k is stored in lane j of vector k times
+ * 2^-(8k) (2^-(8k + 4)), a power of two (lane_order_x, once per call).  Per 8 codes that is a
+ * mask, a conversion and an FMA, where the loops above widen bytes to dwords with a shuffle per
+ * 8 codes and shift the high nibbles: on a Golden Cove core (Alder Lake's performance core), one
+ * core in L2, Q5_K 1.7x, Q6_K 1.15x, IQ4_XS 1.1x (1.26x with its scales below), Q4_K 1.05x the
+ * weight GB/s (docs/KERNELS.md).  Where a code times 2^24 or 2^28 would not be a signed dword
+ * (a Q4_K high nibble of byte 3, IQ4_XS's byte 3), it is shifted down instead, its x not scaled. */
 
 /* The scales of x's vectors k = 0..3 for a 32 whose codes sit at bits 8k (BYTES), at bit
  * 8k + 4 with byte 3's shifted down (HIGH_NIBBLES), or at 8k with byte 3's shifted down
