@@ -22,6 +22,7 @@ from tools.ckpt.hf_moe import fuse_experts, hf_config_object, hf_model_class
 
 import oracle
 from engine_budget import stated_minimum_gb
+from gateway import _core
 
 TOLERANCE = 1e-4
 N_TOKENS = 24
@@ -135,11 +136,23 @@ def relative_error(actual: np.ndarray, expected: np.ndarray) -> float:
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_gguf_matches_transformers(case: str, gguf_file) -> None:
+    check_against_transformers(case, gguf_file, "")
+
+
+@pytest.mark.skipif(not _core.cpu_features()["avx2"], reason="the avx2 table: an x86 CPU with AVX2")
+@pytest.mark.parametrize("case", ["qwen3_moe-mixed", "glm4_moe-mixed"])
+def test_gguf_matches_transformers_on_the_avx2_table(case: str, gguf_file) -> None:
+    """The table of every x86 CPU without AVX-512 (the desktops of Alder Lake and later, Zen 2 and
+    Zen 3), whose fp32 decode rows of Q4_K, Q5_K, Q6_K and IQ4_XS take x in lane order."""
+    check_against_transformers(case, gguf_file, "avx2")
+
+
+def check_against_transformers(case: str, gguf_file, kernels: str) -> None:
     from gateway.engine import Engine
 
     ckpt, path = gguf_file(case)
     model = reference_model(ckpt, path, CASES[case][2].get("tied", False))
-    engine = Engine(str(path), threads=1)
+    engine = Engine(str(path), threads=1, kernels=kernels)
     try:
         config = oracle.read_config(ckpt)
         assert engine.info["vocab_size"] == config["vocab_size"]
