@@ -140,10 +140,10 @@ def test_gguf_matches_transformers(case: str, gguf_file) -> None:
 
 
 @pytest.mark.skipif(not _core.cpu_features()["avx2"], reason="the avx2 table: an x86 CPU with AVX2")
-@pytest.mark.parametrize("case", ["qwen3_moe-mixed", "glm4_moe-mixed"])
+@pytest.mark.parametrize("case", ["qwen3_moe-mixed", "glm4_moe-mixed", "qwen3_moe-lowbit"])
 def test_gguf_matches_transformers_on_the_avx2_table(case: str, gguf_file) -> None:
     """The table of every x86 CPU without AVX-512 (the desktops of Alder Lake and later, Zen 2 and
-    Zen 3), whose fp32 decode rows of Q4_K, Q5_K, Q6_K and IQ4_XS take x in lane order."""
+    Zen 3), whose fp32 decode rows of Q3_K, Q4_K, Q5_K, Q6_K and IQ4_XS take x in lane order."""
     check_against_transformers(case, gguf_file, "avx2")
 
 

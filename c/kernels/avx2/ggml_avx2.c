@@ -9,8 +9,8 @@
  * multiplied by its sub-block's scale once, instead of scaling every weight.  The mins (Q4_1,
  * Q5_1 and the K-quants) do not touch the codes at all: sum_l (ds*q_l - dm) x_l =
  * ds * (q . x) - dm * sum(x), and the sums of x per 32 columns (per 16 for Q2_K and Q3_K) are
- * computed once per call and shared by every row.  Q4_K, Q5_K, Q6_K and IQ4_XS leave their codes
- * in place instead (lane order, below): no widening shuffle at all.
+ * computed once per call and shared by every row.  Q3_K, Q4_K, Q5_K, Q6_K and IQ4_XS leave their
+ * codes in place instead (lane order, below): no widening shuffle at all.
  *
  * Dequantisation (mg_avx2_ggml_dequant_block, for prefill's tiles): exact values, equal bit for
  * bit to the scalar decoder: every value is one rounding of an exact product (ggml_blocks.h), and
@@ -425,17 +425,17 @@ static float row_dot_iq4_xs(const uint8_t *p, int64_t nb, const float *x, const 
     return hsum8(_mm256_add_ps(acc0, acc1));
 }
 
-/* ---- Q4_K, Q5_K, Q6_K and IQ4_XS with the codes left in place (lane order) ---------------- */
+/* ---- Q3_K, Q4_K, Q5_K, Q6_K and IQ4_XS with the codes left in place (lane order) ---------- */
 
-/* A 32-byte vector of codes (a Q4_K chunk's qs; a Q5_K, Q6_K or IQ4_XS 32 assembled as bytes)
+/* A 32-byte vector of codes (a Q4_K chunk's qs; a Q3_K, Q5_K, Q6_K or IQ4_XS 32 as bytes)
  * taken as 8 dword lanes: byte k of lane j holds the code of element 4j + k of its 32.  A mask
  * leaves that code where it is, its value times 2^(8k) (a Q4_K high nibble: 2^(8k + 4)), and
  * vcvtdq2ps makes it fp32 exactly, so x's element 4j + k is stored in lane j of vector k times
  * 2^-(8k) (2^-(8k + 4)), a power of two (lane_order_x, once per call).  Per 8 codes that is a
  * mask, a conversion and an FMA, where the loops above widen bytes to dwords with a shuffle per
  * 8 codes and shift the high nibbles: on a Golden Cove core (Alder Lake's performance core), one
- * core in L2, Q5_K 1.7x, Q6_K 1.15x, IQ4_XS 1.1x (1.26x with its scales below), Q4_K 1.05x the
- * weight GB/s (docs/KERNELS.md).  Where a code times 2^24 or 2^28 would not be a signed dword
+ * core in L2, Q5_K 1.7x, Q6_K 1.15x, Q3_K 1.17x, IQ4_XS 1.1x (1.26x with its scales below),
+ * Q4_K 1.05x the weight GB/s (docs/KERNELS.md).  Where a code times 2^24 or 2^28 would not be a signed dword
  * (a Q4_K high nibble of byte 3, IQ4_XS's byte 3), it is shifted down instead, its x not scaled. */
 
 /* The scales of x's vectors k = 0..3 for a 32 whose codes sit at bits 8k (BYTES), at bit
@@ -460,8 +460,8 @@ INLINE void lane_order32(const float *x, __m128 sc, float *out) {
 }
 
 /* x's cols (a multiple of 256) in lane order into xq, the 32s scaled by even and odd in turn
- * (Q4_K: BYTES, HIGH_NIBBLES; Q5_K, Q6_K: BYTES; IQ4_XS: BYTES_TOP_SHIFTED).  0 when some x is
- * non-zero below 2^-102 in magnitude, which the scaling by up to 2^-24 would make an fp32
+ * (Q4_K: BYTES, HIGH_NIBBLES; Q3_K, Q5_K, Q6_K: BYTES; IQ4_XS: BYTES_TOP_SHIFTED).  0 when some
+ * x is non-zero below 2^-102 in magnitude, which the scaling by up to 2^-24 would make an fp32
  * denormal (inexact, and a microcode assist per multiply on Intel cores): the caller then takes
  * the loops above. */
 INLINE int lane_order_x(const float *x, int64_t cols, __m128 even, __m128 odd, float *xq) {
@@ -577,6 +577,45 @@ static float row_dot_iq4_xs_lanes(const uint8_t *p, int64_t nb, const float *xq,
     return hsum8(_mm256_fnmadd_ps(_mm256_set1_ps(128.0f), accm, _mm256_add_ps(acc0, acc1)));
 }
 
+/* Q3_K in lane order: group s of half h (elements 128h + 32s + l) as unsigned bytes 0..7, the
+ * two bits 2s, 2s + 1 of the half's qs bytes under the bit 4h + s of hmask (set: plus 4), each
+ * byte in place as Q6_K's, lanes 0-3 sub-block 8h + 2s, lanes 4-7 the next; the offset 4 goes
+ * through x's sums per 16 columns (xs): sum (q - 4) x = sum q x - 4 sum x. */
+static float row_dot_q3_k_lanes(const uint8_t *p, int64_t nb, const float *xq, const float *xs) {
+    __m256i m[4];
+    for (int k = 0; k < 4; k++) m[k] = _mm256_set1_epi32((int)(0xffu << (8 * k)));
+    const __m256i pair[4] = {_mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1), _mm256_setr_epi32(2, 2, 2, 2, 3, 3, 3, 3),
+                             _mm256_setr_epi32(4, 4, 4, 4, 5, 5, 5, 5), _mm256_setr_epi32(6, 6, 6, 6, 7, 7, 7, 7)};
+    const __m256i low2 = _mm256_set1_epi8(3), bit2 = _mm256_set1_epi8(4);
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps(), accm = _mm256_setzero_ps();
+    for (int64_t i = 0; i < nb; i++, p += 110, xq += 256, xs += 16) {
+        mg_avx2_prefetch_ahead(p, 110);
+        float f[16] __attribute__((aligned(32)));
+        q3_k_factors(p, f);
+        const __m256 ds[2] = {_mm256_load_ps(f), _mm256_load_ps(f + 8)};
+        accm = _mm256_fmadd_ps(ds[1], _mm256_loadu_ps(xs + 8), _mm256_fmadd_ps(ds[0], _mm256_loadu_ps(xs), accm));
+        const __m256i hm = loadu256(p);
+        for (int h = 0; h < 2; h++) {
+            const __m256i Q = loadu256(p + 32 + 32 * h);
+            for (int g = 0; g < 4; g++) {
+                const int b = 4 * h + g; /* the hmask bit, moved to bit 2 */
+                const __m256i top = b < 2 ? _mm256_slli_epi16(hm, 2 - b) : b > 2 ? _mm256_srli_epi16(hm, b - 2) : hm;
+                const __m256i v = _mm256_or_si256(_mm256_and_si256(g ? _mm256_srli_epi16(Q, 2 * g) : Q, low2), _mm256_and_si256(top, bit2));
+                const float *xg = xq + 128 * h + 32 * g;
+                __m256 part = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_and_si256(v, m[0])), _mm256_loadu_ps(xg));
+                for (int k = 1; k < 4; k++)
+                    part = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_and_si256(v, m[k])), _mm256_loadu_ps(xg + 8 * k), part);
+                const __m256 fac = _mm256_permutevar8x32_ps(ds[h], pair[g]);
+                if (g & 1)
+                    acc1 = _mm256_fmadd_ps(fac, part, acc1);
+                else
+                    acc0 = _mm256_fmadd_ps(fac, part, acc0);
+            }
+        }
+    }
+    return hsum8(_mm256_fnmadd_ps(_mm256_set1_ps(4.0f), accm, _mm256_add_ps(acc0, acc1)));
+}
+
 /* Q6_K in lane order: the unsigned codes (0..63) of group g of half h, byte k of lane j element
  * 4j + k of the group, lanes 0-3 sub-block 8h + 2g, lanes 4-7 the next; the codes' offset 32 goes
  * through x's sums per 16 columns (xs): sum (q - 32) x = sum q x - 32 sum x per sub-block. */
@@ -653,25 +692,37 @@ static int xs_group(mg_format f) {
     }
 }
 
+/* The lane-order row of format f (NULL: it has none) and the columns each of its sums of x covers
+ * (Q3_K and Q6_K: their offsets per sub-block of 16; IQ4_XS: its offset per 32; Q4_K, Q5_K: their
+ * mins, as in the other rows). */
+static row_dot_fn *lane_row_dot(mg_format f) {
+    switch (f) {
+    case MG_Q3_K: return row_dot_q3_k_lanes;
+    case MG_Q4_K: return row_dot_q4_k_lanes;
+    case MG_Q5_K: return row_dot_q5_k_lanes;
+    case MG_Q6_K: return row_dot_q6_k_lanes;
+    case MG_IQ4_XS: return row_dot_iq4_xs_lanes;
+    default: return NULL;
+    }
+}
+static int lane_xs_group(mg_format f) { return f == MG_Q3_K || f == MG_Q6_K ? 16 : 32; }
+
 void mg_avx2_decode_ggml(const mg_matrix *w, const float *x, float *y, int64_t r0, int64_t r1) {
+    const mg_format f = w->format;
     int64_t e, bytes;
-    mg_format_block(w->format, &e, &bytes);
-    const int lanes = w->format == MG_Q4_K || w->format == MG_Q5_K || w->format == MG_Q6_K || w->format == MG_IQ4_XS;
-    const int64_t pass = lanes ? LANE_PASS_COLS : GGML_PASS_COLS;
+    mg_format_block(f, &e, &bytes);
+    row_dot_fn *const in_place = lane_row_dot(f);
+    const int64_t pass = in_place ? LANE_PASS_COLS : GGML_PASS_COLS;
+    const __m128 even = f == MG_IQ4_XS ? BYTES_TOP_SHIFTED : BYTES, odd = f == MG_Q4_K ? HIGH_NIBBLES : even;
     const size_t rb = mg_matrix_row_bytes(w);
     float xs[GGML_PASS_COLS / 16] __attribute__((aligned(32)));
     float xq[LANE_PASS_COLS] __attribute__((aligned(32)));
     for (int64_t c0 = 0; c0 < w->cols; c0 += pass) {
         const int64_t kc = w->cols - c0 < pass ? w->cols - c0 : pass;
-        const __m128 even = w->format == MG_IQ4_XS ? BYTES_TOP_SHIFTED : BYTES, odd = w->format == MG_Q4_K ? HIGH_NIBBLES : even;
-        const int in_lanes = lanes && lane_order_x(x + c0, kc, even, odd, xq);
-        row_dot_fn *dot = !in_lanes                ? row_dot_of(w->format)
-                          : w->format == MG_Q4_K ? row_dot_q4_k_lanes
-                          : w->format == MG_Q5_K ? row_dot_q5_k_lanes
-                          : w->format == MG_Q6_K ? row_dot_q6_k_lanes
-                                                 : row_dot_iq4_xs_lanes;
+        const int in_lanes = in_place && lane_order_x(x + c0, kc, even, odd, xq);
+        row_dot_fn *dot = in_lanes ? in_place : row_dot_of(f);
         const float *xr = in_lanes ? xq : x + c0;
-        const int xg = in_lanes && w->format == MG_Q6_K ? 16 : in_lanes && w->format == MG_IQ4_XS ? 32 : xs_group(w->format);
+        const int xg = in_lanes ? lane_xs_group(f) : xs_group(f);
         for (int64_t g = 0; xg && g < kc / xg; g++) {
             const float *xp = x + c0 + xg * g;
             __m256 s = _mm256_add_ps(_mm256_loadu_ps(xp), _mm256_loadu_ps(xp + 8));
