@@ -441,22 +441,38 @@ static float row_dot_iq4_xs(const uint8_t *p, int64_t nb, const float *x, const 
 /* The scales of x's vectors k = 0..3 for a 32 whose codes sit at bits 8k (BYTES), at bit
  * 8k + 4 with byte 3's shifted down (HIGH_NIBBLES), or at 8k with byte 3's shifted down
  * (BYTES_TOP_SHIFTED: unsigned codes of 8 bits, which times 2^24 are not signed dwords). */
-#define BYTES _mm_setr_ps(1.0f, 0x1p-8f, 0x1p-16f, 0x1p-24f)
-#define HIGH_NIBBLES _mm_setr_ps(0x1p-4f, 0x1p-12f, 0x1p-20f, 1.0f)
-#define BYTES_TOP_SHIFTED _mm_setr_ps(1.0f, 0x1p-8f, 0x1p-16f, 1.0f)
+static const float BYTES[4] = {1.0f, 0x1p-8f, 0x1p-16f, 0x1p-24f}, HIGH_NIBBLES[4] = {0x1p-4f, 0x1p-12f, 0x1p-20f, 1.0f},
+                   BYTES_TOP_SHIFTED[4] = {1.0f, 0x1p-8f, 0x1p-16f, 1.0f};
 
 /* out[8k + j] = x[4j + k] * sc[k] for one 32 of x: the 4 x 8 transpose of its four vectors. */
-INLINE void lane_order32(const float *x, __m128 sc, float *out) {
+INLINE void lane_order32(const float *x, const float *sc, float *out) {
     const __m256 a0 = _mm256_loadu_ps(x), a1 = _mm256_loadu_ps(x + 8), a2 = _mm256_loadu_ps(x + 16), a3 = _mm256_loadu_ps(x + 24);
     const __m256 b0 = _mm256_permute2f128_ps(a0, a2, 0x20), b1 = _mm256_permute2f128_ps(a0, a2, 0x31), /* x0-3 | x16-19, x4-7 | x20-23 */
         b2 = _mm256_permute2f128_ps(a1, a3, 0x20), b3 = _mm256_permute2f128_ps(a1, a3, 0x31);
     const __m256 t0 = _mm256_unpacklo_ps(b0, b1), t1 = _mm256_unpackhi_ps(b0, b1), t2 = _mm256_unpacklo_ps(b2, b3),
                  t3 = _mm256_unpackhi_ps(b2, b3);
-    const __m256 s = _mm256_castps128_ps256(sc);
-    _mm256_storeu_ps(out, _mm256_mul_ps(_mm256_shuffle_ps(t0, t2, 0x44), _mm256_permute_ps(_mm256_permute2f128_ps(s, s, 0), 0x00)));
-    _mm256_storeu_ps(out + 8, _mm256_mul_ps(_mm256_shuffle_ps(t0, t2, 0xee), _mm256_permute_ps(_mm256_permute2f128_ps(s, s, 0), 0x55)));
-    _mm256_storeu_ps(out + 16, _mm256_mul_ps(_mm256_shuffle_ps(t1, t3, 0x44), _mm256_permute_ps(_mm256_permute2f128_ps(s, s, 0), 0xaa)));
-    _mm256_storeu_ps(out + 24, _mm256_mul_ps(_mm256_shuffle_ps(t1, t3, 0xee), _mm256_permute_ps(_mm256_permute2f128_ps(s, s, 0), 0xff)));
+    _mm256_storeu_ps(out, _mm256_mul_ps(_mm256_shuffle_ps(t0, t2, 0x44), _mm256_set1_ps(sc[0])));
+    _mm256_storeu_ps(out + 8, _mm256_mul_ps(_mm256_shuffle_ps(t0, t2, 0xee), _mm256_set1_ps(sc[1])));
+    _mm256_storeu_ps(out + 16, _mm256_mul_ps(_mm256_shuffle_ps(t1, t3, 0x44), _mm256_set1_ps(sc[2])));
+    _mm256_storeu_ps(out + 24, _mm256_mul_ps(_mm256_shuffle_ps(t1, t3, 0xee), _mm256_set1_ps(sc[3])));
+}
+
+/* The codes of a lane-order 32 (v) dotted with x's lane-order 32 at xq, as 8 partial sums: byte
+ * k's code masked in place by mask << 8k (its value times 2^8k) against x's vector k; with
+ * top_shift, byte 3's code is v >> top_shift instead (x's vector 3 unscaled). */
+INLINE __m256 lanes_dot(__m256i v, uint32_t mask, int top_shift, const float *xq) {
+    __m256 part = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_and_si256(v, _mm256_set1_epi32((int)mask))), _mm256_loadu_ps(xq));
+    for (int k = 1; k < 4; k++) {
+        const __m256i c = k == 3 && top_shift ? _mm256_srli_epi32(v, top_shift) : _mm256_and_si256(v, _mm256_set1_epi32((int)(mask << 8 * k)));
+        part = _mm256_fmadd_ps(_mm256_cvtepi32_ps(c), _mm256_loadu_ps(xq + 8 * k), part);
+    }
+    return part;
+}
+
+/* [f[2g] x 4, f[2g + 1] x 4]: the factors of a lane-order 32 of two sub-blocks of 16 (lanes 0-3
+ * the first), from the 8 factors f of its half block. */
+INLINE __m256 pair_factors(__m256 f, int g) {
+    return _mm256_permutevar8x32_ps(f, _mm256_add_epi32(_mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1), _mm256_set1_epi32(2 * g)));
 }
 
 /* x's cols (a multiple of 256) in lane order into xq, the 32s scaled by even and odd in turn
@@ -464,7 +480,7 @@ INLINE void lane_order32(const float *x, __m128 sc, float *out) {
  * x is non-zero below 2^-102 in magnitude, which the scaling by up to 2^-24 would make an fp32
  * denormal (inexact, and a microcode assist per multiply on Intel cores): the caller then takes
  * the loops above. */
-INLINE int lane_order_x(const float *x, int64_t cols, __m128 even, __m128 odd, float *xq) {
+INLINE int lane_order_x(const float *x, int64_t cols, const float *even, const float *odd, float *xq) {
     const __m256 tiny = _mm256_set1_ps(0x1p-102f), sign = _mm256_set1_ps(-0.0f);
     __m256 bad = _mm256_setzero_ps();
     for (int64_t g = 0; g < cols; g += 32) {
@@ -480,8 +496,6 @@ INLINE int lane_order_x(const float *x, int64_t cols, __m128 even, __m128 odd, f
 /* Q4_K in lane order (see above): chunk c's 32 bytes, the low nibbles sub-block 2c, the high
  * 2c + 1; the mins as in row_dot_k4. */
 static float row_dot_q4_k_lanes(const uint8_t *p, int64_t nb, const float *xq, const float *xs) {
-    __m256i m[8];
-    for (int t = 0; t < 8; t++) m[t] = _mm256_set1_epi32((int)(0xfu << (8 * (t & 3) + 4 * (t >> 2))));
     __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps(), accm = _mm256_setzero_ps();
     for (int64_t i = 0; i < nb; i++, p += 144, xq += 256, xs += 8) {
         uint8_t sc[8], mn[8];
@@ -492,16 +506,8 @@ static float row_dot_q4_k_lanes(const uint8_t *p, int64_t nb, const float *xq, c
         accm = _mm256_fmadd_ps(bytes_times(mn, f16_at(p + 2)), _mm256_loadu_ps(xs), accm);
         for (int c = 0; c < 4; c++) {
             const __m256i v = loadu256(p + 16 + 32 * c);
-            const float *xc = xq + 64 * c;
-            __m256 lo = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_and_si256(v, m[0])), _mm256_loadu_ps(xc));
-            __m256 hi = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_and_si256(v, m[4])), _mm256_loadu_ps(xc + 32));
-            for (int k = 1; k < 4; k++) {
-                lo = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_and_si256(v, m[k])), _mm256_loadu_ps(xc + 8 * k), lo);
-                const __m256i h = k < 3 ? _mm256_and_si256(v, m[4 + k]) : _mm256_srli_epi32(v, 28);
-                hi = _mm256_fmadd_ps(_mm256_cvtepi32_ps(h), _mm256_loadu_ps(xc + 32 + 8 * k), hi);
-            }
-            acc0 = _mm256_fmadd_ps(_mm256_broadcast_ss(ds + 2 * c), lo, acc0);
-            acc1 = _mm256_fmadd_ps(_mm256_broadcast_ss(ds + 2 * c + 1), hi, acc1);
+            acc0 = _mm256_fmadd_ps(_mm256_broadcast_ss(ds + 2 * c), lanes_dot(v, 0x0f, 0, xq + 64 * c), acc0);
+            acc1 = _mm256_fmadd_ps(_mm256_broadcast_ss(ds + 2 * c + 1), lanes_dot(v, 0xf0, 28, xq + 64 * c + 32), acc1);
         }
     }
     return hsum8(_mm256_sub_ps(_mm256_add_ps(acc0, acc1), accm));
@@ -515,8 +521,6 @@ INLINE __m256i q5_k_fifth(__m256i qh, int bit) { /* bit `bit` of each byte of qh
     return _mm256_and_si256(b, _mm256_set1_epi8(0x10));
 }
 static float row_dot_q5_k_lanes(const uint8_t *p, int64_t nb, const float *xq, const float *xs) {
-    __m256i m[4];
-    for (int k = 0; k < 4; k++) m[k] = _mm256_set1_epi32((int)(0xffu << (8 * k)));
     const __m256i m4 = _mm256_set1_epi8(0x0f);
     __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps(), accm = _mm256_setzero_ps();
     for (int64_t i = 0; i < nb; i++, p += 176, xq += 256, xs += 8) {
@@ -531,15 +535,8 @@ static float row_dot_q5_k_lanes(const uint8_t *p, int64_t nb, const float *xq, c
             const __m256i v = loadu256(p + 48 + 32 * c);
             const __m256i lo = _mm256_or_si256(_mm256_and_si256(v, m4), q5_k_fifth(qh, 2 * c)),
                           hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v, 4), m4), q5_k_fifth(qh, 2 * c + 1));
-            const float *xc = xq + 64 * c;
-            __m256 a = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_and_si256(lo, m[0])), _mm256_loadu_ps(xc));
-            __m256 b = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_and_si256(hi, m[0])), _mm256_loadu_ps(xc + 32));
-            for (int k = 1; k < 4; k++) {
-                a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_and_si256(lo, m[k])), _mm256_loadu_ps(xc + 8 * k), a);
-                b = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_and_si256(hi, m[k])), _mm256_loadu_ps(xc + 32 + 8 * k), b);
-            }
-            acc0 = _mm256_fmadd_ps(_mm256_broadcast_ss(ds + 2 * c), a, acc0);
-            acc1 = _mm256_fmadd_ps(_mm256_broadcast_ss(ds + 2 * c + 1), b, acc1);
+            acc0 = _mm256_fmadd_ps(_mm256_broadcast_ss(ds + 2 * c), lanes_dot(lo, 0xff, 0, xq + 64 * c), acc0);
+            acc1 = _mm256_fmadd_ps(_mm256_broadcast_ss(ds + 2 * c + 1), lanes_dot(hi, 0xff, 0, xq + 64 * c + 32), acc1);
         }
     }
     return hsum8(_mm256_sub_ps(_mm256_add_ps(acc0, acc1), accm));
@@ -550,8 +547,6 @@ static float row_dot_q5_k_lanes(const uint8_t *p, int64_t nb, const float *xq, c
  * Q6_K's, byte 3 shifted down (x: BYTES_TOP_SHIFTED); the offset goes through x's sums per 32
  * (xs): sum (v + 128) x - 128 sum x. */
 static float row_dot_iq4_xs_lanes(const uint8_t *p, int64_t nb, const float *xq, const float *xs) {
-    __m256i m[4];
-    for (int k = 0; k < 4; k++) m[k] = _mm256_set1_epi32((int)(0xffu << (8 * k)));
     const __m256i lut = _mm256_add_epi8(lut16(MG_IQ4NL_VALUES), _mm256_set1_epi8(-128)); /* v + 128, mod 256 */
     __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps(), accm = _mm256_setzero_ps();
     for (int64_t i = 0; i < nb; i++, p += 136, xq += 256, xs += 8) {
@@ -561,13 +556,7 @@ static float row_dot_iq4_xs_lanes(const uint8_t *p, int64_t nb, const float *xq,
         _mm256_store_ps(dl, scales);
         accm = _mm256_fmadd_ps(scales, _mm256_loadu_ps(xs), accm);
         for (int j = 0; j < 8; j++) {
-            const __m256i v = _mm256_shuffle_epi8(lut, nibbles16(p + 8 + 16 * j));
-            const float *xj = xq + 32 * j;
-            __m256 part = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_and_si256(v, m[0])), _mm256_loadu_ps(xj));
-            for (int k = 1; k < 4; k++) {
-                const __m256i c = k < 3 ? _mm256_and_si256(v, m[k]) : _mm256_srli_epi32(v, 24);
-                part = _mm256_fmadd_ps(_mm256_cvtepi32_ps(c), _mm256_loadu_ps(xj + 8 * k), part);
-            }
+            const __m256 part = lanes_dot(_mm256_shuffle_epi8(lut, nibbles16(p + 8 + 16 * j)), 0xff, 24, xq + 32 * j);
             if (j & 1)
                 acc1 = _mm256_fmadd_ps(_mm256_broadcast_ss(dl + j), part, acc1);
             else
@@ -582,10 +571,6 @@ static float row_dot_iq4_xs_lanes(const uint8_t *p, int64_t nb, const float *xq,
  * byte in place as Q6_K's, lanes 0-3 sub-block 8h + 2s, lanes 4-7 the next; the offset 4 goes
  * through x's sums per 16 columns (xs): sum (q - 4) x = sum q x - 4 sum x. */
 static float row_dot_q3_k_lanes(const uint8_t *p, int64_t nb, const float *xq, const float *xs) {
-    __m256i m[4];
-    for (int k = 0; k < 4; k++) m[k] = _mm256_set1_epi32((int)(0xffu << (8 * k)));
-    const __m256i pair[4] = {_mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1), _mm256_setr_epi32(2, 2, 2, 2, 3, 3, 3, 3),
-                             _mm256_setr_epi32(4, 4, 4, 4, 5, 5, 5, 5), _mm256_setr_epi32(6, 6, 6, 6, 7, 7, 7, 7)};
     const __m256i low2 = _mm256_set1_epi8(3), bit2 = _mm256_set1_epi8(4);
     __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps(), accm = _mm256_setzero_ps();
     for (int64_t i = 0; i < nb; i++, p += 110, xq += 256, xs += 16) {
@@ -601,11 +586,7 @@ static float row_dot_q3_k_lanes(const uint8_t *p, int64_t nb, const float *xq, c
                 const int b = 4 * h + g; /* the hmask bit, moved to bit 2 */
                 const __m256i top = b < 2 ? _mm256_slli_epi16(hm, 2 - b) : b > 2 ? _mm256_srli_epi16(hm, b - 2) : hm;
                 const __m256i v = _mm256_or_si256(_mm256_and_si256(g ? _mm256_srli_epi16(Q, 2 * g) : Q, low2), _mm256_and_si256(top, bit2));
-                const float *xg = xq + 128 * h + 32 * g;
-                __m256 part = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_and_si256(v, m[0])), _mm256_loadu_ps(xg));
-                for (int k = 1; k < 4; k++)
-                    part = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_and_si256(v, m[k])), _mm256_loadu_ps(xg + 8 * k), part);
-                const __m256 fac = _mm256_permutevar8x32_ps(ds[h], pair[g]);
+                const __m256 part = lanes_dot(v, 0xff, 0, xq + 128 * h + 32 * g), fac = pair_factors(ds[h], g);
                 if (g & 1)
                     acc1 = _mm256_fmadd_ps(fac, part, acc1);
                 else
@@ -620,10 +601,6 @@ static float row_dot_q3_k_lanes(const uint8_t *p, int64_t nb, const float *xq, c
  * 4j + k of the group, lanes 0-3 sub-block 8h + 2g, lanes 4-7 the next; the codes' offset 32 goes
  * through x's sums per 16 columns (xs): sum (q - 32) x = sum q x - 32 sum x per sub-block. */
 static float row_dot_q6_k_lanes(const uint8_t *p, int64_t nb, const float *xq, const float *xs) {
-    __m256i m[4];
-    for (int k = 0; k < 4; k++) m[k] = _mm256_set1_epi32((int)(0xffu << (8 * k)));
-    const __m256i pair[4] = {_mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1), _mm256_setr_epi32(2, 2, 2, 2, 3, 3, 3, 3),
-                             _mm256_setr_epi32(4, 4, 4, 4, 5, 5, 5, 5), _mm256_setr_epi32(6, 6, 6, 6, 7, 7, 7, 7)};
     __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps(), accm = _mm256_setzero_ps();
     for (int64_t i = 0; i < nb; i++, p += 210, xq += 256, xs += 16) {
         mg_avx2_prefetch_ahead(p, 210);
@@ -634,16 +611,11 @@ static float row_dot_q6_k_lanes(const uint8_t *p, int64_t nb, const float *xq, c
         accm = _mm256_fmadd_ps(ds[1], _mm256_loadu_ps(xs + 8), _mm256_fmadd_ps(ds[0], _mm256_loadu_ps(xs), accm));
         for (int h = 0; h < 2; h++)
             for (int g = 0; g < 4; g++) {
-                const __m256i v = q6_k_codes(p, h, g);
-                const float *xg = xq + 128 * h + 32 * g;
-                __m256 part = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_and_si256(v, m[0])), _mm256_loadu_ps(xg));
-                for (int k = 1; k < 4; k++)
-                    part = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_and_si256(v, m[k])), _mm256_loadu_ps(xg + 8 * k), part);
-                const __m256 f = _mm256_permutevar8x32_ps(ds[h], pair[g]);
+                const __m256 part = lanes_dot(q6_k_codes(p, h, g), 0xff, 0, xq + 128 * h + 32 * g), fac = pair_factors(ds[h], g);
                 if (g & 1)
-                    acc1 = _mm256_fmadd_ps(f, part, acc1);
+                    acc1 = _mm256_fmadd_ps(fac, part, acc1);
                 else
-                    acc0 = _mm256_fmadd_ps(f, part, acc0);
+                    acc0 = _mm256_fmadd_ps(fac, part, acc0);
             }
     }
     return hsum8(_mm256_fnmadd_ps(_mm256_set1_ps(32.0f), accm, _mm256_add_ps(acc0, acc1)));
@@ -713,7 +685,7 @@ void mg_avx2_decode_ggml(const mg_matrix *w, const float *x, float *y, int64_t r
     mg_format_block(f, &e, &bytes);
     row_dot_fn *const in_place = lane_row_dot(f);
     const int64_t pass = in_place ? LANE_PASS_COLS : GGML_PASS_COLS;
-    const __m128 even = f == MG_IQ4_XS ? BYTES_TOP_SHIFTED : BYTES, odd = f == MG_Q4_K ? HIGH_NIBBLES : even;
+    const float *even = f == MG_IQ4_XS ? BYTES_TOP_SHIFTED : BYTES, *odd = f == MG_Q4_K ? HIGH_NIBBLES : even;
     const size_t rb = mg_matrix_row_bytes(w);
     float xs[GGML_PASS_COLS / 16] __attribute__((aligned(32)));
     float xq[LANE_PASS_COLS] __attribute__((aligned(32)));
