@@ -96,8 +96,8 @@ INLINE __m256 bytes_times(const uint8_t b[8], float v) {
 }
 
 /* The halves of a block (g or h: the 128 elements of one 64-byte code vector) fully unrolled:
- * each shift and factor lane map is then a constant, and gcc, left to itself, kept some of these
- * loops rolled (Q4_K and Q5_K 1.06-1.12x, Q6_K 1.05x in L2 unrolled, docs/KERNELS.md). */
+ * each shift and factor lane map is then a constant.  gcc, left to itself, kept some of these
+ * loops rolled: unrolled, Q5_K ran 1.1x and Q4_K 1.05x the weight GB/s in L2 (docs/KERNELS.md). */
 #define UNROLL2 _Pragma("GCC unroll 2")
 
 /* Prefetch of the bytes of one row's block `ahead` on (a later group of rows, rows_ahead). */
@@ -273,9 +273,11 @@ INLINE void rows_iq4_xs(const int R, const uint8_t *const *p, const float *xp, i
  * of l, 32 + l, 64 + l, 96 + l (bits 0-1, 2-3, 4-5, 6-7).  The half's 64 ql bytes are taken as
  * 16 dwords, its 32 qh bytes as the dwords [qh, qh >> 2] (so that lanes 8-15, the ql bytes
  * 32 + l, find their elements' top bits where lanes 0-7 do).  One vpternlogd per nibble n puts
- * every byte's whole 6-bit code in its bits 0-5; then per byte b a shift by 8 b, one vpternlogd
- * that sets those 6 bits under 2^23's exponent, and one subtraction of 2^23 + 32 give code - 32
- * exactly: no widening, no conversion.  Lane j of vector (n, b) belongs to element
+ * every byte's whole 6-bit code in its bits 0-5; then per byte b one vpternlogd that sets those
+ * 6 bits, where they are (bits 8b..8b+5), under the exponent of 2^(23 - 8b), and one
+ * subtraction of 2^(23 - 8b) + 32 give code - 32 exactly (byte 3, whose bits overlap the
+ * exponent, shifted down first): no widening, no conversion, one shift per 64 weights where
+ * there were three.  Lane j of vector (n, b) belongs to element
  * 64 n + 32 (j / 8) + 4 (j % 8) + b of the half (x in lane_order) and to scale 8 h + 4 n + j / 4
  * for every b, so the four products b go into one vector, then one FMA with their factors d * sc
  * (the block's 16 products in one vector: the scalar's rounding).  As rows_k4 otherwise: each row's arithmetic
