@@ -435,8 +435,9 @@ static float row_dot_iq4_xs(const uint8_t *p, int64_t nb, const float *x, const 
  * mask, a conversion and an FMA, where the loops above widen bytes to dwords with a shuffle per
  * 8 codes and shift the high nibbles: on a Golden Cove core (Alder Lake's performance core), one
  * core in L2, Q5_K 1.7x, Q6_K 1.15x, Q3_K 1.17x, IQ4_XS 1.1x (1.26x with its scales below),
- * Q4_K 1.05x the weight GB/s (docs/KERNELS.md).  Where a code times 2^24 or 2^28 would not be a signed dword
- * (a Q4_K high nibble of byte 3, IQ4_XS's byte 3), it is shifted down instead, its x not scaled. */
+ * Q4_K 1.05x the weight GB/s (docs/KERNELS.md).  Where a code times 2^24 or 2^28 would not be a
+ * signed dword (a Q4_K high nibble of byte 3, IQ4_XS's byte 3), it is shifted down instead, its
+ * x not scaled. */
 
 /* The scales of x's vectors k = 0..3 for a 32 whose codes sit at bits 8k (BYTES), at bit
  * 8k + 4 with byte 3's shifted down (HIGH_NIBBLES), or at 8k with byte 3's shifted down
