@@ -216,6 +216,15 @@ ROW_DOT_32(row_dot_mxfp4, 17, SCALE_E8M0, DOT_MXFP4)
 ROW_DOT_32_MIN(row_dot_q4_1, 20, dot_q4_1)
 ROW_DOT_32_MIN(row_dot_q5_1, 24, DOT_Q5_1)
 
+/* A Q4_K / Q5_K block's factors d * sc into ds, and its mins' share dmin * (m . xs) added to
+ * accm (xs: x's sums per 32 columns of the block). */
+INLINE void k4_block_factors(const uint8_t *p, const float *xs, float ds[8], __m256 *accm) {
+    uint8_t sc[8], mn[8];
+    mg_ggml_k4_scales_mins(p + 4, sc, mn);
+    _mm256_store_ps(ds, bytes_times(sc, f16_at(p)));
+    *accm = _mm256_fmadd_ps(bytes_times(mn, f16_at(p + 2)), _mm256_loadu_ps(xs), *accm);
+}
+
 /* Q4_K and Q5_K (q5 = 1): scales times the codes' dot products, minus the mins times xs (the sums
  * of x per 32 columns).  A chunk's byte l holds element l of sub-blocks 2c (low nibble) and
  * 2c + 1 (high): each byte is widened once, to a dword, and both nibbles are taken from it by a
@@ -225,12 +234,9 @@ INLINE float row_dot_k4(const uint8_t *p, int64_t nb, const float *x, const floa
     const __m256i m4 = _mm256_set1_epi32(15), m16 = _mm256_set1_epi32(16);
     __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps(), accm = _mm256_setzero_ps();
     for (int64_t i = 0; i < nb; i++, p += bytes, x += 256, xs += 8) {
-        uint8_t sc[8], mn[8];
         float ds[8] __attribute__((aligned(32)));
         mg_avx2_prefetch_ahead(p, bytes);
-        mg_ggml_k4_scales_mins(p + 4, sc, mn);
-        _mm256_store_ps(ds, bytes_times(sc, f16_at(p)));
-        accm = _mm256_fmadd_ps(bytes_times(mn, f16_at(p + 2)), _mm256_loadu_ps(xs), accm);
+        k4_block_factors(p, xs, ds, &accm);
         const uint8_t *qs = p + (q5 ? 48 : 16), *qh = p + 16;
         for (int c = 0; c < 4; c++) {
             __m256 lo = _mm256_setzero_ps(), hi = _mm256_setzero_ps();
@@ -494,53 +500,45 @@ INLINE int lane_order_x(const float *x, int64_t cols, const float *even, const f
     return _mm256_movemask_ps(bad) == 0;
 }
 
-/* Q4_K in lane order (see above): chunk c's 32 bytes, the low nibbles sub-block 2c, the high
- * 2c + 1; the mins as in row_dot_k4. */
-static float row_dot_q4_k_lanes(const uint8_t *p, int64_t nb, const float *xq, const float *xs) {
-    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps(), accm = _mm256_setzero_ps();
-    for (int64_t i = 0; i < nb; i++, p += 144, xq += 256, xs += 8) {
-        uint8_t sc[8], mn[8];
-        float ds[8] __attribute__((aligned(32)));
-        mg_avx2_prefetch_ahead(p, 144);
-        mg_ggml_k4_scales_mins(p + 4, sc, mn);
-        _mm256_store_ps(ds, bytes_times(sc, f16_at(p)));
-        accm = _mm256_fmadd_ps(bytes_times(mn, f16_at(p + 2)), _mm256_loadu_ps(xs), accm);
-        for (int c = 0; c < 4; c++) {
-            const __m256i v = loadu256(p + 16 + 32 * c);
-            acc0 = _mm256_fmadd_ps(_mm256_broadcast_ss(ds + 2 * c), lanes_dot(v, 0x0f, 0, xq + 64 * c), acc0);
-            acc1 = _mm256_fmadd_ps(_mm256_broadcast_ss(ds + 2 * c + 1), lanes_dot(v, 0xf0, 28, xq + 64 * c + 32), acc1);
-        }
-    }
-    return hsum8(_mm256_sub_ps(_mm256_add_ps(acc0, acc1), accm));
-}
-
-/* Q5_K in lane order: chunk c's 5-bit codes assembled as bytes first (the low nibbles with bit 2c
- * of qh[l] as their fifth bit: sub-block 2c; the high nibbles with bit 2c + 1: 2c + 1), then
- * each byte in place as Q6_K's; x in lane_order_x's Q6_K order (its 32s unscaled by nibble). */
+/* Q4_K and Q5_K (q5) in lane order (see above): chunk c's 32 bytes, the low nibbles sub-block 2c,
+ * the high 2c + 1; the mins as in row_dot_k4.  Q5_K's 5-bit codes are assembled as bytes first
+ * (the low nibbles with bit 2c of qh[l] as their fifth bit, the high ones with bit 2c + 1), then
+ * each byte is taken in place as Q6_K's, x in lane_order_x's BYTES order. */
 INLINE __m256i q5_k_fifth(__m256i qh, int bit) { /* bit `bit` of each byte of qh moved to bit 4 */
     const __m256i b = bit < 4 ? _mm256_slli_epi16(qh, 4 - bit) : bit > 4 ? _mm256_srli_epi16(qh, bit - 4) : qh;
     return _mm256_and_si256(b, _mm256_set1_epi8(0x10));
 }
-static float row_dot_q5_k_lanes(const uint8_t *p, int64_t nb, const float *xq, const float *xs) {
+INLINE float row_dot_k4_lanes(const uint8_t *p, int64_t nb, const float *xq, const float *xs, int q5) {
+    const size_t bytes = q5 ? 176 : 144;
     const __m256i m4 = _mm256_set1_epi8(0x0f);
     __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps(), accm = _mm256_setzero_ps();
-    for (int64_t i = 0; i < nb; i++, p += 176, xq += 256, xs += 8) {
-        uint8_t sc[8], mn[8];
+    for (int64_t i = 0; i < nb; i++, p += bytes, xq += 256, xs += 8) {
         float ds[8] __attribute__((aligned(32)));
-        mg_avx2_prefetch_ahead(p, 176);
-        mg_ggml_k4_scales_mins(p + 4, sc, mn);
-        _mm256_store_ps(ds, bytes_times(sc, f16_at(p)));
-        accm = _mm256_fmadd_ps(bytes_times(mn, f16_at(p + 2)), _mm256_loadu_ps(xs), accm);
-        const __m256i qh = loadu256(p + 16);
+        mg_avx2_prefetch_ahead(p, bytes);
+        k4_block_factors(p, xs, ds, &accm);
+        const __m256i qh = q5 ? loadu256(p + 16) : _mm256_setzero_si256();
         for (int c = 0; c < 4; c++) {
-            const __m256i v = loadu256(p + 48 + 32 * c);
-            const __m256i lo = _mm256_or_si256(_mm256_and_si256(v, m4), q5_k_fifth(qh, 2 * c)),
-                          hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v, 4), m4), q5_k_fifth(qh, 2 * c + 1));
-            acc0 = _mm256_fmadd_ps(_mm256_broadcast_ss(ds + 2 * c), lanes_dot(lo, 0xff, 0, xq + 64 * c), acc0);
-            acc1 = _mm256_fmadd_ps(_mm256_broadcast_ss(ds + 2 * c + 1), lanes_dot(hi, 0xff, 0, xq + 64 * c + 32), acc1);
+            const __m256i v = loadu256(p + (q5 ? 48 : 16) + 32 * c);
+            const float *xc = xq + 64 * c;
+            __m256 lo, hi;
+            if (q5) {
+                lo = lanes_dot(_mm256_or_si256(_mm256_and_si256(v, m4), q5_k_fifth(qh, 2 * c)), 0xff, 0, xc);
+                hi = lanes_dot(_mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v, 4), m4), q5_k_fifth(qh, 2 * c + 1)), 0xff, 0,
+                               xc + 32);
+            } else {
+                lo = lanes_dot(v, 0x0f, 0, xc), hi = lanes_dot(v, 0xf0, 28, xc + 32);
+            }
+            acc0 = _mm256_fmadd_ps(_mm256_broadcast_ss(ds + 2 * c), lo, acc0);
+            acc1 = _mm256_fmadd_ps(_mm256_broadcast_ss(ds + 2 * c + 1), hi, acc1);
         }
     }
     return hsum8(_mm256_sub_ps(_mm256_add_ps(acc0, acc1), accm));
+}
+static float row_dot_q4_k_lanes(const uint8_t *p, int64_t nb, const float *xq, const float *xs) {
+    return row_dot_k4_lanes(p, nb, xq, xs, 0);
+}
+static float row_dot_q5_k_lanes(const uint8_t *p, int64_t nb, const float *xq, const float *xs) {
+    return row_dot_k4_lanes(p, nb, xq, xs, 1);
 }
 
 /* IQ4_XS in lane order: sub-block j's 32 values as bytes in element order (nibbles16 and the
