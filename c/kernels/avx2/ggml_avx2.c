@@ -225,43 +225,25 @@ INLINE void k4_block_factors(const uint8_t *p, const float *xs, float ds[8], __m
     *accm = _mm256_fmadd_ps(bytes_times(mn, f16_at(p + 2)), _mm256_loadu_ps(xs), *accm);
 }
 
-/* Q4_K and Q5_K (q5 = 1): scales times the codes' dot products, minus the mins times xs (the sums
- * of x per 32 columns).  A chunk's byte l holds element l of sub-blocks 2c (low nibble) and
- * 2c + 1 (high): each byte is widened once, to a dword, and both nibbles are taken from it by a
- * mask and a shift, with no byte shuffles at all. */
-INLINE float row_dot_k4(const uint8_t *p, int64_t nb, const float *x, const float *xs, int q5) {
-    const size_t bytes = q5 ? 176 : 144;
+/* Chunk c of a Q4_K / Q5_K (q5) block p dotted with x (the block's 256 columns), the low nibbles
+ * (sub-block 2c) into lo and the high ones (2c + 1) into hi, as 8 partial sums each.  A chunk's
+ * byte l holds element l of both: each byte is widened once, to a dword, and both nibbles are
+ * taken from it by a mask and a shift, with no byte shuffles at all. */
+INLINE void k4_chunk_widened(const uint8_t *p, int c, int q5, const float *x, __m256 *lo, __m256 *hi) {
     const __m256i m4 = _mm256_set1_epi32(15), m16 = _mm256_set1_epi32(16);
-    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps(), accm = _mm256_setzero_ps();
-    for (int64_t i = 0; i < nb; i++, p += bytes, x += 256, xs += 8) {
-        float ds[8] __attribute__((aligned(32)));
-        mg_avx2_prefetch_ahead(p, bytes);
-        k4_block_factors(p, xs, ds, &accm);
-        const uint8_t *qs = p + (q5 ? 48 : 16), *qh = p + 16;
-        for (int c = 0; c < 4; c++) {
-            __m256 lo = _mm256_setzero_ps(), hi = _mm256_setzero_ps();
-            for (int k = 0; k < 4; k++) {
-                const __m256i v = bytes8(qs + 32 * c + 8 * k);
-                __m256i l = _mm256_and_si256(v, m4), h = _mm256_srli_epi32(v, 4);
-                if (q5) { /* bit 2c (2c + 1) of qh[l] is the fifth bit of element l of sub-block 2c (2c + 1) */
-                    const __m256i b = bytes8(qh + 8 * k);
-                    l = _mm256_or_si256(l, _mm256_and_si256(_mm256_srli_epi32(_mm256_slli_epi32(b, 4), 2 * c), m16));
-                    h = _mm256_or_si256(h, _mm256_and_si256(_mm256_srli_epi32(_mm256_slli_epi32(b, 3), 2 * c), m16));
-                }
-                lo = _mm256_fmadd_ps(_mm256_cvtepi32_ps(l), _mm256_loadu_ps(x + 64 * c + 8 * k), lo);
-                hi = _mm256_fmadd_ps(_mm256_cvtepi32_ps(h), _mm256_loadu_ps(x + 64 * c + 32 + 8 * k), hi);
-            }
-            acc0 = _mm256_fmadd_ps(_mm256_broadcast_ss(ds + 2 * c), lo, acc0);
-            acc1 = _mm256_fmadd_ps(_mm256_broadcast_ss(ds + 2 * c + 1), hi, acc1);
+    const uint8_t *qs = p + (q5 ? 48 : 16), *qh = p + 16;
+    *lo = *hi = _mm256_setzero_ps();
+    for (int k = 0; k < 4; k++) {
+        const __m256i v = bytes8(qs + 32 * c + 8 * k);
+        __m256i l = _mm256_and_si256(v, m4), h = _mm256_srli_epi32(v, 4);
+        if (q5) { /* bit 2c (2c + 1) of qh[l] is the fifth bit of element l of sub-block 2c (2c + 1) */
+            const __m256i b = bytes8(qh + 8 * k);
+            l = _mm256_or_si256(l, _mm256_and_si256(_mm256_srli_epi32(_mm256_slli_epi32(b, 4), 2 * c), m16));
+            h = _mm256_or_si256(h, _mm256_and_si256(_mm256_srli_epi32(_mm256_slli_epi32(b, 3), 2 * c), m16));
         }
+        *lo = _mm256_fmadd_ps(_mm256_cvtepi32_ps(l), _mm256_loadu_ps(x + 64 * c + 8 * k), *lo);
+        *hi = _mm256_fmadd_ps(_mm256_cvtepi32_ps(h), _mm256_loadu_ps(x + 64 * c + 32 + 8 * k), *hi);
     }
-    return hsum8(_mm256_sub_ps(_mm256_add_ps(acc0, acc1), accm));
-}
-static float row_dot_q4_k(const uint8_t *p, int64_t nb, const float *x, const float *xs) {
-    return row_dot_k4(p, nb, x, xs, 0);
-}
-static float row_dot_q5_k(const uint8_t *p, int64_t nb, const float *x, const float *xs) {
-    return row_dot_k4(p, nb, x, xs, 1);
 }
 
 /* 16 codes' dot product with x (the lanes k, k + 1 of codes8) as 8 partial sums. */
@@ -500,45 +482,55 @@ INLINE int lane_order_x(const float *x, int64_t cols, const float *even, const f
     return _mm256_movemask_ps(bad) == 0;
 }
 
-/* Q4_K and Q5_K (q5) in lane order (see above): chunk c's 32 bytes, the low nibbles sub-block 2c,
- * the high 2c + 1; the mins as in row_dot_k4.  Q5_K's 5-bit codes are assembled as bytes first
- * (the low nibbles with bit 2c of qh[l] as their fifth bit, the high ones with bit 2c + 1), then
- * each byte is taken in place as Q6_K's, x in lane_order_x's BYTES order. */
+/* Chunk c of a Q4_K / Q5_K (q5) block p in lane order (see above): its 32 bytes, the low nibbles
+ * (sub-block 2c) into lo, the high ones (2c + 1) into hi, x in lane order at xq (the block's).
+ * Q5_K's 5-bit codes are assembled as bytes first (the low nibbles with bit 2c of qh[l] as their
+ * fifth bit, the high ones with bit 2c + 1), then each byte is taken in place as Q6_K's, x in
+ * lane_order_x's BYTES order. */
 INLINE __m256i q5_k_fifth(__m256i qh, int bit) { /* bit `bit` of each byte of qh moved to bit 4 */
     const __m256i b = bit < 4 ? _mm256_slli_epi16(qh, 4 - bit) : bit > 4 ? _mm256_srli_epi16(qh, bit - 4) : qh;
     return _mm256_and_si256(b, _mm256_set1_epi8(0x10));
 }
-INLINE float row_dot_k4_lanes(const uint8_t *p, int64_t nb, const float *xq, const float *xs, int q5) {
+INLINE void k4_chunk_lanes(const uint8_t *p, int c, int q5, const float *xq, __m256 *lo, __m256 *hi) {
+    const __m256i v = loadu256(p + (q5 ? 48 : 16) + 32 * c), m4 = _mm256_set1_epi8(0x0f);
+    if (q5) {
+        const __m256i qh = loadu256(p + 16);
+        *lo = lanes_dot(_mm256_or_si256(_mm256_and_si256(v, m4), q5_k_fifth(qh, 2 * c)), 0xff, 0, xq + 64 * c);
+        *hi = lanes_dot(_mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v, 4), m4), q5_k_fifth(qh, 2 * c + 1)), 0xff, 0,
+                        xq + 64 * c + 32);
+    } else {
+        *lo = lanes_dot(v, 0x0f, 0, xq + 64 * c), *hi = lanes_dot(v, 0xf0, 28, xq + 64 * c + 32);
+    }
+}
+
+/* Q4_K and Q5_K (q5 = 1): scales times the codes' dot products, minus the mins times xs (the sums
+ * of x per 32 columns); each chunk in lane order (x in lane order) or widened (x as it is). */
+INLINE float row_dot_k4(const uint8_t *p, int64_t nb, const float *x, const float *xs, int q5, int lanes) {
     const size_t bytes = q5 ? 176 : 144;
-    const __m256i m4 = _mm256_set1_epi8(0x0f);
     __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps(), accm = _mm256_setzero_ps();
-    for (int64_t i = 0; i < nb; i++, p += bytes, xq += 256, xs += 8) {
+    for (int64_t i = 0; i < nb; i++, p += bytes, x += 256, xs += 8) {
         float ds[8] __attribute__((aligned(32)));
         mg_avx2_prefetch_ahead(p, bytes);
         k4_block_factors(p, xs, ds, &accm);
-        const __m256i qh = q5 ? loadu256(p + 16) : _mm256_setzero_si256();
         for (int c = 0; c < 4; c++) {
-            const __m256i v = loadu256(p + (q5 ? 48 : 16) + 32 * c);
-            const float *xc = xq + 64 * c;
             __m256 lo, hi;
-            if (q5) {
-                lo = lanes_dot(_mm256_or_si256(_mm256_and_si256(v, m4), q5_k_fifth(qh, 2 * c)), 0xff, 0, xc);
-                hi = lanes_dot(_mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v, 4), m4), q5_k_fifth(qh, 2 * c + 1)), 0xff, 0,
-                               xc + 32);
-            } else {
-                lo = lanes_dot(v, 0x0f, 0, xc), hi = lanes_dot(v, 0xf0, 28, xc + 32);
-            }
+            if (lanes)
+                k4_chunk_lanes(p, c, q5, x, &lo, &hi);
+            else
+                k4_chunk_widened(p, c, q5, x, &lo, &hi);
             acc0 = _mm256_fmadd_ps(_mm256_broadcast_ss(ds + 2 * c), lo, acc0);
             acc1 = _mm256_fmadd_ps(_mm256_broadcast_ss(ds + 2 * c + 1), hi, acc1);
         }
     }
     return hsum8(_mm256_sub_ps(_mm256_add_ps(acc0, acc1), accm));
 }
+static float row_dot_q4_k(const uint8_t *p, int64_t nb, const float *x, const float *xs) { return row_dot_k4(p, nb, x, xs, 0, 0); }
+static float row_dot_q5_k(const uint8_t *p, int64_t nb, const float *x, const float *xs) { return row_dot_k4(p, nb, x, xs, 1, 0); }
 static float row_dot_q4_k_lanes(const uint8_t *p, int64_t nb, const float *xq, const float *xs) {
-    return row_dot_k4_lanes(p, nb, xq, xs, 0);
+    return row_dot_k4(p, nb, xq, xs, 0, 1);
 }
 static float row_dot_q5_k_lanes(const uint8_t *p, int64_t nb, const float *xq, const float *xs) {
-    return row_dot_k4_lanes(p, nb, xq, xs, 1);
+    return row_dot_k4(p, nb, xq, xs, 1, 1);
 }
 
 /* IQ4_XS in lane order: sub-block j's 32 values as bytes in element order (nibbles16 and the
